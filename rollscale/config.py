@@ -1,0 +1,247 @@
+"""The one validated schema for ``params.yaml`` (the whole study).
+
+Every stage reads its section from :class:`StudyParams`. Defaults run the
+embedded study on CPU: a tiny Llama model trained from scratch on reasoning-gym
+arithmetic. Bad config fails before any work, with a message naming the key and
+what was expected (:class:`ParamsError`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ParamsError(ValueError):
+    """A params file (or override) that does not match the schema."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataParams(_Section):
+    """The problem pool that is profiled and bucketed (science §2)."""
+
+    source: Literal["reasoning_gym", "gsm8k", "math"] = "reasoning_gym"
+    # reasoning-gym: dataset name, its difficulty config, pool size and seed
+    name: str = "chain_sum"
+    config: dict[str, Any] = Field(
+        default_factory=lambda: {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2}
+    )
+    size: int = Field(800, ge=1)
+    seed: int = 1
+    # "expression" = compact "12+7-45=" for the character-level tiny model
+    prompt_style: Literal["question", "expression"] = "expression"
+    # gsm8k / math: a local JSONL file, or null for the Hugging Face hub
+    path: Path | None = None
+    hub_id: str | None = None
+    split: str = "test"
+    skip_malformed: bool = False
+    limit: int | None = Field(None, ge=1)
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"file not found: {v} (expected an existing JSONL file or null for the hub)")
+        return v
+
+
+class LoraParams(_Section):
+    enabled: bool = False
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class ModelParams(_Section):
+    """Which base model every stage loads.
+
+    ``tiny``: the ``base`` stage trains a small Llama from scratch and saves it
+    under ``artifacts/base/model``. ``hf``: any causal LM path or hub id
+    (optionally a GGUF file in that folder, optionally LoRA adapters).
+    """
+
+    kind: Literal["tiny", "hf"] = "tiny"
+    name_or_path: str | None = None
+    gguf_file: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraParams = Field(default_factory=LoraParams)
+    # apply the tokenizer's chat template when it has one
+    chat_template: bool = True
+
+    @model_validator(mode="after")
+    def _hf_needs_name(self) -> "ModelParams":
+        if self.kind == "hf" and not self.name_or_path:
+            raise ValueError("model.name_or_path is required when model.kind is 'hf' (a hub id or a local folder)")
+        return self
+
+
+class BaseParams(_Section):
+    """Supervised warm start of the tiny model (science: the embedded default)."""
+
+    hidden_size: int = Field(128, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(384, ge=8)
+    max_positions: int = Field(64, ge=16)
+    train_size: int = Field(20000, ge=100)
+    train_seed: int = 12345
+    steps: int = Field(1200, ge=1)
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "BaseParams":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"base.hidden_size ({self.hidden_size}) must be divisible by base.num_heads ({self.num_heads})")
+        return self
+
+
+class SamplingParams(_Section):
+    """How rollouts are sampled (HF generate on CPU/GPU, or vLLM on GPU)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # 0 disables top-k (transformers would otherwise apply top_k=50 silently)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(8, ge=1)
+    # rollouts per generate call
+    batch_size: int = Field(512, ge=1)
+    seed: int = 0
+
+
+class ProfileParams(_Section):
+    """avg@k per problem (science §2)."""
+
+    k: int = Field(16, ge=1)
+    # problems per resumable chunk
+    chunk_size: int = Field(100, ge=1)
+    # extra samples for problems with avg@k = 0, up to this k ("Extremely hard"); 0 = off
+    k_extreme: int = Field(128, ge=0)
+
+    @model_validator(mode="after")
+    def _k_extreme(self) -> "ProfileParams":
+        if self.k_extreme and self.k_extreme < self.k:
+            raise ValueError(f"profile.k_extreme ({self.k_extreme}) must be 0 (off) or >= profile.k ({self.k})")
+        return self
+
+
+class BucketParams(_Section):
+    """Difficulty buckets, mixtures and train/validation splits (science §2)."""
+
+    easy: tuple[float, float] = (0.3, 0.6)
+    hard: tuple[float, float] = (0.0, 0.0625)
+    very_easy: tuple[float, float] = (0.6, 0.9)
+    extremely_hard: bool = True
+    # name -> list of (bucket, fraction)
+    mixtures: dict[str, list[tuple[str, float]]] = Field(
+        default_factory=lambda: {"easy_hard": [("easy", 0.5), ("hard", 0.5)]}
+    )
+    val_size: int = Field(64, ge=1)
+    seed: int = 0
+    # buckets later stages train on: a problem with these is an error, with others a warning
+    used: list[str] = Field(default_factory=lambda: ["easy", "hard"])
+
+    @field_validator("easy", "hard", "very_easy")
+    @classmethod
+    def _bounds(cls, v: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = v
+        if not (0.0 <= lo <= 1.0 and 0.0 <= hi <= 1.0):
+            raise ValueError(f"bounds must lie in [0, 1], got [{lo}, {hi}]")
+        if lo > hi:
+            raise ValueError(f"lower bound {lo} is greater than upper bound {hi}")
+        return v
+
+    @model_validator(mode="after")
+    def _mixtures(self) -> "BucketParams":
+        base = {"easy", "hard", "very_easy", "extremely_hard"}
+        for name, parts in self.mixtures.items():
+            if name in base:
+                raise ValueError(f"bucket.mixtures.{name}: a mixture may not reuse a bucket name")
+            for bucket, frac in parts:
+                if bucket not in base:
+                    raise ValueError(f"bucket.mixtures.{name}: unknown bucket {bucket!r} (expected one of {sorted(base)})")
+                if not 0.0 < frac <= 1.0:
+                    raise ValueError(f"bucket.mixtures.{name}: fraction for {bucket} must be in (0, 1], got {frac}")
+            total = sum(f for _, f in parts)
+            if abs(total - 1.0) > 1e-6:
+                raise ValueError(f"bucket.mixtures.{name}: fractions must sum to 1, got {total}")
+        for name in self.used:
+            if name not in base and name not in self.mixtures:
+                raise ValueError(f"bucket.used: unknown bucket or mixture {name!r}")
+        return self
+
+
+class StudyParams(_Section):
+    """All of ``params.yaml``."""
+
+    seed: int = 0
+    data: DataParams = Field(default_factory=DataParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    base: BaseParams = Field(default_factory=BaseParams)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    profile: ProfileParams = Field(default_factory=ProfileParams)
+    bucket: BucketParams = Field(default_factory=BucketParams)
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at ``loc`` (for key suggestions)."""
+    current: Any = model
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = field.annotation
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def format_validation_error(err: ValidationError, source: str = "params.yaml") -> str:
+    """One line per problem, each naming the dotted key and what was expected."""
+    lines = [f"{source}: invalid parameters"]
+    for e in err.errors():
+        loc = tuple(x for x in e["loc"] if not isinstance(x, int) or True)
+        key = ".".join(str(x) for x in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(StudyParams, loc[:-1])
+            valid = sorted(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""
+            lines.append(f"  {key}: unknown key{hint} (valid keys here: {', '.join(valid)})")
+        else:
+            got = e.get("input")
+            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  {key}: {e['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> StudyParams:
+    """Validate a params mapping; raise :class:`ParamsError` with a readable message."""
+    try:
+        return StudyParams.model_validate(raw or {})
+    except ValidationError as err:
+        raise ParamsError(format_validation_error(err, source)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> StudyParams:
+    """Read and validate ``params.yaml``. A missing file gives the defaults."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path}: file not found (expected the study's params.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    return parse_params(raw, str(path))

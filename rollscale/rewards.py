@@ -1,0 +1,375 @@
+"""0/1 verifiers for rollouts (science §2: "Reward is 0/1 from the verifier").
+
+Two verifiers, never partial credit:
+
+- ``numeric_reward``: GSM8K-style final-number match, exact rational comparison.
+- ``math_reward``: last ``\\boxed{}`` answer compared to the gold answer with
+  math-verify (symbolic equivalence).
+
+reasoning-gym's own ``score_answer`` gives partial credit to some wrong answers
+(e.g. right number, wrong format), so it is deliberately not used here.
+
+Canonical number form (``extract_number`` / ``canonical_number``): the exact
+rational value written as an integer when it is one (``"1234"``, ``"-3"``), else
+as a terminating decimal with no trailing zeros when one exists (``"3.5"``,
+``"-0.75"``; so ``"3/4"`` becomes ``"0.75"``), else as a reduced fraction
+(``"1/3"``, ``"-2/3"``). Every rational has exactly one canonical string, and
+``normalize_number(canonical_number(x)) == x``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "canonical_number",
+    "extract_number",
+    "last_boxed",
+    "math_reward",
+    "normalize_number",
+    "numeric_reward",
+    "reward_fn",
+    "REWARD_NAMES",
+]
+
+# One number as it appears in prose. A sign counts only when it is not glued to
+# a preceding operand, so "5-3" reads as the numbers 5 and 3, not 5 and -3.
+# Alternatives are tried in order: a simple fraction "3/4", then a number with
+# comma thousands separators "1,234.5", then a plain "1234.5", then ".5".
+# A trailing "." (end of sentence, "42.") is never part of the number.
+_NUMBER_BODY = (
+    r"(?:(?P<fnum>\d+)/(?P<fden>\d+)(?![\d.]\d)"
+    r"|(?P<dec>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+))"
+)
+_SIGN = r"(?P<sign>[-+\u2212])"
+_NUMBER_RE = re.compile(r"(?:(?<![\w)\]}])" + _SIGN + r")?\$?" + _NUMBER_BODY)
+# A whole string that is exactly one number: optional sign, optional "$",
+# optional trailing "." (e.g. "42."), surrounding whitespace.
+_FULL_NUMBER_RE = re.compile(r"\s*\$?\s*" + _SIGN + r"?\s*\$?\s*" + _NUMBER_BODY + r"\.?\s*")
+
+_GSM8K_MARKER = "####"
+
+
+def _match_value(m: re.Match[str]) -> Fraction | None:
+    """Exact value of a number match; None for a zero denominator or a digit
+    string too long for int() (Python's 4300-digit limit)."""
+    try:
+        if m.group("fnum") is not None:
+            den = int(m.group("fden"))
+            if den == 0:
+                return None
+            value = Fraction(int(m.group("fnum")), den)
+        else:
+            value = Fraction(m.group("dec").replace(",", ""))
+    except ValueError:
+        return None
+    if m.group("sign") in ("-", "\u2212"):
+        value = -value
+    return value
+
+
+def normalize_number(s: str) -> Fraction | None:
+    """Exact value of a string that is a single number, else None.
+
+    Accepts commas as thousands separators (``"1,234"``), a ``$`` prefix, a sign
+    (``"-3"``, ``"+3"``, ``"-$3"``), decimals (``"3.50"``), simple fractions
+    (``"3/4"``) and a trailing ``"."``. Anything else around the number (words,
+    units, a second number) gives None: use ``extract_number`` to find a number
+    inside text. Science §2 (0/1 verifier).
+    """
+    if not isinstance(s, str):
+        raise ValueError(f"normalize_number: s must be a str, got {type(s).__name__}")
+    m = _FULL_NUMBER_RE.fullmatch(s)
+    if m is None:
+        return None
+    return _match_value(m)
+
+
+def canonical_number(value: Fraction) -> str:
+    """The one canonical string of an exact rational (see module docstring)."""
+    if not isinstance(value, Fraction):
+        raise ValueError(f"canonical_number: value must be a Fraction, got {type(value).__name__}")
+    num, den = value.numerator, value.denominator
+    if den == 1:
+        return str(num)
+    # Terminating decimal iff the reduced denominator has no prime factors
+    # other than 2 and 5; then den divides 10**k for k = max(power of 2, of 5).
+    twos = fives = 0
+    d = den
+    while d % 2 == 0:
+        d //= 2
+        twos += 1
+    while d % 5 == 0:
+        d //= 5
+        fives += 1
+    if d != 1:
+        return f"{num}/{den}"
+    k = max(twos, fives)
+    scaled = abs(num) * (10**k // den)
+    digits = str(scaled).rjust(k + 1, "0")
+    text = f"{digits[:-k]}.{digits[-k:]}".rstrip("0")
+    return ("-" if num < 0 else "") + text
+
+
+def _extract_value(text: str) -> Fraction | None:
+    marker = text.rfind(_GSM8K_MARKER)
+    if marker >= 0:
+        # A declared final answer: the first number after the last "####".
+        # If the declaration holds no number there is no answer (no fallback
+        # to earlier numbers in the reasoning).
+        for m in _NUMBER_RE.finditer(text, marker + len(_GSM8K_MARKER)):
+            value = _match_value(m)
+            if value is not None:
+                return value
+        return None
+    last = None
+    for m in _NUMBER_RE.finditer(text):
+        value = _match_value(m)
+        if value is not None:
+            last = value
+    return last
+
+
+def extract_number(text: str) -> str | None:
+    """The final numeric answer in ``text``, in canonical form, or None.
+
+    GSM8K convention: the first number after the last ``####`` if the text has
+    a ``####``, else the last number in the text. Science §2 (0/1 verifier).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"extract_number: text must be a str, got {type(text).__name__}")
+    value = _extract_value(text)
+    return None if value is None else canonical_number(value)
+
+
+def numeric_reward(completion: str, gold: str) -> float:
+    """1.0 iff the completion's final number equals the gold number exactly, else 0.0.
+
+    ``gold`` may be a bare number (``"18"``, ``"1,234"``, ``"3/4"``) or a full
+    GSM8K answer ending in ``#### N``; both are read with ``extract_number``.
+    Values are compared as exact rationals (``"3.50"`` == ``"7/2"``), so float
+    rounding never turns a wrong answer right. Science §2 (0/1 verifier).
+
+    Raises ValueError when ``gold`` holds no number (a data error, not a wrong
+    answer).
+    """
+    if not isinstance(completion, str):
+        raise ValueError(f"numeric_reward: completion must be a str, got {type(completion).__name__}")
+    if not isinstance(gold, str):
+        raise ValueError(f"numeric_reward: gold must be a str, got {type(gold).__name__}")
+    gold_value = _extract_value(gold)
+    if gold_value is None:
+        raise ValueError(f"numeric_reward: gold {gold[:80]!r} holds no number")
+    pred_value = _extract_value(completion)
+    return 1.0 if pred_value is not None and pred_value == gold_value else 0.0
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` (braces
+    balanced), or None if there is none or its braces never close."""
+    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    if not starts:
+        return None
+    start = starts[-1]
+    depth = 1
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def _boxed_for_parse(content: str) -> str:
+    # Re-wrap so math-verify's LaTeX extraction reads exactly this answer.
+    return "\\boxed{" + content + "}"
+
+
+def _math_verify_score(completion: str, gold: str, op_timeout_s: int | None) -> float:
+    """math_reward's check itself; runs in the math-verify worker process."""
+    # Imported here: math-verify pulls in sympy and its LaTeX grammar (~1 s).
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+
+    gold_box = last_boxed(gold)
+    gold_text = _boxed_for_parse(gold_box if gold_box is not None else gold.strip())
+    pred_box = last_boxed(completion)
+    try:
+        gold_parsed = parse(gold_text, parsing_timeout=op_timeout_s)
+        if not gold_parsed:
+            logger.debug("math_reward: math-verify could not parse gold %r", gold[:200])
+            return 0.0
+        if pred_box is not None:
+            pred_parsed = parse(_boxed_for_parse(pred_box), parsing_timeout=op_timeout_s)
+        else:
+            pred_parsed = parse(completion, parsing_timeout=op_timeout_s)
+            if not pred_parsed:
+                last_number = extract_number(completion)
+                if last_number is not None:
+                    pred_parsed = parse(_boxed_for_parse(last_number), parsing_timeout=op_timeout_s)
+        if not pred_parsed:
+            return 0.0
+        return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=op_timeout_s) else 0.0
+    except (Exception, TimeoutException):
+        # math-verify's TimeoutException derives from BaseException.
+        logger.debug("math_reward: math-verify failed", exc_info=True)
+        return 0.0
+
+
+def _worker_main() -> None:
+    """Entry point of the math-verify worker process: one JSON request per
+    line on stdin, one JSON score per line on stdout."""
+    # Nothing but replies may reach the protocol stream: keep it on a private
+    # descriptor and point fd 1 (and sys.stdout) at stderr.
+    protocol_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    import math_verify  # noqa: F401  (pay the import before saying ready)
+
+    protocol_out.write('"ready"\n')
+    protocol_out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        score = _math_verify_score(request["completion"], request["gold"], request["op_timeout_s"])
+        protocol_out.write(json.dumps(score) + "\n")
+        protocol_out.flush()
+
+
+class _LineWorker:
+    """A long-lived child process answering one JSON line per JSON line, with
+    a wall-clock bound on each answer.
+
+    Why math_reward needs it: math-verify bounds its work with signal.alarm,
+    which works only in a process's main thread. Prefect runs tasks in worker
+    threads, where that timeout must be off, and a pathological answer such as
+    ``10^{10^{10}}`` then computes forever while holding the GIL, freezing
+    every thread (measured). In a child process the check keeps math-verify's
+    own timeouts (it runs in the child's main thread) and the parent kills the
+    child when even those fail. A plain subprocess rather than
+    multiprocessing: spawn would re-import the caller's ``__main__``. One child
+    serves all threads, one request at a time (a check takes milliseconds).
+    """
+
+    def __init__(self, argv: list[str], start_timeout_s: float = 120.0) -> None:
+        self._argv = argv
+        self._start_timeout_s = start_timeout_s
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner_pid: int | None = None
+
+    def _read_line(self, timeout_s: float) -> bytes | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
+        if not ready:
+            return None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise EOFError("worker closed its output")
+        return line
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        # The child must import this very package, installed or not.
+        package_root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self._owner_pid = os.getpid()
+        try:
+            line = self._read_line(self._start_timeout_s)
+        except EOFError:
+            line = None
+        if line is None or json.loads(line) != "ready":
+            self.stop()
+            raise RuntimeError(f"worker process {self._argv!r} did not start")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._owner_pid == os.getpid():
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+        self._owner_pid = None
+
+    def request(self, payload: Any, timeout_s: float, default: Any) -> Any:
+        """The child's JSON answer to ``payload``; ``default`` if it takes
+        longer than ``timeout_s`` seconds or the child dies (a fresh child is
+        started for the next request)."""
+        with self._lock:
+            if self._proc is None or self._owner_pid != os.getpid() or self._proc.poll() is not None:
+                # Not started, dead, or inherited through fork (not ours to use).
+                self._proc = None
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(json.dumps(payload).encode() + b"\n")
+                self._proc.stdin.flush()
+                line = self._read_line(timeout_s)
+                if line is not None:
+                    return json.loads(line)
+                logger.warning("worker request exceeded %.1f s; restarting the worker", timeout_s)
+            except (EOFError, OSError, ValueError) as e:
+                logger.warning("worker failed (%s); restarting it", e)
+            self.stop()
+            return default
+
+
+_MATH_VERIFY_WORKER = _LineWorker([sys.executable, "-c", "from rollscale.rewards import _worker_main; _worker_main()"])
+
+
+def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float:
+    """1.0 iff the completion's final answer is mathematically equal to ``gold``
+    according to math-verify, else 0.0. Science §2 (0/1 verifier).
+
+    The completion's answer is its last ``\\boxed{}`` / ``\\fbox{}``; without
+    one, math-verify's own extraction on the whole completion, and failing that
+    the last number in it. ``gold`` may be a bare answer (``\\frac{1}{2}``) or
+    contain ``\\boxed{}`` (its last one is used). Any math-verify error, and any
+    check taking longer than ``timeout_s`` seconds, scores 0.0.
+
+    Safe to call from any thread: the check runs in a worker process (started
+    on first use, about two seconds) that is killed when it overruns; see
+    ``_LineWorker``.
+    """
+    if not isinstance(completion, str):
+        raise ValueError(f"math_reward: completion must be a str, got {type(completion).__name__}")
+    if not isinstance(gold, str):
+        raise ValueError(f"math_reward: gold must be a str, got {type(gold).__name__}")
+    if not gold.strip():
+        raise ValueError("math_reward: gold is empty")
+    if not timeout_s > 0:
+        raise ValueError(f"math_reward: timeout_s must be > 0, got {timeout_s!r}")
+    # math-verify's per-operation signal timeout: whole seconds, within the
+    # overall bound (one call parses twice and compares once).
+    op_timeout_s = max(1, int(timeout_s / 3))
+    request = {"completion": completion, "gold": gold, "op_timeout_s": op_timeout_s}
+    return float(_MATH_VERIFY_WORKER.request(request, timeout_s, 0.0))
+
+
+RewardFn = Callable[[str, str], float]
+
+_REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward}
+REWARD_NAMES: tuple[str, ...] = tuple(_REWARD_FNS)
+
+
+def reward_fn(name: str) -> RewardFn:
+    """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``
+    ("numeric" or "math"). Science §2."""
+    try:
+        return _REWARD_FNS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"reward_fn: name must be one of {', '.join(REWARD_NAMES)}; got {name!r}") from None
