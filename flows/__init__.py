@@ -1,0 +1,1 @@
+"""Prefect flows: one per study stage, each reading like a methods section."""

@@ -1,0 +1,59 @@
+"""Stage ``profile``: the base model's difficulty per problem, avg@k (science §2).
+
+Every problem of the pool gets k samples (temperature and top_p from params),
+scored 0/1 by its verifier; problems with no correct answer get more samples
+up to k_extreme, to tell Extremely hard ones apart. The pool is profiled in
+chunks; each finished chunk is stored, so a killed profile resumes where it
+stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow
+
+from rollscale.progress import Progress
+from rollscale.storage import write_parquet_atomic
+from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
+from tasks.problems import problem_pool
+from tasks.profile import profile_chunk
+
+
+def chunk_dir(out: Path, fingerprint_parts: list[str]) -> Path:
+    """Finished chunks live under a key of everything that decides their content."""
+    key = hashlib.sha256("\n".join(fingerprint_parts).encode()).hexdigest()[:16]
+    return out / "chunks" / key
+
+
+@flow(name="profile")
+def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> pd.DataFrame:
+    params = read_params(params_path)
+    ref = read_model_ref(Path(artifacts))
+    pool = problem_pool(params.data)
+    k, k_extreme, size = params.profile.k, params.profile.k_extreme, params.profile.chunk_size
+    out = Path(artifacts) / "profile"
+    chunks = [pool[i : i + size] for i in range(0, len(pool), size)]
+    work = chunk_dir(out, [ref.to_json(), params.sampling.model_dump_json(), str(k), str(k_extreme),
+                           ",".join(p.problem_id for p in pool), str(size)])
+    done = {int(p.stem.split("-")[1]) for p in work.glob("chunk-*.parquet")}
+    print(f"profile: {len(pool)} problems x {k} samples in {len(chunks)} chunks ({len(done)} already done)")
+    with Progress(len(pool), "profile", unit="problems", initial=sum(len(chunks[i]) for i in done)) as bar:
+        for i, problems in enumerate(chunks):
+            if i in done:
+                continue
+            table = profile_chunk(ref, problems, k, k_extreme, params.sampling, params.sampling.seed + 1000 * i)
+            write_parquet_atomic(table, work / f"chunk-{i:05d}.parquet")
+            bar.update(len(problems), mean_avg=f"{table['avg_at_k'].mean():.3f}")
+    profile = pd.concat([pd.read_parquet(work / f"chunk-{i:05d}.parquet") for i in range(len(chunks))], ignore_index=True)
+    write_parquet_atomic(profile, out / "profile.parquet")
+    refresh_duckdb(Path(artifacts))
+    print(f"profile: mean avg@{k} = {profile['avg_at_k'].mean():.3f}; "
+          f"{(profile['avg_at_k'] == 0).mean():.0%} at 0, {(profile['avg_at_k'] == 1).mean():.0%} at 1")
+    return profile
+
+
+if __name__ == "__main__":
+    profile_flow()

@@ -1,0 +1,47 @@
+"""Progress that suits where output goes: a tqdm bar on a terminal, log lines elsewhere (CI, logs)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+log = logging.getLogger("rollscale.progress")
+
+
+class Progress:
+    """``update(n)`` advances; on a non-terminal it logs about every 10% with rate and ETA."""
+
+    def __init__(self, total: int, desc: str, unit: str = "it", initial: int = 0):
+        self.total, self.desc, self.unit, self.done = total, desc, unit, initial
+        self.start = time.perf_counter()
+        self.bar = tqdm(total=total, desc=desc, unit=unit, initial=initial) if sys.stderr.isatty() else None
+        self._next_log = initial + max(total // 10, 1)
+        if self.bar is None:
+            log.info("%s: %d/%d %s", desc, initial, total, unit)
+
+    def update(self, n: int = 1, **postfix) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix)
+        elif self.done >= self._next_log or self.done >= self.total:
+            self._next_log = self.done + max(self.total // 10, 1)
+            elapsed = time.perf_counter() - self.start
+            rate = self.done / elapsed if elapsed > 0 else float("nan")
+            eta = (self.total - self.done) / rate if rate and rate > 0 else float("nan")
+            extra = " ".join(f"{k}={v}" for k, v in postfix.items())
+            log.info("%s: %d/%d %s (%.1f %s/s, ETA %.0f s) %s", self.desc, self.done, self.total, self.unit, rate, self.unit, eta, extra)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,25 @@
+"""Problem-pool tasks (science §2)."""
+
+from __future__ import annotations
+
+from rollscale.config import DataParams
+from rollscale.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
+from tasks.common import cached_task
+
+
+def load_pool(data: DataParams, size: int | None = None, seed: int | None = None) -> list[Problem]:
+    """The problems of the configured source (``size``/``seed`` override for disjoint pools)."""
+    if data.source == "reasoning_gym":
+        return reasoning_gym_problems(
+            data.name, size or data.size, data.seed if seed is None else seed, dict(data.config), data.prompt_style
+        )
+    path = str(data.path) if data.path else None
+    hub = {"hub_id": data.hub_id} if data.hub_id else {}
+    loader = gsm8k_problems if data.source == "gsm8k" else math_problems
+    return loader(path, split=data.split, skip_malformed=data.skip_malformed, limit=data.limit, **hub)
+
+
+@cached_task(name="problem-pool")
+def problem_pool(data: DataParams) -> list[Problem]:
+    """The profiled pool (stable ids, so later stages can join on problem_id)."""
+    return load_pool(data)

@@ -1,0 +1,31 @@
+"""Tasks of the ``profile`` stage (science §2)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rollscale.config import SamplingParams
+from rollscale.models import ModelRef
+from rollscale.problems import Problem
+from rollscale.profiling import count_correct, profile_problems
+from tasks.common import cached_task
+from tasks.models import cached_sampler, renderer, sampling_config
+
+
+@cached_task(name="profile-chunk")
+def profile_chunk(ref: ModelRef, problems: list[Problem], k: int, k_extreme: int, sampling: SamplingParams, seed: int) -> pd.DataFrame:
+    """avg@k for one chunk of problems, plus k_extreme - k more samples where avg@k = 0."""
+    sampler = cached_sampler(ref, sampling.backend, sampling.batch_size, sampling.seed)
+    render = renderer(ref, sampler)
+    config = sampling_config(sampling)
+    table = profile_problems(sampler.sample, render, problems, k, config, seed)
+    if k_extreme:
+        zero = [p for p, c in zip(problems, table["n_correct"]) if c == 0]
+        extra = count_correct(sampler.sample, render, zero, k_extreme - k, config, seed + 1) if zero else []
+        by_id = dict(zip((p.problem_id for p in zero), extra))
+        table["k_extreme"] = k_extreme
+        # problems with a correct answer among the first k need no more samples
+        table["n_correct_extreme"] = [
+            c + by_id.get(pid, 0) if c == 0 else c for pid, c in zip(table["problem_id"], table["n_correct"])
+        ]
+    return table
