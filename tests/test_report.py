@@ -1,0 +1,411 @@
+"""Tests for the study report: charts, offline HTML, PNGs and the Markdown summary."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rollscale import fit
+from rollscale.report import (
+    TABLE_NAMES,
+    ChartSpec,
+    build_charts,
+    quintile_tables,
+    summary_tables,
+    write_report,
+)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHART_NAMES = [
+    "difficulty",
+    "k_sat",
+    "noise_steps",
+    "reward_vs_compute",
+    "frontier",
+    "best_worst_at_k",
+    "steps_to_target",
+    "crs_prediction",
+]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------
+# a small, plausible study
+
+
+def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
+    rng = np.random.default_rng(seed)
+    k = 16
+    n_problems = 300
+    # difficulty: beta-binomial pass counts, many unsolved problems
+    p_true = rng.beta(0.6, 1.2, n_problems)
+    n_correct = rng.binomial(k, p_true)
+    profile = pd.DataFrame(
+        {
+            "problem_id": [f"p{i:04d}" for i in range(n_problems)],
+            "source": rng.choice(["gsm8k", "rg_arith"], n_problems),
+            "prompt": "What is 2 + 2?",
+            "answer": "4",
+            "k": k,
+            "n_correct": n_correct,
+            "avg_at_k": n_correct / k,
+            "mean_len": rng.normal(180, 40, n_problems).round(1),
+            "trunc_rate": rng.uniform(0, 0.1, n_problems).round(3),
+        }
+    )
+    bounds = {"easy": (0.3, 0.6), "hard": (0.0, 0.0625)}
+    rows = []
+    for pid, a in zip(profile["problem_id"], profile["avg_at_k"], strict=True):
+        for bucket, (lo, hi) in bounds.items():
+            if lo <= a <= hi:
+                rows.append({"problem_id": pid, "bucket": bucket, "split": "val" if rng.random() < 0.2 else "train"})
+    buckets = pd.DataFrame(rows)
+
+    # split-half K_sat scatters around its null (9 for n = 16), a few infinite
+    n = 16
+    np_rows = []
+    for step in (0, 20):
+        for i in range(40):
+            c = int(rng.integers(1, n))
+            rho = rng.normal(1 / 9, 0.06)
+            ks = math.inf if rho <= 0 else 1 / rho
+            np_rows.append(
+                {"step": step, "problem_id": f"p{i:04d}", "n": n, "pass_rate": c / n, "rho_split": rho,
+                 "k_sat": ks, "k_sat_null": 9.0, "k_sat_ratio": ks / 9.0}
+            )
+    noise_prompts = pd.DataFrame(np_rows)
+    steps_m = np.arange(0, 50, 10)
+    rho_icc = rng.uniform(0.02, 0.1, len(steps_m))
+    k_crit = rng.uniform(8, 40, len(steps_m))
+    k_crit[-1] = math.inf
+    noise_steps = pd.DataFrame(
+        {
+            "step": steps_m, "n": n, "b_simple": rng.uniform(20, 80, len(steps_m)),
+            "b_naive": rng.uniform(5, 16, len(steps_m)), "prompt_noise": rng.uniform(2, 10, len(steps_m)),
+            "rollout_noise": rng.uniform(10, 60, len(steps_m)), "rho_icc": rho_icc, "k_sat_icc": 1 / rho_icc,
+            "k_crit": k_crit, "crs": np.minimum(1 / rho_icc, k_crit), "trace_sigma": 1.0, "g_norm2": 0.02,
+        }
+    )
+
+    # three runs at n = 4, 8, 16 with B_problem = 8; 10 evaluations each
+    b_problem = 8
+    run_rows, eval_rows, step_rows = [], [], []
+    for n_run, (a, c_mid) in zip((4, 8, 16), ((0.55, 700.0), (0.62, 1500.0), (0.68, 3500.0)), strict=True):
+        run_id = f"n{n_run}_b{b_problem}_s0"
+        m = 200
+        run_rows.append({"run_id": run_id, "bucket": "easy", "n": n_run, "b_problem": b_problem, "m": m,
+                         "rule": "grpo", "seed": 0, "c_max": m * n_run * b_problem, "status": "done", "steps": m,
+                         "c": m * n_run * b_problem})
+        # step 0, then log-spaced: the sigmoid's rise is where the evaluations are
+        for step in [0, *np.unique(np.geomspace(2, m, 10).astype(int))]:
+            c = step * n_run * b_problem
+            mean = 0.2 + (a - 0.2) / (1 + (c_mid / max(c, 1)) ** 1.5)
+            eval_rows.append({"run_id": run_id, "step": step, "c": c, "epochs": step * b_problem / 200,
+                              "avg_at_k": mean + rng.normal(0, 0.01), "avg_at_k_se": 0.02,
+                              "best_at_k": min(1.0, mean + 0.2 + rng.normal(0, 0.01)),
+                              "worst_at_k": max(0.0, mean - 0.2 + rng.normal(0, 0.01)),
+                              "greedy": mean, "eval_k": 4})
+        for step in range(0, m, 20):
+            step_rows.append({"run_id": run_id, "step": step, "c": step * n_run * b_problem,
+                              "c_tokens": step * n_run * b_problem * 150, "epochs": step * b_problem / 200,
+                              "reward_mean": 0.4, "zero_var_frac": 0.3, "entropy": 0.5, "kl": 0.01,
+                              "response_len_mean": 150.0, "trunc_frac": 0.01, "grad_norm": 1.0, "lr": 1e-5,
+                              "t_generate": 2.0, "t_score": 0.1, "t_train": 1.0})
+    runs, evals, steps = pd.DataFrame(run_rows), pd.DataFrame(eval_rows), pd.DataFrame(step_rows)
+
+    # fits with the library's own code, as the fit stage makes them
+    fit_rows, curves = [], {}
+    for n_run, g in evals.merge(runs[["run_id", "n"]]).groupby("n"):
+        g = g[g["c"] > 0]
+        f = fit.fit_sigmoid(g["c"], g["avg_at_k"])
+        curves[int(n_run)] = f
+        fit_rows.append({"kind": "sigmoid_n", "key": int(n_run), **f.to_dict()})
+    grid = fit.log_grid(200, 25600, 25)
+    fr = fit.frontier(curves, grid)
+    ns = fit.fit_n_star(np.log10(fr["c"]), fr["best_key"].astype(float))
+    fit_rows.append({"kind": "n_star", "key": None, **ns.to_dict()})
+    fr["design"] = "n"
+    fr["n_star_fit"] = ns.predict(np.log10(fr["c"])) if ns.ok else np.nan
+
+    st_rows = []
+    for axis, bs in (("prompt", (32, 64, 128, 256)), ("rollout", (16, 32, 64, 128))):
+        s_true = 40 * (1 + 60 / np.array(bs)) * rng.uniform(0.95, 1.05, len(bs))
+        for b, s in zip(bs, s_true, strict=True):
+            s = int(round(s))
+            n_ax = 8 if axis == "prompt" else b // 8
+            st_rows.append({"axis": axis, "b": b, "n": n_ax, "b_problem": b // n_ax, "steps": s, "e": b * s,
+                            "target": 0.5})
+        sf = fit.fit_steps_to_target(bs, [r["steps"] for r in st_rows if r["axis"] == axis])
+        fit_rows.append({"kind": f"steps_to_target_{axis}", "key": None, **sf.to_dict()})
+    crs_rows = []
+    for b, crs_value, rewards in ((64, 7.0, {4: 0.50, 8: 0.55, 16: 0.52}), (128, 20.0, {4: 0.5, 8: 0.58, 16: 0.57}),
+                                  (256, math.inf, {8: 0.6, 16: 0.63, 32: 0.61})):
+        crs_rows.append({"b": b, **fit.predicted_vs_observed_best_n(crs_value, rewards).to_dict()})
+    transitions = fit.epochs_at_transitions(fr, lambda key, c: c / (key * 8 * 200 / 8))
+    transitions.insert(0, "design", "n")
+    return {
+        "profile": profile,
+        "buckets": buckets,
+        "noise_prompts": noise_prompts,
+        "noise_steps": noise_steps,
+        "runs": runs,
+        "steps": steps,
+        "evals": evals,
+        "fits": pd.DataFrame(fit_rows),
+        "frontier": fr,
+        "steps_to_target": pd.DataFrame(st_rows),
+        "crs_prediction": pd.DataFrame(crs_rows),
+        "epoch_transitions": transitions,
+    }
+
+
+@pytest.fixture(scope="module")
+def study() -> dict[str, pd.DataFrame]:
+    return _study_tables()
+
+
+@pytest.fixture(scope="module")
+def full_report(study, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report_full")
+    return write_report(study, out, params={"bucket": {"easy": [0.3, 0.6], "hard": [0.0, 0.0625]}})
+
+
+@pytest.fixture(scope="module")
+def profile_only_report(study, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report_profile_only")
+    tables = {name: None for name in TABLE_NAMES}
+    tables["profile"] = study["profile"]
+    return write_report(tables, out)
+
+
+def _layer_values(chart, i: int) -> list[dict]:
+    """Data rows of layer i; Altair moves inline data into top-level named datasets."""
+    spec = chart.to_dict()
+    data = spec["layer"][i]["data"]
+    return data["values"] if "values" in data else spec["datasets"][data["name"]]
+
+
+# --------------------------------------------------------------------------
+# charts
+
+
+def test_build_charts_draws_every_chart_with_titles_and_units(study):
+    charts = build_charts(study)
+    assert [c.name for c in charts] == CHART_NAMES
+    for c in charts:
+        assert c.drawn, f"{c.name}: {c.missing}"
+        assert c.title and c.caption.endswith(".")
+        spec = c.chart.to_dict()
+        text = str(spec)
+        assert c.title in text
+        # every chart names its units in brackets on an axis
+        assert re.search(r"\[(rollouts|steps|tokens|fraction|count|rollouts per|dimensionless|0-1)", text), c.name
+
+
+def test_k_sat_chart_clips_infinite_values_at_the_cap(study):
+    (k_sat,) = [c for c in build_charts(study) if c.name == "k_sat"]
+    n_inf = int(np.isinf(study["noise_prompts"]["k_sat"]).sum())
+    assert n_inf > 0
+    values = _layer_values(k_sat.chart, 1)
+    plotted = [v["k_sat_plot"] for v in values]
+    cap = 4 * 16
+    assert all(v is not None and v <= cap for v in plotted)
+    assert sum(1 for v in values if v["k_sat"] == "∞") == n_inf
+    assert sum(1 for v in values if v["status"].startswith("clipped")) >= n_inf
+    assert "cap" in k_sat.caption and f"{n_inf} infinite" in k_sat.caption
+    # the null line is drawn
+    lines = {v["line"]: v["y"] for v in _layer_values(k_sat.chart, 0)}
+    assert lines == {"null |R|+1 = 9 (n = 16)": 9.0, "cap = 64 (K_sat above it drawn here)": 64.0}
+
+
+def test_difficulty_bands_follow_params(study):
+    (chart,) = [c for c in build_charts(study, {"bucket": {"easy": [0.25, 0.5]}}) if c.name == "difficulty"]
+    bands = {v["bucket"]: (v["lo"], v["hi"]) for v in _layer_values(chart.chart, 0)}
+    assert bands == {"hard": (0.0, 0.0625), "easy": (0.25, 0.5), "very_easy": (0.6, 0.9)}
+    bars = _layer_values(chart.chart, 1)
+    assert sum(b["problems"] for b in bars) == len(study["profile"])
+
+
+def test_bad_params_and_tables_raise_clear_errors(study):
+    with pytest.raises(ValueError, match=r"params\['bucket'\]\['easy'\]"):
+        build_charts(study, {"bucket": {"easy": [0.7, 0.2]}})
+    with pytest.raises(ValueError, match="unknown table names"):
+        build_charts({"profiles": study["profile"]})
+    with pytest.raises(ValueError, match=r"tables\['evals'\]: missing columns \['avg_at_k'\]"):
+        build_charts({"evals": study["evals"].drop(columns=["avg_at_k"])})
+
+
+def test_missing_tables_give_missing_charts_naming_the_stage():
+    charts = build_charts({})
+    assert all(not c.drawn for c in charts)
+    by_name = {c.name: c.missing for c in charts}
+    assert "dvc repro profile" in by_name["difficulty"]
+    assert "dvc repro measure" in by_name["k_sat"]
+    assert by_name["reward_vs_compute"] == "No sweep results yet: run the `sweep` stage (dvc repro sweep)."
+    assert "dvc repro fit" in by_name["frontier"]
+    with pytest.raises(ValueError, match="exactly one"):
+        ChartSpec("x", "t", "c.")
+
+
+def _variant_tables(study: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame | None]:
+    """Two buckets, three frontier designs, two group sizes, no runs table, an unmeasured CRS."""
+    t = dict(study)
+    ev = t["evals"].copy()
+    ev2 = ev.copy()
+    ev2["run_id"] = ev2["run_id"] + "_hard"
+    ev2["avg_at_k"] *= 0.5
+    t["evals"] = pd.concat([ev, ev2], ignore_index=True)
+    t["runs"] = None
+    fr = t["frontier"]
+    fb = fr.assign(design="b_problem", n_star_fit=np.nan)
+    fi = fr.assign(design="iso_batch", m=np.geomspace(10, 400, len(fr)))
+    t["frontier"] = pd.concat([fr, fb, fi], ignore_index=True)
+    np8 = t["noise_prompts"].assign(n=8, k_sat_null=5.0)
+    t["noise_prompts"] = pd.concat([t["noise_prompts"], np8], ignore_index=True)
+    t["noise_steps"] = pd.concat([t["noise_steps"], t["noise_steps"].assign(n=8)], ignore_index=True)
+    crs = t["crs_prediction"].copy()
+    crs.loc[0, ["crs", "predicted_n"]] = [np.nan, np.nan]
+    t["crs_prediction"] = crs
+    return t
+
+
+def test_variant_tables_still_draw_and_render(study):
+    import io
+
+    charts = build_charts(_variant_tables(study))
+    assert all(c.drawn for c in charts), [c.missing for c in charts if not c.drawn]
+    by_name = {c.name: c for c in charts}
+    assert "coloured by run id" in by_name["reward_vs_compute"].caption
+    assert "no fitted B_problem*(C) line" in by_name["frontier"].caption
+    assert "1 batch sizes without a measured CRS" in by_name["crs_prediction"].caption
+    # vl-convert compiles and draws each (a bad facet or layer fails here, not in to_dict)
+    for name in ("k_sat", "noise_steps", "reward_vs_compute", "frontier", "best_worst_at_k"):
+        buf = io.StringIO()
+        by_name[name].chart.save(buf, format="svg")
+        assert buf.getvalue().startswith("<svg"), name
+
+
+def test_quintile_tables_carry_the_null(study):
+    q = quintile_tables(study["noise_prompts"])
+    assert set(q) == {"unfiltered", "iqr_filtered"}
+    unf, fil = q["unfiltered"], q["iqr_filtered"]
+    assert unf["count"].sum() == len(study["noise_prompts"])
+    assert (fil["count"] + fil["n_outliers"]).sum() == len(study["noise_prompts"])
+    assert (unf["k_sat_null"] == 9.0).all()
+    np.testing.assert_allclose(fil["median_ratio"], fil["median"] / 9.0)
+    # filtered medians are finite; the unfiltered means see the infinite K_sat
+    assert np.isfinite(fil["median"]).all()
+    assert np.isinf(unf["mean"]).any()
+
+
+def test_summary_tables_format_fits_with_standard_errors(study):
+    specs = {s.name: s for s in summary_tables(study)}
+    sig = specs["fits_sigmoid_n"].frame
+    assert list(sig["key"]) == ["4", "8", "16"]
+    assert all("±" in v for v in sig["c_mid"])
+    assert set(sig["status"]) == {"ok"}
+    buckets = specs["bucket_counts"].frame.set_index("bucket")
+    assert int(buckets.loc["easy", "total"]) == int((study["buckets"]["bucket"] == "easy").sum())
+    ks = specs["k_sat_summary"].frame
+    median = ks[ks["statistic"] == "median"].iloc[0]
+    assert median["null |R|+1"] == "9"
+
+
+# --------------------------------------------------------------------------
+# the written report
+
+
+def test_full_report_is_self_contained_with_a_png_per_chart(full_report):
+    page = full_report.html.read_text(encoding="utf-8")
+    srcs = re.findall(r"<script[^>]*\bsrc\s*=", page, flags=re.IGNORECASE)
+    assert srcs == [], "no script may load from a URL"
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, flags=re.IGNORECASE)
+    assert "vegaEmbed" in page
+    assert sorted(full_report.pngs) == sorted(CHART_NAMES)
+    for name, path in full_report.pngs.items():
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+        assert len(data) > 5000, name
+        assert path == full_report.out_dir / "charts" / f"{name}.png"
+    assert full_report.missing == {}
+    for name in CHART_NAMES:
+        assert f'id="chart-{name}"' in page
+    md = full_report.summary.read_text(encoding="utf-8")
+    for heading in ("## Bucket counts", "## Fit: sigmoid_n", "## Steps to target", "## CRS prediction check",
+                    "## Runs", "K_sat by pass-rate quintile (IQR-filtered)"):
+        assert heading in md
+    assert "**Missing:**" not in md
+    # no temporary files left behind
+    assert not list(full_report.out_dir.rglob("*.tmp"))
+
+
+def test_profile_only_report_names_the_missing_stages(profile_only_report):
+    assert sorted(profile_only_report.pngs) == ["difficulty"]
+    page = profile_only_report.html.read_text(encoding="utf-8")
+    md = profile_only_report.summary.read_text(encoding="utf-8")
+    for stage in ("bucket", "measure", "sweep", "fit"):
+        assert f"dvc repro {stage}" in page
+        assert f"dvc repro {stage}" in md
+    assert page.count('class="missing" data-missing=') == len(CHART_NAMES) - 1
+    assert "No sweep results yet: run the <code>sweep</code> stage (dvc repro sweep)." in page
+    assert "No sweep results yet: run the `sweep` stage (dvc repro sweep)." in md
+
+
+def test_rewrite_removes_the_png_of_a_chart_now_missing(study, tmp_path):
+    write_report(study, tmp_path)
+    assert (tmp_path / "charts" / "frontier.png").exists()
+    tables = dict(study, frontier=None)
+    paths = write_report(tables, tmp_path)
+    assert not (tmp_path / "charts" / "frontier.png").exists()
+    assert "frontier" in paths.missing
+
+
+# --------------------------------------------------------------------------
+# a real browser, offline
+
+
+def _chromium(args: list[str], user_dir: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={user_dir}", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+        "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+
+
+def _console_messages(stderr: str) -> list[str]:
+    """Console output of the page (Chromium logs every console message as INFO:CONSOLE).
+
+    The report page logs nothing when all is well: vega's warnings ("WARN ...") and a failed
+    chart's console.error both count, as do uncaught exceptions.
+    """
+    return [line for line in stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)")
+def test_report_renders_offline_in_chromium(full_report, tmp_path):
+    url = full_report.html.resolve().as_uri()
+    dom = _chromium(["--dump-dom", url], tmp_path / "profile_dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert _console_messages(dom.stderr) == []
+    html = dom.stdout
+    # a chart that failed to draw gets the "error" class (see the page's script)
+    assert not re.search(r'class="chart[^"]*\berror\b', html)
+    # one rendered SVG per chart container
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r'id="chart-([a-z_]+)"', html)]
+    assert [name for _, name in starts] == CHART_NAMES
+    ends = [pos for pos, _ in starts[1:]] + [html.index('id="tables"')]
+    for (start, name), end in zip(starts, ends, strict=True):
+        assert html[start:end].count('class="marks"') == 1, name
+    shot = tmp_path / "report.png"
+    res = _chromium([f"--screenshot={shot}", "--window-size=1400,6000", url], tmp_path / "profile_shot")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _console_messages(res.stderr) == []
+    assert shot.read_bytes().startswith(PNG_MAGIC)
