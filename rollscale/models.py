@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -39,6 +39,7 @@ def char_tokenizer(alphabet: str = TINY_ALPHABET) -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK, *alphabet])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()  # join characters back without spaces ("12", not "1 2")
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
     )

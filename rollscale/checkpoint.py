@@ -1,0 +1,343 @@
+"""A directory-backed store of one training run: atomic checkpoints with
+checksums, the run's step and eval rows, and a final status marker.
+
+It keeps the cumulative compute ``C`` and the data position with the weights
+(science §1), so a resumed run continues the compute accounting exactly, and it
+holds the rows of the sweep's ``steps`` and ``evals`` tables (science §1, §5).
+
+Layout of a run directory::
+
+    ckpt-000010/              one checkpoint (the last ``keep`` are kept)
+        model.pt              state_dict of the trainable parameters
+        optimizer.pt          optimizer state_dict
+        state.json            step, C, data position, RNG states, config hash, ...
+        MANIFEST.json         sha256 and size of the files above and of the row
+                              parts below; written last: it commits the checkpoint
+    steps-000010.parquet      step rows since the previous checkpoint
+    evals-000010.parquet      eval rows since the previous checkpoint
+    done.json                 final status, when the run has ended
+
+A checkpoint is written into a temporary directory and moved into place with
+``os.replace``; the row parts are written (atomically) before it. A checkpoint
+whose manifest is missing or whose files do not match it is skipped with a
+warning, and the one before it is used. Rows count only when a valid checkpoint
+commits them, so resuming from checkpoint ``s`` deletes the parts after ``s``
+(:meth:`RunStore.rollback_to`) and no row is duplicated or lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+MANIFEST = "MANIFEST.json"
+DONE = "done.json"
+ROW_KINDS: tuple[str, ...] = ("steps", "evals")
+STATUSES: tuple[str, ...] = ("finished", "failed")
+_CKPT_RE = re.compile(r"^ckpt-(\d{6,})$")
+_PART_RE = re.compile(r"^(steps|evals)-(\d{6,})\.parquet$")
+_TMP_PREFIX = ".tmp-"
+_CKPT_FILES = ("model.pt", "optimizer.pt", "state.json")
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it: every write of the store goes
+    through here (so a full disk can be simulated by replacing it)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes a rename durable; not every filesystem lets a directory be opened.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _json_bytes(obj: Any) -> bytes:
+    try:
+        return json.dumps(obj, indent=1, sort_keys=True, allow_nan=True).encode()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"state must be JSON-serializable: {err}") from None
+
+
+def _parquet_bytes(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    buf = io.BytesIO()
+    pd.DataFrame(list(rows)).to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint: its step, directory and ``state.json`` contents."""
+
+    step: int
+    path: Path
+    state: dict
+
+    def model_state(self, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """The saved state_dict of the trainable parameters."""
+        return torch.load(self.path / "model.pt", map_location=map_location, weights_only=True)
+
+    def optimizer_state(self, map_location: str | torch.device = "cpu") -> dict:
+        """The saved optimizer state_dict."""
+        return torch.load(self.path / "optimizer.pt", map_location=map_location, weights_only=True)
+
+
+class RunStore:
+    """The directory of one run: checkpoints, row parts and the done marker.
+
+    Nothing is created until the first write. ``keep`` is how many of the
+    newest checkpoints survive each save (at least 1; default 2, so a
+    checkpoint that turns out corrupt still has a predecessor).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], keep: int = 2) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        self.root = Path(root)
+        self.keep = keep
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.root)!r})"
+
+    # ------------------------------------------------------------------ listing
+
+    def _checkpoint_dirs(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            m = _CKPT_RE.match(p.name)
+            if m and p.is_dir():
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def _parts(self, kind: str | None = None) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            m = _PART_RE.match(p.name)
+            if m and (kind is None or m.group(1) == kind):
+                found.append((int(m.group(2)), p))
+        return sorted(found)
+
+    def _verify(self, step: int, path: Path) -> str | None:
+        """Why the checkpoint at ``path`` is not valid, or None if it is."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_bytes())
+        except FileNotFoundError:
+            return f"no {MANIFEST} (an interrupted write)"
+        except (OSError, ValueError) as err:
+            return f"unreadable {MANIFEST} ({err})"
+        if not isinstance(manifest, dict) or manifest.get("step") != step:
+            return f"{MANIFEST} does not describe step {step}"
+        files = manifest.get("files", {})
+        if set(files) != set(_CKPT_FILES):
+            return f"{MANIFEST} lists {sorted(files)}, expected {list(_CKPT_FILES)}"
+        entries = [(path / name, meta) for name, meta in files.items()]
+        entries += [(self.root / name, meta) for name, meta in manifest.get("parts", {}).items()]
+        for file, meta in entries:
+            try:
+                size = file.stat().st_size
+            except OSError:
+                return f"{file.name} is missing"
+            if size != meta.get("bytes"):
+                return f"{file.name} has {size} bytes, the manifest says {meta.get('bytes')} (truncated?)"
+            if _sha256_file(file) != meta.get("sha256"):
+                return f"{file.name} does not match its sha256 checksum"
+        return None
+
+    def latest(self) -> Checkpoint | None:
+        """The newest checkpoint whose files match its manifest, or None.
+
+        Each newer checkpoint that fails the check is skipped with a
+        ``warnings.warn`` naming it, why, and the checkpoint used instead.
+        """
+        skipped: list[str] = []
+        found: Checkpoint | None = None
+        for step, path in reversed(self._checkpoint_dirs()):
+            problem = self._verify(step, path)
+            if problem is None:
+                found = Checkpoint(step, path, json.loads((path / "state.json").read_bytes()))
+                break
+            skipped.append(f"{path} ({problem})")
+        for what in skipped:
+            instead = f"using {found.path}" if found else "no valid checkpoint remains"
+            warnings.warn(f"RunStore: skipping corrupt checkpoint {what}; {instead}", RuntimeWarning, stacklevel=2)
+        return found
+
+    # ------------------------------------------------------------------ writing
+
+    def _atomic_write(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(f"{_TMP_PREFIX}{path.name}")
+        _write_bytes(tmp, data)
+        os.replace(tmp, path)
+
+    def save(
+        self,
+        step: int,
+        model_state: Mapping[str, torch.Tensor],
+        optimizer_state: Mapping[str, Any],
+        state: Mapping[str, Any],
+        step_rows: Sequence[Mapping[str, Any]] = (),
+        eval_rows: Sequence[Mapping[str, Any]] = (),
+    ) -> Checkpoint:
+        """Write checkpoint ``step`` with the rows produced since the previous one.
+
+        Order: row parts (each atomically), then the checkpoint files in a
+        temporary directory, its manifest last, then ``os.replace`` into
+        ``ckpt-<step>``; then checkpoints beyond the newest ``keep`` are deleted.
+        An ``OSError`` (unwritable directory, full disk) is raised again naming
+        the path; earlier checkpoints are left as they were.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state must be a mapping, got {type(state).__name__}")
+        # Serialise before touching the disk, so bad input never leaves half a checkpoint.
+        blobs = {
+            "model.pt": _torch_bytes(dict(model_state)),
+            "optimizer.pt": _torch_bytes(dict(optimizer_state)),
+            "state.json": _json_bytes(dict(state, step=step)),
+        }
+        parts = {
+            f"{kind}-{step:06d}.parquet": _parquet_bytes(rows)
+            for kind, rows in (("steps", step_rows), ("evals", eval_rows))
+            if len(rows)
+        }
+        target = self.root / f"ckpt-{step:06d}"
+        tmp = self.root / f"{_TMP_PREFIX}ckpt-{step:06d}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for name, data in parts.items():
+                self._atomic_write(self.root / name, data)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            for name, data in blobs.items():
+                _write_bytes(tmp / name, data)
+            manifest = {
+                "step": step,
+                "files": {name: {"sha256": _sha256(d), "bytes": len(d)} for name, d in blobs.items()},
+                "parts": {name: {"sha256": _sha256(d), "bytes": len(d)} for name, d in parts.items()},
+            }
+            _write_bytes(tmp / MANIFEST, _json_bytes(manifest))
+            if target.exists():
+                # Only a stale checkpoint of this step can be here (rollback_to removes later ones).
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+            _fsync_dir(self.root)
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise OSError(
+                err.errno,
+                f"RunStore: could not write checkpoint {step} under {self.root} "
+                f"({err.strerror or err}); earlier checkpoints are unchanged",
+                str(err.filename or self.root),
+            ) from err
+        self._prune()
+        return Checkpoint(step, target, dict(state, step=step))
+
+    def _prune(self) -> None:
+        for _, path in self._checkpoint_dirs()[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def rollback_to(self, checkpoint: Checkpoint | None) -> None:
+        """Make the directory that of a run resumed from ``checkpoint`` (None: from scratch).
+
+        Deletes checkpoints and row parts of later steps (all of them for None),
+        leftover temporary files and the done marker, so the resumed run
+        appends its rows without duplicates.
+        """
+        after = -1 if checkpoint is None else checkpoint.step
+        for step, path in self._checkpoint_dirs():
+            if step > after:
+                shutil.rmtree(path)
+        for step, path in self._parts():
+            if step > after:
+                path.unlink()
+        if self.root.is_dir():
+            for p in self.root.iterdir():
+                if p.name.startswith(_TMP_PREFIX):
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+        (self.root / DONE).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ reading
+
+    def rows(self, kind: str) -> pd.DataFrame:
+        """All persisted rows of ``kind`` ("steps" or "evals") in step order:
+        the parts committed by the newest valid checkpoint and those before it."""
+        if kind not in ROW_KINDS:
+            raise ValueError(f"kind must be one of {ROW_KINDS}, got {kind!r}")
+        latest = self.latest()
+        if latest is None:
+            return pd.DataFrame()
+        frames = [pd.read_parquet(path) for step, path in self._parts(kind) if step <= latest.step]
+        if not frames:
+            return pd.DataFrame()
+        return pd.concat(frames, ignore_index=True)
+
+    # ------------------------------------------------------------------ done marker
+
+    def mark_done(self, status: str, error: str | None = None, **info: Any) -> None:
+        """Write ``done.json`` with the run's final ``status`` ("finished" or
+        "failed"), the ``error`` message and any JSON-serializable ``info``."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        data = _json_bytes({"status": status, "error": error, **info})
+        path = self.root / DONE
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._atomic_write(path, data)
+        except OSError as err:
+            raise OSError(err.errno, f"RunStore: could not write {path} ({err.strerror or err})", str(path)) from err
+
+    def done(self) -> dict | None:
+        """The contents of ``done.json``, or None while the run has not ended."""
+        path = self.root / DONE
+        try:
+            return json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError as err:
+            raise ValueError(f"RunStore: {path} is not valid JSON ({err})") from None
