@@ -181,6 +181,91 @@ class BucketParams(_Section):
         return self
 
 
+class TrainParams(_Section):
+    """The GRPO step (science §3) shared by every sweep run."""
+
+    lr_base: float = Field(1e-4, gt=0)
+    b_base: int = Field(256, ge=1)  # lr = lr_base * sqrt(B / b_base)
+    warmup_steps: int = Field(10, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    advantage_scale: Literal["group", "none"] = "group"  # none = Dr.GRPO
+    agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    clip_higher: bool = False  # DAPO: eps_high = 0.28
+    # healthy recipe (science §3): auto = KL + entropy on for Easy, off for Hard and mixtures
+    recipe: Literal["auto", "on", "off"] = "auto"
+    kl_coef: float = Field(1e-3, ge=0)
+    entropy_coef: float = Field(1e-3, ge=0)
+    zero_var_filter: bool = True
+    overlong_filter: bool = True
+    overlong_penalty_cache: int = Field(0, ge=0)  # DAPO soft penalty window in tokens; 0 = off
+
+
+class SweepParams(_Section):
+    """The rollout sweep over n, B_problem and allocation rules (science §1, §4).
+
+    Designs of the CBS-in-RLVR framework: ``prompt_axis`` (n = n[0] fixed,
+    B_problem varies), ``rollout_axis`` (B_problem = b_problem[0] fixed, n
+    varies), ``iso_batch`` (B = b_total fixed, the split varies with n),
+    ``grid`` (every n x B_problem).
+    """
+
+    bucket: str = "easy"
+    design: Literal["prompt_axis", "rollout_axis", "iso_batch", "grid"] = "rollout_axis"
+    n: list[int] = Field(default_factory=lambda: [4, 8, 16])
+    b_problem: list[int] = Field(default_factory=lambda: [16])
+    b_total: int = Field(128, ge=2)
+    rules: list[Literal["uniform", "dynamic", "pods", "pilot"]] = Field(default_factory=lambda: ["uniform"])
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
+    c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
+    pods_keep: float = Field(0.5, gt=0, lt=1)  # PODS m = round(pods_keep * n)
+    n_pilot: int = Field(2, ge=1)
+    pool_factor: float = Field(2.0, ge=1)
+    max_draws_factor: int = Field(4, ge=1)  # dynamic sampling cap = factor * B_problem prompts
+    train: TrainParams = Field(default_factory=TrainParams)
+    eval_every: int = Field(20, ge=1)
+    eval_k: int = Field(4, ge=1)
+    eval_temperature: float = Field(0.6, ge=0)
+    checkpoint_every: int = Field(20, ge=1)
+    noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
+
+    @field_validator("n", "b_problem")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or any(x < 1 for x in v):
+            raise ValueError(f"expected a non-empty list of integers >= 1, got {v}")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _group(cls, v: list[int]) -> list[int]:
+        if any(x < 2 for x in v):
+            raise ValueError(f"a GRPO group needs n >= 2 rollouts per prompt, got {v}")
+        return v
+
+
+class FitParams(_Section):
+    """Frontier fits and steps to target (science §7)."""
+
+    # record-breaking points: reward bins of this width (validation avg@k)
+    bin_width: float = Field(0.02, gt=0, le=1)
+    # points of the log grid of C (or M) the frontier F and n* are evaluated on
+    grid_points: int = Field(50, ge=2)
+    # target reward R* for S(B); null = base (step-0 eval) + target_gain x (best - base), per bucket and rule
+    target: float | None = Field(None, ge=0, le=1)
+    target_gain: float = Field(0.5, gt=0, le=1)
+    # runs whose curves are analysed (a diverged or interrupted run would bias the fits)
+    run_status: list[Literal["finished", "failed", "running"]] = Field(default_factory=lambda: ["finished"])
+
+
+class ReportParams(_Section):
+    """The study report."""
+
+    # split-half K_sat above this is drawn at the cap (science §6.3); null = 4 x the largest n
+    k_sat_cap: float | None = Field(None, gt=1)
+
+
 class StudyParams(_Section):
     """All of ``params.yaml``."""
 
@@ -191,6 +276,18 @@ class StudyParams(_Section):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     profile: ProfileParams = Field(default_factory=ProfileParams)
     bucket: BucketParams = Field(default_factory=BucketParams)
+    sweep: SweepParams = Field(default_factory=SweepParams)
+    fit: FitParams = Field(default_factory=FitParams)
+    report: ReportParams = Field(default_factory=ReportParams)
+
+    @model_validator(mode="after")
+    def _sweep_bucket(self) -> "StudyParams":
+        known = {"easy", "hard", "very_easy", "extremely_hard", *self.bucket.mixtures}
+        if self.sweep.bucket not in known:
+            close = difflib.get_close_matches(self.sweep.bucket, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"sweep.bucket: unknown bucket {self.sweep.bucket!r}{hint} (expected one of {sorted(known)})")
+        return self
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

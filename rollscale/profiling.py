@@ -11,7 +11,7 @@ from rollscale.problems import Problem
 from rollscale.rewards import reward_fn
 from rollscale.sampling import Rollout, SamplingConfig
 
-PROFILE_COLUMNS = ["problem_id", "source", "prompt", "answer", "k", "n_correct", "avg_at_k", "mean_len", "trunc_rate"]
+PROFILE_COLUMNS = ["problem_id", "source", "prompt", "answer", "reward", "k", "n_correct", "avg_at_k", "mean_len", "trunc_rate"]
 
 
 def score_rollouts(problem: Problem, rollouts: Sequence[Rollout]) -> np.ndarray:
@@ -48,6 +48,7 @@ def profile_problems(
                 "source": problem.source,
                 "prompt": problem.prompt,
                 "answer": problem.answer,
+                "reward": problem.reward,
                 "k": k,
                 "n_correct": int(rewards.sum()),
                 "avg_at_k": float(rewards.mean()),
@@ -69,3 +70,11 @@ def count_correct(
     """Correct counts from k further samples per problem (for the Extremely hard test)."""
     groups = sample([render(p.prompt) for p in problems], k, config, seed)
     return np.array([int(score_rollouts(p, rs).sum()) for p, rs in zip(problems, groups)], dtype=int)
+
+
+def problems_from_profile(profile: pd.DataFrame) -> dict[str, Problem]:
+    """The profiled problems again, by id (later stages read them from the ``profile`` table)."""
+    return {
+        row.problem_id: Problem.create(row.source, row.prompt, row.answer, row.reward)
+        for row in profile.itertuples(index=False)
+    }

@@ -1,0 +1,111 @@
+"""Stage ``sweep``: GRPO training runs over rollouts per prompt n, prompts per step
+B_problem and allocation rules, each with a rollout budget C_max (science §1, §3-5).
+
+For every grid point of the chosen design (prompt axis, rollout axis,
+iso-batch or grid), within the hardware bound B_problem * n <= B_max, we train
+the base model with GRPO on the bucket's training split until the run has
+generated C_max rollouts, logging every step and evaluating on the bucket's
+validation split. Runs are checkpointed; finished runs are not trained again,
+interrupted ones resume, and a run that diverges (non-finite loss) is recorded
+as failed while the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow
+
+from rollscale.problems import Problem
+from rollscale.profiling import problems_from_profile
+from rollscale.sweep import run_configs
+from rollscale.trainer import RunConfig, config_hash
+from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
+from tasks.models import sampling_config
+from tasks.sweep import train_run
+
+log = logging.getLogger("rollscale.sweep")
+
+
+def bucket_problems(artifacts: Path, bucket: str) -> tuple[list[Problem], list[Problem]]:
+    """The (train, val) problems of a bucket, from the profile and bucket tables."""
+    for stage, name in (("profile", "profile"), ("bucket", "buckets")):
+        if not (artifacts / stage / f"{name}.parquet").exists():
+            raise FileNotFoundError(f"{artifacts / stage / name}.parquet not found: run the '{stage}' stage first")
+    by_id = problems_from_profile(pd.read_parquet(artifacts / "profile" / "profile.parquet"))
+    table = pd.read_parquet(artifacts / "bucket" / "buckets.parquet")
+    rows = table[table["bucket"] == bucket]
+    train = [by_id[i] for i in sorted(rows.loc[rows["split"] == "train", "problem_id"])]
+    val = [by_id[i] for i in sorted(rows.loc[rows["split"] == "val", "problem_id"])]
+    if not train or not val:
+        raise ValueError(f"sweep.bucket {bucket!r} has {len(train)} train and {len(val)} validation problems; "
+                         "both must be non-empty (see the bucket stage's counts)")
+    return train, val
+
+
+def run_identity(config: RunConfig, bucket: str, train: list[Problem]) -> dict:
+    """What makes a run folder's content valid for this config."""
+    return {"config_hash": config_hash(config), "bucket": bucket, "train_ids": len(train),
+            "train_first": train[0].problem_id, "train_last": train[-1].problem_id}
+
+
+def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict]) -> None:
+    """Move run folders of other configs out of the ``runs`` tables (kept under archive/)."""
+    if not runs_dir.exists():
+        return
+    for run_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
+        ident_file = run_dir / "identity.json"
+        ident = json.loads(ident_file.read_text()) if ident_file.exists() else None
+        if run_dir.name in wanted and ident == wanted[run_dir.name]:
+            continue
+        dest = runs_dir.parent / "archive" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(run_dir), dest)
+        print(f"sweep: archived {run_dir.name} (not in this sweep's grid, or its config changed) to {dest}")
+
+
+@flow(name="sweep")
+def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> pd.DataFrame:
+    params = read_params(params_path)
+    root = Path(artifacts)
+    ref = read_model_ref(root)
+    sweep = params.sweep
+    train, val = bucket_problems(root, sweep.bucket)
+    configs = run_configs(sweep, sampling_config(params.sampling))
+    runs_dir = root / "sweep" / "runs"
+    wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
+    archive_stale_runs(runs_dir, wanted)
+    print(f"sweep: {sweep.design} on bucket {sweep.bucket!r} ({len(train)} train / {len(val)} val problems), "
+          f"{len(configs)} runs of C_max = {sweep.c_max:,} rollouts: {', '.join(c.run_id for c in configs)}")
+    results, errors = [], []
+    for i, config in enumerate(configs, 1):
+        run_dir = runs_dir / config.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "identity.json").write_text(json.dumps(wanted[config.run_id]))
+        print(f"sweep: run {i}/{len(configs)}: {config.run_id} (B = {config.b_problem} x {config.n}, "
+              f"~{config.nominal_steps} steps, lr {config.lr:.2e})")
+        try:
+            result = train_run(ref, config, sweep.bucket, train, val, str(run_dir), params.model.lora)
+        except Exception as err:  # a broken run must not stop the others
+            log.exception("sweep: run %s failed", config.run_id)
+            errors.append(f"{config.run_id}: {type(err).__name__}: {err}")
+            continue
+        results.append(result)
+        if result.status == "failed":
+            print(f"sweep: {config.run_id} failed: {result.error}")
+        refresh_duckdb(root)
+    refresh_duckdb(root)
+    runs = pd.concat([pd.read_parquet(runs_dir / c.run_id / "run.parquet") for c in configs], ignore_index=True)
+    print("sweep: runs\n" + runs[["run_id", "status", "steps", "c"]].to_string(index=False))
+    if errors:
+        raise RuntimeError("sweep: runs raised errors (the others finished):\n  " + "\n  ".join(errors))
+    return runs
+
+
+if __name__ == "__main__":
+    sweep_flow()

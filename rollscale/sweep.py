@@ -1,0 +1,106 @@
+"""The sweep grid: which GRPO runs a study trains (science §1, §3, §4).
+
+Turns the ``sweep`` section of params into :class:`~rollscale.trainer.RunConfig`
+objects with readable, stable run ids, for the three designs of the
+CBS-in-RLVR framework and a full grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+from rollscale.config import SweepParams
+from rollscale.sampling import SamplingConfig
+from rollscale.trainer import RunConfig, readable_run_id
+
+log = logging.getLogger("rollscale.sweep")
+
+# the healthy recipe of science §3: KL + entropy on Easy-like buckets, off on Hard and mixtures
+_RECIPE_ON = {"easy", "very_easy"}
+
+
+def recipe_on(bucket: str, recipe: str) -> bool:
+    """Whether KL and entropy regularizers are on for a bucket (science §3 healthy recipe)."""
+    return recipe == "on" or (recipe == "auto" and bucket in _RECIPE_ON)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    n: int
+    b_problem: int
+    rule: str
+    seed: int
+
+
+def grid_points(sweep: SweepParams) -> list[GridPoint]:
+    """(n, B_problem, rule, seed) of every run, within the hardware bound B <= b_max."""
+    if sweep.design == "prompt_axis":
+        shapes = [(sweep.n[0], b) for b in sweep.b_problem]
+    elif sweep.design == "rollout_axis":
+        shapes = [(n, sweep.b_problem[0]) for n in sweep.n]
+    elif sweep.design == "iso_batch":
+        bad = [n for n in sweep.n if sweep.b_total % n]
+        if bad:
+            raise ValueError(f"sweep.n: iso_batch needs each n to divide sweep.b_total = {sweep.b_total}, not {bad}")
+        shapes = [(n, sweep.b_total // n) for n in sweep.n]
+    else:
+        shapes = list(itertools.product(sweep.n, sweep.b_problem))
+    kept = [(n, b) for n, b in shapes if n * b <= sweep.b_max]
+    for n, b in sorted(set(shapes) - set(kept)):
+        log.warning("sweep: skipping n=%d x B_problem=%d: B = %d exceeds sweep.b_max = %d", n, b, n * b, sweep.b_max)
+    if not kept:
+        raise ValueError(f"sweep: every grid point exceeds sweep.b_max = {sweep.b_max}")
+    return [GridPoint(n, b, rule, seed) for (n, b), rule, seed in itertools.product(kept, sweep.rules, sweep.seeds)]
+
+
+def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]:
+    """One :class:`RunConfig` per grid point, ids like ``np16_nr8_uniform_s0``."""
+    t = sweep.train
+    regularize = recipe_on(sweep.bucket, t.recipe)
+    configs = []
+    for point in grid_points(sweep):
+        rule_args: dict = {}
+        if point.rule == "pods":
+            m = max(2, round(sweep.pods_keep * point.n))
+            if m >= point.n:
+                log.warning("sweep: skipping PODS at n=%d: keeps m=%d, not fewer than n", point.n, m)
+                continue
+            rule_args["m"] = m
+        elif point.rule == "pilot":
+            if sweep.n_pilot >= point.n:
+                log.warning("sweep: skipping Pilot-Commit at n=%d: n_pilot=%d is not below n", point.n, sweep.n_pilot)
+                continue
+            rule_args.update(n_pilot=sweep.n_pilot, pool_factor=sweep.pool_factor)
+        elif point.rule == "dynamic":
+            rule_args["max_draws"] = sweep.max_draws_factor * point.b_problem
+        config = RunConfig(
+            n=point.n,
+            b_problem=point.b_problem,
+            rule=point.rule,
+            **rule_args,
+            c_max=sweep.c_max,
+            seed=point.seed,
+            advantage_scale=t.advantage_scale,
+            clip_high=0.28 if t.clip_higher else 0.2,
+            agg_mode=t.agg_mode,
+            kl_coef=t.kl_coef if regularize else 0.0,
+            entropy_coef=t.entropy_coef if regularize else 0.0,
+            zero_var_filter=t.zero_var_filter,
+            overlong_filter=t.overlong_filter,
+            overlong_penalty_cache=t.overlong_penalty_cache,
+            lr_base=t.lr_base,
+            b_base=t.b_base,
+            warmup_steps=t.warmup_steps,
+            weight_decay=t.weight_decay,
+            grad_clip=t.grad_clip,
+            sampling=sampling,
+            eval_every=sweep.eval_every,
+            eval_k=sweep.eval_k,
+            eval_temperature=sweep.eval_temperature,
+            checkpoint_every=sweep.checkpoint_every,
+        )
+        config.run_id = readable_run_id(config)
+        configs.append(config)
+    return configs

@@ -1,0 +1,85 @@
+"""Tasks of the ``sweep`` stage: one GRPO training run each.
+
+A run's persistence and caching is its :class:`~rollscale.checkpoint.RunStore`
+(checksummed checkpoints plus the rows they commit): a finished run is not
+trained again and an interrupted one resumes from its last checkpoint. So the
+task itself is not cached by Prefect (its result lives in the run folder, not
+in Prefect's store); it is retried on transient errors, resuming each time.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rollscale.checkpoint import RunStore
+from rollscale.config import LoraParams
+from rollscale.models import ModelRef, add_lora, load_model
+from rollscale.problems import Problem
+from rollscale.progress import Progress
+from rollscale.storage import write_parquet_atomic
+from rollscale.trainer import GRPOTrainer, RunConfig, RunResult
+from tasks.common import transient
+
+log = logging.getLogger("rollscale.sweep")
+
+
+def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | None = None, error: str | None = None) -> pd.DataFrame:
+    """The run's row of the ``runs`` table."""
+    return pd.DataFrame([{
+        "run_id": config.run_id, "bucket": bucket, "n": config.n, "b_problem": config.b_problem,
+        "m": config.trained_group_size, "rule": config.rule, "seed": config.seed, "c_max": config.c_max,
+        "lr": config.lr, "kl_coef": config.kl_coef, "entropy_coef": config.entropy_coef,
+        "status": status, "steps": result.steps if result else 0, "c": result.c if result else 0,
+        "c_tokens": result.c_tokens if result else 0, "error": error or (result.error if result else None),
+    }])
+
+
+@task(name="train-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
+def train_run(
+    ref: ModelRef,
+    config: RunConfig,
+    bucket: str,
+    train_problems: list[Problem],
+    val_problems: list[Problem],
+    run_dir: str,
+    lora: LoraParams | None = None,
+) -> RunResult:
+    """Train (or resume, or skip when finished) one GRPO run into ``run_dir``."""
+    run_dir_path = Path(run_dir)
+    write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
+    model, tokenizer = load_model(ref)  # a fresh copy: training changes the weights
+    use_lora = bool(lora and lora.enabled)
+    if use_lora:
+        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+    trainer = GRPOTrainer(
+        model, tokenizer, train_problems, val_problems, config, use_chat_template=ref.chat_template, lora=use_lora
+    )
+    store = RunStore(run_dir_path)
+    with Progress(config.c_max, config.run_id, unit="rollouts") as bar:
+        last = {"c": 0, "eval": ""}
+
+        def progress(c: int, c_max: int) -> None:
+            bar.update(min(c, c_max) - last["c"], val=last["eval"])
+            last["c"] = min(c, c_max)
+
+        def on_eval(row: dict) -> None:
+            last["eval"] = f"{row['avg_at_k']:.3f}"
+            log.info("%s: step %d, C=%d, val avg@%d = %.3f ± %.3f, greedy %.3f", config.run_id, row["step"], row["c"],
+                     config.eval_k, row["avg_at_k"], row["avg_at_k_se"], row["greedy"])
+
+        try:
+            result = trainer.run(store, on_eval=on_eval, progress=progress)
+        except Exception as err:
+            write_parquet_atomic(run_row(config, bucket, "failed", error=f"{type(err).__name__}: {err}"),
+                                 run_dir_path / "run.parquet")
+            raise
+    write_parquet_atomic(run_row(config, bucket, result.status, result), run_dir_path / "run.parquet")
+    del trainer, model
+    torch.set_grad_enabled(True)
+    return result
