@@ -32,6 +32,7 @@ TABLES: dict[str, str] = {
     "steps_to_target": "fit/steps_to_target.parquet",
     "crs_prediction": "fit/crs_prediction.parquet",
     "epoch_transitions": "fit/epoch_transitions.parquet",
+    "record_points": "fit/record_points.parquet",
 }
 
 DB_NAME = "rollscale.duckdb"

@@ -1,0 +1,84 @@
+"""Stage ``fit``: the compute-optimal frontier, steps to target and the CRS check (science §7).
+
+Runs are analysed per training bucket and allocation rule, using runs that
+finished (``fit.run_status``). In each run's validation curve, reward against
+compute C is cut into bins of ``fit.bin_width`` and the first evaluation of
+each new highest bin is kept: its record-breaking points. For every n, a
+monotonic sigmoid R(C) = R0 + (A - R0) / (1 + (C_mid / C)^beta) is fitted to
+the pooled record points of all runs with that n; the frontier F(C) is the
+maximum of these curves on a log grid of C, n*(C) its argmax, and a logistic
+in log10 C is fitted to log2 n*. The same is done with B_problem as the free
+variable among runs with the same n, and with n among runs sharing a total
+batch B (iso-batch, against optimizer steps M). Where n* changes, we report
+the epochs the new best run had completed there.
+
+For the critical batch size, each run's S(B) is the first step whose
+validation reward reaches a target R* (``fit.target``; by default the step-0
+reward plus ``fit.target_gain`` of the best gain), E(B) = B·S(B), and
+S(B) = S_min (1 + B_crit / B) is fitted along the prompt axis (n fixed) and
+the rollout axis (B_problem fixed). Finally, the critical rollout size
+measured by the measure stage (median over steps at its largest n) is put
+beside the best n observed under a fixed total batch.
+
+A fit that has too few points is kept as a row saying why, never an error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow
+
+from rollscale.analysis import DESIGNS
+from rollscale.storage import write_parquet_atomic
+from tasks.common import ARTIFACTS, read_params, refresh_duckdb
+from tasks.fit import crs_prediction, evaluations, frontier, read_tables, record_points, steps_to_target
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    kept = [f for f in frames if len(f.columns)]
+    return pd.concat([f for f in kept if not f.empty] or kept[:1], ignore_index=True)
+
+
+@flow(name="fit")
+def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> dict[str, pd.DataFrame]:
+    params = read_params(params_path)
+    root = Path(artifacts)
+    study = read_tables(root, ["runs", "evals", "noise_steps"])
+    if study["runs"] is None or study["evals"] is None:
+        raise FileNotFoundError(f"{root / 'sweep' / 'runs'} has no runs with evaluations: "
+                                "run the 'sweep' stage first (dvc repro sweep)")
+    if study["noise_steps"] is None:
+        print("fit: no noise_steps table (the measure stage has not run): the CRS check will say 'not measured'")
+
+    evals = evaluations(study["runs"], study["evals"], params.fit)
+    used = evals["run_id"].nunique()
+    print(f"fit: {used} of {len(study['runs'])} runs have status in {params.fit.run_status} and evaluations")
+    points = record_points(evals, params.fit)
+    fronts = {design: frontier(points, design, params.fit) for design in DESIGNS}
+    stepped = steps_to_target(evals, params.fit)
+    crs = crs_prediction(evals, study["noise_steps"])
+
+    tables = {
+        "record_points": points,
+        "fits": _concat([*(f.fits for f in fronts.values()), stepped.fits]),
+        "frontier": _concat([f.frontier for f in fronts.values()]),
+        "epoch_transitions": _concat([f.transitions for f in fronts.values()]),
+        "steps_to_target": stepped.steps_to_target,
+        "crs_prediction": crs,
+    }
+    out = root / "fit"
+    for name, table in tables.items():
+        write_parquet_atomic(table, out / f"{name}.parquet")
+    refresh_duckdb(root)
+
+    fits = tables["fits"]
+    for _, row in fits[~fits["kind"].str.startswith("sigmoid")].iterrows():
+        where = "/".join(str(v) for v in (row["bucket"], row["rule"], row["fixed"]) if isinstance(v, str))
+        print(f"fit: {row['kind']:24s} {where:28s} {row['status']}")
+    return tables
+
+
+if __name__ == "__main__":
+    fit_flow()

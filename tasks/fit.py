@@ -1,0 +1,52 @@
+"""Tasks of the ``fit`` and ``report`` stages: the study-level analysis of science §7.
+
+Each task wraps one :mod:`rollscale.analysis` call and is cached on its inputs
+and its own source, so re-running ``fit`` after a change to one part (say the
+target reward) recomputes only that part.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from rollscale import analysis
+from rollscale.config import FitParams
+from rollscale.storage import TABLES, available_tables, query
+from tasks.common import cached_task
+
+
+def read_tables(artifacts: Path, names: list[str]) -> dict[str, pd.DataFrame | None]:
+    """The named study tables as DataFrames (through the DuckDB views); None for those not written yet."""
+    unknown = sorted(set(names) - set(TABLES))
+    if unknown:
+        raise ValueError(f"names: unknown study tables {unknown} (expected some of {list(TABLES)})")
+    have = available_tables(artifacts)
+    return {name: query(f"SELECT * FROM {name}", artifacts) if name in have else None for name in names}
+
+
+@cached_task(name="run-evals")
+def evaluations(runs: pd.DataFrame, evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
+    return analysis.run_evals(runs, evals, fit_params.run_status)
+
+
+@cached_task(name="record-points")
+def record_points(evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
+    return analysis.record_points(evals, fit_params.bin_width)
+
+
+@cached_task(name="frontier")
+def frontier(points: pd.DataFrame, design: str, fit_params: FitParams) -> analysis.FrontierTables:
+    # the frontier starts where it has risen by one record bin: below, every n is at the base reward
+    return analysis.frontier_analysis(points, design, fit_params.grid_points, min_gain=fit_params.bin_width)
+
+
+@cached_task(name="steps-to-target")
+def steps_to_target(evals: pd.DataFrame, fit_params: FitParams) -> analysis.SteppedTables:
+    return analysis.steps_to_target_analysis(evals, fit_params.target, fit_params.target_gain)
+
+
+@cached_task(name="crs-prediction")
+def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None) -> pd.DataFrame:
+    return analysis.crs_prediction(evals, noise_steps)

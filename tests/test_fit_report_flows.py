@@ -1,0 +1,127 @@
+"""The ``fit`` and ``report`` flows in-process on a tiny synthetic artifacts folder laid out as the sweep writes it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from flows.fit import fit_flow
+from flows.report import report_flow
+from rollscale.storage import query, write_parquet_atomic
+
+D = 200
+B_PROBLEM = 8
+C_MAX = 200_000
+# rollout axis: n* moves from 2 to 8 as compute grows
+CURVES = {2: (0.1, 0.45, 2_000.0, 2.0), 4: (0.1, 0.6, 6_000.0, 2.0), 8: (0.1, 0.75, 20_000.0, 2.0)}
+
+
+def _reward(c, r0, a, c_mid, beta):
+    with np.errstate(divide="ignore", over="ignore"):
+        return r0 + (a - r0) / (1.0 + (c_mid / np.maximum(c, 1e-300)) ** beta)
+
+
+def _write_sweep(root, rng):
+    """runs/<run_id>/run.parquet, steps-*.parquet and evals-*.parquet, two checkpoints each."""
+    for n, theta in CURVES.items():
+        run_id = f"np{B_PROBLEM}_nr{n}_uniform_s0"
+        m = C_MAX // (n * B_PROBLEM)
+        steps = np.unique(np.r_[0, np.geomspace(1, m, 40).astype(int)])
+        c = steps * n * B_PROBLEM
+        reward = np.clip(_reward(c, *theta) + rng.normal(0, 0.005, len(c)), 0, 1)
+        evals = pd.DataFrame({"run_id": run_id, "step": steps, "c": c, "c_tokens": c * 6,
+                              "epochs": steps * B_PROBLEM / D, "k": 4, "n_problems": 64, "avg_at_k": reward,
+                              "avg_at_k_se": 0.03,
+                              "best_at_k": np.minimum(1, reward + 0.2), "worst_at_k": np.maximum(0, reward - 0.2),
+                              "greedy": reward, "t_eval": 0.1})
+        train_steps = np.arange(1, m + 1, max(1, m // 50))
+        step_rows = pd.DataFrame({"run_id": run_id, "step": train_steps, "c": train_steps * n * B_PROBLEM,
+                                  "c_tokens": train_steps * n * B_PROBLEM * 6, "epochs": train_steps * B_PROBLEM / D,
+                                  "reward_mean": 0.3, "zero_var_frac": 0.2, "t_generate": 0.1, "t_score": 0.01,
+                                  "t_train": 0.05})
+        run_dir = root / "sweep" / "runs" / run_id
+        half = len(evals) // 2
+        for part, (e, s) in enumerate(((evals[:half], step_rows[: len(step_rows) // 2]),
+                                       (evals[half:], step_rows[len(step_rows) // 2:]))):
+            write_parquet_atomic(e, run_dir / f"evals-{part:06d}.parquet")
+            write_parquet_atomic(s, run_dir / f"steps-{part:06d}.parquet")
+        write_parquet_atomic(pd.DataFrame([{
+            "run_id": run_id, "bucket": "easy", "n": n, "b_problem": B_PROBLEM, "m": n, "rule": "uniform", "seed": 0,
+            "c_max": C_MAX, "lr": 1e-4, "kl_coef": 0.001, "entropy_coef": 0.001, "status": "finished",
+            "steps": int(steps[-1]), "c": int(c[-1]), "c_tokens": int(c[-1] * 6), "error": None,
+        }]), run_dir / "run.parquet")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    params = root / "params.yaml"
+    params.write_text(yaml.safe_dump({"fit": {"bin_width": 0.01, "grid_points": 30}, "report": {"k_sat_cap": 50}}))
+    artifacts = root / "artifacts"
+    _write_sweep(artifacts, np.random.default_rng(0))
+    write_parquet_atomic(pd.DataFrame({"step": [0, 10, 20], "n": 16, "rho_icc": 0.2, "k_sat_icc": 5.0,
+                                       "k_crit": [4.0, 5.0, math.inf], "b_simple": 30.0, "crs": [4.0, 5.0, 5.0]}),
+                         artifacts / "measure" / "noise_steps.parquet")
+    tables = fit_flow(params_path=str(params), artifacts=str(artifacts))
+    paths = report_flow(params_path=str(params), artifacts=str(artifacts))
+    return artifacts, tables, paths
+
+
+def test_fit_flow_writes_every_fit_table_and_duckdb_views(study):
+    artifacts, tables, _ = study
+    for name in ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points"):
+        assert (artifacts / "fit" / f"{name}.parquet").exists(), name
+    assert (artifacts / "rollscale.duckdb").exists()
+    fits = query("SELECT kind, key, status FROM fits ORDER BY kind, key", artifacts)
+    ok = fits[fits["status"] == "ok"]
+    assert {"sigmoid_n", "n_star", "steps_to_target_rollout"} <= set(ok["kind"])
+    assert sorted(ok.loc[ok["kind"] == "sigmoid_n", "key"]) == [2, 4, 8]
+    # one n per B and one B_problem: these designs and the prompt axis say why they have no fit
+    why = fits.set_index("kind")["status"]
+    assert why["n_star_b_problem"] == "no two runs with the same n and different B_problem"
+    assert why["n_star_iso_batch"] == "no two n share a total batch B = n·B_problem"
+    assert why["steps_to_target_prompt"] == "no two runs with the same n and different B_problem"
+    # the frontier moves from n = 2 at low compute to n = 8 at high compute (it starts where it has risen by
+    # one bin: below, every curve is at the base reward and which fitted R0 is highest is noise)
+    fr = query("SELECT c, best_key FROM frontier WHERE design = 'n' ORDER BY c", artifacts)
+    assert fr["best_key"].iloc[0] == 2 and fr["best_key"].iloc[-1] == 8 and set(fr["best_key"]) == {2, 4, 8}
+    tr = query("SELECT from_key, to_key, epochs, c FROM epoch_transitions ORDER BY c", artifacts)
+    assert tr[["from_key", "to_key"]].values.tolist() == [[2, 4], [4, 8]]
+    np.testing.assert_allclose(tr["epochs"], tr["c"] / (tr["to_key"] * D), rtol=1e-6)
+    # record points: every run's step 0 is one, and they are a subset of the evaluations
+    rp = query("SELECT run_id, count(*) AS n, sum(is_record::INT) AS records, bool_or(step = 0 AND is_record) AS s0 "
+               "FROM record_points GROUP BY run_id", artifacts)
+    assert len(rp) == 3 and rp["s0"].all() and (rp["records"] < rp["n"]).all() and (rp["records"] >= 4).all()
+    # the CRS (median 5 at n = 16) predicts n = 4 under B_problem = 8 (no two n share a B)
+    (crs,) = query("SELECT * FROM crs_prediction", artifacts).to_dict("records")
+    assert crs["crs"] == 5.0 and crs["predicted_n"] == 4 and crs["basis"].startswith("same B_problem = 8")
+    assert crs["observed_best_n"] == int(tables["crs_prediction"]["observed_best_n"].iloc[0])
+
+
+def test_report_flow_writes_html_pngs_and_summary(study):
+    artifacts, _, paths = study
+    out = artifacts / "report"
+    html = (out / "index.html").read_text()
+    summary = (out / "summary.md").read_text()
+    for chart in ("reward_vs_compute", "frontier", "best_worst_at_k", "steps_to_target", "crs_prediction",
+                  "noise_steps"):
+        assert (out / "charts" / f"{chart}.png").read_bytes().startswith(b"\x89PNG"), chart
+    # the profile and bucket stages did not run: the report says so instead of failing
+    assert set(paths.missing) == {"difficulty", "k_sat"}
+    assert "dvc repro profile" in html and "dvc repro profile" in summary
+    assert "Fit: sigmoid_n" in summary and "Fit: n_star_iso_batch" in summary
+    assert "no two n share a total batch B" in summary
+
+
+def test_fit_without_a_sweep_names_the_stage_and_report_still_writes(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("{}\n")
+    with pytest.raises(FileNotFoundError, match="run the 'sweep' stage first"):
+        fit_flow(params_path=str(params), artifacts=str(tmp_path / "artifacts"))
+    paths = report_flow(params_path=str(params), artifacts=str(tmp_path / "artifacts"))
+    assert not paths.pngs and "frontier" in paths.missing
+    assert "dvc repro fit" in (tmp_path / "artifacts" / "report" / "summary.md").read_text()
