@@ -98,12 +98,19 @@ def train_supervised(
     lr: float,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    label_smoothing: float = 0.0,
 ) -> SupervisedStats:
     """Teacher-forced training on (prompt, answer) pairs; loss on answer + EOS only.
 
     The warm start of the tiny model: it learns the task to a partial skill so
     that pass rates spread over [0, 1] (what profiling and bucketing need).
+    Label smoothing caps each token's probability near ``1 - label_smoothing``,
+    so even learned problems keep a sampling error rate at temperature 1 that
+    grows with answer length: pass rates spread into the Easy band, and RL has
+    a sharpening gain to find.
     """
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if not pairs:
         raise ValueError("train_supervised: no training pairs")
     gen = torch.Generator().manual_seed(seed)
@@ -128,7 +135,11 @@ def train_supervised(
             input_ids[row, : len(s)] = torch.tensor(s)
             attn[row, : len(s)] = 1
             labels[row, n_p : len(s)] = torch.tensor(s[n_p:])
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        logits = model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+            ignore_index=-100, label_smoothing=label_smoothing,
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

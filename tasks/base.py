@@ -45,7 +45,8 @@ def train_tiny_model(base: BaseParams, data: DataParams, pool_ids: frozenset[str
             log.info("base: step %d/%d, loss %.4f", step + 1, base.steps, loss)
 
     stats = train_supervised(
-        model, tokenizer, [(p.prompt, p.answer) for p in train], base.steps, base.batch_size, base.lr, base.seed, on_step
+        model, tokenizer, [(p.prompt, p.answer) for p in train], base.steps, base.batch_size, base.lr, base.seed, on_step,
+        label_smoothing=base.label_smoothing,
     )
     log.info("base: %d parameters, %d training problems, %.0f s", stats.n_parameters, len(train), stats.seconds)
     return {
