@@ -21,7 +21,10 @@ def run_stage(stage: str, params: str, artifacts: str) -> None:
     _prefect_env()
     from rollscale.config import load_params
 
-    load_params(params)  # fail on bad config before any work or Prefect start-up
+    study = load_params(params)  # fail on bad config before any work or Prefect start-up
+    import torch
+
+    torch.set_num_threads(study.torch_threads)
     import importlib
 
     module = importlib.import_module(f"flows.{stage}")

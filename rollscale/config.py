@@ -271,7 +271,10 @@ class ReportParams(_Section):
 class StudyParams(_Section):
     """All of ``params.yaml``."""
 
-    seed: int = 0
+    # CPU threads for torch. 1 by default: the tiny model's matrices are too small
+    # to gain from a second thread, and measured here 2 threads ran 18x slower
+    # whenever another process shared the 2 cores.
+    torch_threads: int = Field(1, ge=1)
     data: DataParams = Field(default_factory=DataParams)
     model: ModelParams = Field(default_factory=ModelParams)
     base: BaseParams = Field(default_factory=BaseParams)

@@ -23,7 +23,6 @@ def train_tiny_model(base: BaseParams, data: DataParams, pool_ids: frozenset[str
     """
     if data.source != "reasoning_gym":
         raise ValueError("model.kind 'tiny' needs data.source 'reasoning_gym' (it is trained on that task family)")
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     train = disjoint(load_pool(data, size=base.train_size, seed=base.train_seed), set(pool_ids))
     tokenizer = char_tokenizer()
     model = tiny_llama(
