@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-STAGES = ("base", "profile", "bucket", "sweep", "fit", "report")
+STAGES = ("base", "profile", "bucket", "measure", "sweep", "fit", "report")
 
 
 def _prefect_env() -> None:

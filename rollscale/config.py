@@ -268,6 +268,23 @@ class ReportParams(_Section):
     k_sat_cap: float | None = Field(None, gt=1)
 
 
+class MeasureParams(_Section):
+    """Short GRPO runs at large n that measure gradient noise every step (science §6)."""
+
+    bucket: str = "easy"  # whose training split is measured
+    n: list[int] = Field(default_factory=lambda: [16, 32])
+    b_problem: int = Field(16, ge=2)  # prompts per step (the intraclass rho needs >= 2)
+    steps: int = Field(3, ge=1)  # measured steps per n (each followed by its GRPO update)
+    seed: int = 0
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: list[int]) -> list[int]:
+        if not v or any(x < 3 for x in v):
+            raise ValueError(f"split-half rho needs n >= 3 rollouts per prompt, got {v}")
+        return v
+
+
 class StudyParams(_Section):
     """All of ``params.yaml``."""
 
@@ -282,16 +299,18 @@ class StudyParams(_Section):
     profile: ProfileParams = Field(default_factory=ProfileParams)
     bucket: BucketParams = Field(default_factory=BucketParams)
     sweep: SweepParams = Field(default_factory=SweepParams)
+    measure: MeasureParams = Field(default_factory=MeasureParams)
     fit: FitParams = Field(default_factory=FitParams)
     report: ReportParams = Field(default_factory=ReportParams)
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":
         known = {"easy", "hard", "very_easy", "extremely_hard", *self.bucket.mixtures}
-        if self.sweep.bucket not in known:
-            close = difflib.get_close_matches(self.sweep.bucket, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"sweep.bucket: unknown bucket {self.sweep.bucket!r}{hint} (expected one of {sorted(known)})")
+        for key, value in (("sweep.bucket", self.sweep.bucket), ("measure.bucket", self.measure.bucket)):
+            if value not in known:
+                close = difflib.get_close_matches(value, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{key}: unknown bucket {value!r}{hint} (expected one of {sorted(known)})")
         return self
 
 

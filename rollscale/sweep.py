@@ -100,6 +100,7 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
             eval_k=sweep.eval_k,
             eval_temperature=sweep.eval_temperature,
             checkpoint_every=sweep.checkpoint_every,
+            noise_every=sweep.noise_every,
         )
         config.run_id = readable_run_id(config)
         configs.append(config)

@@ -48,7 +48,9 @@ from rollscale.grpo import (
     token_logprobs_and_entropy,
     warmup_factor,
 )
+from rollscale.gram import gram_matrix
 from rollscale.metrics import avg_at_k, best_at_k, standard_error, worst_at_k
+from rollscale.noise import EmaNoiseScale, decompose, k_sat, k_sat_null, split_half_rho
 from rollscale.models import render_prompt
 from rollscale.problems import Problem
 from rollscale.rewards import reward_fn
@@ -57,7 +59,7 @@ from rollscale.sampling import HFSampler, Rollout, SamplingConfig
 RULES: tuple[str, ...] = ("uniform", "dynamic", "pods", "pilot")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Purposes that keep the seed streams of data order, training and evaluation apart.
-_DATA, _TRAIN, _EVAL = 0, 1, 2
+_DATA, _TRAIN, _EVAL, _NOISE = 0, 1, 2, 3
 
 RewardFn = Callable[[str, str], float]
 
@@ -106,6 +108,9 @@ class RunConfig:
         eval_k: samples per validation problem (science §5).
         eval_temperature: temperature of those samples.
         checkpoint_every: checkpoint every this many steps (and at the end).
+        noise_every: measure gradient noise (science §6) every this many steps
+            from the per-rollout gradient Gram matrix of the step's batch; 0 = off.
+        noise_ema: EMA decay of the B_simple numerator and denominator (science §6.2).
     """
 
     run_id: str = ""
@@ -137,14 +142,18 @@ class RunConfig:
     eval_k: int = 4
     eval_temperature: float = 0.6
     checkpoint_every: int = 10
+    noise_every: int = 0
+    noise_ema: float = 0.9
 
     def __post_init__(self) -> None:
         for name, minimum in (("n", 2), ("b_problem", 1), ("c_max", 1), ("seed", 0), ("b_base", 1),
                               ("warmup_steps", 0), ("overlong_penalty_cache", 0), ("eval_every", 1),
-                              ("eval_k", 1), ("checkpoint_every", 1)):
+                              ("eval_k", 1), ("checkpoint_every", 1), ("noise_every", 0)):
             value = getattr(self, name)
             if not _is_int(value) or value < minimum:
                 raise ValueError(f"RunConfig.{name} must be an int >= {minimum}, got {value!r}")
+        if not (_is_number(self.noise_ema) and 0.0 <= self.noise_ema < 1.0):
+            raise ValueError(f"RunConfig.noise_ema must be in [0, 1), got {self.noise_ema!r}")
         if self.rule not in RULES:
             raise ValueError(f"RunConfig.rule must be one of {RULES}, got {self.rule!r}")
         for name, rule in (("m", "pods"), ("n_pilot", "pilot"), ("pool_factor", "pilot"), ("max_draws", "dynamic")):
@@ -391,6 +400,9 @@ class GRPOTrainer:
         self.c_tokens = 0
         self.prompts_drawn = 0
         self.last_eval_step = -1
+        # gradient noise (science §6), measured every noise_every steps
+        self.noise_ema = EmaNoiseScale(config.noise_ema)
+        self.last_noise_prompts: list[dict] = []
 
     # ------------------------------------------------------------------ data order and seeds
 
@@ -511,6 +523,7 @@ class GRPOTrainer:
             )
 
         t_start_train = time.perf_counter()
+        self.last_noise_prompts = []
         rollouts = [r for g in alloc.groups for r in g.rollouts]
         row_loss = {"loss": math.nan, "policy_loss": math.nan, "kl": math.nan, "entropy": math.nan,
                     "clip_frac": math.nan, "grad_norm": math.nan, "n_tokens": 0, "zero_var_frac_trained": math.nan}
@@ -537,6 +550,11 @@ class GRPOTrainer:
             )
             logp_ref = self._ref_logprobs(input_ids, attention, completion_mask) if cfg.kl_coef > 0 else None
             mask = completion_mask * torch.as_tensor(keep, device=self.device)[:, None]
+            row_noise = {}
+            if cfg.noise_every and step % cfg.noise_every == 0:
+                row_noise = self._measure_noise(
+                    step, alloc, rewards, advantages, regularize, input_ids, attention, completion_mask, mask, logp_ref
+                )
             out = grpo_loss(
                 logp_new, logp_new.detach(),
                 torch.as_tensor(advantages, dtype=torch.float32, device=self.device), mask, self.loss_cfg,
@@ -595,9 +613,74 @@ class GRPOTrainer:
             "trunc_frac": _nanmean([float(r.truncated) for r in generated]),
             "lr": lr,
             **row_loss,
+            **(row_noise if rollouts else {}),
             "t_generate": t_generate,
             "t_score": t_score,
             "t_train": t_train,
+        }
+
+    # ------------------------------------------------------------------ gradient noise
+
+    def _measure_noise(self, step, alloc, rewards, advantages, regularize, input_ids, attention,
+                       completion_mask, mask, logp_ref) -> dict:
+        """Gradient-noise figures of this step's batch (science §6), before its update.
+
+        g_i is the gradient of rollout i's own term of this step's loss (the
+        batch's advantages held fixed); the Gram matrix comes from one
+        forward and one backward pass through per-layer hooks
+        (:func:`rollscale.gram.gram_matrix`). Returns the step-level numbers
+        for the ``steps`` row (and the ``noise_steps`` table of the measure
+        stage); the per-prompt split-half rows land in ``last_noise_prompts``.
+        """
+        cfg = self.config
+        t0 = time.perf_counter()
+        adv = torch.as_tensor(advantages, dtype=torch.float32, device=self.device)
+        reg = torch.as_tensor(regularize, device=self.device)
+        # a rollout's term must not depend on which rows share the forward call:
+        # rescale the aggregation's normaliser from the call's rows to the batch's
+        token_mode = self.loss_cfg.agg_mode == "token-mean"
+        counts = mask.sum(dim=1) if token_mode else (mask.sum(dim=1) > 0).to(mask.dtype)
+        total = counts.sum().clamp_min(1)
+
+        def loss_terms(idx: torch.Tensor) -> torch.Tensor:
+            idx = idx.to(self.device)
+            logp, ent = token_logprobs_and_entropy(
+                self.model, input_ids[idx], attention[idx], completion_mask[idx], cfg.sampling.temperature,
+                entropy_grad=cfg.entropy_coef > 0,
+            )
+            out = grpo_loss(
+                logp, logp.detach(), adv[idx], mask[idx], self.loss_cfg,
+                logp_ref=None if logp_ref is None else logp_ref[idx], entropy=ent, regularize=reg[idx],
+            )
+            return out.per_rollout * (counts[idx].sum().clamp_min(1) / total)
+
+        self.model.train()
+        gram = gram_matrix(self.model, loss_terms, len(input_ids))
+        groups = np.repeat(np.arange(len(alloc.groups)), [len(g.rollouts) for g in alloc.groups])
+        if len(set(np.bincount(groups))) != 1 or len(alloc.groups) < 2:
+            return {"t_noise": time.perf_counter() - t0}  # the decomposition needs >= 2 equal groups
+        dec = decompose(gram, groups)
+        ema = self.noise_ema.update(dec.trace_sigma, dec.g_norm2) if np.isfinite([dec.trace_sigma, dec.g_norm2]).all() else math.nan
+        n = int(np.bincount(groups)[0])
+        start = 0
+        for gi, group in enumerate(alloc.groups):
+            block = gram[start : start + n, start : start + n]
+            start += n
+            rho = math.nan
+            if n >= 3 and np.ptp(rewards[gi]) > 0 and np.trace(block) > 0:
+                rho = split_half_rho(block, np.random.default_rng(self._seed(_NOISE, step, gi)))
+            null = k_sat_null(n) if n >= 3 else math.nan
+            ks = k_sat(rho) if np.isfinite(rho) else math.nan
+            self.last_noise_prompts.append({
+                "run_id": cfg.run_id, "step": step, "problem_id": self.train_problems[group.problem].problem_id,
+                "n": n, "pass_rate": float(np.mean(rewards[gi])), "rho_split": rho, "k_sat": ks,
+                "k_sat_null": null, "k_sat_ratio": ks / null if np.isfinite(ks) else ks,
+            })
+        return {
+            "noise_n": n, "trace_sigma": dec.trace_sigma, "g_norm2": dec.g_norm2, "b_simple": dec.b_simple,
+            "b_simple_ema": ema, "b_naive": dec.b_naive, "prompt_noise": dec.prompt_noise,
+            "rollout_noise": dec.rollout_noise, "rho_icc": dec.rho_icc, "k_sat_icc": dec.k_sat_icc,
+            "k_crit": dec.k_crit, "crs": dec.crs, "t_noise": time.perf_counter() - t0,
         }
 
     # ------------------------------------------------------------------ evaluation
@@ -656,6 +739,7 @@ class GRPOTrainer:
             "n_train_problems": d,
             "data_hash": self.data_hash,
             "last_eval_step": self.last_eval_step,
+            "noise_ema": vars(self.noise_ema).copy(),
             "config_hash": self.config_hash,
             "config": self.config.to_dict(),
             "rng": _rng_state(),
@@ -695,6 +779,8 @@ class GRPOTrainer:
         s = ckpt.state
         self.step, self.c, self.c_tokens = s["step"], s["c"], s["c_tokens"]
         self.prompts_drawn, self.last_eval_step = s["prompts_drawn"], s["last_eval_step"]
+        if "noise_ema" in s:
+            vars(self.noise_ema).update(s["noise_ema"])
         _set_rng_state(s["rng"])
 
     def _result(self, status: str, error: str | None) -> RunResult:

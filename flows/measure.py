@@ -1,0 +1,59 @@
+"""Stage ``measure``: gradient noise at large n (science §6).
+
+For each group size n (e.g. 16 and 32) we take a few GRPO steps from the base
+model on the bucket's training split. Before each update, the Gram matrix of
+the per-rollout gradients of the step's loss (one forward and one backward
+pass through per-layer hooks) gives the gradient noise scale B_simple (and the
+mini-batch B_naive), its prompt-axis and rollout-axis parts, the intraclass
+within-group correlation rho_icc with K_sat = 1 / rho_icc, the critical rollout
+size K_crit and CRS = min(K_sat, K_crit); per prompt, the essay's split-half
+rho and K_sat, always beside its null value |R| + 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow
+
+from rollscale.storage import write_parquet_atomic
+from rollscale.sweep import run_configs
+from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
+from tasks.measure import measure_noise
+from tasks.models import sampling_config
+from flows.sweep import bucket_problems
+
+
+@flow(name="measure")
+def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> dict[str, pd.DataFrame]:
+    params = read_params(params_path)
+    root = Path(artifacts)
+    ref = read_model_ref(root)
+    m = params.measure
+    train, val = bucket_problems(root, m.bucket)
+    # the same GRPO step as the sweep (its train settings), uniform allocation, noise every step
+    design = params.sweep.model_copy(update={
+        "bucket": m.bucket, "design": "rollout_axis", "n": m.n, "b_problem": [m.b_problem], "rules": ["uniform"],
+        "seeds": [m.seed], "b_max": max(m.n) * m.b_problem, "c_max": 10**12, "noise_every": 1,
+    })
+    steps, prompts = [], []
+    for config in run_configs(design, sampling_config(params.sampling)):
+        print(f"measure: n = {config.n}, B_problem = {config.b_problem}, {m.steps} steps on {m.bucket!r}")
+        out = measure_noise(ref, config, m.bucket, train, val, m.steps, params.model.lora)
+        steps.append(out["noise_steps"])
+        prompts.append(out["noise_prompts"])
+    noise_steps, noise_prompts = pd.concat(steps, ignore_index=True), pd.concat(prompts, ignore_index=True)
+    out_dir = root / "measure"
+    write_parquet_atomic(noise_steps, out_dir / "noise_steps.parquet")
+    write_parquet_atomic(noise_prompts, out_dir / "noise_prompts.parquet")
+    refresh_duckdb(root)
+    cols = ["n", "step", "b_simple", "b_simple_ema", "rho_icc", "k_sat_icc", "k_crit", "crs"]
+    print("measure: noise per step\n" + noise_steps[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    by_n = noise_prompts.groupby("n").agg(k_sat_median=("k_sat", "median"), k_sat_null=("k_sat_null", "first"))
+    print("measure: split-half K_sat (median over prompts) beside its null |R| + 1\n" + by_n.to_string())
+    return {"noise_steps": noise_steps, "noise_prompts": noise_prompts}
+
+
+if __name__ == "__main__":
+    measure_flow()

@@ -1,0 +1,35 @@
+"""Tasks of the ``measure`` stage: a short GRPO run at large n, noise measured every step."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rollscale.config import LoraParams
+from rollscale.models import ModelRef, add_lora, load_model
+from rollscale.problems import Problem
+from rollscale.trainer import GRPOTrainer, RunConfig
+from tasks.common import cached_task
+
+NOISE_STEP_COLUMNS = [
+    "step", "n", "b_problem", "reward_mean", "zero_var_frac", "trace_sigma", "g_norm2", "b_simple", "b_simple_ema",
+    "b_naive", "prompt_noise", "rollout_noise", "rho_icc", "k_sat_icc", "k_crit", "crs", "t_noise",
+]
+
+
+@cached_task(name="measure-noise")
+def measure_noise(
+    ref: ModelRef, config: RunConfig, bucket: str, train: list[Problem], val: list[Problem], steps: int,
+    lora: LoraParams | None = None,
+) -> dict[str, pd.DataFrame]:
+    """``steps`` GRPO steps from the base model, each measured before its update (science §6)."""
+    model, tokenizer = load_model(ref)
+    use_lora = bool(lora and lora.enabled)
+    if use_lora:
+        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+    trainer = GRPOTrainer(model, tokenizer, train, val, config, use_chat_template=ref.chat_template, lora=use_lora)
+    step_rows, prompt_rows = [], []
+    for _ in range(steps):
+        row = trainer.train_step()
+        step_rows.append({"bucket": bucket, **{k: row.get(k) for k in NOISE_STEP_COLUMNS}})
+        prompt_rows += [{"bucket": bucket, **r} for r in trainer.last_noise_prompts]
+    return {"noise_steps": pd.DataFrame(step_rows), "noise_prompts": pd.DataFrame(prompt_rows)}
