@@ -19,3 +19,11 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"reference data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def dvc_study(tmp_path_factory):
+    """The whole study on a small config through `dvc repro`, once per test session."""
+    from tests.test_dvc import build_study
+
+    return build_study(tmp_path_factory.mktemp("study"))

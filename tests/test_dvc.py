@@ -36,9 +36,8 @@ def run(cmd, cwd, env):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory):
-    root = tmp_path_factory.mktemp("clone")
+def build_study(root: Path) -> tuple[Path, dict]:
+    """A clean copy of the tracked tree with a small params.yaml, then `dvc repro` (the README's study)."""
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     for f in files:
         if (REPO / f).is_file():
@@ -52,6 +51,11 @@ def clone(tmp_path_factory):
     r = run(["dvc", "repro"], root, env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return root, env
+
+
+@pytest.fixture(scope="module")
+def clone(dvc_study):
+    return dvc_study
 
 
 def test_repro_writes_every_stage(clone):
