@@ -83,7 +83,18 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     print(f"sweep: {sweep.design} on bucket {sweep.bucket!r} ({len(train)} train / {len(val)} val problems), "
           f"{len(configs)} runs of C_max = {sweep.c_max:,} rollouts: {', '.join(c.run_id for c in configs)}")
     results, errors = [], []
-    for i, config in enumerate(configs, 1):
+    if sweep.executor == "ray":
+        from tasks.ray_sweep import train_runs_on_ray
+
+        for config in configs:  # folders and what makes them valid exist before any worker starts
+            (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
+            (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
+        results, errors = train_runs_on_ray(ref, configs, sweep.bucket, train, val, runs_dir, params.model.lora,
+                                            sweep, params.torch_threads)
+        for result in results:
+            if result.status == "failed":
+                print(f"sweep: {result.run_id} failed: {result.error}")
+    for i, config in enumerate(configs if sweep.executor == "sequential" else [], 1):
         run_dir = runs_dir / config.run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "identity.json").write_text(json.dumps(wanted[config.run_id]))

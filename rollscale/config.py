@@ -9,8 +9,10 @@ what was expected (:class:`ParamsError`).
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -231,6 +233,14 @@ class SweepParams(_Section):
     eval_temperature: float = Field(0.6, ge=0)
     checkpoint_every: int = Field(20, ge=1)
     noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
+    # where the runs train: sequential (here, one after another) | ray (one Ray task per run)
+    executor: Literal["sequential", "ray"] = "sequential"
+    # Ray cluster ("ray://head:10001" or "auto"); null = the RAY_ADDRESS environment variable,
+    # else a local Ray started on demand on this machine
+    ray_address: str | None = None
+    # resources each run's Ray task asks for (GPUs per run on a GPU cluster, CPUs here)
+    ray_cpus_per_run: float = Field(1.0, gt=0)
+    ray_gpus_per_run: float = Field(0.0, ge=0)
 
     @field_validator("n", "b_problem")
     @classmethod
@@ -285,6 +295,59 @@ class MeasureParams(_Section):
         return v
 
 
+_CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+# one cron field: a value, range or list, each with an optional step ("*/15", "1-5", "mon,wed")
+_CRON_FIELD = re.compile(r"^(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?(,(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?)*$")
+
+
+class ScheduleParams(_Section):
+    """The served deployment of the study (``rollscale serve``) and its cron schedule."""
+
+    # Prefect deployment name: runs are started as "study/<deployment>"
+    deployment: str = "rollscale-study"
+    # five-field cron string ("0 3 * * *" = daily at 03:00) or a macro (@daily); null = served, started by hand
+    cron: str | None = None
+    timezone: str = "UTC"
+    # stages the scheduled study runs, in study order; empty = all (e.g. [profile, measure] to re-profile)
+    stages: list[str] = Field(default_factory=list)
+    # recompute the stages even when unchanged (e.g. a new checkpoint saved at the same path)
+    force: bool = False
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment(cls, v: str) -> str:
+        if not v.strip() or "/" in v:
+            raise ValueError(f"expected a non-empty deployment name without '/', got {v!r}")
+        return v
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is None or v.strip().lower() in _CRON_MACROS:
+            return v
+        fields = v.split()
+        if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+            raise ValueError(f"expected a cron string of five fields (minute hour day month weekday), "
+                             f"e.g. '0 3 * * *', or one of {sorted(_CRON_MACROS)}, got {v!r}")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"expected an IANA time zone such as 'UTC' or 'Europe/Paris', got {v!r}") from None
+        return v
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected each stage at most once, got {v}")
+        return v
+
+
 class StudyParams(_Section):
     """All of ``params.yaml``."""
 
@@ -302,6 +365,7 @@ class StudyParams(_Section):
     measure: MeasureParams = Field(default_factory=MeasureParams)
     fit: FitParams = Field(default_factory=FitParams)
     report: ReportParams = Field(default_factory=ReportParams)
+    schedule: ScheduleParams = Field(default_factory=ScheduleParams)
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":

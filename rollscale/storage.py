@@ -49,6 +49,7 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> Path:
         raise OSError(f"cannot write {path}: {err.strerror or err}") from err
     try:
         df.to_parquet(tmp, index=False)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for every reader of the folder
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
 from rollscale.config import LoraParams
 from rollscale.models import ModelRef, add_lora, load_model
@@ -22,7 +23,7 @@ def measure_noise(
     lora: LoraParams | None = None,
 ) -> dict[str, pd.DataFrame]:
     """``steps`` GRPO steps from the base model, each measured before its update (science §6)."""
-    model, tokenizer = load_model(ref)
+    model, tokenizer = load_model(ref, device="cuda" if torch.cuda.is_available() else "cpu")
     use_lora = bool(lora and lora.enabled)
     if use_lora:
         model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)

@@ -53,7 +53,7 @@ def train_run(
     """Train (or resume, or skip when finished) one GRPO run into ``run_dir``."""
     run_dir_path = Path(run_dir)
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
-    model, tokenizer = load_model(ref)  # a fresh copy: training changes the weights
+    model, tokenizer = load_model(ref, device="cuda" if torch.cuda.is_available() else "cpu")  # a fresh copy: training changes the weights
     use_lora = bool(lora and lora.enabled)
     if use_lora:
         model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)

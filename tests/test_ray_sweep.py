@@ -1,0 +1,120 @@
+"""The sweep on Ray (``sweep.executor: ray``): a local Ray on this machine's CPUs runs
+one run per task, in parallel, with the results of the sequential sweep, and a
+worker killed mid-run is retried from the run's checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.sweep import sweep_flow
+from rollscale.config import parse_params
+from rollscale.status import read_attempts
+from tasks.ray_sweep import ray_address, worker_env
+from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
+
+pytestmark = pytest.mark.slow
+
+# the victim (n=2) has its worker killed; both runs last long enough to overlap
+SWEEP = {"n": [2, 4], "b_problem": [4], "c_max": 960, "eval_every": 10, "checkpoint_every": 4}
+VICTIM, OTHER = "np4_nr2_uniform_s0", "np4_nr4_uniform_s0"
+
+
+def committed(run_dir: Path) -> list[Path]:
+    return sorted(p for p in run_dir.glob("ckpt-*") if (p / "MANIFEST.json").exists())
+
+
+def kill_victim_while_both_train(runs: Path, killed: list, stop: threading.Event) -> None:
+    """SIGKILL the worker training VICTIM once it has committed a checkpoint, at a moment
+    when the other run is training too (a sequential executor never offers one)."""
+    victim, other = runs / VICTIM, runs / OTHER
+    while not stop.is_set():
+        attempts = read_attempts(victim)
+        if (attempts and committed(victim) and not (victim / "done.json").exists()
+                and read_attempts(other) and not (other / "done.json").exists()):
+            pid = attempts[0]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            killed.append((pid, committed(victim)[-1].name, time.time()))
+            return
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    """The same sweep twice: sequential, and on a local Ray started on demand with a worker killed."""
+    prepared = prepared_study(tmp_path_factory)
+    out = {}
+    for executor in ("sequential", "ray"):
+        root = tmp_path_factory.mktemp(executor)
+        art = copy_study(prepared, root)
+        params = write_params(root, sweep={**SWEEP, "executor": executor, "ray_cpus_per_run": 1})
+        killed, stop = [], threading.Event()
+        killer = threading.Thread(target=kill_victim_while_both_train, args=(art / "sweep" / "runs", killed, stop),
+                                  daemon=True)
+        if executor == "ray":
+            killer.start()
+        t0 = time.time()
+        try:
+            runs = sweep_flow(params_path=str(params), artifacts=str(art))
+        finally:
+            stop.set()
+        out[executor] = {"artifacts": art, "runs": runs, "killed": killed, "seconds": time.time() - t0}
+    return out
+
+
+def test_ray_results_equal_the_sequential_sweep(sweeps):
+    seq, ray = sweeps["sequential"], sweeps["ray"]
+    assert list(ray["runs"]["status"]) == ["finished", "finished"]
+    for kind in ("steps", "evals"):
+        pd.testing.assert_frame_equal(sweep_rows(ray["artifacts"], kind), sweep_rows(seq["artifacts"], kind))
+    cols = ["run_id", "status", "steps", "c", "c_tokens"]
+    pd.testing.assert_frame_equal(ray["runs"][cols], seq["runs"][cols])
+
+
+def test_runs_train_in_parallel_one_per_task(sweeps):
+    ray = sweeps["ray"]
+    # the kill waits for a moment when both runs train, in two workers: one came
+    assert ray["killed"], "the two runs never trained at the same time"
+    runs = ray["artifacts"] / "sweep" / "runs"
+    spans, workers = {}, set()
+    for run_dir in sorted(runs.iterdir()):
+        first = read_attempts(run_dir)[0]
+        # a first attempt ends when its worker is killed, or when the run is done
+        end = ray["killed"][0][2] if run_dir.name == VICTIM else (run_dir / "done.json").stat().st_mtime
+        spans[run_dir.name] = (first["started_unix"], end)
+        workers.add(first["pid"])
+    (a0, a1), (b0, b1) = spans.values()
+    assert a0 < b1 and b0 < a1, f"the two runs did not train at the same time: {spans}"
+    assert len(workers) == 2 and os.getpid() not in workers  # two worker processes, not this one
+
+
+def test_a_killed_worker_is_retried_from_its_checkpoint(sweeps):
+    ray = sweeps["ray"]
+    assert ray["killed"], "the victim's worker should be killed mid-run while the other run trains"
+    pid, checkpoint, _ = ray["killed"][0]
+    attempts = read_attempts(ray["artifacts"] / "sweep" / "runs" / VICTIM)
+    assert len(attempts) == 2 and attempts[0]["pid"] == pid != attempts[1]["pid"]
+    assert attempts[0]["resume_step"] is None
+    # the retry starts from the checkpoint the killed worker had committed (or a later one it reached)
+    assert attempts[1]["resume_step"] >= int(checkpoint.split("-")[1]) >= SWEEP["checkpoint_every"]
+    other = read_attempts(ray["artifacts"] / "sweep" / "runs" / OTHER)
+    assert len(other) == 1
+
+
+def test_cluster_address_and_worker_settings(monkeypatch):
+    sweep = parse_params({"sweep": {"executor": "ray"}}).sweep
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_address(sweep) is None  # a local Ray is started
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert ray_address(sweep) == "ray://head:10001"
+    sweep = parse_params({"sweep": {"executor": "ray", "ray_address": "auto", "ray_gpus_per_run": 1}}).sweep
+    assert ray_address(sweep) == "auto" and sweep.ray_gpus_per_run == 1
+    monkeypatch.setenv("PREFECT_LOGGING_LEVEL", "DEBUG")
+    env = worker_env("http://10.0.0.1:4200/api")
+    assert env["PREFECT_API_URL"] == "http://10.0.0.1:4200/api" and env["PREFECT_LOGGING_LEVEL"] == "DEBUG"

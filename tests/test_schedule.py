@@ -1,0 +1,128 @@
+"""The study served as a Prefect deployment with the cron schedule of params
+(``rollscale serve``), against a Prefect server on loopback, as in production."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rollscale.config import ParamsError, parse_params
+from tests.test_study import copy_study, prepared_study, write_params
+
+pytestmark = pytest.mark.slow
+
+SCHEDULE = {"deployment": "ci-study", "cron": "0 3 * * 1-5", "timezone": "Europe/Paris", "stages": ["bucket"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group we started, SIGKILL it if it lingers."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_until(condition, what: str, timeout: float, procs=()):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for p, log in procs:
+            if p.poll() is not None:
+                pytest.fail(f"{what}: a process ended (rc {p.returncode}):\n{Path(log).read_text()[-3000:]}")
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def api(url: str, method: str = "GET", body: dict | None = None) -> dict | None:
+    """A call to the Prefect REST API; None while it is not up or the object does not exist yet."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise AssertionError(f"{method} {url}: HTTP {err.code}: {err.read()[:500]!r}") from None
+    except (OSError, ValueError):  # not listening yet (a POST is never retried: it could run twice)
+        if method != "GET":
+            raise
+        return None
+
+
+def test_schedule_params_are_checked():
+    sched = parse_params({"schedule": SCHEDULE}).schedule
+    assert (sched.cron, sched.timezone, sched.stages, sched.force) == ("0 3 * * 1-5", "Europe/Paris", ["bucket"], False)
+    assert parse_params({"schedule": {"cron": "@daily"}}).schedule.cron == "@daily"
+    assert parse_params({}).schedule.cron is None  # served without a schedule
+    for bad, key in (({"cron": "0 3 * *"}, "schedule.cron"), ({"cron": "every day"}, "schedule.cron"),
+                     ({"timezone": "Mars/Olympus"}, "schedule.timezone"),
+                     ({"deployment": "a/b"}, "schedule.deployment"), ({"stages": ["fit", "fit"]}, "schedule.stages")):
+        with pytest.raises(ParamsError, match=key):
+            parse_params({"schedule": bad})
+
+
+def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(tmp_path_factory, tmp_path):
+    """Server on a free loopback port, `rollscale serve` beside it, one run started through
+    the API and awaited, then both stopped by their process ids."""
+    prepared = prepared_study(tmp_path_factory)
+    art = copy_study(prepared, tmp_path, ("base", "profile"))
+    params = write_params(tmp_path, schedule=SCHEDULE)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": base, "PREFECT_UI_ENABLED": "false"}
+    logs = {name: tmp_path / f"{name}.log" for name in ("server", "serve")}
+    server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=logs["server"].open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    serve = None
+    try:
+        wait_until(lambda: api(f"{base}/health"), "the Prefect server", 90, [(server, logs["server"])])
+        serve = subprocess.Popen([sys.executable, "-m", "rollscale.cli", "--artifacts", str(art), "serve", "--params",
+                                  str(params)], env=env, cwd=tmp_path, stdout=logs["serve"].open("w"),
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        procs = [(server, logs["server"]), (serve, logs["serve"])]
+        deployment = wait_until(lambda: api(f"{base}/deployments/name/study/ci-study"), "the deployment", 90, procs)
+
+        # the cron schedule of params, active while served
+        [schedule] = deployment["schedules"]
+        assert schedule["schedule"]["cron"] == "0 3 * * 1-5" and schedule["schedule"]["timezone"] == "Europe/Paris"
+        assert schedule["active"] and deployment["parameters"]["stages"] == ["bucket"]
+        assert deployment["parameters"]["artifacts"] == str(art.resolve())
+
+        run = api(f"{base}/deployments/{deployment['id']}/create_flow_run", "POST", {})
+
+        def finished():
+            state = (api(f"{base}/flow_runs/{run['id']}") or {}).get("state") or {}
+            return state.get("type") if state.get("type") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+        assert wait_until(finished, "the flow run", 120, procs) == "COMPLETED", logs["serve"].read_text()[-3000:]
+        assert (art / "bucket" / "buckets.parquet").exists() and (art / "bucket" / ".stage.json").exists()
+        assert "study: bucket ran" in logs["serve"].read_text()
+    finally:
+        for proc in (serve, server):
+            if proc is not None:
+                stop(proc)
+    assert server.returncode is not None and serve.returncode is not None
