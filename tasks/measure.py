@@ -8,6 +8,7 @@ import torch
 from rollscale.config import LoraParams
 from rollscale.models import ModelRef, add_lora, load_model
 from rollscale.problems import Problem
+from rollscale.progress import Progress
 from rollscale.trainer import GRPOTrainer, RunConfig
 from tasks.common import cached_task
 
@@ -29,8 +30,10 @@ def measure_noise(
         model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     trainer = GRPOTrainer(model, tokenizer, train, val, config, use_chat_template=ref.chat_template, lora=use_lora)
     step_rows, prompt_rows = [], []
-    for _ in range(steps):
-        row = trainer.train_step()
-        step_rows.append({"bucket": bucket, **{k: row.get(k) for k in NOISE_STEP_COLUMNS}})
-        prompt_rows += [{"bucket": bucket, **r} for r in trainer.last_noise_prompts]
+    with Progress(steps, f"measure n={config.n}", unit="steps") as bar:
+        for _ in range(steps):
+            row = trainer.train_step()
+            step_rows.append({"bucket": bucket, **{k: row.get(k) for k in NOISE_STEP_COLUMNS}})
+            prompt_rows += [{"bucket": bucket, **r} for r in trainer.last_noise_prompts]
+            bar.update(1, b_simple=f"{row.get('b_simple', float('nan')):.3g}", rho_icc=f"{row.get('rho_icc', float('nan')):.3f}")
     return {"noise_steps": pd.DataFrame(step_rows), "noise_prompts": pd.DataFrame(prompt_rows)}
