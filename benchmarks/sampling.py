@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from rollscale.models import ModelRef, char_tokenizer, load_model, render_prompt, tiny_llama
-from rollscale.problems import reasoning_gym_problems
-from rollscale.sampling import HFSampler, SamplingConfig
+from rollscale.lm.models import ModelRef, char_tokenizer, load_model, render_prompt, tiny_llama
+from rollscale.core.problems import reasoning_gym_problems
+from rollscale.lm.sampling import HFSampler, SamplingConfig
 
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_SPEEDUP = 5.0

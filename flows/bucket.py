@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.buckets import assign_buckets, bucket_counts, make_splits, splits_table
-from rollscale.storage import write_parquet_atomic
+from rollscale.core.buckets import assign_buckets, bucket_counts, make_splits, splits_table
+from rollscale.pipeline.storage import write_parquet_atomic
 from tasks.common import ARTIFACTS, cached_task, read_params, refresh_duckdb
 
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.analysis import DESIGNS
-from rollscale.storage import write_parquet_atomic
+from rollscale.core.analysis import DESIGNS
+from rollscale.pipeline.storage import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_params, refresh_duckdb
 from tasks.fit import crs_prediction, evaluations, frontier, read_tables, record_points, steps_to_target
 

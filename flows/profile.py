@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.progress import Progress
-from rollscale.storage import write_parquet_atomic
+from rollscale.pipeline.progress import Progress
+from rollscale.pipeline.storage import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.problems import problem_pool
 from tasks.profile import profile_chunk

@@ -4,7 +4,7 @@ its own stage flow.
 
 A stage is recomputed only when something it depends on changed: its params
 sections, its code, or the outputs of the stages before it (the stage
-fingerprint of :mod:`rollscale.status`). Otherwise it is skipped, so a study
+fingerprint of :mod:`rollscale.pipeline.status`). Otherwise it is skipped, so a study
 that stopped (or whose params changed late in the chain) goes on where it
 matters. Each stage still runs alone (``rollscale run <stage>``, ``dvc
 repro``) and records the same fingerprint, so the three ways agree on what is
@@ -22,7 +22,7 @@ from pathlib import Path
 from prefect import flow
 
 from rollscale.config import load_params
-from rollscale.status import (
+from rollscale.pipeline.status import (
     StageSpec,
     changed_inputs,
     load_stage_specs,

@@ -21,15 +21,15 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.problems import Problem
-from rollscale.profiling import problems_from_profile
-from rollscale.sweep import run_configs
-from rollscale.trainer import RunConfig, config_hash
+from rollscale.core.problems import Problem
+from rollscale.core.profiling import problems_from_profile
+from rollscale.train.sweep import run_configs
+from rollscale.train.trainer import RunConfig, config_hash
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
 from tasks.sweep import train_run
 
-log = logging.getLogger("rollscale.sweep")
+log = logging.getLogger("rollscale.train.sweep")
 
 
 def bucket_problems(artifacts: Path, bucket: str) -> tuple[list[Problem], list[Problem]]:

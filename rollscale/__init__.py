@@ -1,6 +1,6 @@
 """rollscale: how to spend rollouts when post-training an LLM with verifiable rewards.
 
-The library layer: the science of ../shared/docs/science.md as plain, typed
+The library layer: the science of docs/science.md as plain, typed
 functions and small classes. No orchestration (Prefect, DVC) and no artifact
 paths live here.
 """

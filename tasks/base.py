@@ -7,8 +7,8 @@ import logging
 import torch
 
 from rollscale.config import BaseParams, DataParams
-from rollscale.models import char_tokenizer, tiny_llama, train_supervised
-from rollscale.problems import disjoint
+from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
+from rollscale.core.problems import disjoint
 from tasks.common import cached_task
 from tasks.problems import load_pool
 

@@ -10,8 +10,8 @@ from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from rollscale.config import StudyParams, load_params
-from rollscale.models import ModelRef
-from rollscale.storage import write_duckdb
+from rollscale.lm.models import ModelRef
+from rollscale.pipeline.storage import write_duckdb
 
 log = logging.getLogger("rollscale")
 

@@ -1,6 +1,6 @@
 """Tasks of the ``fit`` and ``report`` stages: the study-level analysis of science §7.
 
-Each task wraps one :mod:`rollscale.analysis` call and is cached on its inputs
+Each task wraps one :mod:`rollscale.core.analysis` call and is cached on its inputs
 and its own source, so re-running ``fit`` after a change to one part (say the
 target reward) recomputes only that part.
 """
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rollscale import analysis
+from rollscale.core import analysis
 from rollscale.config import FitParams
-from rollscale.storage import TABLES, available_tables, query
+from rollscale.pipeline.storage import TABLES, available_tables, query
 from tasks.common import cached_task
 
 

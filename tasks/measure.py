@@ -6,10 +6,10 @@ import pandas as pd
 import torch
 
 from rollscale.config import LoraParams
-from rollscale.models import ModelRef, add_lora, load_model
-from rollscale.problems import Problem
-from rollscale.progress import Progress
-from rollscale.trainer import GRPOTrainer, RunConfig
+from rollscale.lm.models import ModelRef, add_lora, load_model
+from rollscale.core.problems import Problem
+from rollscale.pipeline.progress import Progress
+from rollscale.train.trainer import GRPOTrainer, RunConfig
 from tasks.common import cached_task
 
 NOISE_STEP_COLUMNS = [

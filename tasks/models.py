@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 
 from rollscale.config import SamplingParams
-from rollscale.models import ModelRef, load_model, render_prompt
-from rollscale.sampling import HFSampler, SamplingConfig
+from rollscale.lm.models import ModelRef, load_model, render_prompt
+from rollscale.lm.sampling import HFSampler, SamplingConfig
 
 
 @functools.lru_cache(maxsize=2)
@@ -18,7 +18,7 @@ def cached_model(ref: ModelRef):
 @functools.lru_cache(maxsize=2)
 def cached_sampler(ref: ModelRef, backend: str, batch_size: int, seed: int):
     if backend == "vllm":
-        from rollscale.sampling import VLLMSampler  # GPU only; never imported on the CPU path
+        from rollscale.lm.sampling import VLLMSampler  # GPU only; never imported on the CPU path
 
         return VLLMSampler(ref.name_or_path, seed=seed)
     model, tokenizer = cached_model(ref)

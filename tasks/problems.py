@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rollscale.config import DataParams
-from rollscale.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
+from rollscale.core.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
 from tasks.common import cached_task
 
 

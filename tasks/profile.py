@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from rollscale.config import SamplingParams
-from rollscale.models import ModelRef
-from rollscale.problems import Problem
-from rollscale.profiling import count_correct, profile_problems
+from rollscale.lm.models import ModelRef
+from rollscale.core.problems import Problem
+from rollscale.core.profiling import count_correct, profile_problems
 from tasks.common import cached_task
 from tasks.models import cached_sampler, renderer, sampling_config
 

@@ -9,7 +9,7 @@ every node).
 
 Faults: a worker that dies mid-run (killed, node lost) makes Ray start the task
 again, up to :data:`WORKER_RETRIES` times, and the run resumes from its last
-checkpoint in the run folder (:class:`~rollscale.checkpoint.RunStore`); a
+checkpoint in the run folder (:class:`~rollscale.train.checkpoint.RunStore`); a
 transient error inside the run gets one Prefect retry, resuming the same way.
 Every start is appended to the run's ``attempts.jsonl`` (pid, host, the step it
 resumed from), which ``rollscale status`` shows.
@@ -25,14 +25,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rollscale.config import LoraParams, SweepParams
-from rollscale.models import ModelRef
-from rollscale.problems import Problem
-from rollscale.status import record_attempt
-from rollscale.trainer import RunConfig, RunResult
+from rollscale.lm.models import ModelRef
+from rollscale.core.problems import Problem
+from rollscale.pipeline.status import record_attempt
+from rollscale.train.trainer import RunConfig, RunResult
 from tasks.common import transient
 from tasks.sweep import train_run
 
-log = logging.getLogger("rollscale.sweep")
+log = logging.getLogger("rollscale.train.sweep")
 
 # Ray re-runs a task whose worker process died this many times (system failures only)
 WORKER_RETRIES = 3

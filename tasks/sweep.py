@@ -1,6 +1,6 @@
 """Tasks of the ``sweep`` stage: one GRPO training run each.
 
-A run's persistence and caching is its :class:`~rollscale.checkpoint.RunStore`
+A run's persistence and caching is its :class:`~rollscale.train.checkpoint.RunStore`
 (checksummed checkpoints plus the rows they commit): a finished run is not
 trained again and an interrupted one resumes from its last checkpoint. So the
 task itself is not cached by Prefect (its result lives in the run folder, not
@@ -17,16 +17,16 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rollscale.checkpoint import RunStore
+from rollscale.train.checkpoint import RunStore
 from rollscale.config import LoraParams
-from rollscale.models import ModelRef, add_lora, load_model
-from rollscale.problems import Problem
-from rollscale.progress import Progress
-from rollscale.storage import write_parquet_atomic
-from rollscale.trainer import GRPOTrainer, RunConfig, RunResult
+from rollscale.lm.models import ModelRef, add_lora, load_model
+from rollscale.core.problems import Problem
+from rollscale.pipeline.progress import Progress
+from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
 from tasks.common import transient
 
-log = logging.getLogger("rollscale.sweep")
+log = logging.getLogger("rollscale.train.sweep")
 
 
 def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | None = None, error: str | None = None) -> pd.DataFrame:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from rollscale.allocation import (
+from rollscale.core.allocation import (
     PODS,
     DynamicSampling,
     PilotCommit,

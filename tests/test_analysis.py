@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import brentq
 
-from rollscale import analysis
+from rollscale.core import analysis
 
 D = 200  # training problems: epochs = step * B_problem / D (science §1)
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-import rollscale.checkpoint as checkpoint_module
-from rollscale.checkpoint import RunStore
+import rollscale.train.checkpoint as checkpoint_module
+from rollscale.train.checkpoint import RunStore
 
 
 def _model_state(step: int) -> dict:

@@ -16,12 +16,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import rollscale.checkpoint as checkpoint_module
+import rollscale.train.checkpoint as checkpoint_module
 from flows.report import report_flow
 from flows.sweep import sweep_flow
-from rollscale.checkpoint import RunStore
+from rollscale.train.checkpoint import RunStore
 from rollscale.config import load_params
-from rollscale.status import study_status
+from rollscale.pipeline.status import study_status
 from tests.test_study import copy_study, prepared_study, write_params
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def prepared(tmp_path_factory):
 
 
 def cli(artifacts: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rollscale.cli", "--artifacts", str(artifacts), *args],
+    return subprocess.run([sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(artifacts), *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -76,7 +76,7 @@ def test_sweep_killed_while_read_resumes_without_lost_or_duplicated_rows(prepare
     params = write_params(tmp_path, sweep=LONG_SWEEP)
     log = (tmp_path / "sweep.log").open("w")
     # own session: the kill takes the whole process group (its Prefect server too), like a lost node
-    proc = subprocess.Popen([sys.executable, "-m", "rollscale.cli", "--artifacts", str(art), "run", "sweep",
+    proc = subprocess.Popen([sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(art), "run", "sweep",
                              "--params", str(params)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     runs = art / "sweep" / "runs"
     try:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import brentq
 
-from rollscale.fit import (
+from rollscale.core.fit import (
     SigmoidFit,
     epochs_at_transitions,
     fit_n_star,

@@ -11,7 +11,7 @@ import yaml
 
 from flows.fit import fit_flow
 from flows.report import report_flow
-from rollscale.storage import query, write_parquet_atomic
+from rollscale.pipeline.storage import query, write_parquet_atomic
 
 D = 200
 B_PROBLEM = 8

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollscale.grpo import (
+from rollscale.core.grpo import (
     LossConfig,
     group_advantages,
     grpo_loss,

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rollscale.metrics import avg_at_k, best_at_k, standard_error, worst_at_k
+from rollscale.core.metrics import avg_at_k, best_at_k, standard_error, worst_at_k
 
 
 def test_best_and_worst_match_exact_binomials_on_a_grid():

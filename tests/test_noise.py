@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale import noise as nz
+from rollscale.core import noise as nz
 
 
 def gaussian_grads(rng, n, g_true, sigma):

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 import torch
 
-from rollscale.checkpoint import RunStore
-from rollscale.models import char_tokenizer, tiny_llama, train_supervised
-from rollscale.noise import k_sat_null
-from rollscale.problems import reasoning_gym_problems
-from rollscale.sampling import SamplingConfig
-from rollscale.trainer import GRPOTrainer, RunConfig
+from rollscale.train.checkpoint import RunStore
+from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
+from rollscale.core.noise import k_sat_null
+from rollscale.core.problems import reasoning_gym_problems
+from rollscale.lm.sampling import SamplingConfig
+from rollscale.train.trainer import GRPOTrainer, RunConfig
 
 ARCH = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
 NOISE_COLUMNS = ["b_simple", "b_simple_ema", "b_naive", "prompt_noise", "rollout_noise", "rho_icc", "k_sat_icc", "k_crit", "crs"]
@@ -71,8 +71,8 @@ def test_noise_every_skips_steps(warm):
 def test_trainer_gram_equals_naive_per_rollout_gradients(warm):
     """The trainer's loss terms give each rollout's own gradient (science §6.1): the hook
     Gram equals one autograd.grad per rollout, also when the terms are computed in chunks."""
-    import rollscale.trainer as tm
-    from rollscale.gram import naive_gram
+    import rollscale.train.trainer as tm
+    from rollscale.core.gram import naive_gram
 
     trainer = make_trainer(warm)
     seen = {}

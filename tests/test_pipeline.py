@@ -24,7 +24,7 @@ SMALL = {
 
 
 def cli(*args, cwd: Path, check=True, **kw):
-    cmd = [sys.executable, "-m", "rollscale.cli", "--artifacts", str(cwd / "artifacts"), *args]
+    cmd = [sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(cwd / "artifacts"), *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=check, **kw)
 
 
@@ -69,7 +69,7 @@ def test_killed_profile_resumes_from_finished_chunks(study, tmp_path):
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     (root / "artifacts").mkdir()
     os.symlink(study / "artifacts" / "base", root / "artifacts" / "base")
-    cmd = [sys.executable, "-m", "rollscale.cli", "--artifacts", str(root / "artifacts"), "run", "profile", "--params", str(root / "params.yaml")]
+    cmd = [sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(root / "artifacts"), "run", "profile", "--params", str(root / "params.yaml")]
     # its own session, so the kill takes the CLI's temporary Prefect server with it
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     chunks = root / "artifacts" / "profile" / "chunks"

@@ -15,7 +15,7 @@ import pytest
 
 from flows.sweep import sweep_flow
 from rollscale.config import parse_params
-from rollscale.status import read_attempts
+from rollscale.pipeline.status import read_attempts
 from tasks.ray_sweep import ray_address, worker_env
 from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollscale.models import ModelRef, load_model, render_prompt
-from rollscale.problems import gsm8k_problems
-from rollscale.profiling import PROFILE_COLUMNS, profile_problems
-from rollscale.sampling import HFSampler, Rollout, SamplingConfig
+from rollscale.lm.models import ModelRef, load_model, render_prompt
+from rollscale.core.problems import gsm8k_problems
+from rollscale.core.profiling import PROFILE_COLUMNS, profile_problems
+from rollscale.lm.sampling import HFSampler, Rollout, SamplingConfig
 
 pytestmark = pytest.mark.slow
 

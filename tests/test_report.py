@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale import fit
+from rollscale.core import fit
 from rollscale.report import (
     TABLE_NAMES,
     ChartSpec,

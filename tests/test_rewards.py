@@ -1,4 +1,4 @@
-"""Tests for rollscale.rewards: the 0/1 verifiers (science §2)."""
+"""Tests for rollscale.core.rewards: the 0/1 verifiers (science §2)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rollscale import rewards
-from rollscale.rewards import (
+from rollscale.core import rewards
+from rollscale.core.rewards import (
     canonical_number,
     extract_number,
     last_boxed,

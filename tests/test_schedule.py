@@ -100,7 +100,7 @@ def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(tmp_pat
     serve = None
     try:
         wait_until(lambda: api(f"{base}/health"), "the Prefect server", 90, [(server, logs["server"])])
-        serve = subprocess.Popen([sys.executable, "-m", "rollscale.cli", "--artifacts", str(art), "serve", "--params",
+        serve = subprocess.Popen([sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(art), "serve", "--params",
                                   str(params)], env=env, cwd=tmp_path, stdout=logs["serve"].open("w"),
                                  stderr=subprocess.STDOUT, start_new_session=True)
         procs = [(server, logs["server"]), (serve, logs["serve"])]

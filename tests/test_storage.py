@@ -8,7 +8,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from rollscale.storage import query, write_duckdb, write_parquet_atomic
+from rollscale.pipeline.storage import query, write_duckdb, write_parquet_atomic
 
 
 def test_query_views_and_missing_table(tmp_path):

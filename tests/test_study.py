@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 from flows.study import select_stages, study_flow
-from rollscale import cli
+from rollscale.pipeline import cli
 from rollscale.config import load_params
-from rollscale.status import (
+from rollscale.pipeline.status import (
     FAILED,
     LOCK,
     MARKER,
@@ -35,7 +35,7 @@ from rollscale.status import (
     stage_run,
     study_status,
 )
-from rollscale.storage import write_parquet_atomic
+from rollscale.pipeline.storage import write_parquet_atomic
 
 pytestmark = pytest.mark.slow
 
@@ -237,7 +237,7 @@ def test_a_busy_stage_refuses_a_second_run(studied, tmp_path):
     params = write_params(tmp_path)
     before = (art / "bucket" / "buckets.parquet").read_bytes()
     with StageLock(art, "bucket"):
-        r = subprocess.run([sys.executable, "-m", "rollscale.cli", "--artifacts", str(art), "run", "bucket",
+        r = subprocess.run([sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(art), "run", "bucket",
                             "--params", str(params)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "stage 'bucket' is already running (pid" in r.stderr and "Traceback" not in r.stderr

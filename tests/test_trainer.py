@@ -12,12 +12,12 @@ import pytest
 import torch
 from tokenizers import decoders
 
-import rollscale.trainer as trainer_module
-from rollscale.checkpoint import RunStore
-from rollscale.models import add_lora, char_tokenizer, tiny_llama, train_supervised
-from rollscale.problems import reasoning_gym_problems
-from rollscale.sampling import SamplingConfig
-from rollscale.trainer import GRPOTrainer, NonFiniteLossError, RunConfig, config_hash, readable_run_id
+import rollscale.train.trainer as trainer_module
+from rollscale.train.checkpoint import RunStore
+from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
+from rollscale.core.problems import reasoning_gym_problems
+from rollscale.lm.sampling import SamplingConfig
+from rollscale.train.trainer import GRPOTrainer, NonFiniteLossError, RunConfig, config_hash, readable_run_id
 
 ARCH = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_positions=32)
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=4)  # answers have at most 2 characters + EOS

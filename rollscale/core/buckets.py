@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-log = logging.getLogger("rollscale.buckets")
+log = logging.getLogger("rollscale.core.buckets")
 
 BASE_BUCKETS = ("easy", "hard", "very_easy", "extremely_hard")
 

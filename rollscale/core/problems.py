@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollscale.rewards import REWARD_NAMES, canonical_number, last_boxed, normalize_number
+from rollscale.core.rewards import REWARD_NAMES, canonical_number, last_boxed, normalize_number
 
-logger = logging.getLogger("rollscale.problems")
+logger = logging.getLogger("rollscale.core.problems")
 
 __all__ = [
     "DataRowError",

@@ -1,6 +1,6 @@
 """The sweep grid: which GRPO runs a study trains (science §1, §3, §4).
 
-Turns the ``sweep`` section of params into :class:`~rollscale.trainer.RunConfig`
+Turns the ``sweep`` section of params into :class:`~rollscale.train.trainer.RunConfig`
 objects with readable, stable run ids, for the three designs of the
 CBS-in-RLVR framework and a full grid.
 """
@@ -12,10 +12,10 @@ import logging
 from dataclasses import dataclass
 
 from rollscale.config import SweepParams
-from rollscale.sampling import SamplingConfig
-from rollscale.trainer import RunConfig, readable_run_id
+from rollscale.lm.sampling import SamplingConfig
+from rollscale.train.trainer import RunConfig, readable_run_id
 
-log = logging.getLogger("rollscale.sweep")
+log = logging.getLogger("rollscale.train.sweep")
 
 # the healthy recipe of science §3: KL + entropy on Easy-like buckets, off on Hard and mixtures
 _RECIPE_ON = {"easy", "very_easy"}

@@ -55,7 +55,7 @@ class HFSampler:
     """Batched ``model.generate`` with left padding and the KV cache.
 
     ``prompts`` are already rendered (chat template or BOS applied, see
-    :func:`rollscale.models.render_prompt`). Sampling is seeded per call, so the
+    :func:`rollscale.lm.models.render_prompt`). Sampling is seeded per call, so the
     same call on CPU repeats exactly.
     """
 

@@ -8,7 +8,7 @@ import time
 
 from tqdm.auto import tqdm
 
-log = logging.getLogger("rollscale.progress")
+log = logging.getLogger("rollscale.pipeline.progress")
 
 
 class Progress:

@@ -1,7 +1,7 @@
 """Gradient-noise estimators on a per-rollout gradient Gram matrix (science §6).
 
 Every estimator here takes the Gram matrix ``K_ij = <g_i, g_j>`` of one step's
-per-rollout gradients (science §6.1; see :mod:`rollscale.gram`) and returns
+per-rollout gradients (science §6.1; see :mod:`rollscale.core.gram`) and returns
 numbers. No model code lives here, and nothing needs the gradients themselves:
 all inner products between sums of gradients are sums of entries of ``K``.
 

@@ -8,7 +8,7 @@ The allocation rule (science §4) drives generation through two callbacks,
 (sample and score), so every rollout it generates is counted in ``C``
 (science §1). :meth:`GRPOTrainer.run` adds the outer loop: evaluation at step 0,
 every ``eval_every`` steps and at the end (science §5), checkpoints every
-``checkpoint_every`` steps into a :class:`~rollscale.checkpoint.RunStore`, and
+``checkpoint_every`` steps into a :class:`~rollscale.train.checkpoint.RunStore`, and
 resuming from its newest valid checkpoint.
 
 Repeatability: the data order is a permutation seeded by ``(seed, epoch)`` and
@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.allocation import PODS, AllocationRule, DynamicSampling, PilotCommit, Uniform, allocate
-from rollscale.checkpoint import Checkpoint, RunStore
-from rollscale.grpo import (
+from rollscale.core.allocation import PODS, AllocationRule, DynamicSampling, PilotCommit, Uniform, allocate
+from rollscale.train.checkpoint import Checkpoint, RunStore
+from rollscale.core.grpo import (
     AGG_MODES,
     LossConfig,
     group_advantages,
@@ -48,13 +48,13 @@ from rollscale.grpo import (
     token_logprobs_and_entropy,
     warmup_factor,
 )
-from rollscale.gram import gram_matrix
-from rollscale.metrics import avg_at_k, best_at_k, standard_error, worst_at_k
-from rollscale.noise import EmaNoiseScale, decompose, k_sat, k_sat_null, split_half_rho
-from rollscale.models import render_prompt
-from rollscale.problems import Problem
-from rollscale.rewards import reward_fn
-from rollscale.sampling import HFSampler, Rollout, SamplingConfig
+from rollscale.core.gram import gram_matrix
+from rollscale.core.metrics import avg_at_k, best_at_k, standard_error, worst_at_k
+from rollscale.core.noise import EmaNoiseScale, decompose, k_sat, k_sat_null, split_half_rho
+from rollscale.lm.models import render_prompt
+from rollscale.core.problems import Problem
+from rollscale.core.rewards import reward_fn
+from rollscale.lm.sampling import HFSampler, Rollout, SamplingConfig
 
 RULES: tuple[str, ...] = ("uniform", "dynamic", "pods", "pilot")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -94,7 +94,7 @@ class RunConfig:
         seed: seeds the data order and all sampling.
         advantage_scale: "group" (divide by the group std) or "none" (Dr.GRPO) (science §3).
         clip_low, clip_high, agg_mode, kl_coef, entropy_coef, zero_var_filter:
-            the loss (:class:`~rollscale.grpo.LossConfig`, science §3).
+            the loss (:class:`~rollscale.core.grpo.LossConfig`, science §3).
         overlong_filter: mask truncated rollouts out of the loss (still counted in C).
         overlong_penalty_cache: DAPO soft overlong penalty cache length; 0 = off.
         lr_base, b_base: ``lr = lr_base * sqrt(B / b_base)`` with B the rollouts a
@@ -370,7 +370,7 @@ class GRPOTrainer:
             raise ValueError("tokenizer needs a pad token (set tokenizer.pad_token, e.g. to its EOS token)")
         is_peft = hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
         if lora and not is_peft:
-            raise ValueError("lora=True needs a peft model (see rollscale.models.add_lora)")
+            raise ValueError("lora=True needs a peft model (see rollscale.lm.models.add_lora)")
         if is_peft and not lora:
             raise ValueError("model is a peft model: pass lora=True so only adapters are trained and saved")
         self.model, self.tokenizer, self.config, self.lora = model, tokenizer, config, lora
@@ -445,7 +445,7 @@ class GRPOTrainer:
 
     def _batch(self, prompts: Sequence[str], rollouts: Sequence[Rollout]):
         """Left-padded prompts followed by right-padded completions, as
-        :func:`~rollscale.grpo.token_logprobs_and_entropy` expects."""
+        :func:`~rollscale.core.grpo.token_logprobs_and_entropy` expects."""
         prompt_ids = [self._ids(p) for p in prompts]
         width_p = max(map(len, prompt_ids))
         width_c = max(max(len(r.token_ids) for r in rollouts), 1)
@@ -628,7 +628,7 @@ class GRPOTrainer:
         g_i is the gradient of rollout i's own term of this step's loss (the
         batch's advantages held fixed); the Gram matrix comes from one
         forward and one backward pass through per-layer hooks
-        (:func:`rollscale.gram.gram_matrix`). Returns the step-level numbers
+        (:func:`rollscale.core.gram.gram_matrix`). Returns the step-level numbers
         for the ``steps`` row (and the ``noise_steps`` table of the measure
         stage); the per-prompt split-half rows land in ``last_noise_prompts``.
         """

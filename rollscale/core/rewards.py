@@ -286,7 +286,7 @@ class _LineWorker:
     def _start(self) -> None:
         env = dict(os.environ)
         # The child must import this very package, installed or not.
-        package_root = str(Path(__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self._owner_pid = os.getpid()
@@ -328,7 +328,7 @@ class _LineWorker:
             return default
 
 
-_MATH_VERIFY_WORKER = _LineWorker([sys.executable, "-c", "from rollscale.rewards import _worker_main; _worker_main()"])
+_MATH_VERIFY_WORKER = _LineWorker([sys.executable, "-c", "from rollscale.core.rewards import _worker_main; _worker_main()"])
 
 
 def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float:

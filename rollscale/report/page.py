@@ -37,7 +37,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from rollscale import noise
+from rollscale.core import noise
 
 __all__ = [
     "TABLE_NAMES",
@@ -311,7 +311,7 @@ def _usable_k_sat(noise_prompts: pd.DataFrame) -> pd.DataFrame:
 def quintile_tables(noise_prompts: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Split-half K_sat by pass-rate quintile, unfiltered and IQR-filtered (science §6.3).
 
-    Uses :func:`rollscale.noise.quintile_table` per group size n (prompts of
+    Uses :func:`rollscale.core.noise.quintile_table` per group size n (prompts of
     all measurement steps pooled), with the null value ``k_sat_null =
     |R| + 1`` and ``median_ratio = median / k_sat_null`` beside K_sat as §6.3
     asks. Rows whose K_sat is NaN (rho undefined) are left out. Keys:

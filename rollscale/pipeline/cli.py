@@ -20,7 +20,7 @@ def _prefect_env() -> None:
 def run_stage(stage: str, params: str, artifacts: str) -> None:
     _prefect_env()
     from rollscale.config import load_params
-    from rollscale.status import stage_run
+    from rollscale.pipeline.status import stage_run
 
     study = load_params(params)  # fail on bad config before any work or Prefect start-up
     # the stage's lock is its first write: a stage already running or an unwritable
@@ -47,7 +47,7 @@ def run_study(params: str, artifacts: str, stages: list[str] | None, force: bool
 
 def print_status(params: str, artifacts: str, as_json: bool) -> None:
     from rollscale.config import load_params
-    from rollscale.status import format_status, study_status
+    from rollscale.pipeline.status import format_status, study_status
 
     status = study_status(load_params(params), artifacts)
     print(status.to_json() if as_json else format_status(status))
@@ -64,7 +64,7 @@ def serve(params: str, artifacts: str) -> None:
 def print_query(sql: str, artifacts: str) -> None:
     import pandas as pd
 
-    from rollscale.storage import query
+    from rollscale.pipeline.storage import query
 
     df = query(sql, artifacts)
     with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     import duckdb
 
     from rollscale.config import ParamsError
-    from rollscale.status import StageBusyError
+    from rollscale.pipeline.status import StageBusyError
 
     try:
         if args.command == "run":
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "sql":
             print_query(args.query, args.artifacts)
         elif args.command == "tables":
-            from rollscale.storage import TABLES, available_tables
+            from rollscale.pipeline.storage import TABLES, available_tables
 
             have = available_tables(args.artifacts)
             for name, pattern in TABLES.items():

@@ -42,9 +42,9 @@ import yaml
 
 from rollscale.config import StudyParams
 
-log = logging.getLogger("rollscale.status")
+log = logging.getLogger("rollscale.pipeline.status")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DVC_YAML = REPO / "dvc.yaml"
 MARKER = ".stage.json"
 LOCK = ".stage.lock"

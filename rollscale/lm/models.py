@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-log = logging.getLogger("rollscale.models")
+log = logging.getLogger("rollscale.lm.models")
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # Characters of arithmetic expressions and answers (chain_sum, basic_arithmetic).

@@ -7,9 +7,9 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from rollscale.problems import Problem
-from rollscale.rewards import reward_fn
-from rollscale.sampling import Rollout, SamplingConfig
+from rollscale.core.problems import Problem
+from rollscale.core.rewards import reward_fn
+from rollscale.lm.sampling import Rollout, SamplingConfig
 
 PROFILE_COLUMNS = ["problem_id", "source", "prompt", "answer", "reward", "k", "n_correct", "avg_at_k", "mean_len", "trunc_rate"]
 

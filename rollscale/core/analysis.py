@@ -1,6 +1,6 @@
 """Study-level frontier analysis: from the sweep's runs and evaluations to the fit tables (science §7).
 
-DataFrames in, DataFrames out, built on :mod:`rollscale.fit`. The inputs are
+DataFrames in, DataFrames out, built on :mod:`rollscale.core.fit`. The inputs are
 the sweep's ``runs`` and ``evals`` tables (and the measure stage's
 ``noise_steps`` for the CRS check); the outputs are the rows of the ``fits``,
 ``frontier``, ``epoch_transitions``, ``steps_to_target``, ``crs_prediction``
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale import fit
+from rollscale.core import fit
 
 __all__ = [
     "AXES",

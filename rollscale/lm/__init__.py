@@ -1,0 +1,1 @@
+"""Language models: loading (tiny, Hugging Face, GGUF, LoRA), prompts and sampling engines."""
