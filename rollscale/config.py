@@ -203,6 +203,14 @@ class TrainParams(_Section):
     zero_var_filter: bool = True
     overlong_filter: bool = True
     overlong_penalty_cache: int = Field(0, ge=0)  # DAPO soft penalty window in tokens; 0 = off
+    # padded tokens per micro-batch (update, reference log-probs, Gram); gradients
+    # accumulate to the full-batch step, so this bounds memory, not the maths
+    micro_batch_tokens: int = Field(8192, ge=1)
+    ppo_epochs: int = Field(1, ge=1)  # optimizer steps per batch; > 1 lets clipping act
+    # truncated importance sampling cap on a separate sampler's mismatch (verl/TRL); 0 = off
+    tis_cap: float = Field(2.0, ge=0)
+    autocast_bf16: bool = False  # GPU: forward passes under bf16 autocast
+    gradient_checkpointing: bool = False  # GPU: recompute activations in backward
 
 
 class SweepParams(_Section):

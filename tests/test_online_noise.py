@@ -71,7 +71,7 @@ def test_noise_every_skips_steps(warm):
 def test_trainer_gram_equals_naive_per_rollout_gradients(warm):
     """The trainer's loss terms give each rollout's own gradient (science §6.1): the hook
     Gram equals one autograd.grad per rollout, also when the terms are computed in chunks."""
-    import rollscale.train.trainer as tm
+    import rollscale.train.online_noise as tm
     from rollscale.core.gram import naive_gram
 
     trainer = make_trainer(warm)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tokenizers import decoders
 
-import rollscale.train.trainer as trainer_module
+import rollscale.train.step as step_module
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.problems import reasoning_gym_problems
@@ -318,7 +318,7 @@ def test_resume_with_a_different_config_is_refused(warm, tmp_path):
 
 @pytest.mark.parametrize("checkpoint_every", [2, 10])
 def test_non_finite_loss_fails_the_run_and_keeps_last_checkpoint(warm, tmp_path, monkeypatch, checkpoint_every):
-    real_loss = trainer_module.grpo_loss
+    real_loss = step_module.grpo_loss
     calls = []
 
     def nan_at_step_3(*args, **kwargs):
@@ -328,7 +328,7 @@ def test_non_finite_loss_fails_the_run_and_keeps_last_checkpoint(warm, tmp_path,
             out.loss = out.loss * float("nan")
         return out
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", nan_at_step_3)
+    monkeypatch.setattr(step_module, "grpo_loss", nan_at_step_3)
     cfg = _config(checkpoint_every=checkpoint_every, eval_every=100, run_id="nanrun")
     trainer = _trainer(warm, cfg)
     weights_before = [p.detach().clone() for p in trainer.model.parameters()]

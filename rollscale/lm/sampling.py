@@ -41,6 +41,9 @@ class Rollout:
     truncated: bool  # hit max_new_tokens without an end marker
     reward: float = float("nan")
     extra: dict = field(default_factory=dict)
+    # log-probs of token_ids under the sampler (a separate engine); None when the
+    # sampler is the training model itself, whose log-probs the trainer computes
+    logprobs: list[float] | None = None
 
 
 class Sampler(Protocol):
@@ -65,6 +68,12 @@ class HFSampler:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.tokenizer.padding_side = "left"
         self.eos_ids = self._eos_ids()
+
+    def sync_weights(self, model: PreTrainedModel) -> None:
+        """Nothing to do: this sampler generates with the training model itself."""
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the trainer."""
 
     def _eos_ids(self) -> set[int]:
         ids = self.model.generation_config.eos_token_id
