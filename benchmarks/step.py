@@ -76,7 +76,7 @@ def tiny_rows(quick: bool, steps: int) -> list[tuple[str, str, dict]]:
         def make():
             model = tiny_llama(len(tok), **TINY_ARCH)
             model.load_state_dict(state)
-            cfg = RunConfig(c_max=10**9, lr_base=1e-4, b_base=256,
+            cfg = RunConfig(c_max=10**9, train=dict(lr_base=1e-4, b_base=256),
                             sampling=SamplingConfig(temperature=1.0, max_new_tokens=4), **shape)
             return GRPOTrainer(model, tok, problems[:150], problems[150:], cfg, use_chat_template=False)
 
@@ -99,7 +99,7 @@ def smol_rows(steps: int) -> list[tuple[str, str, dict]]:
         def make():
             model, tok = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
             model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
-            cfg = RunConfig(c_max=10**9, lr_base=1e-5, b_base=8,
+            cfg = RunConfig(c_max=10**9, train=dict(lr_base=1e-5, b_base=8),
                             sampling=SamplingConfig(temperature=1.0, max_new_tokens=32), **shape)
             return GRPOTrainer(model, tok, problems[:40], problems[40:], cfg, lora=True)
 

@@ -185,6 +185,10 @@ class BucketParams(_Section):
         return self
 
 
+# buckets where the healthy recipe (science §3) turns KL and entropy on
+_RECIPE_ON = frozenset({"easy", "very_easy"})
+
+
 class TrainParams(_Section):
     """The GRPO step (science §3) shared by every sweep run."""
 
@@ -211,6 +215,15 @@ class TrainParams(_Section):
     tis_cap: float = Field(2.0, ge=0)
     autocast_bf16: bool = False  # GPU: forward passes under bf16 autocast
     gradient_checkpointing: bool = False  # GPU: recompute activations in backward
+
+    def for_bucket(self, bucket: str) -> "TrainParams":
+        """These settings with the recipe resolved for ``bucket`` (science §3's healthy
+        recipe: KL + entropy on Easy-like buckets, off on Hard and mixtures, unless
+        ``recipe`` says on or off): ``recipe`` becomes "on" or "off" and the
+        coefficients are the ones the run uses."""
+        if self.recipe == "on" or (self.recipe == "auto" and bucket in _RECIPE_ON):
+            return self.model_copy(update={"recipe": "on"})
+        return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
 class SweepParams(_Section):
@@ -403,7 +416,7 @@ def format_validation_error(err: ValidationError, source: str = "params.yaml") -
     """One line per problem, each naming the dotted key and what was expected."""
     lines = [f"{source}: invalid parameters"]
     for e in err.errors():
-        loc = tuple(x for x in e["loc"] if not isinstance(x, int) or True)
+        loc = tuple(e["loc"])  # list indices stay in the path: "sweep.n.1"
         key = ".".join(str(x) for x in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             owner = _model_at(StudyParams, loc[:-1])
@@ -427,7 +440,7 @@ def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Stu
 
 
 def load_params(path: str | Path = "params.yaml") -> StudyParams:
-    """Read and validate ``params.yaml``. A missing file gives the defaults."""
+    """Read and validate ``params.yaml``; a missing file is an error (a study needs its params)."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: file not found (expected the study's params.yaml)")

@@ -34,7 +34,7 @@ def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | Non
     return pd.DataFrame([{
         "run_id": config.run_id, "bucket": bucket, "n": config.n, "b_problem": config.b_problem,
         "m": config.trained_group_size, "rule": config.rule, "seed": config.seed, "c_max": config.c_max,
-        "lr": config.lr, "kl_coef": config.kl_coef, "entropy_coef": config.entropy_coef,
+        "lr": config.lr, "kl_coef": config.train.kl_coef, "entropy_coef": config.train.entropy_coef,
         "status": status, "steps": result.steps if result else 0, "c": result.c if result else 0,
         "c_tokens": result.c_tokens if result else 0, "error": error or (result.error if result else None),
     }])

@@ -193,7 +193,7 @@ def test_trainer_uses_the_engine_and_logs_the_mismatch():
         model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
         engine = _PerturbedEngine(model, tok, noise)
         cfg = RunConfig(n=4, b_problem=4, c_max=64, sampling=SamplingConfig(temperature=1.0, max_new_tokens=4),
-                        micro_batch_tokens=16, ppo_epochs=2, lr_base=0.05, b_base=16)
+                        train=dict(micro_batch_tokens=16, ppo_epochs=2, lr_base=0.05, b_base=16, warmup_steps=0))
         # a stand-in verifier with mixed rewards, so advantages are non-zero
         trainer = GRPOTrainer(model, tok, problems[:40], problems[40:], cfg, use_chat_template=False, engine=engine,
                               reward=lambda text, gold: float(len(text) % 2))

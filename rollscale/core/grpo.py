@@ -104,7 +104,7 @@ def nonzero_variance_mask(rewards) -> np.ndarray:
     return flags.reshape(arr.shape).copy()
 
 
-@dataclass
+@dataclass(frozen=True)
 class LossConfig:
     """Settings of the GRPO training loss (science §3).
 

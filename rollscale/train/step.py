@@ -101,19 +101,20 @@ def train_batch(
     """Shaped rewards [groups, n] and the :class:`TrainBatch` of the trained groups (science §3):
     the DAPO overlong penalty when on, group advantages, the zero-variance flags
     and the overlong filter."""
+    t = cfg.train
     rewards = np.array([[r.reward for r in g] for g in groups], dtype=np.float64)
-    if cfg.overlong_penalty_cache:
+    if t.overlong_penalty_cache:
         lengths = np.array([[r.n_tokens for r in g] for g in groups])
-        rewards = rewards + overlong_penalty(lengths, cfg.sampling.max_new_tokens, cfg.overlong_penalty_cache)
+        rewards = rewards + overlong_penalty(lengths, cfg.sampling.max_new_tokens, t.overlong_penalty_cache)
     rollouts = [r for g in groups for r in g]
     keep = np.ones(len(rollouts), dtype=bool)
-    if cfg.overlong_filter:
+    if t.overlong_filter:
         keep = overlong_filter_mask([r.truncated for r in rollouts])
     logprobs = [r.logprobs for r in rollouts]
     return rewards, TrainBatch(
         prompt_ids=[p for p, g in zip(prompt_ids, groups) for _ in g],
         completion_ids=[r.token_ids for r in rollouts],
-        advantages=group_advantages(rewards, scale=cfg.advantage_scale).reshape(-1),
+        advantages=group_advantages(rewards, scale=t.advantage_scale).reshape(-1),
         regularize=nonzero_variance_mask(rewards).reshape(-1),
         keep=keep,
         sampler_logprobs=None if any(lp is None for lp in logprobs) else logprobs,

@@ -130,13 +130,13 @@ class GRPOTrainer:
             raise ValueError("model has no trainable parameters (requires_grad)")
         # The KL reference (science §3) is the initial policy; LoRA gets it by disabling adapters.
         self.ref_model = None
-        if config.kl_coef > 0 and not lora:
+        if config.train.kl_coef > 0 and not lora:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        if config.gradient_checkpointing:
+        if config.train.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(self.trainable.values(), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.trainable.values(), lr=config.lr, weight_decay=config.train.weight_decay)
         # linear warm-up, then constant (science §3); stepped once per training step
-        self.scheduler = LambdaLR(self.optimizer, lambda s: warmup_factor(s, config.warmup_steps))
+        self.scheduler = LambdaLR(self.optimizer, lambda s: warmup_factor(s, config.train.warmup_steps))
         self._train_prompts = [render_prompt(tokenizer, p.prompt, use_chat_template) for p in self.train_problems]
         self._val_prompts = [render_prompt(tokenizer, p.prompt, use_chat_template) for p in self.val_problems]
         self._prompt_ids: dict[str, list[int]] = {}
