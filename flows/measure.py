@@ -40,7 +40,7 @@ def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
     steps, prompts = [], []
     for config in run_configs(design, sampling_config(params.sampling)):
         print(f"measure: n = {config.n}, B_problem = {config.b_problem}, {m.steps} steps on {m.bucket!r}")
-        out = measure_noise(ref, config, m.bucket, train, val, m.steps, params.model.lora)
+        out = measure_noise(ref, config, m.bucket, train, val, m.steps, params.model.lora, params.model.device)
         steps.append(out["noise_steps"])
         prompts.append(out["noise_prompts"])
     noise_steps, noise_prompts = pd.concat(steps, ignore_index=True), pd.concat(prompts, ignore_index=True)

@@ -90,7 +90,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
             (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
             (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
         results, errors = train_runs_on_ray(ref, configs, sweep.bucket, train, val, runs_dir, params.model.lora,
-                                            sweep, params.torch_threads)
+                                            sweep, params.torch_threads, params.model.device)
         for result in results:
             if result.status == "failed":
                 print(f"sweep: {result.run_id} failed: {result.error}")
@@ -101,7 +101,8 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
         print(f"sweep: run {i}/{len(configs)}: {config.run_id} (B = {config.b_problem} x {config.n}, "
               f"~{config.nominal_steps} steps, lr {config.lr:.2e})")
         try:
-            result = train_run(ref, config, sweep.bucket, train, val, str(run_dir), params.model.lora)
+            result = train_run(ref, config, sweep.bucket, train, val, str(run_dir), params.model.lora,
+                               params.model.device)
         except Exception as err:  # a broken run must not stop the others
             log.exception("sweep: run %s failed", config.run_id)
             errors.append(f"{config.run_id}: {type(err).__name__}: {err}")

@@ -74,6 +74,8 @@ class ModelParams(_Section):
     name_or_path: str | None = None
     gguf_file: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # where every stage puts the model: auto = CUDA when present, else CPU; cpu never touches CUDA
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     lora: LoraParams = Field(default_factory=LoraParams)
     # apply the tokenizer's chat template when it has one
     chat_template: bool = True
@@ -261,7 +263,8 @@ class SweepParams(_Section):
     ray_address: str | None = None
     # resources each run's Ray task asks for (GPUs per run on a GPU cluster, CPUs here)
     ray_cpus_per_run: float = Field(1.0, gt=0)
-    ray_gpus_per_run: float = Field(0.0, ge=0)
+    # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
+    ray_gpus_per_run: float | None = Field(None, ge=0)
 
     @field_validator("n", "b_problem")
     @classmethod

@@ -47,10 +47,20 @@ def ray_address(sweep: SweepParams) -> str | None:
 
 
 def worker_env(api_url: str) -> dict[str, str]:
-    """Environment variables for the workers' runtime_env."""
+    """Environment variables for the workers' runtime_env: the Prefect settings, and every
+    HF_* (hub cache, token, offline mode) and CUDA_* (visible devices) variable."""
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("HF_", "CUDA_"))})
     env["PREFECT_API_URL"] = api_url
     return env
+
+
+def gpus_per_run(sweep: SweepParams, device: str, cluster_gpus: float) -> float:
+    """``sweep.ray_gpus_per_run``, else 1 when the model goes on GPU (``model.device``
+    cuda, or auto on a cluster with GPUs), else 0."""
+    if sweep.ray_gpus_per_run is not None:
+        return sweep.ray_gpus_per_run
+    return 1.0 if device == "cuda" or (device == "auto" and cluster_gpus > 0) else 0.0
 
 
 @task(name="train-run-ray", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
@@ -63,6 +73,7 @@ def train_run_on_worker(
     run_dir: str,
     lora: LoraParams | None,
     torch_threads: int,
+    device: str = "auto",
 ) -> RunResult:
     """:func:`tasks.sweep.train_run` inside a Ray worker, after recording the attempt."""
     import torch
@@ -79,7 +90,7 @@ def train_run_on_worker(
     if attempt["resume_step"]:
         log.info("%s: worker %s:%d resumes from checkpoint step %d",
                  config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
-    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora)
+    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device)
 
 
 def train_runs_on_ray(
@@ -92,6 +103,7 @@ def train_runs_on_ray(
     lora: LoraParams | None,
     sweep: SweepParams,
     torch_threads: int,
+    device: str = "auto",
 ) -> tuple[list[RunResult], list[str]]:
     """Train every run as a Ray task (inside the calling sweep flow); returns the results
     of the runs that returned and one "run_id: error" line per run that raised."""
@@ -109,16 +121,17 @@ def train_runs_on_ray(
     with get_client(sync_client=True) as client:  # the API this flow reports to (a temporary one when unset)
         api_url = str(client.api_url)
     where = address or ("the Ray already started" if ray.is_initialized() else "a local Ray")
-    print(f"sweep: {len(configs)} runs as Ray tasks on {where} "
-          f"({sweep.ray_cpus_per_run:g} CPU, {sweep.ray_gpus_per_run:g} GPU per run)")
     with runner:
-        with remote_options(num_cpus=sweep.ray_cpus_per_run, num_gpus=sweep.ray_gpus_per_run,
+        gpus = gpus_per_run(sweep, device, ray.cluster_resources().get("GPU", 0))
+        print(f"sweep: {len(configs)} runs as Ray tasks on {where} "
+              f"({sweep.ray_cpus_per_run:g} CPU, {gpus:g} GPU per run)")
+        with remote_options(num_cpus=sweep.ray_cpus_per_run, num_gpus=gpus,
                             max_retries=WORKER_RETRIES, runtime_env={"env_vars": worker_env(api_url)}):
             futures = [
                 runner.submit(train_run_on_worker, {
                     "ref": ref, "config": c, "bucket": bucket, "train_problems": train_problems,
                     "val_problems": val_problems, "run_dir": str(runs_dir / c.run_id), "lora": lora,
-                    "torch_threads": torch_threads,
+                    "torch_threads": torch_threads, "device": device,
                 })
                 for c in configs
             ]

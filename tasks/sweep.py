@@ -25,6 +25,7 @@ from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.storage import write_parquet_atomic
 from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
 from tasks.common import transient
+from tasks.models import resolve_device
 
 log = logging.getLogger("rollscale.train.sweep")
 
@@ -49,11 +50,12 @@ def train_run(
     val_problems: list[Problem],
     run_dir: str,
     lora: LoraParams | None = None,
+    device: str = "auto",
 ) -> RunResult:
     """Train (or resume, or skip when finished) one GRPO run into ``run_dir``."""
     run_dir_path = Path(run_dir)
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
-    model, tokenizer = load_model(ref, device="cuda" if torch.cuda.is_available() else "cpu")  # a fresh copy: training changes the weights
+    model, tokenizer = load_model(ref, device=resolve_device(device))  # a fresh copy: training changes the weights
     use_lora = bool(lora and lora.enabled)
     if use_lora:
         model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)

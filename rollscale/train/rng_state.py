@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 
-def rng_state() -> dict:
+def rng_state(cuda: bool) -> dict:
+    """The RNG states; ``cuda`` adds the CUDA generators (False: CUDA is never asked)."""
     py_version, py_keys, py_gauss = random.getstate()
     np_state = np.random.get_state()
     state = {
@@ -17,12 +18,12 @@ def rng_state() -> dict:
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
     }
-    if torch.cuda.is_available():
+    if cuda:
         state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, cuda: bool) -> None:
     py_version, py_keys, py_gauss = state["python"]
     random.setstate((py_version, tuple(py_keys), py_gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
@@ -32,5 +33,5 @@ def set_rng_state(state: dict) -> None:
         return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
     torch.set_rng_state(as_tensor(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+    if cuda and "cuda" in state and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([as_tensor(s) for s in state["cuda"]])

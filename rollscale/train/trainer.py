@@ -364,7 +364,7 @@ class GRPOTrainer:
             "noise_ema": vars(self.noise_ema).copy(),
             "config_hash": self.config_hash,
             "config": self.config.to_dict(),
-            "rng": rng_state(),
+            "rng": rng_state(cuda=self.device.type == "cuda"),
         }
 
     def _save(self, store: RunStore, step_rows: list, eval_rows: list) -> Checkpoint:
@@ -407,7 +407,7 @@ class GRPOTrainer:
         self.prompts_drawn, self.last_eval_step = s["prompts_drawn"], s["last_eval_step"]
         if "noise_ema" in s:
             vars(self.noise_ema).update(s["noise_ema"])
-        set_rng_state(s["rng"])
+        set_rng_state(s["rng"], cuda=self.device.type == "cuda")
 
     def _result(self, status: str, error: str | None) -> RunResult:
         return RunResult(self.config.run_id, status, error, self.step, self.c, self.c_tokens)
