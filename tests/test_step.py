@@ -238,3 +238,27 @@ def test_peak_memory_is_flat_in_b_at_a_fixed_micro_batch():
     assert peak["b512"] <= 1.3 * peak["b64"]
     # the control: the same B=512 in one micro-batch needs far more (so the check can fail)
     assert peak["b512_unbounded"] > 1.5 * peak["b64"]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_micro_batched_gram_equals_naive_per_rollout_gradients(lora, monkeypatch):
+    """The step's Gram (science §6.1) in chunks of the micro-batch equals one autograd.grad per rollout."""
+    import rollscale.train.online_noise as online_noise
+    from rollscale.core.gram import naive_gram
+
+    model, batch = _model(lora), _batch(10, seed=3)
+    seen = {}
+    real = online_noise.gram_matrix
+
+    def spy(model, fn, n, chunk_size=None, **kw):
+        seen["chunk"], seen["naive"] = chunk_size, naive_gram(model, fn, n)
+        return real(model, fn, n, chunk_size=chunk_size, **kw)
+
+    monkeypatch.setattr(online_noise, "gram_matrix", spy)
+    loss = LossConfig(agg_mode="seq-mean-token-mean", kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True)
+    settings = StepSettings(loss=loss, temperature=1.0, micro_batch_tokens=40)
+    gram = online_noise.batch_gram(model, batch, settings, pad_id=0, ref_logprobs=_ref_fn(model, lora))
+    assert seen["chunk"] < len(batch)  # several chunks
+    scale = np.abs(seen["naive"]).max()
+    assert scale > 0
+    np.testing.assert_allclose(gram, seen["naive"], atol=1e-5 * scale)
