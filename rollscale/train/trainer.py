@@ -41,6 +41,7 @@ from rollscale.lm.sampling import HFSampler, Rollout
 from rollscale.train.checkpoint import Checkpoint, RunStore
 from rollscale.train.evaluate import evaluate
 from rollscale.train.online_noise import batch_gram, noise_figures
+from rollscale.train.run_loop import run
 from rollscale.train.rng_state import rng_state, set_rng_state
 from rollscale.train.run_config import (  # noqa: F401  (re-exported: the run's config lives with the trainer's API)
     RULES,
@@ -51,16 +52,13 @@ from rollscale.train.run_config import (  # noqa: F401  (re-exported: the run's 
     readable_run_id,
     step_settings,
 )
-from rollscale.train.step import LOSS_COLUMNS, NonFiniteLossError, TrainBatch, policy_update, train_batch
+from rollscale.train.data_order import DataOrder
+from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, TrainBatch, policy_update, train_batch
 
 # Purposes that keep the seed streams of data order, training and evaluation apart.
 _DATA, _TRAIN, _EVAL, _NOISE = 0, 1, 2, 3
 
 RewardFn = Callable[[str, str], float]
-
-
-def _nanmean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else float("nan")
 
 
 class GRPOTrainer:
@@ -140,7 +138,7 @@ class GRPOTrainer:
         self._train_prompts = [render_prompt(tokenizer, p.prompt, use_chat_template) for p in self.train_problems]
         self._val_prompts = [render_prompt(tokenizer, p.prompt, use_chat_template) for p in self.val_problems]
         self._prompt_ids: dict[str, list[int]] = {}
-        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+        self._data_order = DataOrder(len(self.train_problems), config.seed, _DATA)
         # Run progress: everything a checkpoint must hold besides weights and optimizer.
         self.step = 0
         self.c = 0
@@ -157,18 +155,8 @@ class GRPOTrainer:
         return int(np.random.SeedSequence([self.config.seed, purpose, step, call]).generate_state(1)[0])
 
     def data_order(self, position: int, k: int) -> list[int]:
-        """Train-problem indices at positions ``position .. position + k - 1`` of the
-        run's data order: a permutation of the D problems seeded by (seed, epoch),
-        reshuffled every epoch."""
-        d = len(self.train_problems)
-        out = []
-        for pos in range(position, position + k):
-            epoch, i = divmod(pos, d)
-            if epoch != self._perm_epoch:
-                rng = np.random.default_rng(np.random.SeedSequence([self.config.seed, _DATA, epoch]))
-                self._perm_epoch, self._perm = epoch, rng.permutation(d)
-            out.append(int(self._perm[i]))
-        return out
+        """Train-problem indices at positions ``position .. position + k - 1`` of the run's data order."""
+        return self._data_order.indices(position, k)
 
     @property
     def epochs(self) -> float:
@@ -293,19 +281,7 @@ class GRPOTrainer:
             "b_problem": cfg.b_problem,
             "n": cfg.n,
             "m": cfg.trained_group_size,
-            "draws": alloc.draws,
-            "rollouts_generated": alloc.rollouts_generated,
-            "rollouts_trained": alloc.rollouts_trained,
-            "pilot_rollouts": alloc.pilot_rollouts,
-            "discarded_rollouts": alloc.discarded_rollouts,
-            "groups_trained": len(alloc.groups),
-            "updated": bool(alloc.groups),
-            # over every generated rollout of the step (verifier reward, before any shaping)
-            "reward_mean": _nanmean([r.reward for r in generated]),
-            # drawn prompts whose generated rewards were all equal (pilot rewards for Pilot-Commit)
-            "zero_var_frac": alloc.zero_variance_draws / alloc.draws,
-            "response_len_mean": _nanmean([r.n_tokens for r in generated]),
-            "trunc_frac": _nanmean([float(r.truncated) for r in generated]),
+            **allocation_columns(alloc, generated),
             "lr": lr,
             **row_loss,
             **row_noise,
@@ -412,79 +388,8 @@ class GRPOTrainer:
     def _result(self, status: str, error: str | None) -> RunResult:
         return RunResult(self.config.run_id, status, error, self.step, self.c, self.c_tokens)
 
-    def run(
-        self,
-        store: RunStore,
-        on_step: Callable[[dict], None] | None = None,
-        on_eval: Callable[[dict], None] | None = None,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> RunResult:
-        """Train until cumulative C >= c_max (science §1), resuming from ``store``.
-
-        Evaluates at step 0, every ``eval_every`` steps and at the end;
-        checkpoints every ``checkpoint_every`` steps and at the end, with the
-        rows since the previous checkpoint. A run whose ``done.json`` says
-        finished is not trained again (its last checkpoint is loaded); a failed
-        one is retried from its newest valid checkpoint. ``on_step`` /
-        ``on_eval`` get each row, ``progress`` gets ``(c, c_max)`` after each step.
-
-        A non-finite loss ends the run as "failed": the rows of the good steps
-        before it are checkpointed, ``done.json`` records the error. Any other
-        exception is recorded in ``done.json`` as failed and raised again.
-        """
-        cfg = self.config
-        done = store.done()
-        if done is not None and done.get("status") == "finished":
-            self._check_same_run(done, store)
-            ckpt = store.latest()
-            if ckpt is not None:
-                self.load_checkpoint(ckpt)
-            return self._result("finished", None)
-        ckpt = store.latest()
-        if ckpt is not None:
-            self._check_same_run(ckpt.state, store)
-            self.load_checkpoint(ckpt)
-        store.rollback_to(ckpt)
-
-        step_rows: list[dict] = []
-        eval_rows: list[dict] = []
-
-        def log_eval() -> None:
-            row = self.evaluate()
-            eval_rows.append(row)
-            if on_eval is not None:
-                on_eval(row)
-
-        info = {"run_id": cfg.run_id, "config_hash": self.config_hash}
-        try:
-            if self.last_eval_step < 0:
-                log_eval()  # step 0: before training
-            while self.c < cfg.c_max:
-                row = self.train_step()
-                step_rows.append(row)
-                if on_step is not None:
-                    on_step(row)
-                if progress is not None:
-                    progress(self.c, cfg.c_max)
-                if self.step % cfg.eval_every == 0:
-                    log_eval()
-                if self.step % cfg.checkpoint_every == 0:
-                    self._save(store, step_rows, eval_rows)
-            if self.last_eval_step != self.step:
-                log_eval()
-            if step_rows or eval_rows:
-                self._save(store, step_rows, eval_rows)
-        except NonFiniteLossError as err:
-            if step_rows or eval_rows:
-                self._save(store, step_rows, eval_rows)
-            store.mark_done("failed", error=str(err), steps=self.step, c=self.c, c_tokens=self.c_tokens, **info)
-            return self._result("failed", str(err))
-        except Exception as err:
-            try:
-                store.mark_done("failed", error=f"{type(err).__name__}: {err}", steps=self.step, c=self.c,
-                                c_tokens=self.c_tokens, **info)
-            except OSError:
-                pass  # the store itself is failing; the original error says why
-            raise
-        store.mark_done("finished", steps=self.step, c=self.c, c_tokens=self.c_tokens, **info)
-        return self._result("finished", None)
+    def run(self, store: RunStore, on_step: Callable[[dict], None] | None = None,
+            on_eval: Callable[[dict], None] | None = None,
+            progress: Callable[[int, int], None] | None = None) -> RunResult:
+        """Train until cumulative C >= c_max, resuming from ``store`` (:func:`rollscale.train.run_loop.run`; science §1, §5)."""
+        return run(self, store, on_step, on_eval, progress)
