@@ -199,7 +199,9 @@ class GRPOTrainer:
 
         Raises :class:`NonFiniteLossError` (naming run and step) before the update
         when the loss or the gradient norm is not finite; the trainer is then
-        left exactly as after the previous step.
+        left exactly as after the previous step (with ``ppo_epochs > 1``, a
+        failure in a later epoch keeps the earlier epochs' updates; the run then
+        fails and resumes from its last checkpoint).
         """
         cfg = self.config
         step = self.step + 1
