@@ -90,7 +90,7 @@ def interval(
     the plain one. NaN refits (failed fits) are left out; ``seeds < 2`` gives NaN.
     """
     a = np.asarray(samples, dtype=float)
-    if seeds < 2:
+    if seeds < 2 or a.shape[axis] == 0:
         shape = np.delete(a.shape, axis)
         return np.full(shape, np.nan), np.full(shape, np.nan)
     tail = 100.0 * float(norm.cdf(-math.sqrt(seeds / (seeds - 1)) * student_t.ppf(0.5 + LEVEL / 2, seeds - 1)))

@@ -41,6 +41,7 @@ __all__ = [
     "log_grid",
     "predicted_vs_observed_best_n",
     "record_breaking_points",
+    "sigmoid_model",
     "steps_to_target",
 ]
 
@@ -126,14 +127,15 @@ class SigmoidFit:
             raise ValueError("compute: expected non-negative numbers")
         with np.errstate(divide="ignore"):
             x = np.log10(c)
-        out = _sigmoid_model(np.array([self.r0, self.a - self.r0, self.log10_c_mid, self.beta]), x)
+        out = sigmoid_model(np.array([self.r0, self.a - self.r0, self.log10_c_mid, self.beta]), x)
         return float(out) if out.ndim == 0 else out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _sigmoid_model(theta: NDArray[np.float64], x: ArrayLike) -> NDArray[np.float64]:
+def sigmoid_model(theta: NDArray[np.float64], x: ArrayLike) -> NDArray[np.float64]:
+    """R at ``x = log10 C`` for ``theta = (R0, A - R0, log10 C_mid, beta)``, any leading shape (science §7)."""
     r0, delta, m, beta = theta
     # (C_mid / C)^beta = 10^(beta (m - x)), so the fraction is expit(beta ln10 (x - m))
     return r0 + delta * expit(beta * _LN10 * (np.asarray(x, float) - m))
@@ -180,7 +182,7 @@ def fit_sigmoid(compute: ArrayLike, reward: ArrayLike) -> SigmoidFit:
         for m0 in np.quantile(x, [0.25, 0.5, 0.75])
         for b0 in (0.5, 1.0, 2.0)
     ]
-    best = best_curve_fit(_sigmoid_model, _sigmoid_jacobian, x, y, starts, lower, upper)
+    best = best_curve_fit(sigmoid_model, _sigmoid_jacobian, x, y, starts, lower, upper)
     if best is None:
         return _nan_sigmoid(n, "fit did not converge")
     theta, cov, resid = best
