@@ -16,12 +16,11 @@ The frontier and n*(C) live in :mod:`rollscale.core.frontier` (re-exported).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 

@@ -159,11 +159,15 @@ def _fit_status(fits: pd.DataFrame | None, kind: str) -> str | None:
     return None if rows.empty else str(rows["status"].iloc[0])
 
 
+_BAND_COLUMNS = ("frontier_reward_lo", "frontier_reward_hi", "best_key_lo", "best_key_hi", "best_key_share")
+
+
 def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "frontier", "Compute-optimal frontier F(C) coloured by n*, and the fitted n*(C)"
     caption = (
         "Left: the frontier F(C) = max over n of the fitted per-n sigmoids (thin lines) with each grid point "
-        "coloured by its argmax n*; right: n*(C) on a log2 axis with the fitted logistic n*(C) line (science §7)"
+        "coloured by its argmax n*, with its 95 % bootstrap band over seeds (grey); right: n*(C) on a log2 axis "
+        "with the range of n* over bootstrap refits (grey bars) and the fitted logistic n*(C) line (science §7)"
     )
     fr = t["frontier"]
     if fr is None:
@@ -181,6 +185,7 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
                 "frontier_reward": _num(part["frontier_reward"]),
                 "key": _num(part["best_key"]),
                 "key_fit": _num(part["n_star_fit"]) if "n_star_fit" in part else np.nan,
+                **{c: _num(part[c]) if c in part else np.nan for c in _BAND_COLUMNS},
             }
         )
         df = df[(df["x"] > 0) & df["frontier_reward"].notna()]
@@ -199,6 +204,14 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
                 # own legend-less stroke scale: on the colour scale the legend would turn pale
                 .encode(x=x, y="reward:Q", stroke=alt.Stroke("key:O", scale=_N_SCHEME, legend=None))
             )
+        band = df.dropna(subset=["frontier_reward_lo", "frontier_reward_hi"])
+        if not band.empty:  # 95 % bootstrap band over seeds (science §7)
+            left_layers.append(
+                alt.Chart(_records(band)).mark_area(color="#999", opacity=0.25)
+                .encode(x=x, y="frontier_reward_lo:Q", y2="frontier_reward_hi:Q")
+            )
+        else:
+            notes.append(f"{design} design: 1 seed, no interval")
         left_layers.append(
             alt.Chart(_records(df))
             .mark_line(color="#999", strokeWidth=1)
@@ -212,7 +225,8 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
                 y="frontier_reward:Q",
                 color=colour,
                 tooltip=[alt.Tooltip("x:Q", title=x_title, format=".4g"),
-                         alt.Tooltip("frontier_reward:Q", format=".3f"), alt.Tooltip("key:O", title=star)],
+                         alt.Tooltip("frontier_reward:Q", format=".3f"), alt.Tooltip("key:O", title=star),
+                         alt.Tooltip("best_key_share:Q", title="share of refits", format=".0%")],
             )
         )
         left = alt.layer(*left_layers).properties(
@@ -220,7 +234,14 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
         )
         ticks = _log2_ticks(list(df["key"]) + list(df["key_fit"].dropna()))
         y_key = alt.Y("key:Q", title=y_title, scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=ticks))
-        right_layers = [
+        right_layers = []
+        bars = df.dropna(subset=["best_key_lo", "best_key_hi"])
+        if not bars.empty:  # the range of n* over bootstrap refits
+            right_layers.append(
+                alt.Chart(_records(bars)).mark_rule(color="#999", opacity=0.6)
+                .encode(x=x, y=alt.Y("best_key_lo:Q", scale=alt.Scale(type="log", base=2)), y2="best_key_hi:Q")
+            )
+        right_layers += [
             alt.Chart(_records(df))
             .mark_circle(size=40)
             .encode(x=x, y=y_key, color=colour, tooltip=[alt.Tooltip("x:Q", format=".4g"), "key:Q"])

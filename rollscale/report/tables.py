@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core import noise
+from rollscale.report.claims import headline_table, interval_text
 from rollscale.report.base import (
     TABLE_STAGES,
     TableSpec,
@@ -18,7 +19,6 @@ from rollscale.report.base import (
     _format_frame,
     _missing_stage,
     _num,
-    _pm,
     _require,
 )
 from rollscale.report.noise_charts import _k_sat_null_by_n, _usable_k_sat, quintile_tables
@@ -149,13 +149,15 @@ def _table_noise_steps(t: dict[str, pd.DataFrame | None]) -> TableSpec:
 
 
 def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
-    caption = "Fitted parameters ± standard error (science §7), goodness of fit R², points used and fit status."
+    caption = ("Fitted values with 95 % bootstrap intervals over seeds [lo, hi] (science §7); a config with one "
+               "seed says so. Least-squares SEs, which treat pooled record points as independent and understate "
+               "the error, stay in the fits table as <param>_se. R², points used and fit status.")
     fits = t["fits"]
     if fits is None:
         return [TableSpec("fits", "Fits", caption, missing=_missing_stage("fits", "fits"))]
     _require(fits, "fits", ["kind"])
     specs = []
-    params_cols = [c for c in fits.columns if f"{c}_se" in fits.columns]
+    params_cols = [c for c in fits.columns if f"{c}_lo" in fits.columns or f"{c}_se" in fits.columns]
     for kind, g in fits.groupby(fits["kind"].astype(str), sort=False):
         present = [c for c in params_cols if _num(g[c]).notna().any()]
         rows = []
@@ -163,11 +165,14 @@ def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
             row: dict[str, Any] = {}
             if "key" in g and g["key"].notna().any():
                 row["key"] = _fmt(r["key"])
+            for c in ("fixed", "rule"):  # only where the kind's rows differ in them
+                if c in g and g[c].astype(str).nunique() > 1:
+                    row[c] = str(r[c])
             for c in present:
-                row[c] = _pm(pd.to_numeric(r[c], errors="coerce"), pd.to_numeric(r[f"{c}_se"], errors="coerce"))
-            for c in ("r2", "n_points", "status"):
-                if c in g:
-                    row[c] = _fmt(r[c])
+                row[c] = interval_text(r[c], r.get(f"{c}_lo", math.nan), r.get(f"{c}_hi", math.nan))
+            for c in ("verdict", "r2", "n_points", "status"):
+                if c in g and g[c].notna().any():
+                    row[c] = _fmt(r[c]) if not isinstance(r[c], str) else r[c]
             rows.append(row)
         specs.append(TableSpec(f"fits_{kind}", f"Fit: {kind}", caption, frame=pd.DataFrame(rows)))
     return specs
@@ -190,12 +195,14 @@ def _table_steps_to_target(t: dict[str, pd.DataFrame | None]) -> TableSpec:
 def _table_crs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     name, title = "crs_prediction", "CRS prediction check"
     caption = (
-        "Best n predicted by the measured CRS beside the observed best n under each fixed total batch B (science §7)."
+        "Best n predicted by the measured CRS beside the observed best n under each fixed total batch B (science §7); "
+        "the shares of seed resamples whose best n is the observed / the predicted one."
     )
     cp = t["crs_prediction"]
     if cp is None:
         return TableSpec(name, title, caption, missing=_missing_stage("crs_prediction", "CRS prediction check"))
-    wanted = ("b", "crs", "predicted_n", "observed_best_n", "observed_best_reward", "agree")
+    wanted = ("b", "crs", "predicted_n", "observed_best_n", "observed_best_reward", "agree", "observed_best_share",
+              "predicted_share", "interval")
     cols = [c for c in wanted if c in cp.columns]
     return TableSpec(name, title, caption, frame=_format_frame(cp[cols]))
 
@@ -276,6 +283,7 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
     """
     t = _check_tables(tables)
     return [
+        headline_table(t),
         _table_stages(t),
         _table_bucket_counts(t),
         _table_profile(t),
