@@ -383,3 +383,23 @@ def test_rule_comparison_states_the_ratio_interval_and_when_rules_cannot_be_told
     assert (t["rollouts_lo"] <= t["rollouts"]).all() and (t["rollouts"] <= t["rollouts_hi"]).all()
     one = analysis.rule_comparison(evals[evals["seed"] == 0], target=0.4, boot=Bootstrap(200, 0)).set_index("rule")
     assert one["rollouts_lo"].isna().all() and one.loc["pods", "verdict"].startswith("no interval")
+
+
+def test_steps_to_target_intervals_from_seeds():
+    from rollscale.core.bootstrap import Bootstrap
+
+    rng = np.random.default_rng(3)
+    out = []
+    for seed in range(4):
+        for b in (16, 32, 64, 128, 256):
+            s_true = 400.0 * 10 ** rng.normal(0, 0.03) * (1 + 48.0 / b)
+            steps = np.arange(0, int(s_true * 1.2) + 2)
+            out.append(_run(f"p{b}_s{seed}", 4, b // 4, steps, lambda s, c, st=s_true: 0.2 + 0.3 * s / st,
+                            seed=seed, c_max=10**9))
+    ev = analysis.run_evals(*_study(out))
+    row = analysis.steps_to_target_analysis(ev, target=0.5, boot=Bootstrap(200, 1)).fits.set_index("kind").loc[
+        "steps_to_target_prompt"]
+    assert row["n_seeds"] == 4
+    for q, truth in (("s_min", 400.0), ("b_crit", 48.0), ("e_min", 400.0 * 48)):
+        assert row[f"{q}_lo"] < row[q] < row[f"{q}_hi"]
+        assert row[f"{q}_lo"] * 0.9 < truth < row[f"{q}_hi"] * 1.1

@@ -139,12 +139,14 @@ def _tables_quintiles(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
 
 def _table_noise_steps(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     name, title = "noise_steps", "Step-level gradient noise"
-    caption = "Per measurement step (science §6.2, §6.3): noise scales in rollouts, rho_icc, K_crit and CRS."
+    caption = ("Per measurement step (science §6.2, §6.3): between-prompt signal |G|^2 (beside the biased all-pairs "
+               "form where logged), B_simple per step and its EMA, B_naive beside them (its bias has no fixed sign: "
+               "never read it alone), prompt- and rollout-axis noise, rho_icc, K_crit and CRS.")
     ns = t["noise_steps"]
     if ns is None:
         return TableSpec(name, title, caption, missing=_missing_stage("noise_steps", "noise measurements"))
-    cols = [c for c in ("step", "n", "b_simple", "b_naive", "prompt_noise", "rollout_noise", "rho_icc", "k_sat_icc",
-                        "k_crit", "crs") if c in ns.columns]
+    cols = [c for c in ("step", "n", "g_norm2", "g_norm2_all_pairs", "b_simple", "b_simple_ema", "b_naive",
+                        "prompt_noise", "rollout_noise", "rho_icc", "k_sat_icc", "k_crit", "crs") if c in ns.columns]
     return TableSpec(name, title, caption, frame=_format_frame(ns[cols].sort_values(cols[:2])))
 
 
