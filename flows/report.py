@@ -3,7 +3,9 @@
 Every study table that exists is read through the DuckDB views: the
 difficulty profile and buckets (science §2), the gradient-noise measurements
 (§6.2, §6.3), the sweep's runs, steps and evaluations (§1, §5), and the fits
-of the frontier, steps to target and the CRS check (§7). The report draws
+of the frontier, steps to target and the CRS check (§7). It opens with the
+claims the data supports, each with its bootstrap interval over seeds ("not
+distinguishable" where the interval of a difference holds zero), and draws
 them, with the bucket bounds of params on the difficulty chart, and states
 for every chart and table that cannot be made yet which stage to run: a study
 with a stage missing still gets its report.

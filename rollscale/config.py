@@ -293,6 +293,9 @@ class FitParams(_Section):
     target_gain: float = Field(0.5, gt=0, le=1)
     # runs whose curves are analysed (a diverged or interrupted run would bias the fits)
     run_status: list[Literal["finished", "failed", "running"]] = Field(default_factory=lambda: ["finished"])
+    # 95 % intervals: resample runs (seeds) with replacement this many times and refit; 0 = none (science §7)
+    bootstrap_resamples: int = Field(200, ge=0)
+    bootstrap_seed: int = 0
 
 
 class ReportParams(_Section):

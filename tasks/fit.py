@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rollscale.core import analysis
 from rollscale.config import FitParams
+from rollscale.core import analysis
+from rollscale.core.bootstrap import Bootstrap
 from rollscale.pipeline.storage import TABLES, available_tables, query
 from tasks.common import cached_task
 
@@ -24,6 +25,10 @@ def read_tables(artifacts: Path, names: list[str]) -> dict[str, pd.DataFrame | N
         raise ValueError(f"names: unknown study tables {unknown} (expected some of {list(TABLES)})")
     have = available_tables(artifacts)
     return {name: query(f"SELECT * FROM {name}", artifacts) if name in have else None for name in names}
+
+
+def _boot(fit_params: FitParams) -> Bootstrap:
+    return Bootstrap(fit_params.bootstrap_resamples, fit_params.bootstrap_seed)
 
 
 @cached_task(name="run-evals")
@@ -39,14 +44,20 @@ def record_points(evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
 @cached_task(name="frontier")
 def frontier(points: pd.DataFrame, design: str, fit_params: FitParams) -> analysis.FrontierTables:
     # the frontier starts where it has risen by one record bin: below, every n is at the base reward
-    return analysis.frontier_analysis(points, design, fit_params.grid_points, min_gain=fit_params.bin_width)
+    return analysis.frontier_analysis(points, design, fit_params.grid_points, min_gain=fit_params.bin_width,
+                                      boot=_boot(fit_params))
 
 
 @cached_task(name="steps-to-target")
 def steps_to_target(evals: pd.DataFrame, fit_params: FitParams) -> analysis.SteppedTables:
-    return analysis.steps_to_target_analysis(evals, fit_params.target, fit_params.target_gain)
+    return analysis.steps_to_target_analysis(evals, fit_params.target, fit_params.target_gain, _boot(fit_params))
+
+
+@cached_task(name="rule-comparison")
+def rule_comparison(evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
+    return analysis.rule_comparison(evals, fit_params.target, fit_params.target_gain, _boot(fit_params))
 
 
 @cached_task(name="crs-prediction")
-def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None) -> pd.DataFrame:
-    return analysis.crs_prediction(evals, noise_steps)
+def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None, fit_params: FitParams) -> pd.DataFrame:
+    return analysis.crs_prediction(evals, noise_steps, _boot(fit_params))
