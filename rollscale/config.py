@@ -26,16 +26,65 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class TableSourceParams(_Section):
+    """One user problem table (science §2; see rollscale.core.problem_sources)."""
+
+    # a local .jsonl / .json / .parquet / .csv file, or a Hugging Face hub dataset id
+    path: Path | None = None
+    hub_id: str | None = None
+    hub_config: str | None = None
+    split: str = "train"
+    # the source part of every problem id; default: the file's stem or the hub id
+    name: str | None = None
+    # prompt column: a string or TRL's list of {role, content} messages
+    prompt: str = "prompt"
+    # answer column, dotted for nested records (verl: reward_model.ground_truth)
+    answer: str = "answer"
+    # raw value | gsm8k: the number after the last "####" | boxed: the last \boxed{}
+    answer_format: Literal["raw", "gsm8k", "boxed"] = "raw"
+    system_prompt: str | None = None
+    # numeric | math (math-verify, boxed) | exact | a user's "module:function"
+    reward: str = "math"
+    weight: float = Field(1.0, gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _table_file(cls, v: Path | None) -> Path | None:
+        from rollscale.core.problem_sources import FILE_SUFFIXES
+
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"file not found: {v}")
+        if v is not None and Path(v).suffix.lower() not in FILE_SUFFIXES:
+            raise ValueError(f"expected a {', '.join(FILE_SUFFIXES)} file, got {v}")
+        return v
+
+    @field_validator("reward")
+    @classmethod
+    def _reward(cls, v: str) -> str:
+        from rollscale.core.rewards import reward_fn
+
+        reward_fn(v)  # a user's module:function must import now, not mid-study
+        return v
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "TableSourceParams":
+        if (self.path is None) == (self.hub_id is None):
+            raise ValueError("give exactly one of path (a local file) and hub_id (a hub dataset)")
+        return self
+
+
 class DataParams(_Section):
     """The problem pool that is profiled and bucketed (science §2)."""
 
-    source: Literal["reasoning_gym", "gsm8k", "math"] = "reasoning_gym"
+    # table = your own problem set(s), listed under `tables`
+    source: Literal["reasoning_gym", "gsm8k", "math", "table"] = "reasoning_gym"
     # reasoning-gym: dataset name, its difficulty config, pool size and seed
     name: str = "chain_sum"
     config: dict[str, Any] = Field(
         default_factory=lambda: {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2}
     )
     size: int = Field(2000, ge=1)
+    # reasoning-gym generator seed; for source table, the seed of the weighted mix
     seed: int = 1
     # "expression" = compact "12+7-45=" for the character-level tiny model
     prompt_style: Literal["question", "expression"] = "expression"
@@ -44,7 +93,9 @@ class DataParams(_Section):
     hub_id: str | None = None
     split: str = "test"
     skip_malformed: bool = False
+    # at most this many problems (source table: the size of the weighted mix; null = all the weights allow)
     limit: int | None = Field(None, ge=1)
+    tables: list[TableSourceParams] = Field(default_factory=list)
 
     @field_validator("path")
     @classmethod
@@ -52,6 +103,14 @@ class DataParams(_Section):
         if v is not None and not Path(v).is_file():
             raise ValueError(f"file not found: {v} (expected an existing JSONL file or null for the hub)")
         return v
+
+    @model_validator(mode="after")
+    def _tables(self) -> "DataParams":
+        if self.source == "table" and not self.tables:
+            raise ValueError("data.tables: source 'table' needs at least one table (path or hub_id)")
+        if self.tables and self.source != "table":
+            raise ValueError(f"data.tables is set but data.source is {self.source!r}; set data.source: table")
+        return self
 
 
 class LoraParams(_Section):
