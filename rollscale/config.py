@@ -407,6 +407,15 @@ class ScheduleParams(_Section):
         return v
 
 
+class TrackingParams(_Section):
+    """Copies of the sweep's step and eval rows in TensorBoard / a local MLflow store
+    (under artifacts/trackers; the DuckDB tables stay the source of truth)."""
+
+    tensorboard: bool = False
+    mlflow: bool = False
+    experiment: str = Field("rollscale", min_length=1)
+
+
 class StudyParams(_Section):
     """All of ``params.yaml``."""
 
@@ -425,6 +434,7 @@ class StudyParams(_Section):
     fit: FitParams = Field(default_factory=FitParams)
     report: ReportParams = Field(default_factory=ReportParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
+    tracking: TrackingParams = Field(default_factory=TrackingParams)
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":
