@@ -67,9 +67,8 @@ class Problem:
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"Problem: {name} must be a non-empty str, got {value!r}")
         if not is_reward_name(self.reward):
-            raise ValueError(
-                f"Problem: reward must be one of {', '.join(REWARD_NAMES)} or 'module:function'; got {self.reward!r}"
-            )
+            raise ValueError(f"Problem: reward must be one of {', '.join(REWARD_NAMES)} "
+                             f"or 'module:function'; got {self.reward!r}")
         expected_id = compute_problem_id(self.source, self.prompt)
         if self.problem_id != expected_id:
             raise ValueError(
@@ -255,7 +254,7 @@ def _jsonl_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as e:
-                yield where, _BadRow(f"bad JSON ({e.msg} at column {e.colno})")
+                yield where, _BadRow(f"bad JSON ({e.msg}: column {e.colno})")  # msg may end in "at"
                 continue
             yield where, row
 
