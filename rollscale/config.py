@@ -17,6 +17,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollscale.core.problem_sources import TableSource
+
 
 class ParamsError(ValueError):
     """A params file (or override) that does not match the schema."""
@@ -24,53 +26,6 @@ class ParamsError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class TableSourceParams(_Section):
-    """One user problem table (science §2; see rollscale.core.problem_sources)."""
-
-    # a local .jsonl / .json / .parquet / .csv file, or a Hugging Face hub dataset id
-    path: Path | None = None
-    hub_id: str | None = None
-    hub_config: str | None = None
-    split: str = "train"
-    # the source part of every problem id; default: the file's stem or the hub id
-    name: str | None = None
-    # prompt column: a string or TRL's list of {role, content} messages
-    prompt: str = "prompt"
-    # answer column, dotted for nested records (verl: reward_model.ground_truth)
-    answer: str = "answer"
-    # raw value | gsm8k: the number after the last "####" | boxed: the last \boxed{}
-    answer_format: Literal["raw", "gsm8k", "boxed"] = "raw"
-    system_prompt: str | None = None
-    # numeric | math (math-verify, boxed) | exact | a user's "module:function"
-    reward: str = "math"
-    weight: float = Field(1.0, gt=0)
-
-    @field_validator("path")
-    @classmethod
-    def _table_file(cls, v: Path | None) -> Path | None:
-        from rollscale.core.problem_sources import FILE_SUFFIXES
-
-        if v is not None and not Path(v).is_file():
-            raise ValueError(f"file not found: {v}")
-        if v is not None and Path(v).suffix.lower() not in FILE_SUFFIXES:
-            raise ValueError(f"expected a {', '.join(FILE_SUFFIXES)} file, got {v}")
-        return v
-
-    @field_validator("reward")
-    @classmethod
-    def _reward(cls, v: str) -> str:
-        from rollscale.core.rewards import reward_fn
-
-        reward_fn(v)  # a user's module:function must import now, not mid-study
-        return v
-
-    @model_validator(mode="after")
-    def _one_location(self) -> "TableSourceParams":
-        if (self.path is None) == (self.hub_id is None):
-            raise ValueError("give exactly one of path (a local file) and hub_id (a hub dataset)")
-        return self
 
 
 class DataParams(_Section):
@@ -95,7 +50,8 @@ class DataParams(_Section):
     skip_malformed: bool = False
     # at most this many problems (source table: the size of the weighted mix; null = all the weights allow)
     limit: int | None = Field(None, ge=1)
-    tables: list[TableSourceParams] = Field(default_factory=list)
+    # source table: your own problem tables (fields: rollscale.core.problem_sources.TableSource)
+    tables: list[TableSource] = Field(default_factory=list)
 
     @field_validator("path")
     @classmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rollscale.config import DataParams
-from rollscale.core.problem_sources import TableSource, mix_problems, table_problems
+from rollscale.core.problem_sources import mix_problems, table_problems
 from rollscale.core.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
 from tasks.common import cached_task
 
@@ -12,9 +12,7 @@ def table_pool(data: DataParams) -> list[Problem]:
     """The user's tables, each read whole, mixed by weight (``data.limit`` problems, else all the weights allow)."""
     parts = []
     for t in data.tables:
-        source = TableSource(t.path, t.hub_id, t.hub_config, t.split, t.name, t.prompt, t.answer,
-                             t.answer_format, t.system_prompt, t.reward)
-        parts.append((source.label, table_problems(source, data.skip_malformed), t.weight))
+        parts.append((t.label, table_problems(t, data.skip_malformed), t.weight))
     if len(parts) == 1 and data.limit is None:
         return parts[0][1]
     return mix_problems(parts, data.limit, data.seed)

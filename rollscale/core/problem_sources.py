@@ -38,7 +38,7 @@ from rollscale.core.problems import (
     _jsonl_rows,
     _numeric_answer,
 )
-from rollscale.core.rewards import is_reward_name, last_boxed
+from rollscale.core.rewards import last_boxed, reward_fn
 
 __all__ = ["FILE_SUFFIXES", "TableSource", "mix_problems", "table_problems"]
 
@@ -51,36 +51,46 @@ AnswerFormat = Literal["raw", "gsm8k", "boxed"]
 class TableSource:
     """Where a problem table is and how its columns map to problems.
 
-    Exactly one of ``path`` (local file) and ``hub_id`` (hub dataset, with
-    ``hub_config`` and ``split``). ``name`` is the source part of every
+    Exactly one of ``path`` (local file, which must exist) and ``hub_id``
+    (hub dataset, with ``hub_config`` and ``split``). This is also the
+    schema of ``data.tables`` entries in params.yaml. ``name`` is the source part of every
     problem id (default: the file's stem or the hub id); give the same name
     to the same set wherever it is stored. ``answer_format``: ``raw`` (the
     value as is), ``gsm8k`` (the number after the last ``####``), ``boxed``
     (the last ``\\boxed{}``). Numeric answers are stored in canonical form.
     """
 
-    path: str | os.PathLike[str] | None = None
+    # a local .jsonl / .json / .parquet / .csv file, or a Hugging Face hub dataset id
+    path: str | Path | None = None
     hub_id: str | None = None
     hub_config: str | None = None
     split: str = "train"
+    # the source part of every problem id; default: the file's stem or the hub id
     name: str | None = None
+    # prompt column: a string or TRL's list of {role, content} messages
     prompt: str = "prompt"
+    # answer column, dotted for nested records (verl: reward_model.ground_truth)
     answer: str = "answer"
     answer_format: AnswerFormat = "raw"
     system_prompt: str | None = None
+    # numeric | math (math-verify, boxed) | exact | a user's "module:function"
     reward: str = "math"
+    # share in a mix of several tables (mix_problems)
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.hub_id is None):
-            raise ValueError("TableSource: give exactly one of path (a local file) and hub_id")
-        if self.path is not None and Path(self.path).suffix.lower() not in FILE_SUFFIXES:
-            raise ValueError(
-                f"TableSource: {os.fspath(self.path)}: expected a {', '.join(FILE_SUFFIXES)} file"
-            )
+            raise ValueError("give exactly one of path (a local file) and hub_id (a hub dataset)")
+        if self.path is not None:
+            if Path(self.path).suffix.lower() not in FILE_SUFFIXES:
+                raise ValueError(f"path: expected a {', '.join(FILE_SUFFIXES)} file, got {os.fspath(self.path)}")
+            if not Path(self.path).is_file():
+                raise ValueError(f"path: file not found: {os.fspath(self.path)}")
         if self.answer_format not in ("raw", "gsm8k", "boxed"):
-            raise ValueError(f"TableSource: answer_format must be raw, gsm8k or boxed, got {self.answer_format!r}")
-        if not is_reward_name(self.reward):
-            raise ValueError(f"TableSource: reward must be numeric, math, exact or 'module:function', got {self.reward!r}")
+            raise ValueError(f"answer_format: expected raw, gsm8k or boxed, got {self.answer_format!r}")
+        if not self.weight > 0:
+            raise ValueError(f"weight: expected a number > 0, got {self.weight!r}")
+        reward_fn(self.reward)  # a user's module:function must import now, not mid-study
 
     @property
     def label(self) -> str:
