@@ -89,3 +89,18 @@ def test_uncommitted_rows_are_not_exported(tmp_path):
         exporter.export()
     events = EventAccumulator(str(targets.tensorboard_dir / "r2")).Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+
+
+def test_a_failing_tracker_does_not_stop_training(tmp_path, caplog):
+    targets = tracker_targets(TrackingParams(tensorboard=True), tmp_path / "trackers")
+    trainer = _trainer("r3")
+    run_dir = tmp_path / "runs" / "r3"
+    exporter = RunExporter(targets, run_dir, "r3", trainer.config.to_dict())
+
+    def broken(status=None):
+        raise OSError("disk full")
+
+    exporter.export = broken
+    assert trainer.run(ExportingRunStore(run_dir, exporter)).status == "finished"
+    assert "tracker export failed (OSError: disk full)" in caplog.text
+    assert len(RunStore(run_dir).rows("steps")) == 4

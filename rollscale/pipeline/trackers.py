@@ -24,7 +24,9 @@ and ``mlflow ui`` needs it too (docs/integrations.md).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import math
 import os
 import shutil
@@ -41,6 +43,7 @@ from rollscale.train.checkpoint import RunStore
 
 __all__ = ["ExportingRunStore", "RunExporter", "TrackerTargets", "flatten_params", "log_report", "tracker_targets"]
 
+logger = logging.getLogger("rollscale.pipeline.trackers")
 STATE_FILE = "tracked.json"
 _NOT_METRICS = {"step"}
 
@@ -67,6 +70,9 @@ def tracker_targets(tracking: Any, root: str | os.PathLike[str]) -> TrackerTarge
     """Targets of the ``tracking`` params section under ``root``; None when all are off."""
     if not (tracking.tensorboard or tracking.mlflow):
         return None
+    for key, on, module in (("tensorboard", tracking.tensorboard, "tensorboard"), ("mlflow", tracking.mlflow, "mlflow")):
+        if on and importlib.util.find_spec(module) is None:
+            raise ValueError(f"tracking.{key} is on but {module} is not installed: pip install 'rollscale[trackers]'")
     return TrackerTargets(Path(root), tracking.tensorboard, tracking.mlflow, tracking.experiment)
 
 
@@ -179,7 +185,11 @@ class ExportingRunStore(RunStore):
 
     def save(self, *args: Any, **kwargs: Any) -> Any:
         checkpoint = super().save(*args, **kwargs)
-        self.exporter.export()
+        try:
+            self.exporter.export()
+        except Exception as err:  # a tracker must not stop training; the next commit retries these rows
+            logger.warning("%s: tracker export failed (%s: %s); the rows stay in the run store",
+                           self.exporter.run_id, type(err).__name__, err)
         return checkpoint
 
 
