@@ -168,3 +168,14 @@ def test_params_table_source_and_key_path_errors(tmp_path: Path) -> None:
         parse_params({"data": {"source": "table", "tables": [{"hub_id": "x/y", "colum": "a"}]}})
     with pytest.raises(ParamsError, match=r"data: .*needs at least one table"):
         parse_params({"data": {"source": "table"}})
+
+
+def test_pool_cache_key_follows_the_files(tmp_path: Path) -> None:
+    """An edited table (same params) changes the problem-pool task's cache key."""
+    from tasks.problems import data_files_state
+
+    path = _write_jsonl(tmp_path / "t.jsonl", _trl_rows(3))
+    data = parse_params({"data": {"source": "table", "tables": [{"path": str(path), "answer": "solution"}]}}).data
+    before = data_files_state(data)
+    _write_jsonl(path, _trl_rows(4))
+    assert data_files_state(data) != before and str(path) in before
