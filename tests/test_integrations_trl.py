@@ -24,7 +24,7 @@ def reward(completions, answer, **_):
     return [numeric_reward(c, a) for c, a in zip(completions, answer, strict=True)]
 
 
-def make_trainer(tmp_path, loss_type="dapo", beta=0.0, steps=3):
+def make_trainer(tmp_path, loss_type="dapo", beta=0.0, steps=3, lora=False):
     torch.manual_seed(0)
     tok = char_tokenizer()
     model_dir = tmp_path / "model"
@@ -36,7 +36,13 @@ def make_trainer(tmp_path, loss_type="dapo", beta=0.0, steps=3):
         max_steps=steps, logging_steps=1, report_to=[], use_cpu=True, seed=0, learning_rate=5e-3,
         loss_type=loss_type, beta=beta, save_strategy="no", gradient_checkpointing=False, bf16=False, temperature=1.0, disable_tqdm=True,
     )
-    trainer = trl.GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    peft = None
+    if lora:
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], bias="none")
+    trainer = trl.GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args, train_dataset=data,
+                              processing_class=tok, peft_config=peft)
     return trainer
 
 
@@ -77,10 +83,10 @@ def test_probe_logs_rollscale_numbers_and_keeps_the_trajectory(tmp_path):
 
 def test_loss_terms_sum_to_trl_loss_and_gram_to_its_gradient(tmp_path):
     """The per-rollout terms are TRL's own loss split by rollout: they sum to
-    compute_loss and the Gram's total equals |grad of TRL's loss|^2."""
+    compute_loss and the Gram's total equals |grad of TRL's loss|^2 (full and LoRA)."""
     torch.set_num_threads(1)
-    for loss_type in ("dapo", "grpo"):
-        trainer = make_trainer(tmp_path / loss_type, loss_type=loss_type, beta=0.04, steps=1)
+    for loss_type, lora in (("dapo", False), ("grpo", False), ("dapo", True)):
+        trainer = make_trainer(tmp_path / f"{loss_type}{lora}", loss_type=loss_type, beta=0.04, steps=1, lora=lora)
         captured = {}
         real = trainer.compute_loss
 
