@@ -179,3 +179,21 @@ def test_pool_cache_key_follows_the_files(tmp_path: Path) -> None:
     before = data_files_state(data)
     _write_jsonl(path, _trl_rows(4))
     assert data_files_state(data) != before and str(path) in before
+
+
+def test_hub_table_with_config_and_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path: str, name: str | None = None, split: str | None = None) -> list[dict]:
+        calls.append((path, name, split))
+        return _verl_rows(2) + [{"prompt": [{"role": "user", "content": "x"}]}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    src = TableSource(hub_id="me/rl-set", hub_config="default", split="validation", answer="reward_model.ground_truth")
+    with pytest.raises(DataRowError, match=r"me/rl-set \(default\) split validation row 3: missing field"):
+        table_problems(src)
+    assert calls[-1] == ("me/rl-set", "default", "validation")
+    problems = table_problems(src, skip_malformed=True)
+    assert [p.source for p in problems] == ["me/rl-set"] * 2 and problems[0].answer == "3"
