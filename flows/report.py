@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollscale.config import StudyParams
 from rollscale.report import TABLE_NAMES, ReportPaths, write_report
+from rollscale.pipeline.trackers import log_report, tracker_targets
 from tasks.common import ARTIFACTS, read_params, transient
 from tasks.fit import read_tables
 
@@ -36,6 +37,7 @@ def report_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS
     params = read_params(params_path)
     root = Path(artifacts)
     paths = render_report(root, root / "report", params)
+    log_report(tracker_targets(params.tracking, root / "trackers"), root / "report")
     print(f"report: {paths.html} ({len(paths.pngs)} charts drawn), {paths.summary}")
     for name, why in paths.missing.items():
         print(f"report: chart {name!r} missing: {why}")

@@ -25,6 +25,7 @@ from rollscale.core.problems import Problem
 from rollscale.core.profiling import problems_from_profile
 from rollscale.train.sweep import run_configs
 from rollscale.train.trainer import RunConfig, config_hash
+from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
 from tasks.sweep import train_run
@@ -78,6 +79,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     train, val = bucket_problems(root, sweep.bucket)
     configs = run_configs(sweep, sampling_config(params.sampling))
     runs_dir = root / "sweep" / "runs"
+    trackers = tracker_targets(params.tracking, root / "trackers")
     wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
     archive_stale_runs(runs_dir, wanted)
     print(f"sweep: {sweep.design} on bucket {sweep.bucket!r} ({len(train)} train / {len(val)} val problems), "
@@ -90,7 +92,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
             (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
             (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
         results, errors = train_runs_on_ray(ref, configs, sweep.bucket, train, val, runs_dir, params.model.lora,
-                                            sweep, params.torch_threads, params.model.device)
+                                            sweep, params.torch_threads, params.model.device, trackers)
         for result in results:
             if result.status == "failed":
                 print(f"sweep: {result.run_id} failed: {result.error}")
@@ -102,7 +104,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
               f"~{config.nominal_steps} steps, lr {config.lr:.2e})")
         try:
             result = train_run(ref, config, sweep.bucket, train, val, str(run_dir), params.model.lora,
-                               params.model.device)
+                               params.model.device, trackers)
         except Exception as err:  # a broken run must not stop the others
             log.exception("sweep: run %s failed", config.run_id)
             errors.append(f"{config.run_id}: {type(err).__name__}: {err}")

@@ -17,6 +17,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollscale.core.problem_sources import TableSource
+
 
 class ParamsError(ValueError):
     """A params file (or override) that does not match the schema."""
@@ -29,13 +31,15 @@ class _Section(BaseModel):
 class DataParams(_Section):
     """The problem pool that is profiled and bucketed (science §2)."""
 
-    source: Literal["reasoning_gym", "gsm8k", "math"] = "reasoning_gym"
+    # table = your own problem set(s), listed under `tables`
+    source: Literal["reasoning_gym", "gsm8k", "math", "table"] = "reasoning_gym"
     # reasoning-gym: dataset name, its difficulty config, pool size and seed
     name: str = "chain_sum"
     config: dict[str, Any] = Field(
         default_factory=lambda: {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2}
     )
     size: int = Field(2000, ge=1)
+    # reasoning-gym generator seed; for source table, the seed of the weighted mix
     seed: int = 1
     # "expression" = compact "12+7-45=" for the character-level tiny model
     prompt_style: Literal["question", "expression"] = "expression"
@@ -44,7 +48,10 @@ class DataParams(_Section):
     hub_id: str | None = None
     split: str = "test"
     skip_malformed: bool = False
+    # at most this many problems (source table: the size of the weighted mix; null = all the weights allow)
     limit: int | None = Field(None, ge=1)
+    # source table: your own problem tables (fields: rollscale.core.problem_sources.TableSource)
+    tables: list[TableSource] = Field(default_factory=list)
 
     @field_validator("path")
     @classmethod
@@ -52,6 +59,14 @@ class DataParams(_Section):
         if v is not None and not Path(v).is_file():
             raise ValueError(f"file not found: {v} (expected an existing JSONL file or null for the hub)")
         return v
+
+    @model_validator(mode="after")
+    def _tables(self) -> "DataParams":
+        if self.source == "table" and not self.tables:
+            raise ValueError("data.tables: source 'table' needs at least one table (path or hub_id)")
+        if self.tables and self.source != "table":
+            raise ValueError(f"data.tables is set but data.source is {self.source!r}; set data.source: table")
+        return self
 
 
 class LoraParams(_Section):
@@ -375,6 +390,15 @@ class ScheduleParams(_Section):
         return v
 
 
+class TrackingParams(_Section):
+    """Copies of the sweep's step and eval rows in TensorBoard / a local MLflow store
+    (under artifacts/trackers; the DuckDB tables stay the source of truth)."""
+
+    tensorboard: bool = False
+    mlflow: bool = False
+    experiment: str = Field("rollscale", min_length=1)
+
+
 class StudyParams(_Section):
     """All of ``params.yaml``."""
 
@@ -393,6 +417,7 @@ class StudyParams(_Section):
     fit: FitParams = Field(default_factory=FitParams)
     report: ReportParams = Field(default_factory=ReportParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
+    tracking: TrackingParams = Field(default_factory=TrackingParams)
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":

@@ -30,6 +30,7 @@ from rollscale.core.problems import Problem
 from rollscale.pipeline.status import record_attempt
 from rollscale.train.trainer import RunConfig, RunResult
 from tasks.common import transient
+from rollscale.pipeline.trackers import TrackerTargets
 from tasks.sweep import train_run
 
 log = logging.getLogger("rollscale.train.sweep")
@@ -74,6 +75,7 @@ def train_run_on_worker(
     lora: LoraParams | None,
     torch_threads: int,
     device: str = "auto",
+    trackers: TrackerTargets | None = None,
 ) -> RunResult:
     """:func:`tasks.sweep.train_run` inside a Ray worker, after recording the attempt."""
     import torch
@@ -90,7 +92,7 @@ def train_run_on_worker(
     if attempt["resume_step"]:
         log.info("%s: worker %s:%d resumes from checkpoint step %d",
                  config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
-    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device)
+    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers)
 
 
 def train_runs_on_ray(
@@ -104,6 +106,7 @@ def train_runs_on_ray(
     sweep: SweepParams,
     torch_threads: int,
     device: str = "auto",
+    trackers: TrackerTargets | None = None,
 ) -> tuple[list[RunResult], list[str]]:
     """Train every run as a Ray task (inside the calling sweep flow); returns the results
     of the runs that returned and one "run_id: error" line per run that raised."""
@@ -131,7 +134,7 @@ def train_runs_on_ray(
                 runner.submit(train_run_on_worker, {
                     "ref": ref, "config": c, "bucket": bucket, "train_problems": train_problems,
                     "val_problems": val_problems, "run_dir": str(runs_dir / c.run_id), "lora": lora,
-                    "torch_threads": torch_threads, "device": device,
+                    "torch_threads": torch_threads, "device": device, "trackers": trackers,
                 })
                 for c in configs
             ]

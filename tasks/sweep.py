@@ -22,6 +22,7 @@ from rollscale.config import LoraParams
 from rollscale.lm.models import ModelRef, add_lora, load_model
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
+from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
 from rollscale.pipeline.storage import write_parquet_atomic
 from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
 from tasks.common import transient
@@ -51,8 +52,10 @@ def train_run(
     run_dir: str,
     lora: LoraParams | None = None,
     device: str = "auto",
+    trackers: TrackerTargets | None = None,
 ) -> RunResult:
-    """Train (or resume, or skip when finished) one GRPO run into ``run_dir``."""
+    """Train (or resume, or skip when finished) one GRPO run into ``run_dir``; with
+    ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow."""
     run_dir_path = Path(run_dir)
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
     model, tokenizer = load_model(ref, device=resolve_device(device))  # a fresh copy: training changes the weights
@@ -62,7 +65,8 @@ def train_run(
     trainer = GRPOTrainer(
         model, tokenizer, train_problems, val_problems, config, use_chat_template=ref.chat_template, lora=use_lora
     )
-    store = RunStore(run_dir_path)
+    exporter = trackers and RunExporter(trackers, run_dir_path, config.run_id, config.to_dict())
+    store = ExportingRunStore(run_dir_path, exporter) if exporter else RunStore(run_dir_path)
     with Progress(config.c_max, config.run_id, unit="rollouts") as bar:
         last = {"c": 0, "eval": ""}
 
@@ -82,6 +86,8 @@ def train_run(
                                  run_dir_path / "run.parquet")
             raise
     write_parquet_atomic(run_row(config, bucket, result.status, result), run_dir_path / "run.parquet")
+    if exporter:
+        exporter.export(result.status)
     del trainer, model
     torch.set_grad_enabled(True)
     return result

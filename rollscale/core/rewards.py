@@ -1,10 +1,12 @@
 """0/1 verifiers for rollouts (science §2: "Reward is 0/1 from the verifier").
 
-Two verifiers, never partial credit:
+Three built-in verifiers (plus a user's ``module:function``), never partial credit:
 
 - ``numeric_reward``: GSM8K-style final-number match, exact rational comparison.
 - ``math_reward``: last ``\\boxed{}`` answer compared to the gold answer with
   math-verify (symbolic equivalence).
+- ``exact_reward``: final answer (last ``\\boxed{}`` or whole completion) equals
+  the gold as whitespace-normalised text.
 
 reasoning-gym's own ``score_answer`` gives partial credit to some wrong answers
 (e.g. right number, wrong format), so it is deliberately not used here.
@@ -19,6 +21,7 @@ as a terminating decimal with no trailing zeros when one exists (``"3.5"``,
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -36,7 +39,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "canonical_number",
+    "exact_reward",
     "extract_number",
+    "is_reward_name",
     "last_boxed",
     "math_reward",
     "normalize_number",
@@ -360,16 +365,49 @@ def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float
     return float(_MATH_VERIFY_WORKER.request(request, timeout_s, 0.0))
 
 
+def exact_reward(completion: str, gold: str) -> float:
+    """1.0 iff the completion's final answer equals ``gold`` as text, else 0.0.
+
+    The final answer is the content of the completion's last ``\\boxed{}``
+    when it has one, else the whole completion; both sides are compared with
+    surrounding whitespace trimmed and inner runs of whitespace collapsed.
+    For answers that are labels or strings (science §2, 0/1 verifier).
+    """
+    if not isinstance(completion, str) or not isinstance(gold, str):
+        raise ValueError("exact_reward: completion and gold must be str")
+    boxed = last_boxed(completion)
+    answer = completion if boxed is None else boxed
+    return 1.0 if " ".join(answer.split()) == " ".join(gold.split()) else 0.0
+
+
 RewardFn = Callable[[str, str], float]
 
-_REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward}
+_REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward, "exact": exact_reward}
 REWARD_NAMES: tuple[str, ...] = tuple(_REWARD_FNS)
+# A user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0.
+_USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def is_reward_name(name: object) -> bool:
+    """True for a built-in verifier name or a ``module:function`` reference
+    (not imported here; :func:`reward_fn` imports it)."""
+    return isinstance(name, str) and (name in _REWARD_FNS or _USER_REWARD.fullmatch(name) is not None)
 
 
 def reward_fn(name: str) -> RewardFn:
-    """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``
-    ("numeric" or "math"). Science §2."""
-    try:
+    """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``:
+    "numeric", "math", "exact", or a user's ``module:function``. Science §2."""
+    if isinstance(name, str) and name in _REWARD_FNS:
         return _REWARD_FNS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"reward_fn: name must be one of {', '.join(REWARD_NAMES)}; got {name!r}") from None
+    if not is_reward_name(name):
+        raise ValueError(
+            f"reward_fn: name must be one of {', '.join(REWARD_NAMES)} or 'module:function'; got {name!r}"
+        )
+    module_name, attr = name.split(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"reward_fn: cannot import verifier {name!r} ({e})") from None
+    if not callable(fn):
+        raise ValueError(f"reward_fn: {name!r} is not callable")
+    return fn
