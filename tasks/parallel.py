@@ -13,6 +13,7 @@ collect code either way.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Iterator
 
 from prefect.futures import PrefectFuture, as_completed
@@ -21,18 +22,43 @@ from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTa
 log = logging.getLogger("rollscale")
 
 
-def init_worker(torch_threads: int) -> None:
-    """Run once in every worker process: its torch thread count."""
+# settings the workers need: the same Prefect API (else each worker starts its own
+# temporary server, 15-20 s of start-up each on a loaded 2-core machine, and its task
+# runs land nowhere the flow can see)
+_FORWARDED_ENV = ("PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_LEVEL", "PREFECT_API_KEY")
+
+
+def worker_env(api_url: str) -> dict[str, str]:
+    """Environment variables for worker processes: this flow's Prefect API and settings."""
+    env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+    env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def flow_api_url() -> str:
+    """The API this flow reports to (a temporary one when none is configured)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return str(client.api_url)
+
+
+def init_worker(torch_threads: int, env: dict[str, str]) -> None:
+    """Run once in every worker process, before its first task: the flow's Prefect API
+    and the torch thread count."""
+    os.environ.update(env)
     import torch
 
     torch.set_num_threads(torch_threads)
 
 
 def local_runner(workers: int, torch_threads: int) -> TaskRunner:
-    """``workers`` processes side by side; one worker runs in this process (no start-up cost)."""
+    """``workers`` processes side by side; one worker runs in this process (no start-up cost).
+    Call inside a flow: the workers report to its API."""
     if workers <= 1:
         return ThreadPoolTaskRunner(max_workers=1)
-    return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker, initargs=(torch_threads,))
+    return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker,
+                                 initargs=(torch_threads, worker_env(flow_api_url())))
 
 
 def submit_all(runner: TaskRunner, task, params: list[dict[str, Any]]) -> list[PrefectFuture]:

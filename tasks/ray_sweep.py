@@ -23,26 +23,16 @@ from typing import Any, Callable
 
 from rollscale.config import SweepParams
 from rollscale.train.trainer import RunResult
-from tasks.parallel import run_all
+from tasks.parallel import flow_api_url, run_all, worker_env
 from tasks.sweep import train_run_in_worker
 
 # Ray re-runs a task whose worker process died this many times (system failures only)
 WORKER_RETRIES = 3
-# settings the workers need: the same Prefect API (else each worker starts its own
-# temporary server and the task runs land nowhere the flow can see)
-_FORWARDED_ENV = ("PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_LEVEL", "PREFECT_API_KEY")
 
 
 def ray_address(sweep: SweepParams) -> str | None:
     """``sweep.ray_address``, else ``$RAY_ADDRESS``, else None (a local Ray is started)."""
     return sweep.ray_address or os.environ.get("RAY_ADDRESS") or None
-
-
-def worker_env(api_url: str) -> dict[str, str]:
-    """Environment variables for the workers' runtime_env."""
-    env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-    env["PREFECT_API_URL"] = api_url
-    return env
 
 
 def train_runs_on_ray(
@@ -55,7 +45,6 @@ def train_runs_on_ray(
     task, inside the calling sweep flow; returns {index: result} and one "run_id: error" line
     per run that raised."""
     import ray
-    from prefect.client.orchestration import get_client
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options
 
@@ -65,8 +54,7 @@ def train_runs_on_ray(
     else:
         # a Ray this process starts: no dashboard (one more server, and a port, per sweep)
         runner = RayTaskRunner(address=address, init_kwargs={} if address else {"include_dashboard": False})
-    with get_client(sync_client=True) as client:  # the API this flow reports to (a temporary one when unset)
-        api_url = str(client.api_url)
+    api_url = flow_api_url()
     where = address or ("the Ray already started" if ray.is_initialized() else "a local Ray")
     print(f"sweep: {len(units)} runs as Ray tasks on {where} "
           f"({sweep.ray_cpus_per_run:g} CPU, {sweep.ray_gpus_per_run:g} GPU per run)")
