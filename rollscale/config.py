@@ -258,7 +258,8 @@ class SweepParams(_Section):
     b_problem: list[int] = Field(default_factory=lambda: [16])
     b_total: int = Field(128, ge=2)
     rules: list[Literal["uniform", "dynamic", "pods", "pilot"]] = Field(default_factory=lambda: ["uniform"])
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    # three seeds per grid point: the fit's bootstrap resamples seeds (science §7)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
     pods_keep: float = Field(0.5, gt=0, lt=1)  # PODS m = round(pods_keep * n)
@@ -271,8 +272,8 @@ class SweepParams(_Section):
     eval_temperature: float = Field(0.6, ge=0)
     checkpoint_every: int = Field(20, ge=1)
     noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
-    # where the runs train: sequential (here, one after another) | ray (one Ray task per run)
-    executor: Literal["sequential", "ray"] = "sequential"
+    # where the runs train: local (a pool of `workers` processes here) | ray (one Ray task per run)
+    executor: Literal["local", "ray"] = "local"
     # Ray cluster ("ray://head:10001" or "auto"); null = the RAY_ADDRESS environment variable,
     # else a local Ray started on demand on this machine
     ray_address: str | None = None
@@ -406,6 +407,9 @@ class StudyParams(_Section):
     # to gain from a second thread, and measured here 2 threads ran 18x slower
     # whenever another process shared the 2 cores.
     torch_threads: int = Field(1, ge=1)
+    # processes side by side for independent units (sweep runs, profile chunks, measure's n
+    # values), each with torch_threads threads; one per core. 1 = in this process, one at a time
+    workers: int = Field(2, ge=1)
     data: DataParams = Field(default_factory=DataParams)
     model: ModelParams = Field(default_factory=ModelParams)
     base: BaseParams = Field(default_factory=BaseParams)

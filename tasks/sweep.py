@@ -23,6 +23,7 @@ from rollscale.lm.models import ModelRef, add_lora, load_model
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
+from rollscale.pipeline.status import record_attempt
 from rollscale.pipeline.storage import write_parquet_atomic
 from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
 from tasks.common import transient
@@ -91,3 +92,33 @@ def train_run(
     del trainer, model
     torch.set_grad_enabled(True)
     return result
+
+
+@task(name="train-run-worker", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
+def train_run_in_worker(
+    ref: ModelRef,
+    config: RunConfig,
+    bucket: str,
+    train_problems: list[Problem],
+    val_problems: list[Problem],
+    run_dir: str,
+    lora: LoraParams | None,
+    torch_threads: int,
+    device: str = "auto",
+    trackers: TrackerTargets | None = None,
+) -> RunResult:
+    """:func:`train_run` in a worker (a local process or a Ray task), after recording the attempt
+    (pid, host, the checkpoint step it resumes from) in the run's ``attempts.jsonl``."""
+    torch.set_num_threads(torch_threads)
+    ours = logging.getLogger("rollscale")
+    if not ours.handlers:  # a fresh worker: send progress lines to its stderr, which the driver shows
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+    attempt = record_attempt(run_dir)
+    if attempt["resume_step"]:
+        log.info("%s: worker %s:%d resumes from checkpoint step %d",
+                 config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
+    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers)

@@ -19,7 +19,7 @@ STUDY = {
     **SMALL,
     "bucket": {"val_size": 2, "used": [], "mixtures": {}},
     "measure": {"bucket": "hard", "n": [4], "b_problem": 2, "steps": 1},
-    "sweep": {"bucket": "hard", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 48,
+    "sweep": {"bucket": "hard", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 48, "seeds": [0],
               "eval_every": 2, "eval_k": 2, "checkpoint_every": 2, "train": {"lr_base": 1e-3, "warmup_steps": 0}},
 }
 

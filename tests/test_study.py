@@ -41,13 +41,14 @@ pytestmark = pytest.mark.slow
 
 # a 2-layer model trained for seconds: a quarter of the pool lands in Easy [0.25, 0.75]
 TINY = {
+    "workers": 1,  # in-process; tests/test_parallel.py checks that 2 workers give the same tables
     "data": {"size": 120, "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
     "base": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_positions": 32,
              "train_size": 2000, "steps": 200, "batch_size": 32, "lr": 3e-3},
     "sampling": {"max_new_tokens": 4},
     "profile": {"k": 4, "k_extreme": 0, "chunk_size": 40},
     "bucket": {"val_size": 4, "used": [], "mixtures": {}, "easy": [0.25, 0.75], "extremely_hard": False},
-    "sweep": {"bucket": "easy", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 64,
+    "sweep": {"bucket": "easy", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 64, "seeds": [0],
               "eval_every": 4, "eval_k": 2, "checkpoint_every": 4, "train": {"lr_base": 1e-3, "warmup_steps": 0}},
 }
 PREPARED = ("base", "profile", "bucket")
