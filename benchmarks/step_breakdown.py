@@ -4,7 +4,7 @@
 
 The trainer is the sweep's (``GRPOTrainer.train_step``, unchanged); this script
 only wraps, on its own instances, the calls each phase is made of and times
-them: generate (``sampler.sample``), score (the verifier), reference logprobs,
+them: generate (``engine.sample``), score (the verifier), reference logprobs,
 forward (the training forward), backward, optimizer (clip + AdamW), eval
 (``evaluate``, one call, shown per step at the sweep's ``eval_every``), and
 bookkeeping (the rest of the step: allocation, advantages, batching, rows).
@@ -62,7 +62,7 @@ def main() -> None:
     config = run_configs(sweep, sampling_config(SamplingParams()))[0]
     trainer = GRPOTrainer(model, tokenizer, pool[:300], pool[300:400], config, use_chat_template=False)
 
-    trainer.sampler.sample = timed("generate", trainer.sampler.sample)
+    trainer.engine.sample = timed("generate", trainer.engine.sample)
     trainer._score = timed("score", trainer._score)
     trainer._ref_logprobs = timed("ref_logprobs", trainer._ref_logprobs)
     trainer.optimizer.step = timed("optimizer_step", trainer.optimizer.step)
