@@ -225,9 +225,11 @@ def peak_after(b, budget):
     policy_update(model, opt, params, batch, settings, pad_id=0)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-# the high-water mark only rises: measure in order of the expected peaks
+# the high-water mark only rises: measure in order of the expected peaks, above the
+# process's own (imports, model), which depends on the environment the test runs in
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 budget = 64 * 2 * width  # 64 rollouts per micro-batch
-print(json.dumps({"b64": peak_after(64, budget), "b512": peak_after(512, budget),
+print(json.dumps({"base": base, "b64": peak_after(64, budget), "b512": peak_after(512, budget),
                   "b512_unbounded": peak_after(512, 512 * 2 * width)}))
 """
 
@@ -235,9 +237,10 @@ print(json.dumps({"b64": peak_after(64, budget), "b512": peak_after(512, budget)
 def test_peak_memory_is_flat_in_b_at_a_fixed_micro_batch():
     out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT], check=True, capture_output=True, text=True)
     peak = json.loads(out.stdout.strip().splitlines()[-1])
-    assert peak["b512"] <= 1.3 * peak["b64"]
+    step = {k: v - peak["base"] for k, v in peak.items() if k != "base"}  # what the step itself adds
+    assert step["b512"] <= 1.3 * step["b64"]
     # the control: the same B=512 in one micro-batch needs far more (so the check can fail)
-    assert peak["b512_unbounded"] > 1.5 * peak["b64"]
+    assert step["b512_unbounded"] > 3 * step["b64"]
 
 
 @pytest.mark.parametrize("lora", [False, True])
