@@ -14,7 +14,7 @@ raised leaves ``.stage.failed.json`` with the error.
 
 Sweep runs are read from ``artifacts/sweep/runs/<run_id>/``: ``run.parquet``
 (status), the newest committed checkpoint's ``state.json`` (step and C; science
-§1), ``done.json`` and, for runs dispatched to Ray workers, ``attempts.jsonl``.
+§1), ``done.json`` and ``attempts.jsonl`` (one row per start of the run in a worker).
 
 Plain functions over files: no Prefect. Times are UTC ISO strings.
 """
