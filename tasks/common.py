@@ -1,4 +1,9 @@
-"""Shared task settings and small I/O helpers used by every flow."""
+"""Shared task settings and small I/O helpers used by every flow.
+
+Tasks are not cached by Prefect: DVC alone decides which stage reruns
+(``dvc.lock``), and within a stage the run store (sweep runs) and the profile
+chunks resume finished work. Tasks are retried on transient errors only.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import logging
 from pathlib import Path
 
 from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE
 
 from rollscale.config import StudyParams, load_params
 from rollscale.lm.models import ModelRef
@@ -16,8 +21,6 @@ from rollscale.pipeline.storage import write_duckdb
 log = logging.getLogger("rollscale")
 
 ARTIFACTS = Path("artifacts")
-# a task's result is reused when its inputs and its own source code are unchanged
-CACHE = INPUTS + TASK_SOURCE
 
 
 def transient(task_obj, task_run, state) -> bool:
@@ -31,8 +34,8 @@ def transient(task_obj, task_run, state) -> bool:
     return False
 
 
-cached_task = functools.partial(
-    task, cache_policy=CACHE, persist_result=True, retries=2, retry_delay_seconds=2, retry_condition_fn=transient
+retried_task = functools.partial(
+    task, cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=transient
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rollscale.config import DataParams
 from rollscale.core.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
-from tasks.common import cached_task
+from tasks.common import retried_task
 
 
 def load_pool(data: DataParams, size: int | None = None, seed: int | None = None) -> list[Problem]:
@@ -19,7 +19,7 @@ def load_pool(data: DataParams, size: int | None = None, seed: int | None = None
     return loader(path, split=data.split, skip_malformed=data.skip_malformed, limit=data.limit, **hub)
 
 
-@cached_task(name="problem-pool")
+@retried_task(name="problem-pool")
 def problem_pool(data: DataParams) -> list[Problem]:
     """The profiled pool (stable ids, so later stages can join on problem_id)."""
     return load_pool(data)
