@@ -56,10 +56,9 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
 
     study = load_params(params)  # bad config fails before any work or Prefect start-up
     with stage_lock(stage, artifacts):
-        import torch
-
-        torch.set_num_threads(study.torch_threads)
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
+        if "torch" in sys.modules:  # only the stages that use torch pay for importing it
+            sys.modules["torch"].set_num_threads(study.torch_threads)
         quiet_prefect(debug)
         with_startup_retry(lambda: flow(params_path=params, artifacts=artifacts))
 

@@ -14,9 +14,13 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from typing import TYPE_CHECKING
+
 from rollscale.config import StudyParams, load_params
-from rollscale.lm.models import ModelRef
 from rollscale.pipeline.storage import write_duckdb
+
+if TYPE_CHECKING:  # loading models pulls in torch and transformers: seconds the table stages do not need
+    from rollscale.lm.models import ModelRef
 
 log = logging.getLogger("rollscale")
 
@@ -48,6 +52,8 @@ def model_ref_path(artifacts: Path = ARTIFACTS) -> Path:
 
 
 def read_model_ref(artifacts: Path = ARTIFACTS) -> ModelRef:
+    from rollscale.lm.models import ModelRef
+
     path = model_ref_path(artifacts)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the 'base' stage first (dvc repro base)")

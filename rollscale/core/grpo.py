@@ -18,6 +18,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from rollscale.core.checks import is_int
+
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = (
     "token-mean",
@@ -28,10 +30,6 @@ AGG_MODES: tuple[str, ...] = (
 
 # verl clamps the log-ratio of the k3 estimator to this range so that exp() stays finite.
 _K3_LOG_RATIO_CLAMP = 20.0
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _describe(x) -> str:
@@ -139,7 +137,7 @@ class LossConfig:
             raise ValueError(f"entropy_coef must be a finite number >= 0, got {self.entropy_coef!r}")
         if not isinstance(self.zero_var_filter, bool):
             raise ValueError(f"zero_var_filter must be a bool, got {self.zero_var_filter!r}")
-        if self.max_new_tokens is not None and (not _is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
             raise ValueError(f"max_new_tokens must be a positive int or None, got {self.max_new_tokens!r}")
         if self.agg_mode == "seq-mean-token-sum-norm" and self.max_new_tokens is None:
             raise ValueError("agg_mode 'seq-mean-token-sum-norm' needs max_new_tokens (its normaliser)")
@@ -349,9 +347,9 @@ def overlong_penalty(lengths, max_new_tokens: int, cache_len: int) -> np.ndarray
     if ``L_max - L_cache < L <= L_max``, and ``-1`` if ``L > L_max``. Added to the
     verifier reward.
     """
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not _is_int(cache_len) or not 1 <= cache_len <= max_new_tokens:
+    if not is_int(cache_len) or not 1 <= cache_len <= max_new_tokens:
         raise ValueError(f"cache_len must be an int in [1, max_new_tokens={max_new_tokens}], got {cache_len!r}")
     lengths_arr = np.asarray(lengths, dtype=np.float64)
     if not np.all(np.isfinite(lengths_arr)) or np.any(lengths_arr < 0):
