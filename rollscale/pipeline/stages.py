@@ -150,7 +150,10 @@ def dvc_changes(root: str | os.PathLike[str] | None = None, stage: str | None = 
                 continue
             for kind, items in entry.items():
                 for path, how in (items.items() if isinstance(items, dict) else [(items, "")]):
-                    reasons.append(f"{kind.replace('changed ', '')} {path}: {how}".strip())
+                    if isinstance(how, dict):  # a params file: key -> modified / new / deleted
+                        reasons += [f"param {key} ({path}): {change}" for key, change in how.items()]
+                    else:
+                        reasons.append(f"{kind.replace('changed ', '')} {path}: {how}".strip())
         changes[name] = reasons
     return changes
 
