@@ -38,8 +38,8 @@ def _is(err: BaseException, name: str) -> bool:
 
 def explain(err: BaseException) -> tuple[str, int]:
     """The message to print for ``err`` and the exit status."""
-    if _is(err, "ParamsError"):
-        return _first_lines(err), 2
+    if _is(err, "ParamsError"):  # one line per bad key, each naming its key path
+        return "\n  ".join(line.strip() for line in str(err).strip().splitlines()[:8] if line.strip()), 2
     if _is(err, "DataRowError"):
         return f"bad data row at {err.where}: {_first_lines(err.reason, 1)}; fix or remove that row", 2
     if _is(err, "BucketError"):
