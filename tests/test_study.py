@@ -42,6 +42,7 @@ TINY = {
               "eval_every": 4, "eval_k": 2, "checkpoint_every": 4, "train": {"lr_base": 1e-3, "warmup_steps": 0}},
 }
 PREPARED = ("base", "profile", "bucket")
+WALL_TIMES = ["t_generate", "t_score", "t_train", "t_eval"]
 
 
 def merged(base: dict, over: dict) -> dict:
@@ -81,6 +82,13 @@ def copy_study(prepared: Path, dest: Path, stages=PREPARED) -> Path:
     for stage in stages:
         shutil.copytree(prepared / "artifacts" / stage, art / stage, copy_function=shutil.copy2)
     return art
+
+
+def sweep_rows(artifacts: Path, kind: str) -> pd.DataFrame:
+    """One table of a sweep (steps or evals) without wall times, in run and step order."""
+    files = sorted((artifacts / "sweep" / "runs").glob(f"*/{kind}-*.parquet"))
+    df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return df.drop(columns=[c for c in WALL_TIMES if c in df]).sort_values(["run_id", "step"]).reset_index(drop=True)
 
 
 def test_study_covers_every_stage_the_cli_runs_in_dvc_order():
