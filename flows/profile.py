@@ -10,6 +10,7 @@ killed profile resumes where it stopped.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -56,6 +57,8 @@ def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
         raise RuntimeError("profile: chunks raised errors (the others are stored):\n  " + "\n  ".join(errors))
     profile = pd.concat([pd.read_parquet(work / f"chunk-{i:05d}.parquet") for i in range(len(chunks))], ignore_index=True)
     write_parquet_atomic(profile, out / "profile.parquet")
+    for old in (p for p in (out / "chunks").iterdir() if p.is_dir() and p != work):
+        shutil.rmtree(old, ignore_errors=True)  # chunks of a key no longer current are never read again
     refresh_duckdb(Path(artifacts))
     print(f"profile: mean avg@{k} = {profile['avg_at_k'].mean():.3f}; "
           f"{(profile['avg_at_k'] == 0).mean():.0%} at 0, {(profile['avg_at_k'] == 1).mean():.0%} at 1")

@@ -9,7 +9,6 @@ what was expected (:class:`ParamsError`).
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -338,9 +337,6 @@ class MeasureParams(_Section):
         return v
 
 
-_CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
-# one cron field: a value, range or list, each with an optional step ("*/15", "1-5", "mon,wed")
-_CRON_FIELD = re.compile(r"^(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?(,(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?)*$")
 
 
 class ScheduleParams(_Section):
@@ -366,12 +362,17 @@ class ScheduleParams(_Section):
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str | None) -> str | None:
-        if v is None or v.strip().lower() in _CRON_MACROS:
+        if v is None:
             return v
-        fields = v.split()
-        if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+        # Prefect's own schedule validation (croniter): what it accepts is what `serve` can run.
+        # Imported here: loading Prefect costs seconds, and only a set cron needs it.
+        from prefect.client.schemas.schedules import CronSchedule
+
+        try:
+            CronSchedule(cron=v)
+        except ValueError:
             raise ValueError(f"expected a cron string of five fields (minute hour day month weekday), "
-                             f"e.g. '0 3 * * *', or one of {sorted(_CRON_MACROS)}, got {v!r}")
+                             f"e.g. '0 3 * * *', or a macro such as '@daily', got {v!r}") from None
         return v
 
     @field_validator("timezone")

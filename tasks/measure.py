@@ -9,7 +9,7 @@ from rollscale.lm.models import ModelRef, add_lora, load_model
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.train.trainer import GRPOTrainer, RunConfig
-from tasks.common import cached_task
+from tasks.common import retried_task
 from tasks.models import resolve_device
 
 NOISE_STEP_COLUMNS = [
@@ -18,7 +18,7 @@ NOISE_STEP_COLUMNS = [
 ]
 
 
-@cached_task(name="measure-noise")
+@retried_task(name="measure-noise")
 def measure_noise(
     ref: ModelRef, config: RunConfig, bucket: str, train: list[Problem], val: list[Problem], steps: int,
     lora: LoraParams | None = None, device: str = "auto",

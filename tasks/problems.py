@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from rollscale.config import DataParams
 from rollscale.core.problem_sources import mix_problems, table_problems
 from rollscale.core.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
-from tasks.common import cached_task
+from tasks.common import retried_task
 
 
 def table_pool(data: DataParams) -> list[Problem]:
@@ -34,20 +32,8 @@ def load_pool(data: DataParams, size: int | None = None, seed: int | None = None
     return loader(path, split=data.split, skip_malformed=data.skip_malformed, limit=data.limit, **hub)
 
 
-def data_files_state(data: DataParams) -> str:
-    """Path, size and modification time of every local data file: part of the pool's
-    cache key, so an edited file is read again (its params are unchanged)."""
-    paths = [data.path] if data.path else []
-    paths += [t.path for t in data.tables if t.path is not None]
-    return ";".join(f"{p}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in paths)
-
-
-@cached_task(name="problem-pool")
-def _problem_pool(data: DataParams, files_state: str) -> list[Problem]:
+@retried_task(name="problem-pool")
+def problem_pool(data: DataParams) -> list[Problem]:
+    """The profiled pool (stable ids, so later stages can join on problem_id)."""
     return load_pool(data)
 
-
-def problem_pool(data: DataParams) -> list[Problem]:
-    """The profiled pool (stable ids, so later stages can join on problem_id); cached
-    on the params, the code and the state of the local data files."""
-    return _problem_pool(data, data_files_state(data))

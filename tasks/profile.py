@@ -8,11 +8,11 @@ from rollscale.config import SamplingParams
 from rollscale.lm.models import ModelRef
 from rollscale.core.problems import Problem
 from rollscale.core.profiling import count_correct, profile_problems
-from tasks.common import cached_task
+from tasks.common import retried_task
 from tasks.models import cached_sampler, renderer, sampling_config
 
 
-@cached_task(name="profile-chunk")
+@retried_task(name="profile-chunk")
 def profile_chunk(ref: ModelRef, problems: list[Problem], k: int, k_extreme: int, sampling: SamplingParams, seed: int) -> pd.DataFrame:
     """avg@k for one chunk of problems, plus k_extreme - k more samples where avg@k = 0."""
     sampler = cached_sampler(ref, sampling.backend, sampling.batch_size, sampling.seed)

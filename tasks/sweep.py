@@ -68,8 +68,10 @@ def train_run(
     )
     exporter = trackers and RunExporter(trackers, run_dir_path, config.run_id, config.to_dict())
     store = ExportingRunStore(run_dir_path, exporter) if exporter else RunStore(run_dir_path)
-    with Progress(config.c_max, config.run_id, unit="rollouts") as bar:
-        last = {"c": 0, "eval": ""}
+    resumed = store.latest()  # a resumed run's bar starts at its committed C, not at 0
+    start = min(int(resumed.state.get("c", 0)), config.c_max) if resumed else 0
+    with Progress(config.c_max, config.run_id, unit="rollouts", initial=start) as bar:
+        last = {"c": start, "eval": ""}
 
         def progress(c: int, c_max: int) -> None:
             bar.update(min(c, c_max) - last["c"], val=last["eval"])

@@ -16,11 +16,12 @@ from typing import Literal
 import numpy as np
 import torch
 
+from rollscale.core.checks import is_int
+
 # per-token log-probabilities (memory-bounded) and the overlong / learning-rate rules
 # live in their own modules; re-exported here, the step's one import
 from rollscale.core.logprobs import token_logprobs_and_entropy  # noqa: F401
 from rollscale.core.shaping import (  # noqa: F401
-    is_int,
     overlong_filter_mask,
     overlong_penalty,
     sqrt_scaled_lr,

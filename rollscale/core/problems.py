@@ -254,7 +254,8 @@ def _jsonl_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as e:
-                yield where, _BadRow(f"bad JSON ({e.msg}: column {e.colno})")  # msg may end in "at"
+                # some of json's messages end in "at" themselves ("Invalid control character at")
+                yield where, _BadRow(f"bad JSON ({e.msg.removesuffix(' at')} at column {e.colno})")
                 continue
             yield where, row
 

@@ -9,10 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-
-def is_int(value) -> bool:
-    """An int (numpy ints too), not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+from rollscale.core.checks import is_int
 
 
 def overlong_filter_mask(truncated: Sequence[bool]) -> np.ndarray:
