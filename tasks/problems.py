@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from rollscale.config import DataParams
 from rollscale.core.problem_sources import mix_problems, table_problems
 from rollscale.core.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
 from tasks.common import retried_task
+
+log = logging.getLogger("rollscale")
 
 
 def table_pool(data: DataParams) -> list[Problem]:
@@ -32,8 +37,22 @@ def load_pool(data: DataParams, size: int | None = None, seed: int | None = None
     return loader(path, split=data.split, skip_malformed=data.skip_malformed, limit=data.limit, **hub)
 
 
+# dvc.yaml lists this folder among the deps of the stages that read the pool (data/README.md)
+DATA_DIR = Path("data")
+
+
+def unwatched_files(data: DataParams) -> list[str]:
+    """Local data files outside ``data/``: read all the same, but DVC cannot see them change."""
+    paths = ([data.path] if data.path else []) + [t.path for t in data.tables if t.path is not None]
+    watched = DATA_DIR.resolve()
+    return [str(p) for p in paths if not Path(p).resolve().is_relative_to(watched)]
+
+
 @retried_task(name="problem-pool")
 def problem_pool(data: DataParams) -> list[Problem]:
     """The profiled pool (stable ids, so later stages can join on problem_id)."""
+    for path in unwatched_files(data):
+        log.warning("data file %s is outside data/: DVC will not rerun the study when it changes "
+                    "(move it under data/, or run `dvc repro --force base` after editing it)", path)
     return load_pool(data)
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -132,3 +133,14 @@ def test_changed_param_reruns_only_what_depends_on_it(clone):
     # a dry run cannot know profile's new output yet, so only profile shows as running
     assert "Running stage 'profile'" in r.stdout, r.stdout
     assert "Running stage 'base'" not in r.stdout and "Stage 'base' didn't change" in r.stdout, r.stdout
+
+
+def test_a_new_data_file_makes_the_pool_stages_stale(clone):
+    root, env = clone
+    extra = root / "data" / "extra.jsonl"
+    extra.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    try:
+        r = run(["dvc", "status"], root, env)
+        assert "base:" in r.stdout and "profile:" in r.stdout and re.search(r"modified:\s+data\b", r.stdout), r.stdout
+    finally:
+        extra.unlink()

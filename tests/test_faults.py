@@ -201,10 +201,15 @@ def test_disk_full_mid_run_fails_clearly_and_keeps_earlier_results(prepared, sma
     check_complete_rows(run_dir, 320, 5)
 
 
+def results(art: Path) -> dict[Path, bytes]:
+    """Every file under ``art`` but the stage locks (filelock leaves its empty lock file behind)."""
+    return {p: p.read_bytes() for p in art.rglob("*") if p.is_file() and p.name != ".stage.lock"}
+
+
 def test_full_or_read_only_artifacts_folder_fails_before_any_work(prepared, small_disk):
     art = copy_study(prepared, small_disk)
     params = write_params(small_disk.parent)
-    before = {p: p.read_bytes() for p in art.rglob("*") if p.is_file()}
+    before = results(art)
 
     filler = fill(small_disk)
     r = cli(art, "run", "bucket", "--params", str(params))
@@ -217,4 +222,4 @@ def test_full_or_read_only_artifacts_folder_fails_before_any_work(prepared, smal
     r = cli(art, "run", "sweep", "--params", str(params))
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"rollscale: artifacts folder {art / 'sweep'} is not writable (Read-only file system)" in r.stderr
-    assert {p: p.read_bytes() for p in art.rglob("*") if p.is_file()} == before
+    assert results(art) == before

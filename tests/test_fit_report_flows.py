@@ -12,6 +12,7 @@ import yaml
 from flows.fit import fit_flow
 from flows.report import report_flow
 from rollscale.pipeline.storage import query, write_parquet_atomic
+from rollscale.train.checkpoint import RunStore
 
 D = 200
 B_PROBLEM = 8
@@ -26,7 +27,7 @@ def _reward(c, r0, a, c_mid, beta):
 
 
 def _write_sweep(root, rng):
-    """runs/<run_id>/run.parquet, steps-*.parquet and evals-*.parquet, two checkpoints each."""
+    """runs/<run_id>/run.parquet, steps-*.parquet and evals-*.parquet, committed by two checkpoints each."""
     for n, theta in CURVES.items():
         run_id = f"np{B_PROBLEM}_nr{n}_uniform_s0"
         m = C_MAX // (n * B_PROBLEM)
@@ -45,10 +46,10 @@ def _write_sweep(root, rng):
                                   "t_train": 0.05})
         run_dir = root / "sweep" / "runs" / run_id
         half = len(evals) // 2
-        for part, (e, s) in enumerate(((evals[:half], step_rows[: len(step_rows) // 2]),
-                                       (evals[half:], step_rows[len(step_rows) // 2:]))):
-            write_parquet_atomic(e, run_dir / f"evals-{part:06d}.parquet")
-            write_parquet_atomic(s, run_dir / f"steps-{part:06d}.parquet")
+        store = RunStore(run_dir)  # committed by checkpoint manifests, as the sweep commits them
+        for e, s in ((evals[:half], step_rows[: len(step_rows) // 2]), (evals[half:], step_rows[len(step_rows) // 2:])):
+            store.save(int(e["step"].iloc[-1]), {}, {}, {"c": int(e["c"].iloc[-1])},
+                       step_rows=s.to_dict("records"), eval_rows=e.to_dict("records"))
         write_parquet_atomic(pd.DataFrame([{
             "run_id": run_id, "bucket": "easy", "n": n, "b_problem": B_PROBLEM, "m": n, "rule": "uniform", "seed": 0,
             "c_max": C_MAX, "lr": 1e-4, "kl_coef": 0.001, "entropy_coef": 0.001, "status": "finished",

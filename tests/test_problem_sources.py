@@ -170,15 +170,17 @@ def test_params_table_source_and_key_path_errors(tmp_path: Path) -> None:
         parse_params({"data": {"source": "table"}})
 
 
-def test_pool_cache_key_follows_the_files(tmp_path: Path) -> None:
-    """An edited table (same params) changes the problem-pool task's cache key."""
-    from tasks.problems import data_files_state
+def test_data_files_outside_data_dir_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DVC watches data/ (dvc.yaml deps of the stages that read the pool); a table elsewhere is named."""
+    from tasks.problems import unwatched_files
 
-    path = _write_jsonl(tmp_path / "t.jsonl", _trl_rows(3))
-    data = parse_params({"data": {"source": "table", "tables": [{"path": str(path), "answer": "solution"}]}}).data
-    before = data_files_state(data)
-    _write_jsonl(path, _trl_rows(4))
-    assert data_files_state(data) != before and str(path) in before
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    inside = _write_jsonl(tmp_path / "data" / "t.jsonl", _trl_rows(3))
+    outside = _write_jsonl(tmp_path / "elsewhere.jsonl", _trl_rows(3))
+    tables = [{"path": str(p), "answer": "solution"} for p in (inside, outside)]
+    data = parse_params({"data": {"source": "table", "tables": tables}}).data
+    assert unwatched_files(data) == [str(outside)]
 
 
 def test_hub_table_with_config_and_split(monkeypatch: pytest.MonkeyPatch) -> None:

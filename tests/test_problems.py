@@ -279,5 +279,5 @@ def test_bad_json_message_reads_once(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "cut.jsonl", [_gsm8k_row(1), '{"question": "What is'])
     with pytest.raises(DataRowError) as info:
         gsm8k_problems(path)
-    assert "cut.jsonl line 2: bad JSON (Invalid control character at: column 22)" in str(info.value)
+    assert "cut.jsonl line 2: bad JSON (Invalid control character at column 22)" in str(info.value)
     assert "at at" not in str(info.value)

@@ -58,17 +58,23 @@ def api(url: str, method: str = "GET", body: dict | None = None) -> dict | None:
     """A call to the Prefect REST API; None while it is not up or the object does not exist yet."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as err:
-        if err.code == 404:
+    for attempt in range(6):
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return None
+            # 503: the busy server refused the request (its database was locked) without acting on
+            # it, so even a POST may be sent again
+            if err.code == 503 and attempt < 5:
+                time.sleep(2)
+                continue
+            raise AssertionError(f"{method} {url}: HTTP {err.code}: {err.read()[:500]!r}") from None
+        except (OSError, ValueError):  # not listening yet (a POST is never retried: it could run twice)
+            if method != "GET":
+                raise
             return None
-        raise AssertionError(f"{method} {url}: HTTP {err.code}: {err.read()[:500]!r}") from None
-    except (OSError, ValueError):  # not listening yet (a POST is never retried: it could run twice)
-        if method != "GET":
-            raise
-        return None
 
 
 def test_schedule_params_are_checked():

@@ -77,6 +77,13 @@ def test_stage_deps_cover_every_project_file_it_imports(stage):
     assert not uncovered, f"dvc.yaml stages.{stage}.deps miss: {uncovered}"
 
 
+def test_stages_that_read_the_problem_pool_watch_the_data_folder():
+    readers = [s for s in STAGES if REPO / "tasks" / "problems.py" in stage_files(s)]
+    assert "base" in readers and "profile" in readers
+    assert all("data" in STAGES[s]["deps"] for s in readers)
+    assert (REPO / "data").is_dir()  # DVC fails a stage whose dep is missing
+
+
 @pytest.mark.slow
 def test_source_reading_finds_every_project_file_python_loads():
     env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PATH": "", "PYTHONPATH": str(REPO)}

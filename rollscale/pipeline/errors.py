@@ -51,7 +51,7 @@ def explain(err: BaseException) -> tuple[str, int]:
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
         text = _first_lines(err.strerror or err) + where
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno in (errno.ENOSPC, errno.EDQUOT) and "free space" not in text:
             text += "; the disk is full: free space and run the stage again (finished work is kept)"
         return text, 1
     if isinstance(err, RuntimeError) and "ephemeral Prefect API server" in str(err):

@@ -190,7 +190,8 @@ def stage_running(artifacts: str | os.PathLike[str], stage: str) -> bool:
 def _not_writable(folder: Path, stage: str, err: OSError) -> ArtifactsNotWritableError:
     return ArtifactsNotWritableError(
         err.errno or errno.EIO,
-        f"artifacts folder {folder} is not writable ({err.strerror or err}): stage {stage!r} did not start; "
+        f"artifacts folder {folder} is not writable ({os.strerror(err.errno) if err.errno else err}): "
+        f"stage {stage!r} did not start; "
         "earlier results are unchanged; free space or fix the permissions and run it again",
     )
 
