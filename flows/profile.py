@@ -1,6 +1,7 @@
 """Stage ``profile``: the base model's difficulty per problem, avg@k (science §2).
 
-Every problem of the pool gets k samples (temperature and top_p from params),
+Every problem of the pool gets k samples from the engine ``sampling.backend``
+names (temperature and top_p from params, one seed per problem and sample),
 scored 0/1 by its verifier; problems with no correct answer get more samples
 up to k_extreme, to tell Extremely hard ones apart. The pool is profiled in
 chunks; each finished chunk is stored, so a killed profile resumes where it
@@ -19,6 +20,8 @@ from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.storage import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.problems import problem_pool
+from rollscale.lm.engines import derive_seed
+from tasks.models import close_engines
 from tasks.profile import profile_chunk
 
 
@@ -40,13 +43,16 @@ def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
                            ",".join(p.problem_id for p in pool), str(size)])
     done = {int(p.stem.split("-")[1]) for p in work.glob("chunk-*.parquet")}
     print(f"profile: {len(pool)} problems x {k} samples in {len(chunks)} chunks ({len(done)} already done)")
-    with Progress(len(pool), "profile", unit="problems", initial=sum(len(chunks[i]) for i in done)) as bar:
-        for i, problems in enumerate(chunks):
-            if i in done:
-                continue
-            table = profile_chunk(ref, problems, k, k_extreme, params.sampling, params.sampling.seed + 1000 * i)
-            write_parquet_atomic(table, work / f"chunk-{i:05d}.parquet")
-            bar.update(len(problems), mean_avg=f"{table['avg_at_k'].mean():.3f}")
+    try:
+        with Progress(len(pool), "profile", unit="problems", initial=sum(len(chunks[i]) for i in done)) as bar:
+            for i, problems in enumerate(chunks):
+                if i in done:
+                    continue
+                table = profile_chunk(ref, problems, k, k_extreme, params.sampling, derive_seed(params.sampling.seed, i))
+                write_parquet_atomic(table, work / f"chunk-{i:05d}.parquet")
+                bar.update(len(problems), mean_avg=f"{table['avg_at_k'].mean():.3f}")
+    finally:
+        close_engines()  # the next stage starts with the engine's memory free
     profile = pd.concat([pd.read_parquet(work / f"chunk-{i:05d}.parquet") for i in range(len(chunks))], ignore_index=True)
     write_parquet_atomic(profile, out / "profile.parquet")
     refresh_duckdb(Path(artifacts))

@@ -1,12 +1,14 @@
-"""Model and sampler construction shared by the profile, measure and sweep tasks."""
+"""Model and sampling-engine construction shared by the profile, measure and sweep tasks."""
 
 from __future__ import annotations
 
 import functools
 
 from rollscale.config import SamplingParams
+from rollscale.lm.engines import EngineConfig, SamplingEngine, make_engine
+from rollscale.lm.engines.base import free_accelerator_memory
 from rollscale.lm.models import ModelRef, load_model, render_prompt
-from rollscale.lm.sampling import HFSampler, SamplingConfig
+from rollscale.lm.sampling import SamplingConfig
 
 
 @functools.lru_cache(maxsize=2)
@@ -15,19 +17,39 @@ def cached_model(ref: ModelRef):
     return load_model(ref)
 
 
-@functools.lru_cache(maxsize=2)
-def cached_sampler(ref: ModelRef, backend: str, batch_size: int, seed: int):
-    if backend == "vllm":
-        from rollscale.lm.sampling import VLLMSampler  # GPU only; never imported on the CPU path
+# one engine per (model, engine settings) in this process, until the stage ends (close_engines)
+_ENGINES: dict[tuple[ModelRef, EngineConfig], SamplingEngine] = {}
 
-        return VLLMSampler(ref.name_or_path, seed=seed)
-    model, tokenizer = cached_model(ref)
-    return HFSampler(model, tokenizer, batch_size=batch_size)
+
+def engine_config(s: SamplingParams) -> EngineConfig:
+    return EngineConfig(
+        backend=s.backend, batch_size=s.batch_size, dtype=s.engine_dtype, gpu_memory_fraction=s.gpu_memory_fraction,
+        cpu_kv_cache_gb=s.cpu_kv_cache_gb, max_model_len=s.max_model_len, enable_sleep=s.enable_sleep,
+    )
+
+
+def stage_engine(ref: ModelRef, sampling: SamplingParams) -> SamplingEngine:
+    """The stage's engine for the base model, built on first use (``sampling.backend``)."""
+    key = (ref, engine_config(sampling))
+    if key not in _ENGINES:
+        model, tokenizer = cached_model(ref)
+        _ENGINES[key] = make_engine(model, tokenizer, key[1])
+    return _ENGINES[key]
+
+
+def close_engines() -> None:
+    """End of a stage: shut its engines down and drop the cached models, so the next stage
+    starts with the memory free (a vLLM engine would otherwise hold its share of the GPU)."""
+    while _ENGINES:
+        _ENGINES.popitem()[1].close()
+    cached_model.cache_clear()
+    free_accelerator_memory()
 
 
 def sampling_config(s: SamplingParams) -> SamplingConfig:
     return SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens)
 
 
-def renderer(ref: ModelRef, sampler):
-    return functools.partial(render_prompt, sampler.tokenizer, use_chat_template=ref.chat_template)
+def renderer(ref: ModelRef, engine: SamplingEngine, sampling: SamplingParams):
+    return functools.partial(render_prompt, engine.tokenizer, use_chat_template=ref.chat_template,
+                             chat_template_kwargs=sampling.chat_template_kwargs)
