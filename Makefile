@@ -43,7 +43,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm
+	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm tests/test_engines_vllm.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) artifacts .dvc/cache dvc.lock

