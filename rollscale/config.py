@@ -130,6 +130,8 @@ class SamplingParams(_Section):
     max_model_len: int | None = Field(None, ge=1)
     # vLLM sleep mode around the backward (frees the KV cache, GPU only)
     enable_sleep: bool = False
+    # vLLM without compilation / CUDA graphs: starts in seconds, decodes slower
+    engine_eager: bool = False
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     # 0 disables top-k (transformers would otherwise apply top_k=50 silently)

@@ -24,7 +24,7 @@ _ENGINES: dict[tuple[ModelRef, EngineConfig], SamplingEngine] = {}
 def engine_config(s: SamplingParams) -> EngineConfig:
     return EngineConfig(
         backend=s.backend, batch_size=s.batch_size, dtype=s.engine_dtype, gpu_memory_fraction=s.gpu_memory_fraction,
-        cpu_kv_cache_gb=s.cpu_kv_cache_gb, max_model_len=s.max_model_len, enable_sleep=s.enable_sleep,
+        cpu_kv_cache_gb=s.cpu_kv_cache_gb, max_model_len=s.max_model_len, enable_sleep=s.enable_sleep, eager=s.engine_eager,
     )
 
 

