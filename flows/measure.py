@@ -21,6 +21,7 @@ from rollscale.pipeline.storage import write_parquet_atomic
 from rollscale.train.sweep import run_configs
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise
+from tasks.parallel import local_runner, run_all
 from tasks.models import sampling_config
 from flows.sweep import bucket_problems
 
@@ -37,12 +38,18 @@ def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
         "bucket": m.bucket, "design": "rollout_axis", "n": m.n, "b_problem": [m.b_problem], "rules": ["uniform"],
         "seeds": [m.seed], "b_max": max(m.n) * m.b_problem, "c_max": 10**12, "noise_every": 1,
     })
-    steps, prompts = [], []
-    for config in run_configs(design, sampling_config(params.sampling)):
+    configs = run_configs(design, sampling_config(params.sampling))
+    for config in configs:
         print(f"measure: n = {config.n}, B_problem = {config.b_problem}, {m.steps} steps on {m.bucket!r}")
-        out = measure_noise(ref, config, m.bucket, train, val, m.steps, params.model.lora)
-        steps.append(out["noise_steps"])
-        prompts.append(out["noise_prompts"])
+    # one unit per n, side by side; each is seeded by its run config, not by the worker
+    units = [{"ref": ref, "config": c, "bucket": m.bucket, "train": train, "val": val, "steps": m.steps,
+              "lora": params.model.lora, "device": params.model.device} for c in configs]
+    results, errors = run_all(local_runner(params.workers, params.torch_threads), measure_noise, units,
+                              [f"n = {c.n}" for c in configs])
+    if errors:
+        raise RuntimeError("measure: group sizes raised errors:\n  " + "\n  ".join(errors))
+    steps = [results[i]["noise_steps"] for i in range(len(configs))]
+    prompts = [results[i]["noise_prompts"] for i in range(len(configs))]
     noise_steps, noise_prompts = pd.concat(steps, ignore_index=True), pd.concat(prompts, ignore_index=True)
     out_dir = root / "measure"
     write_parquet_atomic(noise_steps, out_dir / "noise_steps.parquet")

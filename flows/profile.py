@@ -4,13 +4,14 @@ Every problem of the pool gets k samples from the engine ``sampling.backend``
 names (temperature and top_p from params, one seed per problem and sample),
 scored 0/1 by its verifier; problems with no correct answer get more samples
 up to k_extreme, to tell Extremely hard ones apart. The pool is profiled in
-chunks; each finished chunk is stored, so a killed profile resumes where it
-stopped.
+chunks, side by side on the machine's cores; each finished chunk is stored, so a
+killed profile resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +19,7 @@ from prefect import flow
 
 from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.storage import write_parquet_atomic
+from tasks.parallel import local_runner, run_all
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.problems import problem_pool
 from rollscale.lm.engines import derive_seed
@@ -43,18 +45,26 @@ def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
                            ",".join(p.problem_id for p in pool), str(size)])
     done = {int(p.stem.split("-")[1]) for p in work.glob("chunk-*.parquet")}
     print(f"profile: {len(pool)} problems x {k} samples in {len(chunks)} chunks ({len(done)} already done)")
+    todo = [i for i in range(len(chunks)) if i not in done]
+    # seeded per chunk (its index), so the table is the same whichever worker profiles it
+    units = [{"ref": ref, "problems": chunks[i], "k": k, "k_extreme": k_extreme, "sampling": params.sampling,
+              "seed": derive_seed(params.sampling.seed, i), "device": params.model.device} for i in todo]
     try:
         with Progress(len(pool), "profile", unit="problems", initial=sum(len(chunks[i]) for i in done)) as bar:
-            for i, problems in enumerate(chunks):
-                if i in done:
-                    continue
-                table = profile_chunk(ref, problems, k, k_extreme, params.sampling, derive_seed(params.sampling.seed, i))
-                write_parquet_atomic(table, work / f"chunk-{i:05d}.parquet")
-                bar.update(len(problems), mean_avg=f"{table['avg_at_k'].mean():.3f}")
+            def store(j: int, table: pd.DataFrame) -> None:  # each finished chunk is kept at once
+                write_parquet_atomic(table, work / f"chunk-{todo[j]:05d}.parquet")
+                bar.update(len(table), mean_avg=f"{table['avg_at_k'].mean():.3f}")
+
+            _, errors = run_all(local_runner(params.workers, params.torch_threads), profile_chunk, units,
+                                [f"chunk {i}" for i in todo], store)
     finally:
-        close_engines()  # the next stage starts with the engine's memory free
+        close_engines()  # an in-process worker's engine; pool workers release theirs when they exit
+    if errors:
+        raise RuntimeError("profile: chunks raised errors (the others are stored):\n  " + "\n  ".join(errors))
     profile = pd.concat([pd.read_parquet(work / f"chunk-{i:05d}.parquet") for i in range(len(chunks))], ignore_index=True)
     write_parquet_atomic(profile, out / "profile.parquet")
+    for old in (p for p in (out / "chunks").iterdir() if p.is_dir() and p != work):
+        shutil.rmtree(old, ignore_errors=True)  # chunks of a key no longer current are never read again
     refresh_duckdb(Path(artifacts))
     print(f"profile: mean avg@{k} = {profile['avg_at_k'].mean():.3f}; "
           f"{(profile['avg_at_k'] == 0).mean():.0%} at 0, {(profile['avg_at_k'] == 1).mean():.0%} at 1")

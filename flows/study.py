@@ -1,109 +1,92 @@
 """The whole study as one flow: every stage of ``dvc.yaml`` in its order (base,
-profile, bucket, sweep, fit, report, and any stage added there), each run as
-its own stage flow.
+profile, bucket, measure, sweep, fit, report, and any stage added there).
 
-A stage is recomputed only when something it depends on changed: its params
-sections, its code, or the outputs of the stages before it (the stage
-fingerprint of :mod:`rollscale.pipeline.status`). Otherwise it is skipped, so a study
-that stopped (or whose params changed late in the chain) goes on where it
-matters. Each stage still runs alone (``rollscale run <stage>``, ``dvc
-repro``) and records the same fingerprint, so the three ways agree on what is
-done. ``rollscale serve`` serves this flow as a Prefect deployment on the cron
-schedule of ``params.schedule``.
+DVC alone decides what reruns: each chosen stage is asked of ``dvc status``
+and, when stale (or forced), reproduced by ``dvc repro --single-item``, which
+runs the stage's own flow (``python -m flows <stage>``) and records it in
+``dvc.lock``. So ``dvc repro``, ``rollscale study`` and the scheduled
+deployment can never disagree about what is done. The stages started here
+reuse this flow's Prefect API (no second server start-up). ``rollscale
+serve`` serves this flow as a Prefect deployment on the cron schedule of
+``params.schedule``. Started by ``rollscale study`` / ``rollscale serve`` as
+``python -m flows.study [study|serve] [--params] [--stages a,b] [--force]``.
 """
 
 from __future__ import annotations
 
-import importlib
+import argparse
 import os
-from collections.abc import Callable, Mapping, Sequence
+import subprocess
+import sys
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, task
 
 from rollscale.config import load_params
-from rollscale.pipeline.status import (
-    StageSpec,
-    changed_inputs,
-    load_stage_specs,
-    read_marker,
-    stage_fingerprint,
-    stage_run,
-    stage_status,
-)
-
-ARTIFACTS = "artifacts"
+from rollscale.pipeline.stages import dvc_changes, load_stage_specs, project_root, select_stages
 
 
-def select_stages(specs: Mapping[str, StageSpec], stages: Sequence[str] | None) -> list[str]:
-    """The chosen stages in study order; None or empty = all of them."""
-    if not stages:
-        return list(specs)
-    unknown = [s for s in stages if s not in specs]
-    if unknown:
-        raise ValueError(f"stages: unknown stage(s) {unknown} (dvc.yaml has: {', '.join(specs)})")
-    return [s for s in specs if s in stages]
+def _api_url() -> str | None:
+    """This process's Prefect API (the temporary server it started, or PREFECT_API_URL)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return str(client.api_url)
 
 
-def stage_flow(stage: str) -> Callable[..., object]:
-    """The flow ``<stage>_flow`` of ``flows/<stage>.py``, imported only when the stage runs."""
-    return getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
+@task(name="reproduce-stage")
+def reproduce(stage: str, root: str, force: bool) -> None:
+    """``dvc repro --single-item <stage>`` in the project folder; raises if the stage failed."""
+    env = dict(os.environ)
+    url = _api_url()
+    if url and url.startswith("http"):
+        env["PREFECT_API_URL"] = url
+    cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", *(["--force"] if force else []), stage]
+    done = subprocess.run(cmd, cwd=root, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"stage {stage!r} failed (dvc repro exit {done.returncode}); its error is printed above")
 
 
 @flow(name="study")
-def study_flow(
-    params_path: str = "params.yaml",
-    artifacts: str = ARTIFACTS,
-    stages: list[str] | None = None,
-    force: bool = False,
-) -> dict[str, str]:
+def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None, force: bool = False,
+               project: str | None = None) -> dict[str, str]:
     """Run the chosen stages (default all) in order; returns stage -> "ran" | "skipped"."""
-    study = load_params(params_path)
-    specs = load_stage_specs()
-    chosen = select_stages(specs, stages)
-    import torch
-
-    torch.set_num_threads(study.torch_threads)
+    root = project_root(project)
+    load_params(Path(root) / params_path if not Path(params_path).is_absolute() else params_path)
+    chosen = select_stages(load_stage_specs(root), stages)
     outcome: dict[str, str] = {}
     for name in chosen:
-        status = stage_status(specs[name], study, artifacts)
-        if status.state == "done" and not force:
-            print(f"study: {name}: unchanged since {status.finished_at}, skipped")
+        changed = dvc_changes(root, name).get(name)  # asked again each time: an upstream stage may just have run
+        if not changed and not force:
+            print(f"study: {name}: up to date with dvc.lock, skipped")
             outcome[name] = "skipped"
             continue
-        marker = read_marker(artifacts, name)
-        if force:
-            why = "forced"
-        elif status.state == "stale" and marker:
-            why = "changed: " + ", ".join(changed_inputs(marker, stage_fingerprint(specs[name], study, artifacts)))
-        else:
-            why = status.state
-        print(f"study: {name}: running ({why})")
-        with stage_run(name, study, artifacts, specs):
-            stage_flow(name)(params_path=params_path, artifacts=artifacts)
+        print(f"study: {name}: running ({'forced' if force else 'changed: ' + '; '.join(changed)})")
+        reproduce(name, str(root), force)
         outcome[name] = "ran"
     print("study: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
     return outcome
 
 
-def serve_study(params_path: str = "params.yaml", artifacts: str = ARTIFACTS) -> None:
+def serve_study(params_path: str = "params.yaml") -> None:
     """Serve :func:`study_flow` as the deployment of ``params.schedule`` (blocks until stopped).
 
-    Runs use ``schedule.stages`` and ``schedule.force`` with absolute paths to
-    the params file and artifacts folder, so they do not depend on where the
-    server's runner starts them. Needs a Prefect API (``PREFECT_API_URL``) for
-    runs to be started from elsewhere.
+    Runs use ``schedule.stages`` and ``schedule.force`` and the absolute path of
+    the project folder, so they do not depend on where the server's runner
+    starts them. Needs a Prefect API (``PREFECT_API_URL``) for runs to be
+    started from elsewhere.
     """
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
+    root = project_root()
     study = load_params(params_path)
     sched = study.schedule
-    stages = select_stages(load_stage_specs(), sched.stages) if sched.stages else None
+    stages = select_stages(load_stage_specs(root), sched.stages) if sched.stages else None
     if not os.environ.get("PREFECT_API_URL"):
         print("serve: PREFECT_API_URL is not set: serving against a temporary Prefect server that lives as long "
               "as this command (start one with `prefect server start` to trigger runs from elsewhere)")
-    parameters = {"params_path": str(Path(params_path).resolve()), "artifacts": str(Path(artifacts).resolve()),
+    parameters = {"params_path": str(Path(params_path).resolve()), "project": str(root),
                   "stages": stages, "force": sched.force}
     when = f"cron {sched.cron!r} ({sched.timezone})" if sched.cron else "no schedule (runs started by hand)"
     print(f"serve: deployment study/{sched.deployment}, {when}, stages {stages or 'all'}")
@@ -111,12 +94,32 @@ def serve_study(params_path: str = "params.yaml", artifacts: str = ARTIFACTS) ->
         name=sched.deployment,
         schedules=[Cron(sched.cron, timezone=sched.timezone)] if sched.cron else None,
         parameters=parameters,
-        description="The rollscale study: stages that changed since their last run",
+        description="The rollscale study: the stages DVC finds stale",
         tags=["rollscale"],
-        # loaded by module path in each run's process: independent of the working directory
+        # loaded by module path in each run's process: the runner's working directory is the project
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
 
 
+def main(argv: list[str] | None = None) -> int:
+    from flows.__main__ import quiet_prefect, setup, with_startup_retry
+    from rollscale.pipeline.errors import debug_enabled, run_guarded
+
+    parser = argparse.ArgumentParser(prog="python -m flows.study")
+    parser.add_argument("what", choices=("study", "serve"))
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--stages", type=lambda v: [s for s in v.split(",") if s], default=None)
+    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    debug = debug_enabled(args.debug)
+    setup(debug)
+    quiet_prefect(debug)
+    if args.what == "serve":
+        return run_guarded(lambda: serve_study(args.params), debug)
+    return run_guarded(lambda: with_startup_retry(
+        lambda: study_flow(params_path=args.params, stages=args.stages, force=args.force)), debug)
+
+
 if __name__ == "__main__":
-    study_flow()
+    sys.exit(main())

@@ -13,7 +13,6 @@ as failed while the others go on.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
 from pathlib import Path
@@ -25,12 +24,11 @@ from rollscale.core.problems import Problem
 from rollscale.core.profiling import problems_from_profile
 from rollscale.train.sweep import run_configs
 from rollscale.train.trainer import RunConfig, config_hash
+from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
-from tasks.sweep import train_run
-
-log = logging.getLogger("rollscale.train.sweep")
-
+from tasks.parallel import local_runner, run_all
+from tasks.sweep import train_run_in_worker
 
 def bucket_problems(artifacts: Path, bucket: str) -> tuple[list[Problem], list[Problem]]:
     """The (train, val) problems of a bucket, from the profile and bucket tables."""
@@ -78,38 +76,37 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     train, val = bucket_problems(root, sweep.bucket)
     configs = run_configs(sweep, sampling_config(params.sampling))
     runs_dir = root / "sweep" / "runs"
+    trackers = tracker_targets(params.tracking, root / "trackers")
     wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
     archive_stale_runs(runs_dir, wanted)
     print(f"sweep: {sweep.design} on bucket {sweep.bucket!r} ({len(train)} train / {len(val)} val problems), "
           f"{len(configs)} runs of C_max = {sweep.c_max:,} rollouts: {', '.join(c.run_id for c in configs)}")
-    results, errors = [], []
+    for config in configs:  # folders and what makes them valid exist before any worker starts
+        (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
+        (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
+    units = [{"ref": ref, "config": c, "bucket": sweep.bucket, "train_problems": train, "val_problems": val,
+              "run_dir": str(runs_dir / c.run_id), "lora": params.model.lora, "torch_threads": params.torch_threads,
+              "device": params.model.device, "trackers": trackers}
+             for c in configs]
+    labels = [c.run_id for c in configs]
+    for i, config in enumerate(configs, 1):
+        print(f"sweep: run {i}/{len(configs)}: {config.run_id} (B = {config.b_problem} x {config.n}, "
+              f"~{config.nominal_steps} steps, lr {config.lr:.2e})")
+
+    def finished(i: int, result) -> None:
+        if result.status == "failed":
+            print(f"sweep: {result.run_id} failed: {result.error}")
+        refresh_duckdb(root)
+
     if sweep.executor == "ray":
         from tasks.ray_sweep import train_runs_on_ray
 
-        for config in configs:  # folders and what makes them valid exist before any worker starts
-            (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
-            (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
-        results, errors = train_runs_on_ray(ref, configs, sweep.bucket, train, val, runs_dir, params.model.lora,
-                                            sweep, params.torch_threads)
-        for result in results:
-            if result.status == "failed":
-                print(f"sweep: {result.run_id} failed: {result.error}")
-    for i, config in enumerate(configs if sweep.executor == "sequential" else [], 1):
-        run_dir = runs_dir / config.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "identity.json").write_text(json.dumps(wanted[config.run_id]))
-        print(f"sweep: run {i}/{len(configs)}: {config.run_id} (B = {config.b_problem} x {config.n}, "
-              f"~{config.nominal_steps} steps, lr {config.lr:.2e})")
-        try:
-            result = train_run(ref, config, sweep.bucket, train, val, str(run_dir), params.model.lora)
-        except Exception as err:  # a broken run must not stop the others
-            log.exception("sweep: run %s failed", config.run_id)
-            errors.append(f"{config.run_id}: {type(err).__name__}: {err}")
-            continue
-        results.append(result)
-        if result.status == "failed":
-            print(f"sweep: {config.run_id} failed: {result.error}")
-        refresh_duckdb(root)
+        _, errors = train_runs_on_ray(units, labels, sweep, finished, params.model.device)
+    else:
+        print(f"sweep: {len(configs)} runs, {min(params.workers, len(configs))} side by side "
+              f"({params.torch_threads} torch thread each)")
+        _, errors = run_all(local_runner(params.workers, params.torch_threads), train_run_in_worker, units, labels,
+                            finished)
     refresh_duckdb(root)
     runs = pd.concat([pd.read_parquet(runs_dir / c.run_id / "run.parquet") for c in configs], ignore_index=True)
     print("sweep: runs\n" + runs[["run_id", "status", "steps", "c"]].to_string(index=False))

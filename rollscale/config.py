@@ -9,13 +9,14 @@ what was expected (:class:`ParamsError`).
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rollscale.core.problem_sources import TableSource
 
 
 class ParamsError(ValueError):
@@ -29,13 +30,15 @@ class _Section(BaseModel):
 class DataParams(_Section):
     """The problem pool that is profiled and bucketed (science §2)."""
 
-    source: Literal["reasoning_gym", "gsm8k", "math"] = "reasoning_gym"
+    # table = your own problem set(s), listed under `tables`
+    source: Literal["reasoning_gym", "gsm8k", "math", "table"] = "reasoning_gym"
     # reasoning-gym: dataset name, its difficulty config, pool size and seed
     name: str = "chain_sum"
     config: dict[str, Any] = Field(
         default_factory=lambda: {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2}
     )
     size: int = Field(2000, ge=1)
+    # reasoning-gym generator seed; for source table, the seed of the weighted mix
     seed: int = 1
     # "expression" = compact "12+7-45=" for the character-level tiny model
     prompt_style: Literal["question", "expression"] = "expression"
@@ -44,7 +47,10 @@ class DataParams(_Section):
     hub_id: str | None = None
     split: str = "test"
     skip_malformed: bool = False
+    # at most this many problems (source table: the size of the weighted mix; null = all the weights allow)
     limit: int | None = Field(None, ge=1)
+    # source table: your own problem tables (fields: rollscale.core.problem_sources.TableSource)
+    tables: list[TableSource] = Field(default_factory=list)
 
     @field_validator("path")
     @classmethod
@@ -52,6 +58,14 @@ class DataParams(_Section):
         if v is not None and not Path(v).is_file():
             raise ValueError(f"file not found: {v} (expected an existing JSONL file or null for the hub)")
         return v
+
+    @model_validator(mode="after")
+    def _tables(self) -> "DataParams":
+        if self.source == "table" and not self.tables:
+            raise ValueError("data.tables: source 'table' needs at least one table (path or hub_id)")
+        if self.tables and self.source != "table":
+            raise ValueError(f"data.tables is set but data.source is {self.source!r}; set data.source: table")
+        return self
 
 
 class LoraParams(_Section):
@@ -74,6 +88,8 @@ class ModelParams(_Section):
     name_or_path: str | None = None
     gguf_file: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # where every stage puts the model: auto = CUDA when present, else CPU; cpu never touches CUDA
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     lora: LoraParams = Field(default_factory=LoraParams)
     # apply the tokenizer's chat template when it has one
     chat_template: bool = True
@@ -204,6 +220,10 @@ class BucketParams(_Section):
         return self
 
 
+# buckets where the healthy recipe (science §3) turns KL and entropy on
+_RECIPE_ON = frozenset({"easy", "very_easy"})
+
+
 class TrainParams(_Section):
     """The GRPO step (science §3) shared by every sweep run."""
 
@@ -222,6 +242,23 @@ class TrainParams(_Section):
     zero_var_filter: bool = True
     overlong_filter: bool = True
     overlong_penalty_cache: int = Field(0, ge=0)  # DAPO soft penalty window in tokens; 0 = off
+    # padded tokens per micro-batch (update, reference log-probs, Gram); gradients
+    # accumulate to the full-batch step, so this bounds memory, not the maths
+    micro_batch_tokens: int = Field(8192, ge=1)
+    ppo_epochs: int = Field(1, ge=1)  # optimizer steps per batch; > 1 lets clipping act
+    # truncated importance sampling cap on a separate sampler's mismatch (verl/TRL); 0 = off
+    tis_cap: float = Field(2.0, ge=0)
+    autocast_bf16: bool = False  # GPU: forward passes under bf16 autocast
+    gradient_checkpointing: bool = False  # GPU: recompute activations in backward
+
+    def for_bucket(self, bucket: str) -> "TrainParams":
+        """These settings with the recipe resolved for ``bucket`` (science §3's healthy
+        recipe: KL + entropy on Easy-like buckets, off on Hard and mixtures, unless
+        ``recipe`` says on or off): ``recipe`` becomes "on" or "off" and the
+        coefficients are the ones the run uses."""
+        if self.recipe == "on" or (self.recipe == "auto" and bucket in _RECIPE_ON):
+            return self.model_copy(update={"recipe": "on"})
+        return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
 class SweepParams(_Section):
@@ -239,7 +276,8 @@ class SweepParams(_Section):
     b_problem: list[int] = Field(default_factory=lambda: [16])
     b_total: int = Field(128, ge=2)
     rules: list[Literal["uniform", "dynamic", "pods", "pilot"]] = Field(default_factory=lambda: ["uniform"])
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    # three seeds per grid point: the fit's bootstrap resamples seeds (science §7)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
     pods_keep: float = Field(0.5, gt=0, lt=1)  # PODS m = round(pods_keep * n)
@@ -252,14 +290,15 @@ class SweepParams(_Section):
     eval_temperature: float = Field(0.6, ge=0)
     checkpoint_every: int = Field(20, ge=1)
     noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
-    # where the runs train: sequential (here, one after another) | ray (one Ray task per run)
-    executor: Literal["sequential", "ray"] = "sequential"
+    # where the runs train: local (a pool of `workers` processes here) | ray (one Ray task per run)
+    executor: Literal["local", "ray"] = "local"
     # Ray cluster ("ray://head:10001" or "auto"); null = the RAY_ADDRESS environment variable,
     # else a local Ray started on demand on this machine
     ray_address: str | None = None
     # resources each run's Ray task asks for (GPUs per run on a GPU cluster, CPUs here)
     ray_cpus_per_run: float = Field(1.0, gt=0)
-    ray_gpus_per_run: float = Field(0.0, ge=0)
+    # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
+    ray_gpus_per_run: float | None = Field(None, ge=0)
 
     @field_validator("n", "b_problem")
     @classmethod
@@ -288,6 +327,9 @@ class FitParams(_Section):
     target_gain: float = Field(0.5, gt=0, le=1)
     # runs whose curves are analysed (a diverged or interrupted run would bias the fits)
     run_status: list[Literal["finished", "failed", "running"]] = Field(default_factory=lambda: ["finished"])
+    # 95 % intervals: resample runs (seeds) with replacement this many times and refit; 0 = none (science §7)
+    bootstrap_resamples: int = Field(200, ge=0)
+    bootstrap_seed: int = 0
 
 
 class ReportParams(_Section):
@@ -314,9 +356,6 @@ class MeasureParams(_Section):
         return v
 
 
-_CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
-# one cron field: a value, range or list, each with an optional step ("*/15", "1-5", "mon,wed")
-_CRON_FIELD = re.compile(r"^(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?(,(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?)*$")
 
 
 class ScheduleParams(_Section):
@@ -342,12 +381,17 @@ class ScheduleParams(_Section):
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str | None) -> str | None:
-        if v is None or v.strip().lower() in _CRON_MACROS:
+        if v is None:
             return v
-        fields = v.split()
-        if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+        # Prefect's own schedule validation (croniter): what it accepts is what `serve` can run.
+        # Imported here: loading Prefect costs seconds, and only a set cron needs it.
+        from prefect.client.schemas.schedules import CronSchedule
+
+        try:
+            CronSchedule(cron=v)
+        except ValueError:
             raise ValueError(f"expected a cron string of five fields (minute hour day month weekday), "
-                             f"e.g. '0 3 * * *', or one of {sorted(_CRON_MACROS)}, got {v!r}")
+                             f"e.g. '0 3 * * *', or a macro such as '@daily', got {v!r}") from None
         return v
 
     @field_validator("timezone")
@@ -367,6 +411,15 @@ class ScheduleParams(_Section):
         return v
 
 
+class TrackingParams(_Section):
+    """Copies of the sweep's step and eval rows in TensorBoard / a local MLflow store
+    (under artifacts/trackers; the DuckDB tables stay the source of truth)."""
+
+    tensorboard: bool = False
+    mlflow: bool = False
+    experiment: str = Field("rollscale", min_length=1)
+
+
 class StudyParams(_Section):
     """All of ``params.yaml``."""
 
@@ -374,6 +427,9 @@ class StudyParams(_Section):
     # to gain from a second thread, and measured here 2 threads ran 18x slower
     # whenever another process shared the 2 cores.
     torch_threads: int = Field(1, ge=1)
+    # processes side by side for independent units (sweep runs, profile chunks, measure's n
+    # values), each with torch_threads threads; one per core. 1 = in this process, one at a time
+    workers: int = Field(2, ge=1)
     data: DataParams = Field(default_factory=DataParams)
     model: ModelParams = Field(default_factory=ModelParams)
     base: BaseParams = Field(default_factory=BaseParams)
@@ -385,6 +441,7 @@ class StudyParams(_Section):
     fit: FitParams = Field(default_factory=FitParams)
     report: ReportParams = Field(default_factory=ReportParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
+    tracking: TrackingParams = Field(default_factory=TrackingParams)
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":
@@ -414,7 +471,7 @@ def format_validation_error(err: ValidationError, source: str = "params.yaml") -
     """One line per problem, each naming the dotted key and what was expected."""
     lines = [f"{source}: invalid parameters"]
     for e in err.errors():
-        loc = tuple(x for x in e["loc"] if not isinstance(x, int) or True)
+        loc = tuple(e["loc"])  # list indices stay in the path: "sweep.n.1"
         key = ".".join(str(x) for x in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             owner = _model_at(StudyParams, loc[:-1])
@@ -438,7 +495,7 @@ def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Stu
 
 
 def load_params(path: str | Path = "params.yaml") -> StudyParams:
-    """Read and validate ``params.yaml``. A missing file gives the defaults."""
+    """Read and validate ``params.yaml``; a missing file is an error (a study needs its params)."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: file not found (expected the study's params.yaml)")

@@ -1,6 +1,6 @@
-"""Prefect tasks: library calls wrapped with caching, retries and persisted results.
+"""Prefect tasks: library calls wrapped with retries on transient errors.
 
-Tasks return values (tables, model weights), never write study artifacts
-themselves, so a cached result can never point at a file that was deleted;
-the flows write artifacts.
+Tasks return values (tables, model weights) and mostly leave writing study
+artifacts to the flows. Run from the project folder (``python -m flows``),
+never installed as a package.
 """

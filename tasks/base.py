@@ -9,13 +9,13 @@ import torch
 from rollscale.config import BaseParams, DataParams
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.problems import disjoint
-from tasks.common import cached_task
+from tasks.common import retried_task
 from tasks.problems import load_pool
 
 log = logging.getLogger("rollscale.base")
 
 
-@cached_task(name="train-tiny-model")
+@retried_task(name="train-tiny-model")
 def train_tiny_model(base: BaseParams, data: DataParams, pool_ids: frozenset[str]) -> dict:
     """Train the tiny Llama on problems disjoint from the profiled pool.
 

@@ -1,4 +1,9 @@
-"""Shared task settings and small I/O helpers used by every flow."""
+"""Shared task settings and small I/O helpers used by every flow.
+
+Tasks are not cached by Prefect: DVC alone decides which stage reruns
+(``dvc.lock``), and within a stage the run store (sweep runs) and the profile
+chunks resume finished work. Tasks are retried on transient errors only.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,19 @@ import logging
 from pathlib import Path
 
 from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE
+
+from typing import TYPE_CHECKING
 
 from rollscale.config import StudyParams, load_params
-from rollscale.lm.models import ModelRef
 from rollscale.pipeline.storage import write_duckdb
+
+if TYPE_CHECKING:  # loading models pulls in torch and transformers: seconds the table stages do not need
+    from rollscale.lm.models import ModelRef
 
 log = logging.getLogger("rollscale")
 
 ARTIFACTS = Path("artifacts")
-# a task's result is reused when its inputs and its own source code are unchanged
-CACHE = INPUTS + TASK_SOURCE
 
 
 def transient(task_obj, task_run, state) -> bool:
@@ -31,8 +38,8 @@ def transient(task_obj, task_run, state) -> bool:
     return False
 
 
-cached_task = functools.partial(
-    task, cache_policy=CACHE, persist_result=True, retries=2, retry_delay_seconds=2, retry_condition_fn=transient
+retried_task = functools.partial(
+    task, cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=transient
 )
 
 
@@ -45,6 +52,8 @@ def model_ref_path(artifacts: Path = ARTIFACTS) -> Path:
 
 
 def read_model_ref(artifacts: Path = ARTIFACTS) -> ModelRef:
+    from rollscale.lm.models import ModelRef
+
     path = model_ref_path(artifacts)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the 'base' stage first (dvc repro base)")

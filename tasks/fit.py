@@ -1,8 +1,7 @@
 """Tasks of the ``fit`` and ``report`` stages: the study-level analysis of science §7.
 
-Each task wraps one :mod:`rollscale.core.analysis` call and is cached on its inputs
-and its own source, so re-running ``fit`` after a change to one part (say the
-target reward) recomputes only that part.
+Each task wraps one :mod:`rollscale.core.analysis` call; DVC decides when the
+stage reruns (no Prefect result cache).
 """
 
 from __future__ import annotations
@@ -11,10 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from rollscale.core import analysis
 from rollscale.config import FitParams
+from rollscale.core import analysis
+from rollscale.core.bootstrap import Bootstrap
 from rollscale.pipeline.storage import TABLES, available_tables, query
-from tasks.common import cached_task
+from tasks.common import retried_task
 
 
 def read_tables(artifacts: Path, names: list[str]) -> dict[str, pd.DataFrame | None]:
@@ -26,27 +26,37 @@ def read_tables(artifacts: Path, names: list[str]) -> dict[str, pd.DataFrame | N
     return {name: query(f"SELECT * FROM {name}", artifacts) if name in have else None for name in names}
 
 
-@cached_task(name="run-evals")
+def _boot(fit_params: FitParams) -> Bootstrap:
+    return Bootstrap(fit_params.bootstrap_resamples, fit_params.bootstrap_seed)
+
+
+@retried_task(name="run-evals")
 def evaluations(runs: pd.DataFrame, evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
     return analysis.run_evals(runs, evals, fit_params.run_status)
 
 
-@cached_task(name="record-points")
+@retried_task(name="record-points")
 def record_points(evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
     return analysis.record_points(evals, fit_params.bin_width)
 
 
-@cached_task(name="frontier")
+@retried_task(name="frontier")
 def frontier(points: pd.DataFrame, design: str, fit_params: FitParams) -> analysis.FrontierTables:
     # the frontier starts where it has risen by one record bin: below, every n is at the base reward
-    return analysis.frontier_analysis(points, design, fit_params.grid_points, min_gain=fit_params.bin_width)
+    return analysis.frontier_analysis(points, design, fit_params.grid_points, min_gain=fit_params.bin_width,
+                                      boot=_boot(fit_params))
 
 
-@cached_task(name="steps-to-target")
+@retried_task(name="steps-to-target")
 def steps_to_target(evals: pd.DataFrame, fit_params: FitParams) -> analysis.SteppedTables:
-    return analysis.steps_to_target_analysis(evals, fit_params.target, fit_params.target_gain)
+    return analysis.steps_to_target_analysis(evals, fit_params.target, fit_params.target_gain, _boot(fit_params))
 
 
-@cached_task(name="crs-prediction")
-def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None) -> pd.DataFrame:
-    return analysis.crs_prediction(evals, noise_steps)
+@retried_task(name="rule-comparison")
+def rule_comparison(evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
+    return analysis.rule_comparison(evals, fit_params.target, fit_params.target_gain, _boot(fit_params))
+
+
+@retried_task(name="crs-prediction")
+def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None, fit_params: FitParams) -> pd.DataFrame:
+    return analysis.crs_prediction(evals, noise_steps, _boot(fit_params))

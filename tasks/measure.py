@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pandas as pd
-import torch
 
 from rollscale.config import LoraParams
 from rollscale.lm.models import ModelRef, add_lora, load_model
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.train.trainer import GRPOTrainer, RunConfig
-from tasks.common import cached_task
+from tasks.common import retried_task
+from tasks.models import resolve_device
 
 NOISE_STEP_COLUMNS = [
     "step", "n", "b_problem", "reward_mean", "zero_var_frac", "trace_sigma", "g_norm2", "b_simple", "b_simple_ema",
@@ -18,13 +18,13 @@ NOISE_STEP_COLUMNS = [
 ]
 
 
-@cached_task(name="measure-noise")
+@retried_task(name="measure-noise")
 def measure_noise(
     ref: ModelRef, config: RunConfig, bucket: str, train: list[Problem], val: list[Problem], steps: int,
-    lora: LoraParams | None = None,
+    lora: LoraParams | None = None, device: str = "auto",
 ) -> dict[str, pd.DataFrame]:
     """``steps`` GRPO steps from the base model, each measured before its update (science §6)."""
-    model, tokenizer = load_model(ref, device="cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_model(ref, device=resolve_device(device))
     use_lora = bool(lora and lora.enabled)
     if use_lora:
         model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)

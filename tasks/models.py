@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from rollscale.config import SamplingParams
 from rollscale.lm.engines import EngineConfig, SamplingEngine, make_engine
 from rollscale.lm.engines.base import free_accelerator_memory
@@ -11,10 +13,20 @@ from rollscale.lm.models import ModelRef, load_model, render_prompt
 from rollscale.lm.sampling import SamplingConfig
 
 
+def resolve_device(device: str) -> str:
+    """``model.device`` as a torch device: "auto" = CUDA when present, else CPU.
+    "cpu" never asks torch about CUDA (a CPU stage touches no CUDA code path)."""
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device is 'cuda' but torch sees no CUDA device (use 'auto' or 'cpu')")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @functools.lru_cache(maxsize=2)
-def cached_model(ref: ModelRef):
+def cached_model(ref: ModelRef, device: str = "auto"):
     """Load once per process: a chunked stage calls many tasks on the same model."""
-    return load_model(ref)
+    return load_model(ref, device=resolve_device(device))
 
 
 # one engine per (model, engine settings) in this process, until the stage ends (close_engines)
@@ -28,11 +40,11 @@ def engine_config(s: SamplingParams) -> EngineConfig:
     )
 
 
-def stage_engine(ref: ModelRef, sampling: SamplingParams) -> SamplingEngine:
-    """The stage's engine for the base model, built on first use (``sampling.backend``)."""
+def stage_engine(ref: ModelRef, sampling: SamplingParams, device: str = "auto") -> SamplingEngine:
+    """The stage's engine for the base model on ``model.device``, built on first use (``sampling.backend``)."""
     key = (ref, engine_config(sampling))
     if key not in _ENGINES:
-        model, tokenizer = cached_model(ref)
+        model, tokenizer = cached_model(ref, device)
         _ENGINES[key] = make_engine(model, tokenizer, key[1])
     return _ENGINES[key]
 

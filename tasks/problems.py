@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from rollscale.config import DataParams
+from rollscale.core.problem_sources import mix_problems, table_problems
 from rollscale.core.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
-from tasks.common import cached_task
+from tasks.common import retried_task
+
+
+def table_pool(data: DataParams) -> list[Problem]:
+    """The user's tables, each read whole, mixed by weight (``data.limit`` problems, else all the weights allow)."""
+    parts = []
+    for t in data.tables:
+        parts.append((t.label, table_problems(t, data.skip_malformed), t.weight))
+    if len(parts) == 1 and data.limit is None:
+        return parts[0][1]
+    return mix_problems(parts, data.limit, data.seed)
 
 
 def load_pool(data: DataParams, size: int | None = None, seed: int | None = None) -> list[Problem]:
@@ -13,13 +24,16 @@ def load_pool(data: DataParams, size: int | None = None, seed: int | None = None
         return reasoning_gym_problems(
             data.name, size or data.size, data.seed if seed is None else seed, dict(data.config), data.prompt_style
         )
+    if data.source == "table":
+        return table_pool(data)
     path = str(data.path) if data.path else None
     hub = {"hub_id": data.hub_id} if data.hub_id else {}
     loader = gsm8k_problems if data.source == "gsm8k" else math_problems
     return loader(path, split=data.split, skip_malformed=data.skip_malformed, limit=data.limit, **hub)
 
 
-@cached_task(name="problem-pool")
+@retried_task(name="problem-pool")
 def problem_pool(data: DataParams) -> list[Problem]:
     """The profiled pool (stable ids, so later stages can join on problem_id)."""
     return load_pool(data)
+

@@ -9,7 +9,7 @@ from rollscale.lm.engines import derive_seed
 from rollscale.lm.models import ModelRef
 from rollscale.core.problems import Problem
 from rollscale.core.profiling import count_correct, profile_problems
-from tasks.common import cached_task
+from tasks.common import retried_task
 from tasks.models import renderer, sampling_config, stage_engine
 
 
@@ -17,14 +17,15 @@ from tasks.models import renderer, sampling_config, stage_engine
 EXTREME_KEY = 1
 
 
-@cached_task(name="profile-chunk")
-def profile_chunk(ref: ModelRef, problems: list[Problem], k: int, k_extreme: int, sampling: SamplingParams, seed: int) -> pd.DataFrame:
+@retried_task(name="profile-chunk")
+def profile_chunk(ref: ModelRef, problems: list[Problem], k: int, k_extreme: int, sampling: SamplingParams, seed: int,
+                  device: str = "auto") -> pd.DataFrame:
     """avg@k for one chunk of problems, plus k_extreme - k more samples where avg@k = 0.
 
     The engine is the stage's (``sampling.backend``); request (problem i, sample j) of the
     chunk is seeded by (seed, i, j), and the extra samples use a fresh key, so they never
     repeat the first k."""
-    engine = stage_engine(ref, sampling)
+    engine = stage_engine(ref, sampling, device)
     render = renderer(ref, engine, sampling)
     config = sampling_config(sampling)
     table = profile_problems(engine.sample, render, problems, k, config, seed)

@@ -22,9 +22,12 @@ from rollscale.config import LoraParams
 from rollscale.lm.models import ModelRef, add_lora, load_model
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
+from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
+from rollscale.pipeline.status import record_attempt
 from rollscale.pipeline.storage import write_parquet_atomic
 from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
 from tasks.common import transient
+from tasks.models import resolve_device
 
 log = logging.getLogger("rollscale.train.sweep")
 
@@ -34,7 +37,7 @@ def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | Non
     return pd.DataFrame([{
         "run_id": config.run_id, "bucket": bucket, "n": config.n, "b_problem": config.b_problem,
         "m": config.trained_group_size, "rule": config.rule, "seed": config.seed, "c_max": config.c_max,
-        "lr": config.lr, "kl_coef": config.kl_coef, "entropy_coef": config.entropy_coef,
+        "lr": config.lr, "kl_coef": config.train.kl_coef, "entropy_coef": config.train.entropy_coef,
         "status": status, "steps": result.steps if result else 0, "c": result.c if result else 0,
         "c_tokens": result.c_tokens if result else 0, "error": error or (result.error if result else None),
     }])
@@ -49,20 +52,26 @@ def train_run(
     val_problems: list[Problem],
     run_dir: str,
     lora: LoraParams | None = None,
+    device: str = "auto",
+    trackers: TrackerTargets | None = None,
 ) -> RunResult:
-    """Train (or resume, or skip when finished) one GRPO run into ``run_dir``."""
+    """Train (or resume, or skip when finished) one GRPO run into ``run_dir``; with
+    ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow."""
     run_dir_path = Path(run_dir)
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
-    model, tokenizer = load_model(ref, device="cuda" if torch.cuda.is_available() else "cpu")  # a fresh copy: training changes the weights
+    model, tokenizer = load_model(ref, device=resolve_device(device))  # a fresh copy: training changes the weights
     use_lora = bool(lora and lora.enabled)
     if use_lora:
         model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     trainer = GRPOTrainer(
         model, tokenizer, train_problems, val_problems, config, use_chat_template=ref.chat_template, lora=use_lora
     )
-    store = RunStore(run_dir_path)
-    with Progress(config.c_max, config.run_id, unit="rollouts") as bar:
-        last = {"c": 0, "eval": ""}
+    exporter = trackers and RunExporter(trackers, run_dir_path, config.run_id, config.to_dict())
+    store = ExportingRunStore(run_dir_path, exporter) if exporter else RunStore(run_dir_path)
+    resumed = store.latest()  # a resumed run's bar starts at its committed C, not at 0
+    start = min(int(resumed.state.get("c", 0)), config.c_max) if resumed else 0
+    with Progress(config.c_max, config.run_id, unit="rollouts", initial=start) as bar:
+        last = {"c": start, "eval": ""}
 
         def progress(c: int, c_max: int) -> None:
             bar.update(min(c, c_max) - last["c"], val=last["eval"])
@@ -80,6 +89,38 @@ def train_run(
                                  run_dir_path / "run.parquet")
             raise
     write_parquet_atomic(run_row(config, bucket, result.status, result), run_dir_path / "run.parquet")
+    if exporter:
+        exporter.export(result.status)
     del trainer, model
     torch.set_grad_enabled(True)
     return result
+
+
+@task(name="train-run-worker", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
+def train_run_in_worker(
+    ref: ModelRef,
+    config: RunConfig,
+    bucket: str,
+    train_problems: list[Problem],
+    val_problems: list[Problem],
+    run_dir: str,
+    lora: LoraParams | None,
+    torch_threads: int,
+    device: str = "auto",
+    trackers: TrackerTargets | None = None,
+) -> RunResult:
+    """:func:`train_run` in a worker (a local process or a Ray task), after recording the attempt
+    (pid, host, the checkpoint step it resumes from) in the run's ``attempts.jsonl``."""
+    torch.set_num_threads(torch_threads)
+    ours = logging.getLogger("rollscale")
+    if not ours.handlers:  # a fresh worker: send progress lines to its stderr, which the driver shows
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+    attempt = record_attempt(run_dir)
+    if attempt["resume_step"]:
+        log.info("%s: worker %s:%d resumes from checkpoint step %d",
+                 config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
+    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers)

@@ -318,3 +318,88 @@ def test_crs_prediction_without_measurement_or_shared_batch():
     assert math.isnan(row["b"]) and row["b_problem"] == 8
     assert row["observed_best_n"] == 8 and pd.isna(row["predicted_n"]) and pd.isna(row["agree"])
     assert "not measured" in row["status"]
+
+
+# ---------------------------------------------------------------------------
+# bootstrap intervals over seeds (science §7, "Uncertainty, honestly")
+
+
+def _noisy_seeds_study(seeds):
+    rng = np.random.default_rng(5)
+    out = []
+    for n, (r0, a, c_mid, beta) in CURVES.items():
+        m = C_MAX // (n * 8)
+        steps = np.unique(np.r_[0, np.geomspace(1, m, 40).astype(int)])
+        for seed in seeds:
+            theta = (r0, a + rng.normal(0, 0.02), c_mid * 10 ** rng.normal(0, 0.05), beta)
+            out.append(_run(f"nr{n}_s{seed}", n, 8, steps, lambda s, c, t=theta: _sigmoid(c, *t), seed=seed,
+                            c_max=C_MAX))
+    return analysis.record_points(analysis.run_evals(*_study(out)), bin_width=0.01)
+
+
+def test_frontier_intervals_from_seeds_and_none_from_one_seed():
+    from rollscale.core.bootstrap import ONE_SEED, Bootstrap
+
+    boot = Bootstrap(100, 0)
+    t = analysis.frontier_analysis(_noisy_seeds_study((0, 1, 2, 3)), "n", grid_points=20, boot=boot)
+    sig = t.fits[t.fits["kind"] == "sigmoid_n"].set_index("key")
+    for n, (_, a, c_mid, _) in CURVES.items():
+        assert sig.loc[n, "a_lo"] <= sig.loc[n, "a"] <= sig.loc[n, "a_hi"]
+        assert sig.loc[n, "a_lo"] - 0.03 <= a <= sig.loc[n, "a_hi"] + 0.03
+        assert sig.loc[n, "c_mid_lo"] < sig.loc[n, "c_mid_hi"] and sig.loc[n, "n_seeds"] == 4
+    fr = t.frontier
+    assert fr["best_key_share"].between(0, 1).all() and (fr["best_key_share"] > 0.5).mean() > 0.8
+    assert (fr["best_key_lo"] <= fr["best_key"].astype(float)).all()
+    assert (fr["frontier_reward_lo"] <= fr["frontier_reward_hi"]).all()
+    # the same study twice with the same seed gives the same intervals
+    again = analysis.frontier_analysis(_noisy_seeds_study((0, 1, 2, 3)), "n", grid_points=20, boot=boot)
+    pd.testing.assert_frame_equal(t.frontier, again.frontier)
+
+    one = analysis.frontier_analysis(_noisy_seeds_study((0,)), "n", grid_points=20, boot=boot)
+    sig1 = one.fits[one.fits["kind"] == "sigmoid_n"]
+    assert sig1["a_lo"].isna().all() and (sig1["interval"] == ONE_SEED).all()
+    assert one.frontier["best_key_share"].isna().all()
+
+
+def test_rule_comparison_states_the_ratio_interval_and_when_rules_cannot_be_told_apart():
+    from rollscale.core.bootstrap import Bootstrap
+
+    rng = np.random.default_rng(9)
+    out = []
+    steps = np.arange(0, 200, 5)
+    # pods reaches the target in half the steps of uniform; dynamic is uniform up to seed noise
+    for rule, speed in (("uniform", 1.0), ("pods", 2.0), ("dynamic", 1.0)):
+        for seed in range(4):
+            rate = speed * 10 ** rng.normal(0, 0.05) / 40.0
+            out.append(_run(f"{rule}_s{seed}", 4, 8, steps, lambda s, c, r=rate: 0.1 + 0.5 * (1 - np.exp(-r * s)),
+                            rule=rule, seed=seed))
+    evals = analysis.run_evals(*_study(out))
+    t = analysis.rule_comparison(evals, target=0.4, boot=Bootstrap(200, 0)).set_index("rule")
+    assert set(t["kind"]) == {"rollouts_to_target"} and (t["n_reached"] == 4).all()
+    assert t.loc["pods", "ratio_to_uniform"] == pytest.approx(0.5, abs=0.1)
+    assert t.loc["pods", "ratio_to_uniform_hi"] < 1 and t.loc["pods", "verdict"] == "fewer rollouts than uniform"
+    assert t.loc["dynamic", "ratio_to_uniform_lo"] <= 1 <= t.loc["dynamic", "ratio_to_uniform_hi"]
+    assert t.loc["dynamic", "verdict"] == "not distinguishable from uniform"
+    assert (t["rollouts_lo"] <= t["rollouts"]).all() and (t["rollouts"] <= t["rollouts_hi"]).all()
+    one = analysis.rule_comparison(evals[evals["seed"] == 0], target=0.4, boot=Bootstrap(200, 0)).set_index("rule")
+    assert one["rollouts_lo"].isna().all() and one.loc["pods", "verdict"].startswith("no interval")
+
+
+def test_steps_to_target_intervals_from_seeds():
+    from rollscale.core.bootstrap import Bootstrap
+
+    rng = np.random.default_rng(3)
+    out = []
+    for seed in range(4):
+        for b in (16, 32, 64, 128, 256):
+            s_true = 400.0 * 10 ** rng.normal(0, 0.03) * (1 + 48.0 / b)
+            steps = np.arange(0, int(s_true * 1.2) + 2)
+            out.append(_run(f"p{b}_s{seed}", 4, b // 4, steps, lambda s, c, st=s_true: 0.2 + 0.3 * s / st,
+                            seed=seed, c_max=10**9))
+    ev = analysis.run_evals(*_study(out))
+    row = analysis.steps_to_target_analysis(ev, target=0.5, boot=Bootstrap(200, 1)).fits.set_index("kind").loc[
+        "steps_to_target_prompt"]
+    assert row["n_seeds"] == 4
+    for q, truth in (("s_min", 400.0), ("b_crit", 48.0), ("e_min", 400.0 * 48)):
+        assert row[f"{q}_lo"] < row[q] < row[f"{q}_hi"]
+        assert row[f"{q}_lo"] * 0.9 < truth < row[f"{q}_hi"] * 1.1

@@ -164,6 +164,9 @@ def test_full_disk_names_path_and_keeps_earlier_checkpoint(tmp_path, monkeypatch
     assert latest.step == 2
     assert _ckpt_dirs(tmp_path / "run") == ["ckpt-000002"]
     assert list(store.rows("steps")["step"]) == [1, 2]
+    # the parts written before the failure are removed: no row past the last commit stays
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.parquet")) == ["evals-000002.parquet",
+                                                                             "steps-000002.parquet"]
 
 
 def test_unwritable_directory_gives_error_naming_path(tmp_path):
@@ -215,3 +218,39 @@ def test_bad_input(tmp_path):
 def test_rows_empty_before_any_checkpoint(tmp_path):
     store = RunStore(tmp_path / "nothing")
     assert isinstance(store.rows("evals"), pd.DataFrame) and store.rows("evals").empty
+
+
+@pytest.mark.parametrize("damage", ["truncate_weights", "tamper_old_part", "truncate_last_part"])
+def test_finished_run_with_damage_is_not_done_and_resumes_from_last_good(tmp_path, damage):
+    store = RunStore(tmp_path / "run", keep=3)
+    for step, start in ((2, 1), (4, 3), (6, 5)):
+        _save(store, step, start)
+    store.mark_done("finished", steps=6)
+    assert store.done()["status"] == "finished" and store.damage() is None
+    root = tmp_path / "run"
+    if damage == "truncate_weights":
+        target, good = root / "ckpt-000006" / "model.pt", 4
+        target.write_bytes(target.read_bytes()[:10])
+    elif damage == "tamper_old_part":
+        target, good = root / "steps-000004.parquet", 2
+        target.write_bytes((root / "steps-000002.parquet").read_bytes())
+    else:
+        target, good = root / "evals-000006.parquet", 4
+        target.write_bytes(target.read_bytes()[:-5])
+    assert target.name in store.damage()
+    with pytest.warns(RuntimeWarning, match="marked finished but is damaged"):
+        assert store.done() is None  # so the trainer resumes it instead of skipping it
+    with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint"):
+        latest = store.latest()
+    assert latest.step == good
+    store.rollback_to(latest)
+    assert max(store.rows("steps")["step"]) == good and store.damage() is None
+
+
+def test_manifest_commits_every_part_so_far(tmp_path):
+    store = RunStore(tmp_path / "run")
+    for step, start in ((2, 1), (4, 3), (6, 5)):
+        _save(store, step, start)
+    parts, problem = checkpoint_module.committed_parts(tmp_path / "run")
+    assert problem is None
+    assert parts == [f"{k}-{s:06d}.parquet" for k in ("evals", "steps") for s in (2, 4, 6)]

@@ -1,5 +1,6 @@
 """The whole study through `dvc repro` on a small config, as a user runs it on a fresh clone."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,12 +15,13 @@ from tests.test_pipeline import SMALL
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
+STAGES = ("base", "profile", "bucket", "measure", "sweep", "fit", "report")
 
 STUDY = {
     **SMALL,
     "bucket": {"val_size": 2, "used": [], "mixtures": {}},
     "measure": {"bucket": "hard", "n": [4], "b_problem": 2, "steps": 1},
-    "sweep": {"bucket": "hard", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 48,
+    "sweep": {"bucket": "hard", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 48, "seeds": [0],
               "eval_every": 2, "eval_k": 2, "checkpoint_every": 2, "train": {"lr_base": 1e-3, "warmup_steps": 0}},
 }
 
@@ -76,6 +78,47 @@ def test_second_repro_is_a_no_op(clone):
     root, env = clone
     r = run(["dvc", "repro"], root, env)
     assert r.returncode == 0 and "Running stage" not in r.stdout, r.stdout
+
+
+def cli(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "rollscale.pipeline.cli", *args], root, env)
+
+
+def test_status_and_study_ask_dvc_and_agree_with_it(clone):
+    """`rollscale status` and `rollscale study` take what is stale from DVC, and what the study
+    runs is recorded in dvc.lock, so `dvc repro` afterwards has nothing to do."""
+    root, env = clone
+    original = (root / "params.yaml").read_text()
+    r = cli(root, env, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert {s["stage"]: s["state"] for s in status["stages"]} == {s: "done" for s in STAGES}
+    assert {run["status"] for run in status["runs"]} == {"finished"} and len(status["runs"]) == 2
+    try:
+        params = yaml.safe_load(original)
+        params["fit"]["bin_width"] = params["fit"].get("bin_width", 0.1) / 2
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
+        stages = {s["stage"]: s for s in json.loads(cli(root, env, "status", "--json").stdout)["stages"]}
+        assert stages["fit"]["state"] == "stale" and "param fit (params.yaml): modified" in stages["fit"]["detail"]
+        assert stages["report"]["state"] == "stale" and stages["report"]["detail"] == "after fit (stale)"
+        assert all(stages[s]["state"] == "done" for s in STAGES[:5])
+        r = cli(root, env, "study")
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        for stage in STAGES[:5]:
+            assert f"study: {stage}: up to date with dvc.lock, skipped" in r.stdout, r.stdout
+        assert "study: fit: running (changed: param fit" in r.stdout
+        r = run(["dvc", "status"], root, env)
+        assert "up to date" in r.stdout, r.stdout
+        r = run(["dvc", "repro"], root, env)
+        assert r.returncode == 0 and "Running stage" not in r.stdout, r.stdout
+    finally:
+        (root / "params.yaml").write_text(original)
+
+
+def test_outputs_ignored_by_git_and_dvc_lock_shown(clone):
+    root, env = clone
+    r = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, env=env)
+    assert "artifacts" not in r.stdout and "dvc.lock" in r.stdout, r.stdout  # dvc.lock is to be committed
 
 
 def test_changed_param_reruns_only_what_depends_on_it(clone):

@@ -33,10 +33,12 @@ def test_pieces_match_direct_formulas():
     k = g @ g.T
     gbar = g.mean(0)
     var = ((g - gbar) ** 2).sum() / 5
-    assert nz.trace_sigma(k) == pytest.approx(var)
+    solo = np.arange(6)  # one rollout per prompt: independent rows
+    assert nz.trace_sigma(k, solo) == pytest.approx(var)
     cross = sum(g[i] @ g[j] for i in range(6) for j in range(6) if i != j) / 30
-    assert nz.g_norm2(k) == pytest.approx(cross)
-    assert nz.b_simple(k) == pytest.approx(var / cross)
+    assert nz.g_norm2(k, solo) == pytest.approx(cross)
+    assert nz.g_norm2_all_pairs(k) == pytest.approx(cross)
+    assert nz.b_simple(k, solo) == pytest.approx(var / cross)
 
 
 def test_pieces_unbiased_and_b_simple_recovers_truth():
@@ -48,9 +50,9 @@ def test_pieces_unbiased_and_b_simple_recovers_truth():
     for _ in range(300):
         g = gaussian_grads(rng, n, g_true, sigma)
         k = g @ g.T
-        ts.append(nz.trace_sigma(k))
-        gs.append(nz.g_norm2(k))
-        bs.append(nz.b_simple(k))
+        ts.append(nz.trace_sigma(k, np.arange(n)))
+        gs.append(nz.g_norm2(k, np.arange(n)))
+        bs.append(nz.b_simple(k, np.arange(n)))
     for vals, truth in ((ts, 50.0), (gs, 25.0), (bs, 2.0)):
         se = np.std(vals, ddof=1) / math.sqrt(len(vals))
         assert abs(np.mean(vals) - truth) < 4 * se + 1e-3 * truth
@@ -66,7 +68,7 @@ def test_b_naive_biased_toward_b_over_one_plus_b_over_n():
     for _ in range(200):
         k = (g := gaussian_grads(rng, n, g_true, sigma)) @ g.T
         naive.append(nz.b_naive(k, 8))
-        simple.append(nz.b_simple(k))
+        simple.append(nz.b_simple(k, np.arange(n)))
     assert np.mean(naive) == pytest.approx(500 / (1 + 500 / n), rel=0.05)
     assert np.mean(naive) < 0.1 * 500
     assert np.median(simple) == pytest.approx(500, rel=0.15)
@@ -88,18 +90,25 @@ def test_b_naive_matches_direct_formula_and_checks_input():
 
 def test_gram_validation():
     with pytest.raises(ValueError, match="square"):
-        nz.b_simple(np.ones((2, 3)))
+        nz.b_simple(np.ones((2, 3)), [0, 1])
     with pytest.raises(ValueError, match="symmetric"):
-        nz.b_simple(np.array([[1.0, 2.0], [0.0, 1.0]]))
+        nz.b_simple(np.array([[1.0, 2.0], [0.0, 1.0]]), [0, 1])
     with pytest.raises(ValueError, match="finite"):
-        nz.b_simple(np.array([[1.0, np.nan], [np.nan, 1.0]]))
+        nz.b_simple(np.array([[1.0, np.nan], [np.nan, 1.0]]), [0, 1])
     with pytest.raises(ValueError, match="at least 2"):
-        nz.b_simple(np.ones((1, 1)))
+        nz.b_simple(np.ones((1, 1)), [0])
+
+
+def test_one_prompt_is_an_error_not_a_fallback():
+    g = np.random.default_rng(0).standard_normal((4, 3))
+    for fn in (nz.g_norm2, nz.trace_sigma, nz.b_simple, nz.decompose):
+        with pytest.raises(ValueError, match="not identifiable"):
+            fn(g @ g.T, [0, 0, 0, 0])
 
 
 def test_b_simple_infinite_when_signal_estimate_not_positive():
     g = np.array([[1.0, 0.0], [-1.0, 0.0]])  # mean 0: |G|^2_hat = -1
-    assert nz.b_simple(g @ g.T) == math.inf
+    assert nz.b_simple(g @ g.T, [0, 1]) == math.inf
 
 
 def test_ema_smooths_pieces_separately():
@@ -116,7 +125,7 @@ def test_ema_smooths_pieces_separately():
     assert v != pytest.approx((0.25 * 2.0 + 0.5 * 1.0) / 0.75)
     g = np.random.default_rng(0).standard_normal((5, 3)) + 1.0
     e2 = nz.EmaNoiseScale(0.9)
-    assert e2.update_gram(g @ g.T) == pytest.approx(nz.b_simple(g @ g.T))
+    assert e2.update_gram(g @ g.T, np.arange(5)) == nz.b_simple(g @ g.T, np.arange(5))  # exact at step one
     with pytest.raises(ValueError, match="decay"):
         nz.EmaNoiseScale(1.0)
 
@@ -255,18 +264,23 @@ def test_decomposition_on_explicit_vectors():
     groups = np.repeat(["a", "b", "c", "d"], n)
     k = g @ g.T
     means = g.reshape(n_prompts, n, dim).mean(1)
-    assert nz.prompt_axis_b_noise(k, groups) == pytest.approx(nz.b_simple(means @ means.T))
+    m = means @ means.T
+    between = (m.sum() - np.trace(m)) / (n_prompts * (n_prompts - 1))
+    assert nz.g_norm2(k, groups) == pytest.approx(between)
+    assert nz.prompt_axis_b_noise(k, groups) == pytest.approx((np.trace(m) / n_prompts - between) / between)
     w = ((g.reshape(n_prompts, n, dim) - means[:, None]) ** 2).sum((1, 2)) / (n - 1)
-    assert nz.rollout_axis_noise(k, groups) == pytest.approx(w.mean() / nz.g_norm2(k))
+    assert nz.rollout_axis_noise(k, groups) == pytest.approx(w.mean() / between)
 
     d = nz.decompose(k, groups)
     icc = nz.icc_components(k, groups)
     assert (d.n_rollouts, d.n_prompts, d.n) == (20, 4, 5)
-    assert d.b_simple == pytest.approx(nz.b_simple(k))
+    assert d.b_simple == pytest.approx(nz.b_simple(k, groups))
+    assert d.g_norm2_all_pairs == pytest.approx(nz.g_norm2_all_pairs(k))
+    assert d.trace_sigma == pytest.approx(icc.tb + icc.msw)  # s_hat = tb + mean within noise
+    assert d.prompt_noise_power == pytest.approx(icc.msb / n)
     assert d.b_naive == pytest.approx(nz.b_naive(k, n_prompts))  # rows already group-ordered
     assert d.rho_icc == icc.rho
-    s = max(icc.tb, 0) + icc.msw
-    assert d.k_crit == pytest.approx(nz.k_crit(icc.rho, s, nz.g_norm2(k)))
+    assert d.k_crit == pytest.approx(nz.k_crit(icc.rho, icc.tb + icc.msw, nz.g_norm2(k, groups)))
     assert d.crs == min(d.k_sat_icc, d.k_crit)
     # row order does not matter
     perm = rng.permutation(20)
@@ -318,3 +332,38 @@ def test_quintile_table():
     assert one["count"].tolist() == [4]
     with pytest.raises(ValueError, match="equal lengths"):
         nz.quintile_table(np.ones(3), np.ones(4))
+
+
+def test_between_prompt_signal_recovers_truth_where_all_pairs_is_biased():
+    """Correlated rollouts (science §6.2): the all-pairs |G|^2 counts same-prompt pairs and is
+    >= 10 % high; the between-prompt form is within 3 % on average, and so is K_crit's input."""
+    rng = np.random.default_rng(11)
+    n_prompts, n, dim, tau = 8, 8, 200, 0.5  # tb = dim tau^2 = 50
+    mu = np.zeros(dim)
+    mu[:4] = 2.5  # |G|^2 = 25
+    groups = np.repeat(np.arange(n_prompts), n)
+    between, all_pairs, rollout = [], [], []
+    for _ in range(400):
+        g = grouped_grads(rng, n_prompts, n, dim, tau, 1.0, mu)
+        d = nz.decompose(g @ g.T, groups)
+        between.append(d.g_norm2)
+        all_pairs.append(d.g_norm2_all_pairs)
+        rollout.append(d.rollout_noise_power)
+    assert abs(np.mean(between) / 25.0 - 1) < 0.03
+    assert np.mean(all_pairs) / 25.0 - 1 >= 0.10
+    assert abs(np.mean(rollout) / dim - 1) < 0.03  # within noise dim * sigma_w^2
+
+
+def test_ema_smooths_axis_noise_and_is_exact_at_step_one():
+    rng = np.random.default_rng(12)
+    groups = np.repeat(np.arange(4), 3)
+    ema = nz.EmaNoiseScale(0.8)
+    grads = [rng.standard_normal((12, 6)) + 1.0 for _ in range(2)]
+    decs = [nz.decompose(g @ g.T, groups) for g in grads]
+    first = ema.update_decomposition(decs[0])
+    assert first == {"b_simple_ema": decs[0].b_simple, "prompt_noise_ema": decs[0].prompt_noise,
+                     "rollout_noise_ema": decs[0].rollout_noise}
+    ema.update_decomposition(decs[1])
+    den = 0.8 / 1.8 * decs[0].g_norm2 + 1 / 1.8 * decs[1].g_norm2  # bias-corrected weights 0.8 : 1
+    num = 0.8 / 1.8 * decs[0].rollout_noise_power + 1 / 1.8 * decs[1].rollout_noise_power
+    assert ema.rollout_noise == pytest.approx(num / den)

@@ -37,9 +37,10 @@ def make_trainer(warm, **overrides):
     tok, state, problems = warm
     model = tiny_llama(len(tok), **ARCH)
     model.load_state_dict(copy.deepcopy(state))
-    cfg = dict(n=6, b_problem=4, c_max=24 * 4, lr_base=1e-3, b_base=24, noise_every=1, eval_every=2, eval_k=2,
-               checkpoint_every=2, kl_coef=1e-3, entropy_coef=1e-3, zero_var_filter=True,
-               sampling=SamplingConfig(temperature=1.0, max_new_tokens=4))
+    train = dict(lr_base=1e-3, b_base=24, warmup_steps=0, kl_coef=1e-3, entropy_coef=1e-3, zero_var_filter=True,
+                 overlong_filter=False)
+    cfg = dict(n=6, b_problem=4, c_max=24 * 4, noise_every=1, eval_every=2, eval_k=2, checkpoint_every=2,
+               train=train, sampling=SamplingConfig(temperature=1.0, max_new_tokens=4))
     cfg.update(overrides)
     return GRPOTrainer(model.eval(), tok, problems[:60], problems[100:110], RunConfig(**cfg), use_chat_template=False)
 
@@ -71,7 +72,7 @@ def test_noise_every_skips_steps(warm):
 def test_trainer_gram_equals_naive_per_rollout_gradients(warm):
     """The trainer's loss terms give each rollout's own gradient (science §6.1): the hook
     Gram equals one autograd.grad per rollout, also when the terms are computed in chunks."""
-    import rollscale.train.trainer as tm
+    import rollscale.train.online_noise as tm
     from rollscale.core.gram import naive_gram
 
     trainer = make_trainer(warm)

@@ -14,6 +14,7 @@ import yaml
 pytestmark = pytest.mark.slow
 
 SMALL = {
+    "workers": 1,  # in-process; tests/test_parallel.py checks that 2 workers give the same tables
     "data": {"size": 120, "config": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}},
     "base": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_positions": 32,
              "train_size": 1000, "steps": 40, "batch_size": 32, "lr": 3e-3},
@@ -52,6 +53,12 @@ def test_sql_prints_bucket_counts(study):
     assert "bucket" in r.stdout and "hard" in r.stdout
     r = cli("sql", "select * from no_such_table", cwd=study, check=False)
     assert r.returncode != 0 and "no_such_table" in r.stderr
+    # a query that would overwrite a stored table is refused by DuckDB, in one line, and nothing changes
+    target = study / "artifacts" / "bucket" / "buckets.parquet"
+    before = target.read_bytes()
+    r = cli("sql", f"copy (select 1 as x) to '{target}' (format parquet)", cwd=study, check=False)
+    assert r.returncode == 2 and "refused: queries are read-only" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert target.read_bytes() == before
 
 
 def test_bad_params_fail_before_work(tmp_path):
@@ -71,7 +78,7 @@ def test_killed_profile_resumes_from_finished_chunks(study, tmp_path):
     os.symlink(study / "artifacts" / "base", root / "artifacts" / "base")
     cmd = [sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(root / "artifacts"), "run", "profile", "--params", str(root / "params.yaml")]
     # its own session, so the kill takes the CLI's temporary Prefect server with it
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=study, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     chunks = root / "artifacts" / "profile" / "chunks"
     deadline = time.time() + 240
     while time.time() < deadline and len(list(chunks.glob("*/chunk-*.parquet"))) < 3:
@@ -81,7 +88,7 @@ def test_killed_profile_resumes_from_finished_chunks(study, tmp_path):
     finished = {p: p.stat().st_mtime_ns for p in chunks.glob("*/chunk-*.parquet")}
     assert 3 <= len(finished) < 30, "the kill should land mid-profile"
     assert not (root / "artifacts" / "profile" / "profile.parquet").exists()
-    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=study, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"({len(finished)} already done)" in r.stdout
     for p, mtime in finished.items():
@@ -92,6 +99,6 @@ def test_killed_profile_resumes_from_finished_chunks(study, tmp_path):
     straight = root / "straight"
     (straight / "artifacts").mkdir(parents=True)
     os.symlink(study / "artifacts" / "base", straight / "artifacts" / "base")
-    r = subprocess.run([*cmd[:3], "--artifacts", str(straight / "artifacts"), *cmd[5:]], cwd=root, capture_output=True, text=True)
+    r = subprocess.run([*cmd[:3], "--artifacts", str(straight / "artifacts"), *cmd[5:]], cwd=study, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     pd.testing.assert_frame_equal(resumed, pd.read_parquet(straight / "artifacts" / "profile" / "profile.parquet"))

@@ -272,3 +272,12 @@ def test_hub_malformed_row_names_dataset_and_row(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: [{"question": "q?", "answer": "#### 1"}, {"question": "q2?"}])
     with pytest.raises(DataRowError, match=r"openai/gsm8k \(main\) split test row 2: missing field 'answer'"):
         gsm8k_problems()
+
+
+def test_bad_json_message_reads_once(tmp_path: Path) -> None:
+    """json's own message can end in "at" ("Invalid control character at"): no "at at"."""
+    path = _write_jsonl(tmp_path / "cut.jsonl", [_gsm8k_row(1), '{"question": "What is'])
+    with pytest.raises(DataRowError) as info:
+        gsm8k_problems(path)
+    assert "cut.jsonl line 2: bad JSON (Invalid control character at: column 22)" in str(info.value)
+    assert "at at" not in str(info.value)

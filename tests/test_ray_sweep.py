@@ -32,7 +32,7 @@ def committed(run_dir: Path) -> list[Path]:
 
 def kill_victim_while_both_train(runs: Path, killed: list, stop: threading.Event) -> None:
     """SIGKILL the worker training VICTIM once it has committed a checkpoint, at a moment
-    when the other run is training too (a sequential executor never offers one)."""
+    when the other run is training too (one run at a time never offers one)."""
     victim, other = runs / VICTIM, runs / OTHER
     while not stop.is_set():
         attempts = read_attempts(victim)
@@ -47,10 +47,10 @@ def kill_victim_while_both_train(runs: Path, killed: list, stop: threading.Event
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
-    """The same sweep twice: sequential, and on a local Ray started on demand with a worker killed."""
+    """The same sweep twice: one run after another in this process, and on a local Ray started on demand with a worker killed."""
     prepared = prepared_study(tmp_path_factory)
     out = {}
-    for executor in ("sequential", "ray"):
+    for executor in ("local", "ray"):
         root = tmp_path_factory.mktemp(executor)
         art = copy_study(prepared, root)
         params = write_params(root, sweep={**SWEEP, "executor": executor, "ray_cpus_per_run": 1})
@@ -69,7 +69,7 @@ def sweeps(tmp_path_factory):
 
 
 def test_ray_results_equal_the_sequential_sweep(sweeps):
-    seq, ray = sweeps["sequential"], sweeps["ray"]
+    seq, ray = sweeps["local"], sweeps["ray"]
     assert list(ray["runs"]["status"]) == ["finished", "finished"]
     for kind in ("steps", "evals"):
         pd.testing.assert_frame_equal(sweep_rows(ray["artifacts"], kind), sweep_rows(seq["artifacts"], kind))

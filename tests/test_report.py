@@ -304,11 +304,14 @@ def test_quintile_tables_carry_the_null(study):
     assert np.isinf(unf["mean"]).any()
 
 
-def test_summary_tables_format_fits_with_standard_errors(study):
+def test_summary_tables_format_fits_with_intervals_or_say_one_seed(study):
     specs = {s.name: s for s in summary_tables(study)}
     sig = specs["fits_sigmoid_n"].frame
     assert list(sig["key"]) == ["4", "8", "16"]
-    assert all("±" in v for v in sig["c_mid"])
+    assert all(v.endswith("(1 seed, no interval)") for v in sig["c_mid"])  # the study has one seed per n
+    fits = study["fits"].assign(c_mid_lo=study["fits"]["c_mid"] * 0.8, c_mid_hi=study["fits"]["c_mid"] * 1.25)
+    sig = {s.name: s for s in summary_tables({**study, "fits": fits})}["fits_sigmoid_n"].frame
+    assert all(re.fullmatch(r"\S+ \[\S+, \S+\]", v) for v in sig["c_mid"])
     assert set(sig["status"]) == {"ok"}
     buckets = specs["bucket_counts"].frame.set_index("bucket")
     assert int(buckets.loc["easy", "total"]) == int((study["buckets"]["bucket"] == "easy").sum())
@@ -409,3 +412,26 @@ def test_report_renders_offline_in_chromium(full_report, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert _console_messages(res.stderr) == []
     assert shot.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_headline_states_intervals_and_what_cannot_be_told_apart():
+    from rollscale.report.claims import headline_table
+
+    frontier = pd.DataFrame({"design": "n", "bucket": "easy", "rule": "uniform", "c": [1e3, 1e4, 1e5, 1e6],
+                             "best_key": [4, 8, 16, 16], "best_key_share": [0.97, 0.55, 0.9, np.nan],
+                             "best_key_lo": [4, 4, 16, np.nan], "best_key_hi": [4, 16, 16, np.nan]})
+    fits = pd.DataFrame({"kind": "rollouts_to_target", "bucket": "easy", "rule": ["uniform", "pods", "pilot"],
+                         "fixed": "n=8, B_problem=16", "target": 0.4, "ratio_to_uniform": [np.nan, 0.52, 0.9],
+                         "ratio_to_uniform_lo": [np.nan, 0.41, 0.7], "ratio_to_uniform_hi": [np.nan, 0.66, 1.2],
+                         "verdict": [None, "fewer rollouts than uniform", "not distinguishable from uniform"]})
+    crs = pd.DataFrame({"bucket": ["easy"], "rule": ["uniform"], "basis": ["iso-batch: B = 128"], "crs": [7.0],
+                        "predicted_n": [8], "observed_best_n": [16], "observed_best_share": [0.6]})
+    frame = headline_table({"frontier": frontier, "fits": fits, "crs_prediction": crs}).frame
+    findings = list(frame["finding"])
+    assert "n* = 4: 97% of refits agree" in findings
+    assert any("not distinguishable from n in [4, 16]" in f for f in findings)
+    assert "n* = 16 (1 seed, no interval)" in findings
+    assert "pods needs 0.52 [0.41, 0.66]× the rollouts of uniform: fewer rollouts than uniform" in findings
+    assert any(f.startswith("pilot needs") and f.endswith("not distinguishable from uniform") for f in findings)
+    assert "CRS 7 predicts n = 8; observed best n = 16 (60% of seed resamples agree)" in findings
+    assert headline_table({"frontier": None, "fits": None, "crs_prediction": None}).missing

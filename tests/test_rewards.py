@@ -234,15 +234,16 @@ def test_math_reward_pathological_answer_is_bounded_in_a_worker_thread() -> None
     assert math_reward(r"\boxed{3}", "3") == 1.0
 
 
-def test_line_worker_kills_an_overrunning_child_and_restarts() -> None:
-    script = "import sys, time\nprint('\"ready\"', flush=True)\nfor line in sys.stdin:\n    time.sleep(float(line))\n    print(line.strip(), flush=True)\n"
-    worker = rewards._LineWorker([sys.executable, "-c", script])
+def test_timed_worker_kills_an_overrunning_call_and_restarts() -> None:
+    worker = rewards.TimedWorker()
     try:
-        assert worker.request(0.0, timeout_s=10, default="timed out") == 0.0
+        assert worker.call(time.sleep, (0.0,), timeout_s=10, default="timed out") is None
+        first = worker._pool
         start = time.monotonic()
-        assert worker.request(30, timeout_s=0.5, default="timed out") == "timed out"
-        assert time.monotonic() - start < 5
-        assert worker.request(0.0, timeout_s=10, default="timed out") == 0.0  # a fresh child
+        assert worker.call(time.sleep, (30,), timeout_s=0.5, default="timed out") == "timed out"
+        assert time.monotonic() - start < 5 and worker._pool is None  # killed, not left computing
+        assert worker.call(time.sleep, (0.0,), timeout_s=10, default="timed out") is None  # a fresh worker
+        assert worker._pool is not first
     finally:
         worker.stop()
 

@@ -15,9 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rollscale.config import ParamsError, parse_params
-from tests.test_study import copy_study, prepared_study, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -83,15 +83,21 @@ def test_schedule_params_are_checked():
             parse_params({"schedule": bad})
 
 
-def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(tmp_path_factory, tmp_path):
-    """Server on a free loopback port, `rollscale serve` beside it, one run started through
-    the API and awaited, then both stopped by their process ids."""
-    prepared = prepared_study(tmp_path_factory)
-    art = copy_study(prepared, tmp_path, ("base", "profile"))
-    params = write_params(tmp_path, schedule=SCHEDULE)
+def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(dvc_study, tmp_path):
+    """Server on a free loopback port, `rollscale serve` beside it in the project that `dvc repro`
+    built (tests/test_dvc.py), one run started through the API and awaited, then both stopped
+    by their process ids. The run reproduces what DVC finds stale, and dvc.lock records it."""
+    root, env = dvc_study
+    original = (root / "params.yaml").read_text()
+    study = yaml.safe_load(original)
+    study["schedule"] = SCHEDULE
+    study["bucket"]["seed"] = study["bucket"].get("seed", 0) + 1  # bucket is stale now
+    params = root / "params.yaml"
+    params.write_text(yaml.safe_dump(study))
+    art = root / "artifacts"
     port = free_port()
     base = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    env = {**env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_API_URL": base, "PREFECT_UI_ENABLED": "false"}
     logs = {name: tmp_path / f"{name}.log" for name in ("server", "serve")}
     server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
@@ -101,7 +107,7 @@ def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(tmp_pat
     try:
         wait_until(lambda: api(f"{base}/health"), "the Prefect server", 90, [(server, logs["server"])])
         serve = subprocess.Popen([sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(art), "serve", "--params",
-                                  str(params)], env=env, cwd=tmp_path, stdout=logs["serve"].open("w"),
+                                  str(params)], env=env, cwd=root, stdout=logs["serve"].open("w"),
                                  stderr=subprocess.STDOUT, start_new_session=True)
         procs = [(server, logs["server"]), (serve, logs["serve"])]
         deployment = wait_until(lambda: api(f"{base}/deployments/name/study/ci-study"), "the deployment", 90, procs)
@@ -110,7 +116,7 @@ def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(tmp_pat
         [schedule] = deployment["schedules"]
         assert schedule["schedule"]["cron"] == "0 3 * * 1-5" and schedule["schedule"]["timezone"] == "Europe/Paris"
         assert schedule["active"] and deployment["parameters"]["stages"] == ["bucket"]
-        assert deployment["parameters"]["artifacts"] == str(art.resolve())
+        assert deployment["parameters"]["project"] == str(root.resolve())
 
         run = api(f"{base}/deployments/{deployment['id']}/create_flow_run", "POST", {})
 
@@ -119,9 +125,13 @@ def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(tmp_pat
             return state.get("type") if state.get("type") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
         assert wait_until(finished, "the flow run", 120, procs) == "COMPLETED", logs["serve"].read_text()[-3000:]
-        assert (art / "bucket" / "buckets.parquet").exists() and (art / "bucket" / ".stage.json").exists()
-        assert "study: bucket ran" in logs["serve"].read_text()
+        assert (art / "bucket" / "buckets.parquet").exists()
+        assert "study: bucket: running (changed: param bucket (params.yaml): modified" in logs["serve"].read_text()
+        r = subprocess.run([sys.executable, "-m", "dvc", "status", "bucket"], cwd=root, env=env, capture_output=True,
+                           text=True)
+        assert "bucket:" not in r.stdout, r.stdout  # DVC agrees: the served run recorded it in dvc.lock
     finally:
+        params.write_text(original)
         for proc in (serve, server):
             if proc is not None:
                 stop(proc)

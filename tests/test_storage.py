@@ -1,14 +1,22 @@
-"""Atomic Parquet writes and DuckDB views that never lock readers out."""
+"""Atomic Parquet writes, read-only queries that see committed rows only, and
+DuckDB views that never lock readers out."""
 
-import os
+import hashlib
 import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import pandas as pd
 import pytest
+import torch
 
-from rollscale.pipeline.storage import query, write_duckdb, write_parquet_atomic
+from rollscale.pipeline.storage import DamagedResultError, QueryError, query, write_duckdb, write_parquet_atomic
+from rollscale.train.checkpoint import RunStore
+
+
+def save(store: RunStore, step: int, rows: list[dict]) -> None:
+    store.save(step, {"w": torch.zeros(2)}, {}, {"c": step}, step_rows=rows)
 
 
 def test_query_views_and_missing_table(tmp_path):
@@ -20,11 +28,73 @@ def test_query_views_and_missing_table(tmp_path):
         query("select * from profile", tmp_path)
 
 
-def test_steps_view_unions_run_parts(tmp_path):
+def test_steps_view_unions_committed_run_parts_only(tmp_path):
     for run in ("r1", "r2"):
+        store = RunStore(tmp_path / f"sweep/runs/{run}")
         for part in (5, 10):
-            write_parquet_atomic(pd.DataFrame({"run_id": [run], "step": [part]}), tmp_path / f"sweep/runs/{run}/steps-{part:06d}.parquet")
-    assert query("select count(*) as n from steps", tmp_path)["n"][0] == 4
+            save(store, part, [{"run_id": run, "step": part}])
+    # a part written past the last checkpoint (a crash or full disk before the commit)
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "step": [15]}), tmp_path / "sweep/runs/r1/steps-000015.parquet")
+    assert query("select count(*) as n, max(step) as s from steps", tmp_path).to_dict("list") == {"n": [4], "s": [10]}
+
+
+def test_tampered_or_truncated_part_is_an_error_naming_the_file(tmp_path):
+    store = RunStore(tmp_path / "sweep/runs/r1")
+    save(store, 5, [{"run_id": "r1", "step": 5}])
+    save(store, 10, [{"run_id": "r1", "step": 10}])
+    part = tmp_path / "sweep/runs/r1/steps-000005.parquet"
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "step": [99]}), part)  # same name, other rows
+    with pytest.raises(DamagedResultError, match=r"steps-000005.parquet .*checksum.*rollscale run sweep"):
+        query("select * from steps", tmp_path)
+    part.write_bytes(part.read_bytes()[:20])
+    with pytest.raises(DamagedResultError, match=r"steps-000005.parquet has 20 bytes"):
+        query("select * from steps", tmp_path)
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+HOSTILE = [
+    "copy (select * from steps where step <= 5) to '{run}/steps-000010.parquet' (format parquet)",
+    "copy (select 1 as x) to '{outside}/leak.csv'",
+    "export database '{art}/exported'",
+    "attach '{art}/rollscale.duckdb' as db",
+    "attach '{art}/rollscale.duckdb' as db (read_only)",
+    "install httpfs",
+    "load httpfs",
+    "select * from read_csv('/etc/passwd')",
+    "select * from read_parquet('{run}/steps-000005.parquet')",
+    "select * from glob('{art}/*')",
+    "set enable_external_access = true",
+    "set lock_configuration = false",
+]
+
+
+@pytest.mark.parametrize("sql", HOSTILE)
+def test_queries_cannot_write_attach_or_read_files(tmp_path, sql):
+    art, outside = tmp_path / "artifacts", tmp_path / "outside"
+    outside.mkdir()
+    store = RunStore(art / "sweep/runs/r1")
+    save(store, 5, [{"run_id": "r1", "step": 5}])
+    save(store, 10, [{"run_id": "r1", "step": 10}])
+    write_duckdb(art)
+    before = _hashes(tmp_path)
+    with pytest.raises(QueryError, match="refused: queries are read-only"):
+        query(sql.format(run=store.root, art=art, outside=outside), art)
+    assert _hashes(tmp_path) == before
+
+
+def test_create_and_drop_touch_only_the_query_connection(tmp_path):
+    write_parquet_atomic(pd.DataFrame({"x": [1, 2]}), tmp_path / "profile" / "profile.parquet")
+    write_duckdb(tmp_path)
+    before = _hashes(tmp_path)
+    assert query("drop view profile; create table profile as select 42 as x; select * from profile", tmp_path)["x"].tolist() == [42]
+    assert query("select sum(x) as s from profile", tmp_path)["s"].tolist() == [3]
+    assert _hashes(tmp_path) == before
+    with pytest.raises(QueryError, match="Parser Error"):
+        query("selec 1", tmp_path)
 
 
 def test_failed_write_leaves_old_file(tmp_path, monkeypatch):

@@ -12,11 +12,12 @@ import pytest
 import torch
 from tokenizers import decoders
 
-import rollscale.train.trainer as trainer_module
+import rollscale.train.step as step_module
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.problems import reasoning_gym_problems
 from rollscale.lm.sampling import SamplingConfig
+from rollscale.config import TrainParams
 from rollscale.train.trainer import GRPOTrainer, NonFiniteLossError, RunConfig, config_hash, readable_run_id
 
 ARCH = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_positions=32)
@@ -56,10 +57,17 @@ def warm():
     torch.set_num_threads(threads)
 
 
+# the loss and optimizer settings these tests start from (regularisers and filters off)
+TRAIN = dict(lr_base=1e-3, b_base=16, warmup_steps=0, kl_coef=0.0, entropy_coef=0.0, zero_var_filter=False,
+             overlong_filter=False)
+
+
 def _config(**overrides) -> RunConfig:
-    base = dict(n=4, b_problem=4, c_max=16 * 6, lr_base=1e-3, b_base=16, sampling=SAMPLING,
-                eval_every=2, eval_k=4, checkpoint_every=3)
-    base.update(overrides)
+    """A RunConfig; overrides of ``sweep.train`` settings (TrainParams fields) go into ``train``."""
+    train = dict(TRAIN, **{k: v for k, v in overrides.items() if k in TrainParams.model_fields})
+    base = dict(n=4, b_problem=4, c_max=16 * 6, sampling=SAMPLING, eval_every=2, eval_k=4, checkpoint_every=3,
+                train=train)
+    base.update({k: v for k, v in overrides.items() if k not in TrainParams.model_fields})
     return RunConfig(**base)
 
 
@@ -105,7 +113,9 @@ def test_run_config_ids_and_derived_values():
     (dict(rule="dynamic", max_draws=2), "max_draws"),
     (dict(advantage_scale="std"), "advantage_scale"),
     (dict(agg_mode="sum"), "agg_mode"),
-    (dict(clip_low=1.5), "clip_low"),
+    (dict(tis_cap=-1.0), "tis_cap"),
+    (dict(micro_batch_tokens=0), "micro_batch_tokens"),
+    (dict(ppo_epochs=0), "ppo_epochs"),
     (dict(kl_coef=-1.0), "kl_coef"),
     (dict(lr_base=0.0), "lr_base"),
     (dict(grad_clip=-1.0), "grad_clip"),
@@ -114,7 +124,7 @@ def test_run_config_ids_and_derived_values():
     (dict(checkpoint_every=0), "checkpoint_every"),
     (dict(overlong_penalty_cache=9), "overlong_penalty_cache"),
     (dict(sampling=SamplingConfig(temperature=0.0)), "temperature"),
-    (dict(overlong_filter=1), "overlong_filter"),
+    (dict(overlong_filter="maybe"), "overlong_filter"),
     (dict(run_id="a/b"), "run_id"),
 ])
 def test_run_config_rejects_bad_fields(overrides, field):
@@ -318,7 +328,7 @@ def test_resume_with_a_different_config_is_refused(warm, tmp_path):
 
 @pytest.mark.parametrize("checkpoint_every", [2, 10])
 def test_non_finite_loss_fails_the_run_and_keeps_last_checkpoint(warm, tmp_path, monkeypatch, checkpoint_every):
-    real_loss = trainer_module.grpo_loss
+    real_loss = step_module.grpo_loss
     calls = []
 
     def nan_at_step_3(*args, **kwargs):
@@ -328,7 +338,7 @@ def test_non_finite_loss_fails_the_run_and_keeps_last_checkpoint(warm, tmp_path,
             out.loss = out.loss * float("nan")
         return out
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", nan_at_step_3)
+    monkeypatch.setattr(step_module, "grpo_loss", nan_at_step_3)
     cfg = _config(checkpoint_every=checkpoint_every, eval_every=100, run_id="nanrun")
     trainer = _trainer(warm, cfg)
     weights_before = [p.detach().clone() for p in trainer.model.parameters()]

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from rollscale.core.checks import is_int
+
 
 class Rollout(Protocol):
     """What the allocation rules need of a rollout: its verifier reward."""
@@ -34,10 +36,6 @@ SampleFn = Callable[[list[int], int], list[list[Any]]]
 
 NextPrompts = Callable[[int], list[int]]
 """k -> the next k problem indices of the run's data order."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def max_variance_subset(rewards: Sequence[float], m: int) -> list[int]:
@@ -59,7 +57,7 @@ def max_variance_subset(rewards: Sequence[float], m: int) -> list[int]:
     if not np.all(np.isfinite(r)):
         raise ValueError("rewards must be finite")
     n = r.size
-    if not _is_int(m) or not 1 <= m <= n:
+    if not is_int(m) or not 1 <= m <= n:
         raise ValueError(f"m must be an int with 1 <= m <= n={n}, got {m!r}")
     order = np.argsort(r, kind="stable")
     # Centre first: variance is shift-invariant and the prefix sums lose less precision.
@@ -83,7 +81,7 @@ def pilot_scores(successes, n_pilot: int) -> np.ndarray:
     and the score ``q (1 - q)``, the Bernoulli reward variance at ``q``.
     ``successes`` may be fractional (sum of rewards in [0, 1]).
     """
-    if not _is_int(n_pilot) or n_pilot < 1:
+    if not is_int(n_pilot) or n_pilot < 1:
         raise ValueError(f"n_pilot must be a positive int, got {n_pilot!r}")
     s = np.asarray(successes, dtype=np.float64)
     if not np.all(np.isfinite(s)) or np.any(s < 0) or np.any(s > n_pilot):
@@ -131,7 +129,7 @@ class StepAllocation:
 
 
 def _check_int(value: Any, name: str, minimum: int) -> int:
-    if not _is_int(value) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
 
@@ -265,7 +263,7 @@ class PODS(AllocationRule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not _is_int(self.m) or not 2 <= self.m < self.n:
+        if not is_int(self.m) or not 2 <= self.m < self.n:
             raise ValueError(f"m must be an int with 2 <= m < n={self.n}, got {self.m!r}")
 
     @property
@@ -310,7 +308,7 @@ class PilotCommit(AllocationRule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not _is_int(self.n_pilot) or not 1 <= self.n_pilot < self.n:
+        if not is_int(self.n_pilot) or not 1 <= self.n_pilot < self.n:
             raise ValueError(f"n_pilot must be an int with 1 <= n_pilot < n={self.n}, got {self.n_pilot!r}")
         pf = self.pool_factor
         if isinstance(pf, bool) or not isinstance(pf, (int, float)) or not (math.isfinite(pf) and pf >= 1):

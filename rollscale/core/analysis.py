@@ -24,7 +24,8 @@ row carries NaN numbers and a ``status`` saying why.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Sequence
+import zlib
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,17 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core import fit
+from rollscale.core.bootstrap import Bootstrap, interval, interval_note, seeds_per_stratum, sigmoid_refits
+from rollscale.core.common import CONFIG, EVAL_COLUMNS, FAMILY, RUN_COLUMNS, families, fit_row, fits_frame, require
+from rollscale.core.targets import (
+    AXES,
+    SteppedTables,
+    crs_prediction,
+    measured_crs,
+    rule_comparison,
+    steps_to_target_analysis,
+    target_reward,
+)
 
 __all__ = [
     "AXES",
@@ -40,6 +52,7 @@ __all__ = [
     "SteppedTables",
     "crs_prediction",
     "frontier_analysis",
+    "rule_comparison",
     "measured_crs",
     "record_points",
     "run_evals",
@@ -48,27 +61,15 @@ __all__ = [
 ]
 
 DESIGNS: tuple[str, ...] = ("n", "b_problem", "iso_batch")
-AXES: tuple[str, ...] = ("prompt", "rollout")
 
-RUN_COLUMNS = ("run_id", "n", "b_problem")
-EVAL_COLUMNS = ("run_id", "step", "c", "avg_at_k")
-FAMILY = ["bucket", "rule"]
-_FIT_ID = ["kind", "design", "bucket", "rule", "fixed", "key"]
-_FRONTIER_COLUMNS = ["design", "bucket", "rule", "fixed", "c", "m", "frontier_reward", "best_key", "n_star_fit"]
+_FRONTIER_COLUMNS = ["design", "bucket", "rule", "fixed", "c", "m", "frontier_reward", "frontier_reward_lo",
+                     "frontier_reward_hi", "best_key", "best_key_share", "best_key_lo", "best_key_hi", "n_seeds",
+                     "n_star_fit"]
 _TRANSITION_COLUMNS = ["design", "bucket", "rule", "fixed", "c", "m", "from_key", "to_key", "epochs"]
 
 
 # ---------------------------------------------------------------------------
 # inputs
-
-
-def _require(df: Any, name: str, columns: Sequence[str]) -> pd.DataFrame:
-    if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"{name}: expected a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name}: missing columns {missing} (has {list(df.columns)})")
-    return df
 
 
 def run_evals(
@@ -85,8 +86,8 @@ def run_evals(
     Columns: ``run_id, bucket, rule, seed, c_max, n, b_problem, b, step, c,
     epochs, avg_at_k`` with ``b = n * b_problem`` (science §1).
     """
-    _require(runs, "runs", RUN_COLUMNS)
-    _require(evals, "evals", EVAL_COLUMNS)
+    require(runs, "runs", RUN_COLUMNS)
+    require(evals, "evals", EVAL_COLUMNS)
     r = runs.copy()
     if statuses is not None and "status" in r.columns:
         r = r[r["status"].astype(str).isin(set(statuses))]
@@ -124,7 +125,7 @@ def record_points(evals: pd.DataFrame, bin_width: float) -> pd.DataFrame:
     (compute non-decreasing) are bucketed into reward bins of ``bin_width`` and
     the first row of each new highest bin is a record.
     """
-    _require(evals, "evals", EVAL_COLUMNS)
+    require(evals, "evals", EVAL_COLUMNS)
     if not (isinstance(bin_width, (int, float)) and math.isfinite(bin_width) and bin_width > 0):
         raise ValueError(f"bin_width: expected a positive finite number, got {bin_width!r}")
     out = evals.sort_values(["run_id", "step"]).reset_index(drop=True)
@@ -162,10 +163,6 @@ class _Group:
     rows: pd.DataFrame
 
 
-def _families(df: pd.DataFrame) -> list[tuple[tuple[str, str], pd.DataFrame]]:
-    return [((str(b), str(r)), g) for (b, r), g in df.groupby(FAMILY, sort=True)]
-
-
 def _keys_text(values: Iterable[Any]) -> str:
     return ", ".join(str(int(v)) for v in sorted(set(values)))
 
@@ -174,7 +171,7 @@ def _design_groups(df: pd.DataFrame, design: str) -> tuple[list[_Group], list[di
     """The groups a design's frontier is fitted on, and status rows for families that have none."""
     groups: list[_Group] = []
     missing: list[dict[str, Any]] = []
-    for (bucket, rule), fam in _families(df):
+    for (bucket, rule), fam in families(df):
         found = []
         if design == "n":
             if fam["n"].nunique() >= 2:
@@ -199,10 +196,6 @@ def _design_groups(df: pd.DataFrame, design: str) -> tuple[list[_Group], list[di
 def _n_star_kind(design: str) -> str:
     # the report looks the n design's n* fit up as plain "n_star"
     return "n_star" if design == "n" else f"n_star_{design}"
-
-
-def _fit_row(kind: str, design: str, bucket: str, rule: str, fixed: str | None, key: Any, **values: Any) -> dict:
-    return {"kind": kind, "design": design, "bucket": bucket, "rule": rule, "fixed": fixed, "key": key, **values}
 
 
 def _epochs_lookup(group: _Group) -> Any:
@@ -233,27 +226,76 @@ def _resolved_start(curves: dict[int, fit.SigmoidFit], x_lo: float, x_hi: float,
     return float(fine[risen[0]]) if len(risen) else None
 
 
-def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: float) -> FrontierTables:
+def _sigmoid_bootstrap(f: fit.SigmoidFit, pts: pd.DataFrame, x_col: str, weights: np.ndarray) -> np.ndarray:
+    """Refits ``(resamples, 4)`` as (R0, A - R0, log10 C_mid, beta); NaN where the full fit failed."""
+    if not f.ok or weights.shape[0] == 0:
+        return np.full((weights.shape[0], 4), np.nan)
+    x = np.log10(pts[x_col].to_numpy(float))
+    theta0 = [f.r0, f.a - f.r0, f.log10_c_mid, f.beta]
+    lower, upper = [-np.inf, 0.0, x.min() - 3.0, 1e-3], [np.inf, np.inf, x.max() + 3.0, 50.0]  # fit_sigmoid's
+    return sigmoid_refits(x, pts["avg_at_k"].to_numpy(float), weights, theta0, lower, upper)
+
+
+def _sigmoid_intervals(refits: np.ndarray, seeds: int, resamples: int) -> dict[str, Any]:
+    quantities = {"r0": refits[:, 0], "a": refits[:, 0] + refits[:, 1], "c_mid": 10.0 ** refits[:, 2],
+                  "beta": refits[:, 3]}
+    out: dict[str, Any] = {}
+    for name, values in quantities.items():
+        out[f"{name}_lo"], out[f"{name}_hi"] = (float(v) for v in interval(values, seeds))
+    return {**out, "n_seeds": seeds, "interval": interval_note(seeds, resamples)}
+
+
+def _frontier_intervals(refits: dict[int, np.ndarray], keys: list[int], x: np.ndarray, best: np.ndarray,
+                        seeds: int) -> dict[str, np.ndarray]:
+    """Frontier reward and n* on the grid under each resample; share of resamples agreeing with the n* shown."""
+    nan = np.full(len(x), np.nan)
+    if seeds < 2 or not len(keys) or refits[keys[0]].shape[0] == 0:
+        return {"frontier_reward_lo": nan, "frontier_reward_hi": nan, "best_key_share": nan,
+                "best_key_lo": nan, "best_key_hi": nan}
+    th = np.stack([refits[k] for k in keys])[..., None]  # (keys, resamples, 4, 1)
+    preds = fit.sigmoid_model(np.moveaxis(th, 2, 0), np.log10(x))  # (keys, resamples, grid)
+    failed = np.isnan(preds).any(axis=0)
+    picked = np.asarray(keys, float)[np.argmax(np.nan_to_num(preds, nan=-np.inf), axis=0)]
+    picked[failed] = np.nan
+    reward = np.where(failed, np.nan, np.nanmax(np.where(np.isnan(preds), -np.inf, preds), axis=0))
+    r_lo, r_hi = interval(reward, seeds)
+    k_lo, k_hi = interval(picked, seeds)
+    with np.errstate(invalid="ignore"):
+        share = np.nanmean(np.where(failed, np.nan, picked == best[None, :]), axis=0)
+    return {"frontier_reward_lo": r_lo, "frontier_reward_hi": r_hi, "best_key_share": share,
+            "best_key_lo": k_lo, "best_key_hi": k_hi}
+
+
+def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: float,
+                        boot: Bootstrap) -> FrontierTables:
     pts = group.rows[group.rows["is_record"] & (group.rows[group.x_col] > 0)]
     curves: dict[int, fit.SigmoidFit] = {}
     fit_rows = []
+    ids = (design, group.bucket, group.rule, group.fixed)
+    runs = group.rows.drop_duplicates("run_id")
+    counts = boot.run_counts(runs[CONFIG].astype(str).agg("/".join, axis=1), salt=zlib.crc32(repr(ids).encode()))
+    column = {run_id: i for i, run_id in enumerate(runs["run_id"])}
+    refits: dict[int, np.ndarray] = {}
+    seeds: dict[int, int] = {}
     for key in sorted(int(k) for k in group.rows[group.key_col].unique()):
         g = pts[pts[group.key_col] == key]
         f = fit.fit_sigmoid(g[group.x_col].to_numpy(float), g["avg_at_k"].to_numpy(float))
         curves[key] = f
-        fit_rows.append(_fit_row(f"sigmoid_{design}", design, group.bucket, group.rule, group.fixed, key,
-                                 **f.to_dict()))
-    ids = (design, group.bucket, group.rule, group.fixed)
+        key_runs = runs[runs[group.key_col] == key]
+        seeds[key] = seeds_per_stratum(key_runs[CONFIG].astype(str).agg("/".join, axis=1))
+        refits[key] = _sigmoid_bootstrap(f, g, group.x_col, counts[:, [column[r] for r in g["run_id"]]])
+        fit_rows.append(fit_row(f"sigmoid_{design}", design, group.bucket, group.rule, group.fixed, key,
+                                 **f.to_dict(), **_sigmoid_intervals(refits[key], seeds[key], boot.resamples)))
     n_star_kind = _n_star_kind(design)
     no_frontier, no_transitions = pd.DataFrame(columns=_FRONTIER_COLUMNS), pd.DataFrame(columns=_TRANSITION_COLUMNS)
     usable = {k: f for k, f in curves.items() if f.ok}
     if not usable:
         why = "; ".join(f"{group.key_col}={k}: {f.status}" for k, f in curves.items())
-        fit_rows.append(_fit_row(n_star_kind, *ids, None, n_points=0, status=f"no usable sigmoid fit ({why})"))
+        fit_rows.append(fit_row(n_star_kind, *ids, None, n_points=0, status=f"no usable sigmoid fit ({why})"))
         return FrontierTables(pd.DataFrame(fit_rows), no_frontier, no_transitions)
     x_lo, x_hi = float(pts[group.x_col].min()), float(pts[group.x_col].max())
     if not x_hi > x_lo:
-        fit_rows.append(_fit_row(n_star_kind, *ids, None, n_points=0,
+        fit_rows.append(fit_row(n_star_kind, *ids, None, n_points=0,
                                  status=f"record points span no range of {group.x_col}"))
         return FrontierTables(pd.DataFrame(fit_rows), no_frontier, no_transitions)
 
@@ -264,18 +306,23 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
     log10_x = np.log10(fr["c"].to_numpy(float))
     if resolved:
         ns = fit.fit_n_star(log10_x, fr["best_key"].astype(float).to_numpy())
-        fit_rows.append(_fit_row(n_star_kind, *ids, None, **ns.to_dict()))
+        fit_rows.append(fit_row(n_star_kind, *ids, None, **ns.to_dict()))
         transitions = fit.epochs_at_transitions(fr, _epochs_lookup(group))
     else:
         # every curve is still at its base reward: which one is highest is fit noise, not a best key
         ns = None
-        fit_rows.append(_fit_row(n_star_kind, *ids, None, n_points=len(grid), status=(
+        fit_rows.append(fit_row(n_star_kind, *ids, None, n_points=len(grid), status=(
             f"the frontier gains less than {min_gain:g} over the {group.x_col} range: n* not resolved")))
         transitions = pd.DataFrame(columns=["c", "from_key", "to_key", "epochs"])
+    keys = sorted(usable)
+    n_seeds = min(seeds[k] for k in keys)
+    bands = _frontier_intervals(refits, keys, fr["c"].to_numpy(float), fr["best_key"].astype(float).to_numpy(),
+                                n_seeds)
     frontier_df = pd.DataFrame({"design": design, "bucket": group.bucket, "rule": group.rule, "fixed": group.fixed,
                                 "c": fr["c"].to_numpy(float), "m": np.nan,
                                 "frontier_reward": fr["frontier_reward"].to_numpy(float),
                                 "best_key": pd.array([int(k) for k in fr["best_key"]], dtype="Int64"),
+                                **bands, "n_seeds": n_seeds,
                                 "n_star_fit": ns.predict(log10_x) if ns is not None and ns.ok else np.nan})
     transitions = transitions.assign(design=design, bucket=group.bucket, rule=group.rule, fixed=group.fixed, m=np.nan)
     if group.batch is not None:
@@ -288,26 +335,14 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
     return FrontierTables(pd.DataFrame(fit_rows), frontier_df[_FRONTIER_COLUMNS], transitions)
 
 
-def _fits_frame(rows: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return pd.DataFrame(columns=[*_FIT_ID, "n_points", "status"])
-    for col in _FIT_ID:
-        if col not in df.columns:
-            df[col] = None
-    df["key"] = pd.array([None if v is None or pd.isna(v) else int(v) for v in df["key"]], dtype="Int64")
-    df["n_points"] = pd.to_numeric(df["n_points"]).astype(int)
-    rest = [c for c in df.columns if c not in _FIT_ID]
-    return df[_FIT_ID + rest]
-
-
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def frontier_analysis(
-    points: pd.DataFrame, design: str, grid_points: int = 50, min_gain: float = 0.0
+    points: pd.DataFrame, design: str, grid_points: int = 50, min_gain: float = 0.0,
+    boot: Bootstrap | None = None,
 ) -> FrontierTables:
     """Sigmoid per key, the frontier F(C) and its argmax, the n* fit and epochs at transitions (science §7).
 
@@ -327,215 +362,35 @@ def frontier_analysis(
     a best key. A frontier that never rises that much gets no n* fit, and its
     status says so.
 
+    With ``boot`` (resamples > 0), runs are resampled with replacement within
+    each config (its seeds) and every sigmoid refitted (:mod:`rollscale.core.bootstrap`):
+    fit rows gain ``<param>_lo`` / ``<param>_hi``, ``n_seeds`` and ``interval``;
+    the frontier gains ``frontier_reward_lo/_hi``, ``best_key_lo/_hi`` and
+    ``best_key_share``, the share of refits whose argmax is the ``best_key``
+    shown. A key with one seed per config has NaN intervals and says so.
+
     ``fits`` rows: kind ``sigmoid_<design>`` (one per key) and ``n_star``
     (n design) or ``n_star_<design>``; a family with no group for the design
     gets one ``n_star`` row whose status says why.
     """
     if design not in DESIGNS:
         raise ValueError(f"design: expected one of {list(DESIGNS)}, got {design!r}")
-    _require(points, "points", [*EVAL_COLUMNS, "n", "b_problem", "b", "is_record", *FAMILY])
+    require(points, "points", [*EVAL_COLUMNS, "n", "b_problem", "b", "is_record", *FAMILY])
     if int(grid_points) != grid_points or grid_points < 2:
         raise ValueError(f"grid_points: expected an integer >= 2, got {grid_points!r}")
     if not (math.isfinite(min_gain) and min_gain >= 0):
         raise ValueError(f"min_gain: expected a non-negative number, got {min_gain!r}")
     groups, missing = _design_groups(points, design)
-    fit_rows = [_fit_row(_n_star_kind(design), design, m["bucket"], m["rule"], m["fixed"], None, n_points=0,
+    fit_rows = [fit_row(_n_star_kind(design), design, m["bucket"], m["rule"], m["fixed"], None, n_points=0,
                          status=m["status"]) for m in missing]
     if points.empty:
-        fit_rows = [_fit_row(_n_star_kind(design), design, None, None, None, None, n_points=0,
+        fit_rows = [fit_row(_n_star_kind(design), design, None, None, None, None, n_points=0,
                              status="no evaluations of finished runs")]
-    parts = [_frontier_for_group(g, design, int(grid_points), float(min_gain)) for g in groups]
+    boot = boot if boot is not None else Bootstrap(0)
+    parts = [_frontier_for_group(g, design, int(grid_points), float(min_gain), boot) for g in groups]
     fits_rows = [*(r for p in parts for r in p.fits.to_dict("records")), *fit_rows]
     return FrontierTables(
-        fits=_fits_frame(fits_rows),
+        fits=fits_frame(fits_rows),
         frontier=_concat([p.frontier for p in parts], _FRONTIER_COLUMNS),
         transitions=_concat([p.transitions for p in parts], _TRANSITION_COLUMNS),
     )
-
-
-# ---------------------------------------------------------------------------
-# steps to target: S(B), E(B)
-
-
-@dataclass(frozen=True)
-class SteppedTables:
-    """Rows of the ``steps_to_target`` table and the ``steps_to_target_<axis>`` fits."""
-
-    steps_to_target: pd.DataFrame
-    fits: pd.DataFrame
-
-
-def target_reward(evals: pd.DataFrame, target: float | None = None, gain_fraction: float = 0.5) -> tuple[float, str]:
-    """The target validation reward R* of a family, and where it came from (science §7, S(B)).
-
-    A ``target`` from params is used as it is. Without one, R* = base +
-    ``gain_fraction`` × (best − base), with base the mean step-0 evaluation of
-    the runs (each run's first evaluation where there is no step 0) and best
-    the highest validation reward any of them reached.
-    """
-    _require(evals, "evals", EVAL_COLUMNS)
-    if target is not None:
-        if not (math.isfinite(target) and 0.0 <= target <= 1.0):
-            raise ValueError(f"target: expected a reward in [0, 1] or None, got {target!r}")
-        return float(target), "params"
-    if not (math.isfinite(gain_fraction) and 0.0 < gain_fraction <= 1.0):
-        raise ValueError(f"gain_fraction: expected a number in (0, 1], got {gain_fraction!r}")
-    if evals.empty:
-        raise ValueError("evals: expected at least one evaluation to set a default target")
-    first = evals.sort_values("step").groupby("run_id").head(1)
-    base = float(first["avg_at_k"].mean())
-    best = float(evals["avg_at_k"].max())
-    at = "step-0" if (first["step"] == 0).all() else "first-evaluation"
-    value = base + gain_fraction * (best - base)
-    return value, (f"default: {at} base {base:.4g} + {gain_fraction:g} × best gain {best - base:.4g}")
-
-
-def _axis_groups(fam: pd.DataFrame, axis: str) -> list[tuple[str, pd.DataFrame]]:
-    out = []
-    if axis == "prompt":  # n fixed, B_problem varies
-        for n_value, g in fam.groupby("n"):
-            if g["b_problem"].nunique() >= 2:
-                out.append((f"n={int(n_value)}", g))
-    else:  # B_problem fixed, n varies
-        for b_value, g in fam.groupby("b_problem"):
-            if g["n"].nunique() >= 2:
-                out.append((f"B_problem={int(b_value)}", g))
-    return out
-
-
-def steps_to_target_analysis(
-    evals: pd.DataFrame, target: float | None = None, gain_fraction: float = 0.5
-) -> SteppedTables:
-    """S(B), E(B) = B·S(B) and the fit S(B) = S_min (1 + B_crit / B), per axis (science §7).
-
-    ``evals`` is :func:`run_evals`'s table. Per family the target R* comes from
-    :func:`target_reward` (``target_source`` says which). Along the prompt axis
-    (runs with the same n, B_problem varying) and the rollout axis (same
-    B_problem, n varying), each run's S is its first evaluated step with
-    validation reward >= R*; runs that never got there have ``reached`` False
-    and no S; runs already there at step 0 (S = 0) are listed but carry no
-    information about B and are left out of the fit. A family without such
-    runs on an axis gets one fit row whose status says so.
-    """
-    _require(evals, "evals", [*EVAL_COLUMNS, "n", "b_problem", "b", *FAMILY])
-    rows, fit_rows = [], []
-    if evals.empty:
-        fit_rows = [_fit_row(f"steps_to_target_{a}", a, None, None, None, None, n_points=0,
-                             status="no evaluations of finished runs") for a in AXES]
-    for (bucket, rule), fam in _families(evals):
-        value, source = target_reward(fam, target, gain_fraction)
-        for axis in AXES:
-            groups = _axis_groups(fam, axis)
-            if not groups:
-                why = ("no two runs with the same n and different B_problem" if axis == "prompt"
-                       else "no two runs with the same B_problem and different n")
-                fit_rows.append(_fit_row(f"steps_to_target_{axis}", axis, bucket, rule, None, None, target=value,
-                                         target_source=source, n_points=0, status=why))
-                continue
-            for fixed, g in groups:
-                group_rows = []
-                for run_id, r in g.groupby("run_id"):
-                    s = fit.steps_to_target(r["step"].to_numpy(float), r["avg_at_k"].to_numpy(float), value)
-                    first = r.iloc[0]
-                    b = int(first["b"])
-                    group_rows.append({
-                        "axis": axis, "bucket": bucket, "rule": rule, "fixed": fixed, "run_id": run_id,
-                        "seed": first["seed"], "n": int(first["n"]), "b_problem": int(first["b_problem"]), "b": b,
-                        "target": value, "target_source": source, "reached": s is not None,
-                        "steps": math.nan if s is None else float(s), "e": math.nan if s is None else float(b * s),
-                    })
-                rows += group_rows
-                usable = [r for r in group_rows if r["reached"] and r["steps"] > 0]
-                f = fit.fit_steps_to_target([r["b"] for r in usable], [r["steps"] for r in usable])
-                n_not = sum(not r["reached"] for r in group_rows)
-                n_start = sum(r["reached"] and r["steps"] == 0 for r in group_rows)
-                values = f.to_dict()
-                if not f.ok and (n_not or n_start):
-                    values["status"] = (f"{f.status}; of {len(group_rows)} runs {n_not} never reached the target "
-                                        f"{value:.4g} and {n_start} were there at step 0")
-                fit_rows.append(_fit_row(f"steps_to_target_{axis}", axis, bucket, rule, fixed, None, target=value,
-                                         target_source=source, n_not_reached=n_not, n_at_start=n_start, **values))
-    columns = ["axis", "bucket", "rule", "fixed", "run_id", "seed", "n", "b_problem", "b", "target", "target_source",
-               "reached", "steps", "e"]
-    table = pd.DataFrame(rows, columns=columns)
-    return SteppedTables(steps_to_target=table, fits=_fits_frame(fit_rows))
-
-
-# ---------------------------------------------------------------------------
-# CRS prediction check
-
-
-def measured_crs(noise_steps: pd.DataFrame | None, bucket: str | None = None) -> tuple[float, int | None, str]:
-    """The CRS to predict the best n with: (crs, the n it was measured at, status) (science §6.3, §7).
-
-    The median over measurement steps of ``crs`` at the largest n measured
-    (the "short run at large n"); infinite values count (an infinite median
-    means "the largest n"). Where the table has a ``bucket`` column and rows
-    for ``bucket``, only those are used. A missing table, or no finite-or-
-    infinite positive CRS, gives NaN with the reason.
-    """
-    if noise_steps is None or noise_steps.empty:
-        return math.nan, None, "CRS not measured (no noise_steps table: run the measure stage)"
-    _require(noise_steps, "noise_steps", ["n", "crs"])
-    ns = noise_steps
-    if bucket is not None and "bucket" in ns.columns and (ns["bucket"].astype(str) == bucket).any():
-        ns = ns[ns["bucket"].astype(str) == bucket]
-    n_vals = pd.to_numeric(ns["n"], errors="coerce").dropna()
-    if n_vals.empty:
-        return math.nan, None, "CRS not measured (noise_steps has no n)"
-    n_max = int(n_vals.max())
-    crs = pd.to_numeric(ns.loc[pd.to_numeric(ns["n"], errors="coerce") == n_max, "crs"], errors="coerce").dropna()
-    crs = crs[crs > 0]
-    if crs.empty:
-        return math.nan, n_max, f"CRS not measured (no positive CRS at n = {n_max})"
-    return float(np.median(crs.to_numpy(float))), n_max, "ok"
-
-
-def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None) -> pd.DataFrame:
-    """The CRS-predicted best n beside the observed best n (science §7, CRS from §6.3).
-
-    Per family, the comparison groups are the runs sharing a total batch B
-    with at least two n (basis "iso-batch"); where no two n share a B, runs
-    with the same B_problem and C_max (basis "same B_problem and C_max", B
-    then varies with n and ``b`` is NaN). A run's reward is its final
-    validation avg@k, averaged over seeds per n. The CRS is
-    :func:`measured_crs`; where it is missing, ``predicted_n`` and ``agree``
-    are empty and ``status`` says "not measured".
-    """
-    _require(evals, "evals", [*EVAL_COLUMNS, "n", "b_problem", "b", "c_max", *FAMILY])
-    columns = ["bucket", "rule", "basis", "b", "b_problem", "c_max", "crs", "crs_n", "predicted_n",
-               "observed_best_n", "observed_best_reward", "reward_by_n", "agree", "status"]
-    rows = []
-    if evals.empty:
-        rows.append({"status": "no evaluations of finished runs"})
-    for (bucket, rule), fam in _families(evals):
-        final = fam.sort_values("step").groupby("run_id").tail(1)
-        crs, crs_n, crs_status = measured_crs(noise_steps, bucket)
-        comparisons = [(f"iso-batch: B = {int(b)}", float(b), math.nan, math.nan, g)
-                       for b, g in final.groupby("b") if g["n"].nunique() >= 2]
-        if not comparisons:
-            for (bp, cm), g in final.groupby(["b_problem", "c_max"], dropna=False):
-                if g["n"].nunique() >= 2:
-                    basis = f"same B_problem = {int(bp)} and C_max = {cm:g} (no two n share a total batch B)"
-                    comparisons.append((basis, math.nan, float(bp), float(cm), g))
-        if not comparisons:
-            rows.append({"bucket": bucket, "rule": rule, "crs": crs, "crs_n": crs_n,
-                         "status": "no runs with two or more n under a fixed B, or a fixed B_problem and C_max"})
-            continue
-        for basis, b, bp, cm, g in comparisons:
-            reward_by_n = {int(n): float(v) for n, v in g.groupby("n")["avg_at_k"].mean().items()}
-            p = fit.predicted_vs_observed_best_n(crs, reward_by_n)
-            rows.append({
-                "bucket": bucket, "rule": rule, "basis": basis, "b": b, "b_problem": bp, "c_max": cm,
-                "crs": crs, "crs_n": crs_n, "predicted_n": p.predicted_n, "observed_best_n": p.observed_best_n,
-                "observed_best_reward": p.observed_best_reward,
-                "reward_by_n": ", ".join(f"{n}: {v:.4g}" for n, v in sorted(reward_by_n.items())),
-                "agree": p.agree if p.predicted_n is not None else None, "status": crs_status,
-            })
-    df = pd.DataFrame(rows, columns=columns)
-    for col in ("predicted_n", "observed_best_n", "crs_n"):
-        df[col] = pd.array([None if v is None or pd.isna(v) else int(v) for v in df[col]], dtype="Int64")
-    df["agree"] = pd.array([None if v is None or pd.isna(v) else bool(v) for v in df["agree"]], dtype="boolean")
-    for col in ("b", "b_problem", "c_max", "crs", "observed_best_reward"):
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    return df

@@ -38,180 +38,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from rollscale.core.gram_blocks import (
+    gram_block,
+    compact,
+    Contrib,
+    Dense,
+    materialize,
+    n_rows,
+    Outer,
+    Rows,
+    use_token_trick,
+)
+
 __all__ = ["gram_matrix", "naive_gram", "trainable_parameters"]
 
 LossTermsFn = Callable[[torch.Tensor], torch.Tensor]
 
 _DEFAULT_BUDGET_BYTES = 1 << 28  # working memory per block computation
-
-
-# ---------------------------------------------------------------------------
-# per-rollout gradient contributions of one parameter use, for a set of rows
-
-
-@dataclass
-class _Outer:
-    """``G_i = sum_t u_it v_it^T``; u: [N, T, a], v: [N, T, b] (Linear weight)."""
-
-    u: torch.Tensor
-    v: torch.Tensor
-
-
-@dataclass
-class _Rows:
-    """``G_i = sum_t onehot(idx_it) v_it^T``; idx: [N, T] (-1 = no row), v: [N, T, b]."""
-
-    idx: torch.Tensor
-    v: torch.Tensor
-
-
-@dataclass
-class _Dense:
-    """Materialised per-rollout gradients, g: [N, numel]."""
-
-    g: torch.Tensor
-
-
-_Contrib = _Outer | _Rows | _Dense
-
-
-def _n(c: _Contrib) -> int:
-    return c.g.shape[0] if isinstance(c, _Dense) else c.v.shape[0]
-
-
-def _tokens(c: _Outer | _Rows) -> int:
-    return c.v.shape[1]
-
-
-def _size(c: _Contrib) -> int:
-    if isinstance(c, _Dense):
-        return c.g.numel()
-    if isinstance(c, _Outer):
-        return c.u.numel() + c.v.numel()
-    return c.idx.numel() + c.v.numel()
-
-
-def _materialize(contribs: list[_Contrib], shape: tuple[int, int], lo: int, hi: int) -> torch.Tensor:
-    """Per-rollout gradients of parameter rows lo:hi, [N, (hi - lo) * b]."""
-    a, b = shape
-    n = _n(contribs[0])
-    if len(contribs) == 1 and isinstance(contribs[0], _Dense):  # no copy needed
-        return contribs[0].g.view(n, a, b)[:, lo:hi].reshape(n, -1)
-    out: torch.Tensor | None = None
-    for c in contribs:
-        if isinstance(c, _Dense):
-            part = c.g.view(n, a, b)[:, lo:hi]
-            out = part.clone() if out is None else out.add_(part)
-        elif isinstance(c, _Outer):
-            ut = c.u[:, :, lo:hi].transpose(1, 2)
-            out = torch.bmm(ut, c.v) if out is None else out.baddbmm_(ut, c.v)
-        else:
-            if out is None:
-                out = torch.zeros(n, hi - lo, b, dtype=c.v.dtype, device=c.v.device)
-            sel = (c.idx >= lo) & (c.idx < hi)
-            rows = torch.arange(n, device=c.idx.device)[:, None].expand_as(c.idx)[sel]
-            flat = rows * (hi - lo) + (c.idx[sel] - lo)
-            out.view(n * (hi - lo), b).index_add_(0, flat, c.v[sel])
-    assert out is not None
-    return out.reshape(n, -1)
-
-
-def _u_gram(p: _Outer | _Rows, q: _Outer | _Rows) -> torch.Tensor:
-    """Token-space Gram of the row factors, [Np * Tp, Nq * Tq]."""
-    if isinstance(p, _Outer) and isinstance(q, _Outer):
-        return p.u.reshape(-1, p.u.shape[-1]) @ q.u.reshape(-1, q.u.shape[-1]).T
-    if isinstance(p, _Rows) and isinstance(q, _Rows):
-        ip, iq = p.idx.reshape(-1), q.idx.reshape(-1)
-        return ((ip[:, None] == iq[None, :]) & (ip >= 0)[:, None]).to(p.v.dtype)
-    if isinstance(p, _Rows):
-        return _u_gram(q, p).T
-    # <u_it, onehot(k)> = u_it[k]
-    iq = q.idx.reshape(-1)
-    g = p.u.reshape(-1, p.u.shape[-1])[:, iq.clamp(min=0)]
-    return g * (iq >= 0).to(g.dtype)[None, :]
-
-
-def _trick(cx: list[_Contrib], cy: list[_Contrib], budget: int) -> torch.Tensor:
-    """``K_ij = sum_{t,s} <u_it, u_js> <v_it, v_js>`` summed over all use pairs."""
-    nx, ny = _n(cx[0]), _n(cy[0])
-    out = None
-    for p in cx:
-        for q in cy:
-            tp, tq = _tokens(p), _tokens(q)
-            step = max(1, budget // max(1, 3 * tp * ny * tq))  # bound the token Grams
-            vq = q.v.reshape(-1, q.v.shape[-1])
-            for s in range(0, nx, step):
-                e = min(nx, s + step)
-                ps = _Outer(p.u[s:e], p.v[s:e]) if isinstance(p, _Outer) else _Rows(p.idx[s:e], p.v[s:e])
-                sv = ps.v.reshape(-1, vq.shape[-1]) @ vq.T
-                blk = (_u_gram(ps, q) * sv).view(e - s, tp, ny, tq).sum(dim=(1, 3))
-                if out is None:
-                    out = torch.zeros(nx, ny, dtype=blk.dtype, device=blk.device)
-                out[s:e] += blk
-    assert out is not None
-    return out
-
-
-def _mat_cost(c: _Contrib, numel: int, b: int) -> int:
-    if isinstance(c, _Outer):
-        return _n(c) * _tokens(c) * numel
-    if isinstance(c, _Rows):
-        return _n(c) * _tokens(c) * b
-    return 0
-
-
-def _use_tokens(
-    cx: list[_Contrib], cy: list[_Contrib], shape: tuple[int, int], same: bool, method: str
-) -> bool:
-    """Whether the token-space trick is the method for this block (else materialise)."""
-    if method == "materialize" or any(isinstance(c, _Dense) for c in (*cx, *cy)):
-        return False
-    if method == "tokens":
-        return True
-    a, b = shape
-    numel = a * b
-    nx, ny = _n(cx[0]), _n(cy[0])
-    mat = nx * ny * numel + sum(_mat_cost(c, numel, b) for c in cx)
-    if not same:
-        mat += sum(_mat_cost(c, numel, b) for c in cy)
-    trick = sum(
-        nx * _tokens(p) * ny * _tokens(q) * ((a if isinstance(p, _Outer) and isinstance(q, _Outer) else 1) + b)
-        for p in cx
-        for q in cy
-    )
-    return trick < mat
-
-
-def _block(
-    cx: list[_Contrib],
-    cy: list[_Contrib],
-    shape: tuple[int, int],
-    same: bool,
-    budget: int,
-    method: str = "auto",
-) -> torch.Tensor:
-    """``<G_i, G_j>`` for i in the rows of cx, j in the rows of cy, by the cheaper method."""
-    if _use_tokens(cx, cy, shape, same, method):
-        return _trick(cx, cy, budget)
-    a, b = shape
-    nx, ny = _n(cx[0]), _n(cy[0])
-    rows = max(1, budget // max(1, (nx + ny) * b))
-    out = None
-    for lo in range(0, a, rows):
-        hi = min(a, lo + rows)
-        mx = _materialize(cx, shape, lo, hi)
-        blk = mx @ (mx if same else _materialize(cy, shape, lo, hi)).T
-        out = blk if out is None else out + blk
-    assert out is not None
-    return out
-
-
-def _compact(contribs: list[_Contrib], shape: tuple[int, int]) -> list[_Contrib]:
-    """The smaller of the captured factors and the materialised per-rollout gradients."""
-    n = _n(contribs[0])
-    if n * shape[0] * shape[1] <= sum(_size(c) for c in contribs):
-        return [_Dense(_materialize(contribs, shape, 0, shape[0]))]
-    return contribs
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +113,7 @@ def trainable_parameters(
 class _Pending:
     expected: int = 0
     arrived: int = 0
-    contribs: list[_Contrib] = field(default_factory=list)
+    contribs: list[Contrib] = field(default_factory=list)
 
 
 class _GramCollector:
@@ -326,7 +169,7 @@ class _GramCollector:
         self.store = store
         self.method = method
         self.grad_targets = grad_targets
-        self.stored: dict[int, list[tuple[slice, list[_Contrib]]]] = {}
+        self.stored: dict[int, list[tuple[slice, list[Contrib]]]] = {}
         self.rows = slice(0, 0)
         self.pending: dict[int, _Pending] = {}
         self.outputs: list[torch.Tensor] = []
@@ -380,17 +223,17 @@ class _GramCollector:
 
     def _contribs(
         self, module: nn.Module, kind: str, x: torch.Tensor, grad: torch.Tensor
-    ) -> dict[str, _Contrib]:
+    ) -> dict[str, Contrib]:
         n = grad.shape[0]
         d = grad.reshape(n, -1, grad.shape[-1]).to(self.dtype)
         if kind == "linear":
             a = x.reshape(n, -1, x.shape[-1]).to(self.dtype)
-            return {"weight": _Outer(d, a), "bias": _Dense(d.sum(dim=1))}
+            return {"weight": Outer(d, a), "bias": Dense(d.sum(dim=1))}
         if kind == "embedding":
             idx = x.reshape(n, -1)
             if module.padding_idx is not None:  # autograd leaves that row's gradient at 0
                 idx = idx.masked_fill(idx == module.padding_idx, -1)
-            return {"weight": _Rows(idx, d)}
+            return {"weight": Rows(idx, d)}
         xf = x.float()
         if kind == "llama_rmsnorm":
             eps = module.variance_epsilon
@@ -399,7 +242,7 @@ class _GramCollector:
             eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
             xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         xhat = xhat.reshape(n, -1, xhat.shape[-1]).to(self.dtype)
-        return {"weight": _Dense((d * xhat).sum(dim=1))}
+        return {"weight": Dense((d * xhat).sum(dim=1))}
 
     def _finish(self, pid: int) -> None:
         pend = self.pending.pop(pid)
@@ -407,21 +250,21 @@ class _GramCollector:
             return
         shape, cur, rows = self.shapes[pid], pend.contribs, self.rows
         if not self.store:
-            self.K[rows, rows] += _block(cur, cur, shape, True, self.budget, self.method).to(torch.float64)
+            self.K[rows, rows] += gram_block(cur, cur, shape, True, self.budget, self.method).to(torch.float64)
             return
-        cur = _compact(cur, shape)  # the form kept for later chunks
+        cur = compact(cur, shape)  # the form kept for later chunks
         work = cur
-        n_cur = _n(cur[0])
+        n_cur = n_rows(cur[0])
         if (
-            not isinstance(cur[0], _Dense)
+            not isinstance(cur[0], Dense)
             and n_cur * shape[0] * shape[1] <= self.budget
-            and not _use_tokens(cur, cur, shape, True, self.method)
+            and not use_token_trick(cur, cur, shape, True, self.method)
         ):
             # materialised once here rather than again for every earlier chunk
-            work = [_Dense(_materialize(cur, shape, 0, shape[0]))]
-        self.K[rows, rows] += _block(work, work, shape, True, self.budget, self.method).to(torch.float64)
+            work = [Dense(materialize(cur, shape, 0, shape[0]))]
+        self.K[rows, rows] += gram_block(work, work, shape, True, self.budget, self.method).to(torch.float64)
         for prev_rows, prev in self.stored.get(pid, []):
-            blk = _block(work, prev, shape, False, self.budget, self.method).to(torch.float64)
+            blk = gram_block(work, prev, shape, False, self.budget, self.method).to(torch.float64)
             self.K[rows, prev_rows] += blk
             self.K[prev_rows, rows] += blk.T
         self.stored.setdefault(pid, []).append((rows, cur))

@@ -9,14 +9,24 @@ Conventions follow verl's ``core_algos`` (``agg_loss``, ``kl_penalty`` "low_var_
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
+
+from rollscale.core.checks import is_int
+
+# per-token log-probabilities (memory-bounded) and the overlong / learning-rate rules
+# live in their own modules; re-exported here, the step's one import
+from rollscale.core.logprobs import token_logprobs_and_entropy  # noqa: F401
+from rollscale.core.shaping import (  # noqa: F401
+    overlong_filter_mask,
+    overlong_penalty,
+    sqrt_scaled_lr,
+    warmup_factor,
+)
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = (
@@ -28,10 +38,6 @@ AGG_MODES: tuple[str, ...] = (
 
 # verl clamps the log-ratio of the k3 estimator to this range so that exp() stays finite.
 _K3_LOG_RATIO_CLAMP = 20.0
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _describe(x) -> str:
@@ -102,7 +108,7 @@ def nonzero_variance_mask(rewards) -> np.ndarray:
     return flags.reshape(arr.shape).copy()
 
 
-@dataclass
+@dataclass(frozen=True)
 class LossConfig:
     """Settings of the GRPO training loss (science §3).
 
@@ -116,6 +122,10 @@ class LossConfig:
             nonzero reward variance (the ``regularize`` flags of :func:`grpo_loss`).
         max_new_tokens: the generation budget; the constant normaliser of
             ``seq-mean-token-sum-norm`` (required for that mode).
+        tis_cap: truncated importance sampling on the sampler/trainer mismatch:
+            the policy term of each token is weighted by
+            ``min(exp(logp_old - logp_sampler), tis_cap)`` when the sampler's
+            log-probs are given (verl's ``tis_imp_ratio_cap``); 0 = off.
     """
 
     clip_low: float = 0.2
@@ -125,6 +135,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     zero_var_filter: bool = False
     max_new_tokens: int | None = None
+    tis_cap: float = 2.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip_low) and 0.0 <= self.clip_low < 1.0):
@@ -139,10 +150,34 @@ class LossConfig:
             raise ValueError(f"entropy_coef must be a finite number >= 0, got {self.entropy_coef!r}")
         if not isinstance(self.zero_var_filter, bool):
             raise ValueError(f"zero_var_filter must be a bool, got {self.zero_var_filter!r}")
-        if self.max_new_tokens is not None and (not _is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
             raise ValueError(f"max_new_tokens must be a positive int or None, got {self.max_new_tokens!r}")
+        if not (math.isfinite(self.tis_cap) and self.tis_cap >= 0.0):
+            raise ValueError(f"tis_cap must be a finite number >= 0 (0 = off), got {self.tis_cap!r}")
         if self.agg_mode == "seq-mean-token-sum-norm" and self.max_new_tokens is None:
             raise ValueError("agg_mode 'seq-mean-token-sum-norm' needs max_new_tokens (its normaliser)")
+
+
+@dataclass(frozen=True)
+class LossNormalizers:
+    """The batch-level denominators of the aggregation modes (science §3).
+
+    Computed once over the whole batch before a micro-batch loop, so that the
+    sum of the micro-batches' losses is the full-batch loss in every mode.
+
+    Attributes:
+        n_tokens: masked-in tokens of the batch (``token-mean``).
+        n_seqs: rollouts with at least one masked-in token (the ``seq-mean-*`` modes).
+    """
+
+    n_tokens: float
+    n_seqs: float
+
+
+def loss_normalizers(mask: torch.Tensor) -> LossNormalizers:
+    """:class:`LossNormalizers` of a ``[N, T]`` 0/1 loss mask."""
+    per_seq = mask.sum(dim=1)
+    return LossNormalizers(n_tokens=float(per_seq.sum().item()), n_seqs=float((per_seq > 0).sum().item()))
 
 
 @dataclass
@@ -160,6 +195,10 @@ class LossOutput:
         entropy: mean entropy per masked-in token; NaN when not given.
         clip_frac: fraction of masked-in tokens where the clipped term is the active one.
         n_tokens: number of masked-in tokens.
+        logp_mismatch: mean ``|logp_old - logp_sampler|`` per masked-in token;
+            NaN when the sampler's log-probs were not given.
+        sampler_kl: mean k3 estimate of KL(sampler || trainer) per masked-in token; NaN likewise.
+        tis_frac: fraction of masked-in tokens whose importance weight hit ``tis_cap``; NaN likewise.
     """
 
     loss: torch.Tensor
@@ -169,6 +208,9 @@ class LossOutput:
     entropy: float
     clip_frac: float
     n_tokens: int
+    logp_mismatch: float = float("nan")
+    sampler_kl: float = float("nan")
+    tis_frac: float = float("nan")
 
 
 def k3_kl(logp_new: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
@@ -200,6 +242,8 @@ def grpo_loss(
     logp_ref: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     regularize: torch.Tensor | None = None,
+    normalizers: LossNormalizers | None = None,
+    logp_sampler: torch.Tensor | None = None,
 ) -> LossOutput:
     """The GRPO training loss of one batch of rollouts (science §3).
 
@@ -219,7 +263,16 @@ def grpo_loss(
     - ``seq-mean-token-sum``: ``(1/N') sum_i sum_t m l``;
     - ``seq-mean-token-sum-norm``: ``(1/(N' * max_new_tokens)) sum_it m l`` (Dr.GRPO).
 
-    A batch with no masked-in token has loss 0 (not NaN).
+    A batch with no masked-in token has loss 0 (not NaN). ``normalizers`` gives
+    the denominators of a larger batch this call is a micro-batch of (default:
+    this call's own), so micro-batch losses add up to the full-batch loss.
+
+    Off-policy correction: with ``logp_sampler`` (the log-probs of a separate
+    sampling engine) and ``cfg.tis_cap > 0`` the policy term of each token is
+    multiplied by the detached truncated importance weight
+    ``min(exp(logp_old - logp_sampler), tis_cap)`` (verl's TIS; decoupled PPO:
+    the ratio is clipped against the trainer's ``logp_old``, the weight corrects
+    for the sampler having drawn the tokens).
 
     Args:
         logp_new: [N, T] log-probs of the sampled tokens under the policy being trained.
@@ -232,6 +285,8 @@ def grpo_loss(
             required when ``cfg.entropy_coef > 0``.
         regularize: [N] bool, which rollouts get KL / entropy; required when
             ``cfg.zero_var_filter`` and a regulariser is on, ignored when the filter is off.
+        normalizers: the full batch's aggregation denominators (see above).
+        logp_sampler: [N, T] log-probs of the sampled tokens under the sampler, or None.
 
     Returns:
         :class:`LossOutput`.
@@ -246,6 +301,7 @@ def grpo_loss(
     _check_token_tensor(mask, "mask", shape)
     _check_token_tensor(logp_ref, "logp_ref", shape)
     _check_token_tensor(entropy, "entropy", shape)
+    _check_token_tensor(logp_sampler, "logp_sampler", shape)
     if not isinstance(advantages, torch.Tensor) or advantages.shape != (n_rollouts,):
         raise ValueError(f"advantages must be a torch.Tensor of shape ({n_rollouts},), got {_describe(advantages)}")
     if not torch.all(torch.isfinite(advantages)):
@@ -279,6 +335,21 @@ def grpo_loss(
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     pg_tok = torch.maximum(pg_unclipped, pg_clipped)
+    sampler_stats = (math.nan, math.nan, math.nan)
+    if logp_sampler is not None:
+        logp_sampler = torch.where(keep, logp_sampler.detach().to(dtype), logp_old)
+        log_w = logp_old - logp_sampler
+        tis_w = torch.exp(log_w.clamp(max=_K3_LOG_RATIO_CLAMP))
+        capped = tis_w > cfg.tis_cap
+        if cfg.tis_cap > 0:
+            pg_tok = pg_tok * tis_w.clamp(max=cfg.tis_cap)
+        with torch.no_grad():
+            n_keep = max(float(m.sum().item()), 1.0)
+            sampler_stats = (
+                float((log_w.abs() * m).sum().item() / n_keep),
+                float((k3_kl(logp_sampler, logp_old) * m).sum().item() / n_keep),
+                float((capped.to(dtype) * m).sum().item() / n_keep) if cfg.tis_cap > 0 else math.nan,
+            )
 
     reg_weight = m
     if use_filter:
@@ -292,7 +363,9 @@ def grpo_loss(
     if entropy is not None and cfg.entropy_coef > 0:
         total_tok = total_tok - cfg.entropy_coef * entropy * reg_weight
 
-    weights = _aggregation_weights(m, cfg)  # [N, T], zero on masked-out tokens
+    if normalizers is None:
+        normalizers = loss_normalizers(m)
+    weights = _aggregation_weights(m, cfg, normalizers)  # [N, T], zero on masked-out tokens
     per_rollout = (total_tok * weights).sum(dim=1)
     loss = per_rollout.sum()
 
@@ -311,166 +384,21 @@ def grpo_loss(
         entropy=ent,
         clip_frac=clip_frac,
         n_tokens=n_tokens,
+        logp_mismatch=sampler_stats[0],
+        sampler_kl=sampler_stats[1],
+        tis_frac=sampler_stats[2],
     )
 
 
-def _aggregation_weights(m: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+def _aggregation_weights(m: torch.Tensor, cfg: LossConfig, norm: LossNormalizers) -> torch.Tensor:
     """Per-token weights w so that the aggregated loss is ``sum(w * l)`` (science §3)."""
     tokens_per_seq = m.sum(dim=1, keepdim=True)
-    n_seq = float((tokens_per_seq > 0).sum().item())
+    n_seq = norm.n_seqs
     if cfg.agg_mode == "token-mean":
-        return m / max(float(m.sum().item()), 1.0)
+        return m / max(norm.n_tokens, 1.0)
     if cfg.agg_mode == "seq-mean-token-mean":
         return m / tokens_per_seq.clamp(min=1.0) / max(n_seq, 1.0)
     if cfg.agg_mode == "seq-mean-token-sum":
         return m / max(n_seq, 1.0)
     # seq-mean-token-sum-norm; max_new_tokens checked in LossConfig
     return m / (max(n_seq, 1.0) * float(cfg.max_new_tokens))
-
-
-def overlong_filter_mask(truncated: Sequence[bool]) -> np.ndarray:
-    """Keep-mask of overlong filtering (science §3): False for rollouts that hit
-    ``max_new_tokens`` without an end marker (masked out of the loss, still
-    counted in C), True otherwise."""
-    arr = np.asarray(truncated)
-    if arr.ndim != 1:
-        raise ValueError(f"truncated must be a 1-D sequence of bools, got shape {arr.shape}")
-    if arr.size and arr.dtype != np.bool_:
-        if not np.all(np.isin(arr, (0, 1))):
-            raise ValueError("truncated must contain only booleans (or 0/1)")
-    return ~arr.astype(bool)
-
-
-def overlong_penalty(lengths, max_new_tokens: int, cache_len: int) -> np.ndarray:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13; science §3).
-
-    With ``L_max = max_new_tokens`` and ``L_cache = cache_len``, a response of
-    length ``L`` gets ``0`` if ``L <= L_max - L_cache``, ``(L_max - L_cache - L) / L_cache``
-    if ``L_max - L_cache < L <= L_max``, and ``-1`` if ``L > L_max``. Added to the
-    verifier reward.
-    """
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not _is_int(cache_len) or not 1 <= cache_len <= max_new_tokens:
-        raise ValueError(f"cache_len must be an int in [1, max_new_tokens={max_new_tokens}], got {cache_len!r}")
-    lengths_arr = np.asarray(lengths, dtype=np.float64)
-    if not np.all(np.isfinite(lengths_arr)) or np.any(lengths_arr < 0):
-        raise ValueError("lengths must be finite and >= 0")
-    soft_start = max_new_tokens - cache_len
-    penalty = np.where(lengths_arr <= soft_start, 0.0, (soft_start - lengths_arr) / cache_len)
-    return np.where(lengths_arr > max_new_tokens, -1.0, penalty)
-
-
-def sqrt_scaled_lr(lr_base: float, batch_size: int, base_batch_size: int) -> float:
-    """Square-root learning-rate scaling ``lr_base * sqrt(B / B_base)`` (science §3)."""
-    if not (math.isfinite(lr_base) and lr_base > 0):
-        raise ValueError(f"lr_base must be a finite number > 0, got {lr_base!r}")
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be > 0, got {batch_size!r}")
-    if base_batch_size <= 0:
-        raise ValueError(f"base_batch_size must be > 0, got {base_batch_size!r}")
-    return float(lr_base * math.sqrt(batch_size / base_batch_size))
-
-
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """Linear warm-up then constant (science §3): the factor on the learning rate.
-
-    ``step`` counts optimizer steps already taken, from 0 (the convention of
-    ``torch.optim.lr_scheduler.LambdaLR``): ``min(1, (step + 1) / warmup_steps)``,
-    so the first step uses ``1 / warmup_steps`` (never 0) and step
-    ``warmup_steps - 1`` the full rate. ``warmup_steps = 0`` means no warm-up.
-    """
-    if step < 0:
-        raise ValueError(f"step must be >= 0 (counted from 0), got {step!r}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
-    if warmup_steps == 0:
-        return 1.0
-    return float(min(1.0, (step + 1) / warmup_steps))
-
-
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wrappers
-    try:
-        return "logits_to_keep" in inspect.signature(target.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def token_logprobs_and_entropy(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    completion_mask: torch.Tensor,
-    temperature: float = 1.0,
-    entropy_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs and entropies of the completions, one forward pass (science §3).
-
-    ``input_ids`` is ``[N, P + T_c]``: left-padded prompts of width ``P``
-    followed by right-padded completions of width ``T_c = completion_mask.shape[1]``.
-    Position ids are passed as ``cumsum(attention_mask) - 1`` so each sequence
-    starts at position 0 whatever its left padding; the model then sees what it
-    sees unpadded (models with absolute position embeddings need this; for
-    rotary ones it changes nothing beyond rounding). Logits are divided by
-    ``temperature`` (as verl and TRL do) so the log-probs are those of the
-    distribution sampled from. Only the last ``T_c + 1`` logit rows are
-    requested (``logits_to_keep``) where the model supports it.
-
-    Args:
-        model: a Hugging Face causal LM (or a peft wrapper of one).
-        input_ids: [N, L] token ids.
-        attention_mask: [N, L] 1 for real tokens.
-        completion_mask: [N, T_c] 1 for real completion tokens.
-        temperature: sampling temperature (> 0).
-        entropy_grad: False computes the entropy without autograd (for logging
-            only; saves the memory of the full softmax in the graph).
-
-    Returns:
-        ``(logp, entropy)``, each [N, T_c] float32, zero where ``completion_mask`` is 0.
-        ``entropy`` is that of the full next-token distribution at each completion position.
-    """
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be 2-D [N, L], got shape {tuple(input_ids.shape)}")
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must have shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
-    if completion_mask.ndim != 2 or completion_mask.shape[0] != input_ids.shape[0]:
-        raise ValueError(f"completion_mask must be [N={input_ids.shape[0]}, T_c], got {tuple(completion_mask.shape)}")
-    t_c = completion_mask.shape[1]
-    if not 1 <= t_c < input_ids.shape[1]:
-        raise ValueError(
-            f"completion width T_c={t_c} must be in [1, L={input_ids.shape[1]}) (at least one prompt token)"
-        )
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
-
-    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    kwargs = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "use_cache": False,
-    }
-    if _accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = t_c + 1
-    logits = model(**kwargs).logits
-    # Row j predicts token j + 1: the rows before each completion token.
-    logits = logits[:, -(t_c + 1) : -1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = input_ids[:, -t_c:]
-    log_norm = torch.logsumexp(logits, dim=-1)
-    # gather + logsumexp avoids materialising a second [N, T_c, V] tensor of log-probs
-    logp = torch.gather(logits, 2, targets.unsqueeze(-1)).squeeze(-1) - log_norm
-
-    def _entropy() -> torch.Tensor:
-        probs = torch.softmax(logits, dim=-1)
-        return log_norm - (probs * logits).sum(dim=-1)
-
-    if entropy_grad:
-        ent = _entropy()
-    else:
-        with torch.no_grad():
-            ent = _entropy()
-    cm = completion_mask.to(logp.dtype)
-    return logp * cm, ent * cm

@@ -9,7 +9,9 @@ Conventions used throughout:
 
 * ``gram`` is a symmetric ``N x N`` array of finite numbers, ``N >= 2``.
 * ``groups`` gives the prompt of each row (any hashable labels); every prompt
-  must own the same number ``n`` of rows, in any order.
+  must own the same number ``n`` of rows, in any order, and there must be at
+  least two prompts: the signal comes from between-prompt pairs only, because
+  two rollouts of one prompt share the prompt's component (science §6.2).
 * A signal estimate ``|G|^2_hat <= 0`` (noise swamps signal) makes a
   noise-to-signal ratio infinite rather than negative.
 """
@@ -20,7 +22,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
+from rollscale.core.noise_ema import EmaNoiseScale
+from rollscale.core.noise_summary import iqr_filter, quintile_table, summary_stats
 
 __all__ = [
     "EmaNoiseScale",
@@ -31,6 +34,7 @@ __all__ = [
     "crs",
     "decompose",
     "g_norm2",
+    "g_norm2_all_pairs",
     "icc_components",
     "icc_rho",
     "iqr_filter",
@@ -38,8 +42,10 @@ __all__ = [
     "k_sat",
     "k_sat_null",
     "prompt_axis_b_noise",
+    "prompt_noise_power",
     "quintile_table",
     "rollout_axis_noise",
+    "rollout_noise_power",
     "split_half_rho",
     "summary_stats",
     "trace_sigma",
@@ -65,7 +71,7 @@ def _as_gram(gram: np.ndarray, min_size: int = 2, name: str = "gram") -> np.ndar
     return k
 
 
-def _group_order(groups: np.ndarray, n_rows: int) -> tuple[np.ndarray, int, int]:
+def _group_order(groups: np.ndarray, n_rows: int, min_n: int = 2) -> tuple[np.ndarray, int, int]:
     """Row order that puts each prompt's rows together: (order, P, n)."""
     labels = np.asarray(groups)
     if labels.ndim != 1 or labels.shape[0] != n_rows:
@@ -74,15 +80,18 @@ def _group_order(groups: np.ndarray, n_rows: int) -> tuple[np.ndarray, int, int]
         )
     _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     if counts.size < 2:
-        raise ValueError(f"groups: expected at least 2 prompts, got {counts.size}")
+        raise ValueError(
+            f"groups: expected at least 2 prompts, got {counts.size}: with one prompt the "
+            "between-prompt signal |G|^2 is not identifiable (science §6.2)"
+        )
     if np.any(counts != counts[0]):
         raise ValueError(
             f"groups: expected every prompt to have the same number of rollouts, got sizes "
             f"{sorted(set(counts.tolist()))}"
         )
     n = int(counts[0])
-    if n < 2:
-        raise ValueError("groups: expected at least 2 rollouts per prompt")
+    if n < min_n:
+        raise ValueError(f"groups: expected at least {min_n} rollouts per prompt, got {n}")
     order = np.argsort(inverse, kind="stable")
     return order, int(counts.size), n
 
@@ -98,54 +107,67 @@ def _ratio(num: float, den: float) -> float:
 
 
 # ---------------------------------------------------------------------------
-# §6.2 B_noise
+# §6.2 B_noise from between-prompt pairs
 
 
-def g_norm2(gram: np.ndarray) -> float:
-    """Unbiased |G|^2 from N independent per-rollout gradients (science §6.2).
+def _block_gram(gram: np.ndarray, groups: np.ndarray, min_n: int = 1) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(K, M, P, n): the checked Gram matrix and the Gram of prompt means ``M_pq``."""
+    k = _as_gram(gram)
+    order, p, n = _group_order(groups, k.shape[0], min_n)
+    return k, _block_means(k, order, p, n), p, n
 
-    ``|G|^2_hat = sum_{i != j} K_ij / (N (N - 1))``; it can be negative when
-    the true signal is small compared with the noise.
+
+def _between(m: np.ndarray) -> float:
+    p = m.shape[0]
+    return float((m.sum() - np.trace(m)) / (p * (p - 1)))
+
+
+def g_norm2(gram: np.ndarray, groups: np.ndarray) -> float:
+    """Signal ``|G|^2_hat = sum_{p != q} M_pq / (P (P - 1))``, between-prompt pairs only (science §6.2).
+
+    Unbiased when prompts are drawn independently, whatever the correlation of
+    rollouts within a prompt. Can be negative when the signal is small
+    compared with the noise. For independent rollouts pass one label per row
+    (``groups = arange(N)``): it is then the all-pairs form.
+    """
+    _, m, _, _ = _block_gram(gram, groups)
+    return _between(m)
+
+
+def g_norm2_all_pairs(gram: np.ndarray) -> float:
+    """All-pairs ``sum_{i != j} K_ij / (N (N - 1))`` — a named comparison only (science §6.2).
+
+    It counts two rollouts of one prompt as independent samples, so it is
+    biased upward by the within-prompt covariance.
     """
     k = _as_gram(gram)
     n = k.shape[0]
     return float((k.sum() - np.trace(k)) / (n * (n - 1)))
 
 
-def trace_sigma(gram: np.ndarray) -> float:
-    """Unbiased tr(Sigma) of one per-rollout gradient (science §6.2).
+def trace_sigma(gram: np.ndarray, groups: np.ndarray) -> float:
+    """Per-rollout noise power ``s_hat = mean_i K_ii - |G|^2_hat`` (science §6.2)."""
+    k, m, _, _ = _block_gram(gram, groups)
+    return float(np.mean(np.diag(k))) - _between(m)
 
-    ``tr(Sigma)_hat = (sum_i K_ii - sum_ij K_ij / N) / (N - 1)``, the sample
-    variance of the g_i summed over coordinates.
+
+def b_simple(gram: np.ndarray, groups: np.ndarray) -> float:
+    """McCandlish's B_simple in rollouts, ``s_hat / |G|^2_hat`` (science §6.2).
+
+    Infinite when ``|G|^2_hat <= 0``. No smoothing here: see :class:`EmaNoiseScale`.
     """
-    k = _as_gram(gram)
-    n = k.shape[0]
-    return float((np.trace(k) - k.sum() / n) / (n - 1))
-
-
-def b_simple(gram: np.ndarray) -> float:
-    """McCandlish's simple noise scale ``tr(Sigma)_hat / |G|^2_hat`` (science §6.2).
-
-    Both pieces are unbiased for N independent samples; the ratio is
-    consistent, not unbiased. No smoothing here: see :class:`EmaNoiseScale`.
-    Infinite when ``|G|^2_hat <= 0``.
-    """
-    return _ratio(trace_sigma(gram), g_norm2(gram))
+    return _ratio(trace_sigma(gram, groups), g_norm2(gram, groups))
 
 
 def b_naive(gram: np.ndarray, n_batches: int) -> float:
     """Mini-batch form ``(b / (K - 1)) sum_k |g_k - gbar|^2 / |gbar|^2`` (science §6.2).
 
     The rows are cut into ``n_batches = K`` mini-batches of ``b = N / K``
-    consecutive rows. The numerator is unbiased for tr(Sigma), but the
-    denominator is the plug-in ``|gbar|^2`` with ``E|gbar|^2 = |G|^2 +
-    tr(Sigma) / N``, so where ``|gbar|^2`` concentrates (many coordinates)
-    the estimate sits near ``B / (1 + B / N)``, below the true B and never
-    far above N. (science §6.2 calls this bias "upward"; measured, it is
-    downward in that regime. Where |gbar|^2 itself is very noisy, e.g. few
-    coordinates and tiny |G|, 1/|gbar|^2 has a heavy right tail instead.)
-    Kept for comparison with the CBS-in-RLVR README. Infinite when
-    ``|gbar|^2 <= 0``.
+    consecutive rows. Kept for comparison with the CBS-in-RLVR README and shown
+    only beside the unbiased estimate: its bias has no fixed sign (toward
+    ``B / (1 + B / N)`` for independent rollouts, because the plug-in
+    ``|gbar|^2`` carries ``tr(Sigma) / N``; upward when mini-batches cut
+    across prompt groups). Infinite when ``|gbar|^2 <= 0``.
     """
     k = _as_gram(gram)
     n = k.shape[0]
@@ -162,59 +184,28 @@ def b_naive(gram: np.ndarray, n_batches: int) -> float:
     return _ratio(b / (n_batches - 1) * float(spread.sum()), gbar2)
 
 
-class EmaNoiseScale:
-    """EMA-smoothed B_simple: numerator and denominator smoothed apart (science §6.2).
+def prompt_noise_power(gram: np.ndarray, groups: np.ndarray) -> float:
+    """Noise of one prompt's group mean, ``s_P_hat = mean_p M_pp - |G|^2_hat`` (science §6.2)."""
+    _, m, _, _ = _block_gram(gram, groups)
+    return float(np.mean(np.diag(m))) - _between(m)
 
-    McCandlish et al. advise averaging tr(Sigma)_hat and |G|^2_hat over steps
-    before dividing, because the ratio of noisy pieces is unstable. Uses
-    Adam-style bias correction so early values are not pulled toward 0 (the
-    correction cancels in the ratio but makes the smoothed pieces readable).
 
-    >>> ema = EmaNoiseScale(decay=0.9)
-    >>> ema.update(trace_sigma=4.0, g_norm2=2.0)
-    2.0
-    """
+def rollout_noise_power(gram: np.ndarray, groups: np.ndarray) -> float:
+    """Mean within-group noise ``mean_p w_p``, ``w_p = (sum_{i in p} K_ii - n M_pp) / (n - 1)`` (science §6.2)."""
+    k = _as_gram(gram)
+    order, p, n = _group_order(groups, k.shape[0], 2)
+    m = _block_means(k, order, p, n)
+    return float(_within_sums(k, order, p, n, m).mean()) / (n - 1)
 
-    def __init__(self, decay: float) -> None:
-        if not (0.0 <= decay < 1.0):
-            raise ValueError(f"decay: expected a number in [0, 1), got {decay!r}")
-        self.decay = float(decay)
-        self._num = 0.0
-        self._den = 0.0
-        self._weight = 0.0  # 1 - decay**steps, the bias correction
-        self.steps = 0
 
-    def update(self, trace_sigma: float, g_norm2: float) -> float:
-        """Fold in one step's unbiased pieces; return the smoothed ratio."""
-        if not (math.isfinite(trace_sigma) and math.isfinite(g_norm2)):
-            raise ValueError("trace_sigma, g_norm2: expected finite numbers")
-        d = self.decay
-        self._num = d * self._num + (1.0 - d) * float(trace_sigma)
-        self._den = d * self._den + (1.0 - d) * float(g_norm2)
-        self._weight = d * self._weight + (1.0 - d)
-        self.steps += 1
-        return self.value
+def prompt_axis_b_noise(gram: np.ndarray, groups: np.ndarray) -> float:
+    """Prompt-axis B_noise ``s_P_hat / |G|^2_hat``, in prompts at this n (science §6.2)."""
+    return _ratio(prompt_noise_power(gram, groups), g_norm2(gram, groups))
 
-    def update_gram(self, gram: np.ndarray) -> float:
-        """:meth:`update` with the pieces estimated from one step's Gram matrix."""
-        return self.update(trace_sigma(gram), g_norm2(gram))
 
-    @property
-    def trace_sigma(self) -> float:
-        """Smoothed tr(Sigma) (NaN before the first update)."""
-        return self._num / self._weight if self.steps else math.nan
-
-    @property
-    def g_norm2(self) -> float:
-        """Smoothed |G|^2 (NaN before the first update)."""
-        return self._den / self._weight if self.steps else math.nan
-
-    @property
-    def value(self) -> float:
-        """Smoothed B_simple; NaN before the first update, inf if |G|^2 <= 0."""
-        if not self.steps:
-            return math.nan
-        return _ratio(self.trace_sigma, self.g_norm2)
+def rollout_axis_noise(gram: np.ndarray, groups: np.ndarray) -> float:
+    """Rollout-axis noise scale ``mean_p w_p / |G|^2_hat`` (science §6.2); inf when ``|G|^2_hat <= 0``."""
+    return _ratio(rollout_noise_power(gram, groups), g_norm2(gram, groups))
 
 
 # ---------------------------------------------------------------------------
@@ -361,46 +352,30 @@ def crs(k_sat: float, k_crit: float) -> float:
 
 
 # ---------------------------------------------------------------------------
-# §6.2 decomposition along the prompt and rollout axes
-
-
-def prompt_axis_b_noise(gram: np.ndarray, groups: np.ndarray) -> float:
-    """Prompt-axis B_noise: B_simple on the Gram of group means (science §6.2).
-
-    Each prompt's mean gradient ``gbar_p`` is one sample of the prompt axis;
-    their Gram matrix is the block means of K.
-    """
-    k = _as_gram(gram)
-    order, p, n = _group_order(groups, k.shape[0])
-    return b_simple(_block_means(k, order, p, n))
-
-
-def rollout_axis_noise(gram: np.ndarray, groups: np.ndarray) -> float:
-    """Rollout-axis noise scale ``mean_p w_p / |G|^2_hat`` (science §6.2).
-
-    ``w_p = (sum_{i in p} K_ii - n |gbar_p|^2) / (n - 1)`` is prompt p's
-    within-group noise power; ``|G|^2_hat`` is :func:`g_norm2` over all rows.
-    Infinite when ``|G|^2_hat <= 0``.
-    """
-    k = _as_gram(gram)
-    order, p, n = _group_order(groups, k.shape[0])
-    m = _block_means(k, order, p, n)
-    w = _within_sums(k, order, p, n, m) / (n - 1)
-    return _ratio(float(w.mean()), g_norm2(k))
+# one measurement step
 
 
 @dataclass(frozen=True)
 class NoiseDecomposition:
-    """Step-level noise summary (science §6.2, §6.3); fields of the noise_steps table."""
+    """Step-level noise summary (science §6.2, §6.3); fields of the noise_steps table.
+
+    ``g_norm2`` is the between-prompt signal; ``g_norm2_all_pairs`` the biased
+    all-pairs form, kept as a named comparison. ``trace_sigma`` is the
+    per-rollout noise power ``s_hat``; ``b_naive`` is shown beside
+    ``b_simple``, never alone.
+    """
 
     n_rollouts: int
     n_prompts: int
     n: int
     trace_sigma: float
     g_norm2: float
+    g_norm2_all_pairs: float
     b_simple: float
     b_naive: float
+    prompt_noise_power: float
     prompt_noise: float
+    rollout_noise_power: float
     rollout_noise: float
     rho_icc: float
     k_sat_icc: float
@@ -411,133 +386,38 @@ class NoiseDecomposition:
 def decompose(gram: np.ndarray, groups: np.ndarray) -> NoiseDecomposition:
     """All step-level noise numbers of one measurement step (science §6.2, §6.3).
 
-    * ``b_simple``, ``trace_sigma``, ``g_norm2``: over all N rollouts as if
-      independent.
-    * ``b_naive``: mini-batches = the prompt groups (K = P batches of b = n),
-      the layout of a GRPO batch whose rows are stored group by group, which
-      is what a README-style split of consecutive rows sees.
-    * ``prompt_noise`` / ``rollout_noise``: :func:`prompt_axis_b_noise` and
-      :func:`rollout_axis_noise`.
-    * ``k_crit`` uses ``rho_icc``, ``s = max(tb, 0) + MSW`` (tb read as 0
-      where rho_icc is 0, consistent with it) and ``|G|^2_hat`` over all rows;
-      ``crs = min(k_sat_icc, k_crit)``.
+    Needs P >= 2 prompts of equal size n >= 2 (with one prompt the signal is
+    not identifiable: a ValueError says so). The pieces are consistent:
+    ``s_hat = tb + mean_p w_p`` and ``s_P_hat = MSB / n``, so ``K_crit`` uses
+    ``rho_icc``, ``s = s_hat`` and the between-prompt ``|G|^2_hat`` (it is
+    B_simple where rho_icc = 0); ``crs = min(k_sat_icc, k_crit)``.
+    ``b_naive`` takes the prompt groups as its mini-batches (K = P batches of
+    b = n), the layout of a GRPO batch stored group by group.
     """
     k = _as_gram(gram)
-    order, p, n = _group_order(groups, k.shape[0])
+    order, p, n = _group_order(groups, k.shape[0], 2)
+    m = _block_means(k, order, p, n)
+    g2 = _between(m)
+    s = float(np.mean(np.diag(k))) - g2
+    s_p = float(np.mean(np.diag(m))) - g2
+    w = float(_within_sums(k, order, p, n, m).mean()) / (n - 1)
     icc = icc_components(k, groups)
-    g2 = g_norm2(k)
-    s = max(icc.tb, 0.0) + icc.msw
-    kc = k_crit(icc.rho, s, g2)
+    kc = k_crit(icc.rho, max(s, 0.0), g2)
     return NoiseDecomposition(
         n_rollouts=k.shape[0],
         n_prompts=p,
         n=n,
-        trace_sigma=trace_sigma(k),
+        trace_sigma=s,
         g_norm2=g2,
-        b_simple=b_simple(k),
+        g_norm2_all_pairs=g_norm2_all_pairs(k),
+        b_simple=_ratio(s, g2),
         b_naive=b_naive(k[np.ix_(order, order)], p),
-        prompt_noise=prompt_axis_b_noise(k, groups),
-        rollout_noise=rollout_axis_noise(k, groups),
+        prompt_noise_power=s_p,
+        prompt_noise=_ratio(s_p, g2),
+        rollout_noise_power=w,
+        rollout_noise=_ratio(w, g2),
         rho_icc=icc.rho,
         k_sat_icc=icc.k_sat,
         k_crit=kc,
         crs=crs(icc.k_sat, kc),
     )
-
-
-# ---------------------------------------------------------------------------
-# §6.3 outlier handling and reporting
-
-
-def _as_values(values: np.ndarray, name: str) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array, got shape {v.shape}")
-    if np.any(np.isnan(v)):
-        raise ValueError(f"{name}: expected numbers (inf allowed), found NaN")
-    return v
-
-
-def iqr_filter(values: np.ndarray) -> np.ndarray:
-    """Keep-mask of the essay's IQR filter (science §6.3).
-
-    Keeps values inside ``[Q1 - 1.5 IQR, Q3 + 1.5 IQR]``, the quartiles
-    taken (linear interpolation) over the finite values only. Infinite
-    values (K_sat of a group with rho <= 0) are always dropped: they are
-    outliers by definition, and letting them into the quartiles would make
-    the fences infinite. With no finite values nothing is kept.
-    """
-    v = _as_values(values, "values")
-    finite = np.isfinite(v)
-    if not finite.any():
-        return np.zeros(v.shape, dtype=bool)
-    q1, q3 = np.percentile(v[finite], [25.0, 75.0])
-    iqr = q3 - q1
-    return finite & (v >= q1 - 1.5 * iqr) & (v <= q3 + 1.5 * iqr)
-
-
-def _stats(v: np.ndarray) -> dict[str, float]:
-    if v.size == 0:
-        return {"count": 0, "mean": math.nan, "median": math.nan, "std": math.nan, "max": math.nan}
-    return {
-        "count": int(v.size),
-        "mean": float(np.mean(v)),
-        "median": float(np.median(v)),
-        "std": float(np.std(v, ddof=1)) if v.size > 1 else math.nan,
-        "max": float(np.max(v)),
-    }
-
-
-def summary_stats(values: np.ndarray) -> dict[str, float]:
-    """Unfiltered and IQR-filtered count, mean, median, std, max (science §6.3).
-
-    Keys: ``count, mean, median, std, max`` (all values) and the same with a
-    ``_filtered`` suffix (after :func:`iqr_filter`). ``std`` is the sample
-    std (ddof = 1), as pandas reports it. Unfiltered statistics keep
-    infinities as they are: any inf makes ``mean`` and ``max`` inf and
-    ``std`` NaN.
-    """
-    v = _as_values(values, "values")
-    out: dict[str, float] = {}
-    with np.errstate(invalid="ignore"):
-        out.update(_stats(v))
-        out.update({f"{key}_filtered": val for key, val in _stats(v[iqr_filter(v)]).items()})
-    return out
-
-
-def quintile_table(
-    pass_rates: np.ndarray, k_sats: np.ndarray, drop_outliers: bool = True
-) -> pd.DataFrame:
-    """K_sat by pass-rate quintile: count, mean, median, std (science §6.3).
-
-    Bins are the quintiles of ``pass_rates`` (``pandas.qcut``); tied
-    quintile edges (pass rates are multiples of 1/n) merge bins, so fewer
-    than five rows can come back, and one row when all pass rates are equal.
-    With ``drop_outliers`` the global :func:`iqr_filter` removes K_sat
-    outliers first (binning still uses every prompt) and ``n_outliers``
-    counts what was dropped per bin. Index: the pass-rate interval.
-    """
-    pr = _as_values(pass_rates, "pass_rates")
-    ks = _as_values(k_sats, "k_sats")
-    if pr.shape != ks.shape:
-        raise ValueError(
-            f"pass_rates, k_sats: expected equal lengths, got {pr.shape[0]} and {ks.shape[0]}"
-        )
-    if pr.size == 0:
-        raise ValueError("pass_rates: expected at least one value")
-    if not np.all(np.isfinite(pr)):
-        raise ValueError("pass_rates: expected finite values")
-    if np.unique(pr).size == 1:
-        bins = pd.Categorical([pd.Interval(pr[0], pr[0], closed="both")] * pr.size)
-    else:
-        bins = pd.qcut(pr, 5, duplicates="drop")
-    keep = iqr_filter(ks) if drop_outliers else np.ones(ks.shape, dtype=bool)
-    frame = pd.DataFrame({"bin": bins, "k_sat": ks, "keep": keep})
-    with np.errstate(invalid="ignore"):
-        grouped = frame[frame["keep"]].groupby("bin", observed=False)["k_sat"]
-        table = grouped.agg(["count", "mean", "median", "std"])
-    if drop_outliers:
-        dropped = (~frame["keep"]).groupby(frame["bin"], observed=False).sum()
-        table["n_outliers"] = dropped.astype(int)
-    table.index.name = "pass_rate_quintile"
-    return table

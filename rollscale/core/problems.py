@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollscale.core.rewards import REWARD_NAMES, canonical_number, last_boxed, normalize_number
+from rollscale.core.rewards import REWARD_NAMES, canonical_number, is_reward_name, last_boxed, normalize_number
 
 logger = logging.getLogger("rollscale.core.problems")
 
@@ -66,8 +66,9 @@ class Problem:
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"Problem: {name} must be a non-empty str, got {value!r}")
-        if self.reward not in REWARD_NAMES:
-            raise ValueError(f"Problem: reward must be one of {', '.join(REWARD_NAMES)}; got {self.reward!r}")
+        if not is_reward_name(self.reward):
+            raise ValueError(f"Problem: reward must be one of {', '.join(REWARD_NAMES)} "
+                             f"or 'module:function'; got {self.reward!r}")
         expected_id = compute_problem_id(self.source, self.prompt)
         if self.problem_id != expected_id:
             raise ValueError(
@@ -253,7 +254,8 @@ def _jsonl_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as e:
-                yield where, _BadRow(f"bad JSON ({e.msg} at column {e.colno})")
+                # some of json's messages end in "at" themselves ("Invalid control character at")
+                yield where, _BadRow(f"bad JSON ({e.msg.removesuffix(' at')} at column {e.colno})")
                 continue
             yield where, row
 

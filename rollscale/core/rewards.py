@@ -1,10 +1,12 @@
 """0/1 verifiers for rollouts (science §2: "Reward is 0/1 from the verifier").
 
-Two verifiers, never partial credit:
+Three built-in verifiers (plus a user's ``module:function``), never partial credit:
 
 - ``numeric_reward``: GSM8K-style final-number match, exact rational comparison.
 - ``math_reward``: last ``\\boxed{}`` answer compared to the gold answer with
   math-verify (symbolic equivalence).
+- ``exact_reward``: final answer (last ``\\boxed{}`` or whole completion) equals
+  the gold as whitespace-normalised text.
 
 reasoning-gym's own ``score_answer`` gives partial credit to some wrong answers
 (e.g. right number, wrong format), so it is deliberately not used here.
@@ -19,24 +21,25 @@ as a terminating decimal with no trailing zeros when one exists (``"3.5"``,
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import multiprocessing
+import multiprocessing.pool
 import os
 import re
-import select
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "canonical_number",
+    "exact_reward",
     "extract_number",
+    "is_reward_name",
     "last_boxed",
     "math_reward",
     "normalize_number",
@@ -232,103 +235,62 @@ def _math_verify_score(completion: str, gold: str, op_timeout_s: int | None) -> 
         return 0.0
 
 
-def _worker_main() -> None:
-    """Entry point of the math-verify worker process: one JSON request per
-    line on stdin, one JSON score per line on stdout."""
-    # Nothing but replies may reach the protocol stream: keep it on a private
-    # descriptor and point fd 1 (and sys.stdout) at stderr.
-    protocol_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    import math_verify  # noqa: F401  (pay the import before saying ready)
-
-    protocol_out.write('"ready"\n')
-    protocol_out.flush()
-    for line in sys.stdin:
-        request = json.loads(line)
-        score = _math_verify_score(request["completion"], request["gold"], request["op_timeout_s"])
-        protocol_out.write(json.dumps(score) + "\n")
-        protocol_out.flush()
+def _import_math_verify() -> None:
+    import math_verify  # noqa: F401  (the worker pays the ~1 s import once, at start)
 
 
-class _LineWorker:
-    """A long-lived child process answering one JSON line per JSON line, with
-    a wall-clock bound on each answer.
+class TimedWorker:
+    """One worker process that runs a function with a wall-clock bound on each call,
+    killed and replaced when a call overruns (a :class:`multiprocessing.pool.Pool` of one).
 
     Why math_reward needs it: math-verify bounds its work with signal.alarm,
     which works only in a process's main thread. Prefect runs tasks in worker
     threads, where that timeout must be off, and a pathological answer such as
     ``10^{10^{10}}`` then computes forever while holding the GIL, freezing
-    every thread (measured). In a child process the check keeps math-verify's
-    own timeouts (it runs in the child's main thread) and the parent kills the
-    child when even those fail. A plain subprocess rather than
-    multiprocessing: spawn would re-import the caller's ``__main__``. One child
-    serves all threads, one request at a time (a check takes milliseconds).
+    every thread (measured). In the worker the check runs in the main thread
+    with math-verify's own timeouts, and the parent kills the worker when even
+    those fail. ``Pool.terminate`` is the public way to kill a worker that
+    overruns (``concurrent.futures`` has none before Python 3.14). The worker
+    is spawned, not forked: forking a process with threads can deadlock. One
+    worker serves all threads, one call at a time (a check takes milliseconds).
     """
 
-    def __init__(self, argv: list[str], start_timeout_s: float = 120.0) -> None:
-        self._argv = argv
+    def __init__(self, initializer: Callable[[], None] | None = None, start_timeout_s: float = 120.0) -> None:
+        self._initializer = initializer
         self._start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._pool: multiprocessing.pool.Pool | None = None
         self._owner_pid: int | None = None
 
-    def _read_line(self, timeout_s: float) -> bytes | None:
-        assert self._proc is not None and self._proc.stdout is not None
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        if not ready:
-            return None
-        line = self._proc.stdout.readline()
-        if not line:
-            raise EOFError("worker closed its output")
-        return line
-
-    def _start(self) -> None:
-        env = dict(os.environ)
-        # The child must import this very package, installed or not.
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        self._owner_pid = os.getpid()
-        try:
-            line = self._read_line(self._start_timeout_s)
-        except EOFError:
-            line = None
-        if line is None or json.loads(line) != "ready":
-            self.stop()
-            raise RuntimeError(f"worker process {self._argv!r} did not start")
-
     def stop(self) -> None:
-        if self._proc is not None and self._owner_pid == os.getpid():
-            self._proc.kill()
-            self._proc.wait()
-        self._proc = None
-        self._owner_pid = None
+        if self._pool is not None and self._owner_pid == os.getpid():
+            self._pool.terminate()
+            self._pool.join()
+        self._pool = None
 
-    def request(self, payload: Any, timeout_s: float, default: Any) -> Any:
-        """The child's JSON answer to ``payload``; ``default`` if it takes
-        longer than ``timeout_s`` seconds or the child dies (a fresh child is
-        started for the next request)."""
+    def call(self, fn: Callable[..., Any], args: tuple, timeout_s: float, default: Any) -> Any:
+        """``fn(*args)`` in the worker; ``default`` if it takes longer than ``timeout_s`` seconds
+        or the worker dies (a fresh worker is started for the next call)."""
         with self._lock:
-            if self._proc is None or self._owner_pid != os.getpid() or self._proc.poll() is not None:
-                # Not started, dead, or inherited through fork (not ours to use).
-                self._proc = None
-                self._start()
-            assert self._proc is not None and self._proc.stdin is not None
+            if self._pool is None or self._owner_pid != os.getpid():  # not started, or inherited through fork
+                self._pool = multiprocessing.get_context("spawn").Pool(1, initializer=self._initializer)
+                self._owner_pid = os.getpid()
+                try:  # started (and initialized) before the first call's own bound counts
+                    self._pool.apply_async(os.getpid).get(self._start_timeout_s)
+                except multiprocessing.TimeoutError:
+                    self.stop()
+                    raise RuntimeError(f"worker process did not start in {self._start_timeout_s:.0f} s") from None
             try:
-                self._proc.stdin.write(json.dumps(payload).encode() + b"\n")
-                self._proc.stdin.flush()
-                line = self._read_line(timeout_s)
-                if line is not None:
-                    return json.loads(line)
-                logger.warning("worker request exceeded %.1f s; restarting the worker", timeout_s)
-            except (EOFError, OSError, ValueError) as e:
+                return self._pool.apply_async(fn, args).get(timeout_s)
+            except multiprocessing.TimeoutError:
+                logger.warning("worker call exceeded %.1f s; restarting the worker", timeout_s)
+            except Exception as e:  # noqa: BLE001 - the worker died or could not return: score the default
                 logger.warning("worker failed (%s); restarting it", e)
             self.stop()
             return default
 
 
-_MATH_VERIFY_WORKER = _LineWorker([sys.executable, "-c", "from rollscale.core.rewards import _worker_main; _worker_main()"])
+_MATH_VERIFY_WORKER = TimedWorker(_import_math_verify)
 
 
 def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float:
@@ -343,7 +305,7 @@ def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float
 
     Safe to call from any thread: the check runs in a worker process (started
     on first use, about two seconds) that is killed when it overruns; see
-    ``_LineWorker``.
+    :class:`TimedWorker`.
     """
     if not isinstance(completion, str):
         raise ValueError(f"math_reward: completion must be a str, got {type(completion).__name__}")
@@ -356,20 +318,52 @@ def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float
     # math-verify's per-operation signal timeout: whole seconds, within the
     # overall bound (one call parses twice and compares once).
     op_timeout_s = max(1, int(timeout_s / 3))
-    request = {"completion": completion, "gold": gold, "op_timeout_s": op_timeout_s}
-    return float(_MATH_VERIFY_WORKER.request(request, timeout_s, 0.0))
+    return float(_MATH_VERIFY_WORKER.call(_math_verify_score, (completion, gold, op_timeout_s), timeout_s, 0.0))
+
+
+def exact_reward(completion: str, gold: str) -> float:
+    """1.0 iff the completion's final answer equals ``gold`` as text, else 0.0.
+
+    The final answer is the content of the completion's last ``\\boxed{}``
+    when it has one, else the whole completion; both sides are compared with
+    surrounding whitespace trimmed and inner runs of whitespace collapsed.
+    For answers that are labels or strings (science §2, 0/1 verifier).
+    """
+    if not isinstance(completion, str) or not isinstance(gold, str):
+        raise ValueError("exact_reward: completion and gold must be str")
+    boxed = last_boxed(completion)
+    answer = completion if boxed is None else boxed
+    return 1.0 if " ".join(answer.split()) == " ".join(gold.split()) else 0.0
 
 
 RewardFn = Callable[[str, str], float]
 
-_REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward}
+_REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward, "exact": exact_reward}
 REWARD_NAMES: tuple[str, ...] = tuple(_REWARD_FNS)
+# A user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0.
+_USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def is_reward_name(name: object) -> bool:
+    """True for a built-in verifier name or a ``module:function`` reference
+    (not imported here; :func:`reward_fn` imports it)."""
+    return isinstance(name, str) and (name in _REWARD_FNS or _USER_REWARD.fullmatch(name) is not None)
 
 
 def reward_fn(name: str) -> RewardFn:
-    """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``
-    ("numeric" or "math"). Science §2."""
-    try:
+    """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``:
+    "numeric", "math", "exact", or a user's ``module:function``. Science §2."""
+    if isinstance(name, str) and name in _REWARD_FNS:
         return _REWARD_FNS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"reward_fn: name must be one of {', '.join(REWARD_NAMES)}; got {name!r}") from None
+    if not is_reward_name(name):
+        raise ValueError(
+            f"reward_fn: name must be one of {', '.join(REWARD_NAMES)} or 'module:function'; got {name!r}"
+        )
+    module_name, attr = name.split(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"reward_fn: cannot import verifier {name!r} ({e})") from None
+    if not callable(fn):
+        raise ValueError(f"reward_fn: {name!r} is not callable")
+    return fn

@@ -1,64 +1,40 @@
-"""The ``rollscale`` command: run a stage, query the study's tables."""
+"""The ``rollscale`` command: run a stage or the study, see where it stands, query its tables.
+
+Stages run as their own process, ``python -m flows <stage>`` in the project
+folder (the library never imports flows/ or tasks/). Errors print one or two
+lines; ``--debug`` (or ``ROLLSCALE_DEBUG=1``) shows the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
 STAGES = ("base", "profile", "bucket", "measure", "sweep", "fit", "report")
 
 
-def _prefect_env() -> None:
-    # set before Prefect is imported: no telemetry, quiet, no server needed
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+def spawn_flows(args: list[str], debug: bool, module: str = "flows") -> int:
+    """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors)."""
+    from rollscale.pipeline.stages import project_root
+
+    root = project_root()
+    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {})}
+    # the project folder first on the path: flows/ and tasks/ are run from there, not installed
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env).returncode
 
 
-def run_stage(stage: str, params: str, artifacts: str) -> None:
-    _prefect_env()
-    from rollscale.config import load_params
-    from rollscale.pipeline.status import stage_run
-
-    study = load_params(params)  # fail on bad config before any work or Prefect start-up
-    # the stage's lock is its first write: a stage already running or an unwritable
-    # artifacts folder fails here, before any work; success records its fingerprint
-    with stage_run(stage, study, artifacts):
-        import torch
-
-        torch.set_num_threads(study.torch_threads)
-        import importlib
-
-        module = importlib.import_module(f"flows.{stage}")
-        getattr(module, f"{stage}_flow")(params_path=params, artifacts=artifacts)
-
-
-def run_study(params: str, artifacts: str, stages: list[str] | None, force: bool) -> None:
-    _prefect_env()
-    from rollscale.config import load_params
-
-    load_params(params)  # fail on bad config before Prefect start-up
-    from flows.study import study_flow
-
-    study_flow(params_path=params, artifacts=artifacts, stages=stages, force=force)
-
-
-def print_status(params: str, artifacts: str, as_json: bool) -> None:
-    from rollscale.config import load_params
+def print_status(artifacts: str, as_json: bool) -> None:
     from rollscale.pipeline.status import format_status, study_status
 
-    status = study_status(load_params(params), artifacts)
+    status = study_status(artifacts=artifacts)
     print(status.to_json() if as_json else format_status(status))
-
-
-def serve(params: str, artifacts: str) -> None:
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")  # show the runs the server starts
-    _prefect_env()
-    from flows.study import serve_study
-
-    serve_study(params, artifacts)
 
 
 def print_query(sql: str, artifacts: str) -> None:
@@ -71,66 +47,70 @@ def print_query(sql: str, artifacts: str) -> None:
         print(df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rollscale", description=__doc__)
-    parser.add_argument("--artifacts", default="artifacts", help="artifacts folder (default: artifacts)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_run = sub.add_parser("run", help="run one stage of the study as a Prefect flow")
+def print_tables(artifacts: str) -> None:
+    from rollscale.pipeline.storage import TABLES, available_tables
+
+    have = available_tables(artifacts)
+    for name, pattern in TABLES.items():
+        print(f"{name:18s} {'ready  ' if name in have else 'missing'}  {Path(artifacts) / pattern}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollscale", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--artifacts", default="artifacts", help="artifacts folder (default: artifacts)")
+    p.add_argument("--debug", action="store_true", help=f"show tracebacks (or set {DEBUG_ENV}=1)")
+    sub = p.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="run one stage's flow (dvc repro <stage> also records it in dvc.lock)")
     p_run.add_argument("stage", choices=STAGES)
     p_run.add_argument("--params", default="params.yaml")
-    p_sql = sub.add_parser("sql", help="run a DuckDB SQL query over the study's tables and print the result")
+    p_sql = sub.add_parser("sql", help="run a read-only DuckDB SQL query over the study's tables")
     p_sql.add_argument("query")
     sub.add_parser("tables", help="list the tables that exist now")
     p_check = sub.add_parser("check", help="validate params.yaml and print the resolved parameters")
     p_check.add_argument("--params", default="params.yaml")
-    p_study = sub.add_parser("study", help="run the whole study (or --stages), skipping stages that did not change")
+    p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
     p_study.add_argument("--params", default="params.yaml")
-    p_study.add_argument("--stages", type=lambda v: [s for s in v.split(",") if s], default=None,
-                         help="comma-separated stages to run, in study order (default: all)")
+    p_study.add_argument("--stages", default="", help="comma-separated stages to run, in study order (default: all)")
     p_study.add_argument("--force", action="store_true", help="recompute the stages even when unchanged")
     p_status = sub.add_parser("status", help="which stages are done, stale or running, and each sweep run's progress")
-    p_status.add_argument("--params", default="params.yaml")
     p_status.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p_serve = sub.add_parser("serve", help="serve the study as a Prefect deployment on params.schedule's cron")
-    p_serve.add_argument("--params", default="params.yaml")
-    args = parser.parse_args(argv)
+    sub.add_parser("serve", help="serve the study as a Prefect deployment on params.schedule's cron") \
+        .add_argument("--params", default="params.yaml")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    debug = debug_enabled(args.debug)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "httpcore", "prefect", "uvicorn", "alembic", "docket", "fakeredis"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    import duckdb
+    flags = ["--debug"] if debug else []
+    if args.command == "run":
+        from rollscale.config import load_params
 
-    from rollscale.config import ParamsError
-    from rollscale.pipeline.status import StageBusyError
+        # bad params fail here, before a process and Prefect start
+        if code := run_guarded(lambda: load_params(args.params), debug):
+            return code
+        return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug)
+    if args.command == "study":
+        if Path(args.artifacts).resolve() != Path("artifacts").resolve():
+            print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
+                  "(use `rollscale run <stage> --artifacts ...` for another folder)", file=sys.stderr)
+            return 2
+        stages = ["--stages", args.stages] if args.stages else []
+        return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
+                           debug, "flows.study")
+    if args.command == "serve":
+        return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study")
+    if args.command == "sql":
+        return run_guarded(lambda: print_query(args.query, args.artifacts), debug)
+    if args.command == "tables":
+        return run_guarded(lambda: print_tables(args.artifacts), debug)
+    if args.command == "check":
+        from rollscale.config import load_params
 
-    try:
-        if args.command == "run":
-            run_stage(args.stage, args.params, args.artifacts)
-        elif args.command == "sql":
-            print_query(args.query, args.artifacts)
-        elif args.command == "tables":
-            from rollscale.pipeline.storage import TABLES, available_tables
-
-            have = available_tables(args.artifacts)
-            for name, pattern in TABLES.items():
-                print(f"{name:18s} {'ready  ' if name in have else 'missing'}  {Path(args.artifacts) / pattern}")
-        elif args.command == "check":
-            from rollscale.config import load_params
-
-            print(load_params(args.params).model_dump_json(indent=2))
-        elif args.command == "study":
-            run_study(args.params, args.artifacts, args.stages, args.force)
-        elif args.command == "status":
-            print_status(args.params, args.artifacts, args.json)
-        elif args.command == "serve":
-            serve(args.params, args.artifacts)
-    except (ParamsError, LookupError, FileNotFoundError, duckdb.Error) as err:
-        print(f"rollscale: {err}", file=sys.stderr)
-        return 2
-    except (StageBusyError, OSError) as err:
-        # a stage already running, an unwritable or full artifacts folder: the message says which
-        print(f"rollscale: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return run_guarded(lambda: print(load_params(args.params).model_dump_json(indent=2)), debug)
+    return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,34 @@
-"""Study tables: atomic Parquet files under ``artifacts/`` and DuckDB views over them.
+"""Study tables: atomic files under ``artifacts/`` and read-only DuckDB queries over them.
 
-Every stage writes Parquet (temporary file, then rename, so a reader or a
-crash never sees half a file). Queries never open a database for writing:
-:func:`query` builds views in an in-memory DuckDB, and :func:`write_duckdb`
-writes a database file of views for other SQL clients into a temporary file
-that replaces the old one atomically. So nothing holds a write lock on the
-file users query, even while a sweep is writing.
+Every stage writes its files through :func:`write_bytes_atomic` (temporary
+file in the same folder, then rename), so a reader or a crash never sees half
+a file. Queries (:func:`query`, ``rollscale sql``) run in an in-memory DuckDB
+whose tables are Arrow datasets over the study's Parquet files, with DuckDB's
+own ``enable_external_access = false`` and ``lock_configuration = true``: a
+query cannot read, write or attach any file (COPY … TO, EXPORT DATABASE,
+ATTACH, INSTALL/LOAD are refused by DuckDB), and what it creates lives only in
+its throw-away connection. Sweep rows are read only from the part files the
+newest checkpoint of each run commits, after checking their checksums
+(:func:`rollscale.train.checkpoint.committed_parts`), so rows written past the
+last commit are invisible and a tampered part is an error, never a silent row.
+:func:`write_duckdb` writes a database file of views for other SQL clients.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pandas as pd
 
-# table name -> Parquet glob relative to the artifacts folder (the contract users query)
+# table name -> Parquet glob relative to the artifacts folder (the contract users query).
+# The first path component is the stage that writes the table.
 TABLES: dict[str, str] = {
     "profile": "profile/profile.parquet",
     "buckets": "bucket/buckets.parquet",
@@ -34,81 +45,169 @@ TABLES: dict[str, str] = {
     "epoch_transitions": "fit/epoch_transitions.parquet",
     "record_points": "fit/record_points.parquet",
 }
+# tables whose rows are committed by a run's checkpoints (rollscale.train.checkpoint)
+RUN_PART_TABLES = ("steps", "evals")
 
 DB_NAME = "rollscale.duckdb"
 
 
-def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``df`` to ``path`` via a temporary file in the same folder and a rename."""
+class QueryError(ValueError):
+    """A query that the read-only query engine refuses or cannot run."""
+
+
+class DamagedResultError(RuntimeError):
+    """A stored result does not match its checksum (tampered with, or truncated)."""
+
+
+def table_stage(name: str) -> str:
+    """The stage that writes table ``name``."""
+    return TABLES[name].split("/")[0]
+
+
+# ---------------------------------------------------------------------------- atomic writes
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], None], fsync: bool = False) -> Path:
+    """Create ``path`` by ``write(tmp)`` on a temporary file in the same folder, then a rename.
+
+    The one way the project writes a file: a reader or a crash sees the old
+    file or the new one, never half of one. The file is readable by everyone
+    (results are shared); ``fsync`` makes the bytes durable before the rename.
+    An ``OSError`` (full disk, unwritable folder) is raised again naming ``path``;
+    the old file and no temporary file are left.
+    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as err:
-        raise OSError(f"cannot write {path}: {err.strerror or err}") from err
+        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}", str(path)) from err
     try:
-        df.to_parquet(tmp, index=False)
+        write(Path(tmp))
+        if fsync:
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for every reader of the folder
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError):
-            raise OSError(f"cannot write {path}: {err.strerror or err}") from err
+            raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}", str(path)) from err
         raise
     return path
+
+
+def write_bytes_atomic(data: bytes, path: str | Path, fsync: bool = False) -> Path:
+    return write_atomic(path, lambda tmp: tmp.write_bytes(data), fsync)
 
 
 def write_text_atomic(text: str, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def write_json_atomic(data: Any, path: str | Path) -> Path:
+    return write_text_atomic(json.dumps(data, indent=1), path)
+
+
+def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write ``df`` to ``path`` as Parquet, atomically (:func:`write_atomic`)."""
+    return write_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def table_files(artifacts: str | Path, name: str) -> list[Path]:
+    """The files of table ``name`` now: for sweep rows, only the verified committed parts.
+
+    Raises :class:`DamagedResultError` naming the file when a committed part
+    does not match its checksum."""
+    from rollscale.train.checkpoint import committed_parts  # the run store owns its manifest
+
+    root = Path(artifacts).resolve()
+    pattern = TABLES[name]
+    if name not in RUN_PART_TABLES:
+        return sorted(root.glob(pattern))
+    kind = name
+    files = []
+    for run_dir in sorted(p for p in (root / "sweep" / "runs").glob("*") if p.is_dir()):
+        parts, problem = committed_parts(run_dir)
+        if problem:
+            raise DamagedResultError(f"{problem}; run `rollscale run sweep` to retrain the run from its last "
+                                     "good checkpoint")
+        files += [run_dir / p for p in sorted(parts) if p.startswith(f"{kind}-")]
+    return files
 
 
 def available_tables(artifacts: str | Path) -> dict[str, str]:
     """Tables whose Parquet files exist now: name -> absolute glob."""
     root = Path(artifacts).resolve()
-    found = {}
-    for name, pattern in TABLES.items():
-        if any(root.glob(pattern)):
-            found[name] = str(root / pattern)
-    return found
+    return {name: str(root / pattern) for name, pattern in TABLES.items() if any(root.glob(pattern))}
 
 
-def _create_views(con: duckdb.DuckDBPyConnection, tables: dict[str, str]) -> None:
-    for name, glob in tables.items():
-        esc = glob.replace("'", "''")
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{esc}', union_by_name = true)")
+def _dataset(files: list[Path]):
+    """One Arrow dataset over ``files``, columns united by name (parts may differ in columns)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    schema = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+    return ds.dataset([str(f) for f in files], schema=schema, format="parquet")
+
+
+def _open(artifacts: str | Path) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+    con = duckdb.connect(":memory:")
+    names = []
+    try:
+        for name in available_tables(artifacts):
+            files = table_files(artifacts, name)
+            if files:
+                con.register(name, _dataset(files))
+                names.append(name)
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con, names
 
 
 def connect(artifacts: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with a view per available table."""
-    con = duckdb.connect(":memory:")
-    _create_views(con, available_tables(artifacts))
-    return con
+    """A read-only, in-memory DuckDB connection with one table per study table that has rows.
+
+    The tables are Arrow datasets registered before file access is switched
+    off and the configuration locked: DuckDB itself can then open no file."""
+    return _open(artifacts)[0]
 
 
 def query(sql: str, artifacts: str | Path) -> pd.DataFrame:
-    """Run SQL over the study's tables; a missing table gets a message naming the stage."""
-    con = connect(artifacts)
+    """Run SQL over the study's tables, read-only; a missing table gets a message naming the stage."""
+    con, have = _open(artifacts)
     try:
         return con.execute(sql).df()
     except duckdb.CatalogException as err:
-        missing = [t for t in TABLES if t in str(err) and t not in available_tables(artifacts)]
+        missing = [t for t in TABLES if t in str(err) and t not in have]
         if missing:
-            stage = TABLES[missing[0]].split("/")[0]
+            stage = table_stage(missing[0])
             raise LookupError(
-                f"table {missing[0]!r} does not exist yet: run the '{stage}' stage first (dvc repro {stage})"
+                f"table {missing[0]!r} does not exist yet: run the '{stage}' stage first "
+                f"(dvc repro {stage})"
             ) from None
-        raise
+        raise QueryError(f"{str(err).splitlines()[0]} (tables: {', '.join(have) or 'none yet'})") from None
+    except (duckdb.PermissionException, duckdb.InvalidInputException) as err:
+        raise QueryError(f"refused: queries are read-only and see only the study's tables "
+                         f"({str(err).splitlines()[0]})") from None
+    except duckdb.Error as err:
+        raise QueryError(str(err).splitlines()[0]) from None
     finally:
         con.close()
 
@@ -116,24 +215,26 @@ def query(sql: str, artifacts: str | Path) -> pd.DataFrame:
 def write_duckdb(artifacts: str | Path, db_path: str | Path | None = None) -> Path:
     """(Re)write the DuckDB file of views, atomically, for external SQL clients.
 
-    The views use absolute paths to the Parquet files, so the file works from
-    any working directory on this machine.
+    The views name the table files by absolute path (for sweep rows, the
+    committed parts at this moment), so the file works from any working
+    directory on this machine.
     """
     artifacts = Path(artifacts)
     db_path = Path(db_path) if db_path else artifacts / DB_NAME
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{db_path.name}.", suffix=".tmp", dir=db_path.parent)
-    os.close(fd)
-    os.unlink(tmp)  # duckdb wants to create the file itself
-    try:
-        con = duckdb.connect(tmp)
+
+    def build(tmp: Path) -> None:
+        tmp.unlink()  # duckdb wants to create the file itself
+        con = duckdb.connect(str(tmp))
         try:
-            _create_views(con, available_tables(artifacts))
+            for name in available_tables(artifacts):
+                files = [str(f).replace("'", "''") for f in table_files(artifacts, name)]
+                if files:
+                    listed = ", ".join(f"'{f}'" for f in files)
+                    con.execute(f"CREATE OR REPLACE VIEW {name} AS "
+                                f"SELECT * FROM read_parquet([{listed}], union_by_name = true)")
             con.execute("CHECKPOINT")
         finally:
             con.close()
-        os.replace(tmp, db_path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-        Path(tmp + ".wal").unlink(missing_ok=True)
-    return db_path
+            Path(f"{tmp}.wal").unlink(missing_ok=True)
+
+    return write_atomic(db_path, build)

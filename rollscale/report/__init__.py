@@ -1,15 +1,10 @@
 """The study's report: charts, summary tables and the offline HTML page."""
 
-from rollscale.report.page import (
-    TABLE_NAMES,
-    ChartSpec,
-    ReportPaths,
-    TableSpec,
-    build_charts,
-    quintile_tables,
-    summary_tables,
-    write_report,
-)
+from rollscale.report.base import TABLE_NAMES, ChartSpec, ReportPaths, TableSpec
+from rollscale.report.charts import build_charts
+from rollscale.report.noise_charts import quintile_tables
+from rollscale.report.page import write_report
+from rollscale.report.tables import summary_tables
 
 __all__ = [
     "TABLE_NAMES",

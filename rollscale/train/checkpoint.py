@@ -11,18 +11,24 @@ Layout of a run directory::
         model.pt              state_dict of the trainable parameters
         optimizer.pt          optimizer state_dict
         state.json            step, C, data position, RNG states, config hash, ...
-        MANIFEST.json         sha256 and size of the files above and of the row
-                              parts below; written last: it commits the checkpoint
+        MANIFEST.json         sha256 and size of the files above and of every
+                              row part committed so far (this checkpoint's and
+                              all earlier ones); written last: it commits the checkpoint
     steps-000010.parquet      step rows since the previous checkpoint
     evals-000010.parquet      eval rows since the previous checkpoint
     done.json                 final status, when the run has ended
 
 A checkpoint is written into a temporary directory and moved into place with
 ``os.replace``; the row parts are written (atomically) before it. A checkpoint
-whose manifest is missing or whose files do not match it is skipped with a
-warning, and the one before it is used. Rows count only when a valid checkpoint
-commits them, so resuming from checkpoint ``s`` deletes the parts after ``s``
-(:meth:`RunStore.rollback_to`) and no row is duplicated or lost.
+whose manifest is missing or whose files (or any part it commits) do not match
+it is skipped with a warning, and the one before it is used. Rows count only
+when a valid checkpoint commits them: queries read only the parts the newest
+manifest lists (:func:`committed_parts`), a failed save removes the parts it
+wrote, and resuming from checkpoint ``s`` deletes the parts after ``s``
+(:meth:`RunStore.rollback_to`), so no row is duplicated or lost. A finished run
+whose final checkpoint or parts fail the check is *damaged* (:meth:`RunStore.damage`):
+:meth:`RunStore.done` then reports it as not ended, so it is trained again
+from its newest good checkpoint.
 """
 
 from __future__ import annotations
@@ -37,12 +43,18 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import torch
+
+from rollscale.pipeline.storage import sha256_file, write_bytes_atomic
+
+if TYPE_CHECKING:
+    import torch
 
 MANIFEST = "MANIFEST.json"
+# 2: "parts" lists every part committed so far (1: only the checkpoint's own)
+MANIFEST_VERSION = 2
 DONE = "done.json"
 ROW_KINDS: tuple[str, ...] = ("steps", "evals")
 STATUSES: tuple[str, ...] = ("finished", "failed")
@@ -53,12 +65,9 @@ _CKPT_FILES = ("model.pt", "optimizer.pt", "state.json")
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and fsync it: every write of the store goes
-    through here (so a full disk can be simulated by replacing it)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write ``data`` to ``path`` atomically and fsync it: every write of the
+    store goes through here (so a full disk can be simulated by replacing it)."""
+    write_bytes_atomic(data, path, fsync=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -79,15 +88,9 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _torch_bytes(obj: Any) -> bytes:
+    import torch  # here, not at the top: queries read manifests without loading torch
+
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -106,6 +109,78 @@ def _parquet_bytes(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
+def _read_manifest(path: Path) -> dict:
+    """The manifest of checkpoint folder ``path``; {} when missing or unreadable."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _check_file(file: Path, meta: Mapping[str, Any], hash_it: bool = True) -> str | None:
+    try:
+        size = file.stat().st_size
+    except OSError:
+        return f"{file} is missing"
+    if size != meta.get("bytes"):
+        return f"{file} has {size} bytes, the manifest says {meta.get('bytes')} (truncated?)"
+    if hash_it and sha256_file(file) != meta.get("sha256"):
+        return f"{file} does not match its sha256 checksum (changed after it was written)"
+    return None
+
+
+def verify_checkpoint(root: Path, step: int, path: Path, quick: bool = False) -> str | None:
+    """Why checkpoint ``path`` (step ``step``) of the run in ``root`` is not valid, or None.
+
+    Checks the size and sha256 of its files and of every row part it commits.
+    ``quick`` hashes only ``state.json`` and the parts (the weights: size only),
+    for ``rollscale status``, which must stay fast on large checkpoints."""
+    if not (path / MANIFEST).exists():
+        return f"no {MANIFEST} (an interrupted write)"
+    manifest = _read_manifest(path)
+    if manifest.get("step") != step:
+        return f"{MANIFEST} is unreadable or does not describe step {step}"
+    files = manifest.get("files", {})
+    if set(files) != set(_CKPT_FILES):
+        return f"{MANIFEST} lists {sorted(files)}, expected {list(_CKPT_FILES)}"
+    entries = [(path / name, meta, not quick or name == "state.json") for name, meta in files.items()]
+    entries += [(root / name, meta, True) for name, meta in manifest.get("parts", {}).items()]
+    for file, meta, hash_it in entries:
+        problem = _check_file(file, meta, hash_it)
+        if problem:
+            return problem
+    return None
+
+
+def committed_parts(run_dir: str | os.PathLike[str]) -> tuple[list[str], str | None]:
+    """The row parts (file names) the newest checkpoint of a run commits, and the first
+    problem found checking them against its manifest (None when all match).
+
+    Parts written after that checkpoint are not listed: they are not committed.
+    A manifest of the first format (parts of its own step only) commits every
+    part up to its step, unchecked."""
+    run_dir = Path(run_dir)
+    try:
+        names = [p.name for p in run_dir.iterdir()]
+    except OSError:
+        return [], None
+    ckpts = sorted((int(m.group(1)), n) for n in names if (m := _CKPT_RE.match(n)))
+    for step, name in reversed(ckpts):
+        manifest = _read_manifest(run_dir / name)
+        if manifest.get("step") != step:
+            continue  # being written or damaged: the one before it is what is committed
+        if manifest.get("version") != MANIFEST_VERSION:
+            return sorted(n for n in names if (m := _PART_RE.match(n)) and int(m.group(2)) <= step), None
+        parts = manifest.get("parts", {})
+        for part, meta in sorted(parts.items()):
+            problem = _check_file(run_dir / part, meta)
+            if problem:
+                return sorted(parts), problem
+        return sorted(parts), None
+    return [], None
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A verified checkpoint: its step, directory and ``state.json`` contents."""
@@ -116,10 +191,14 @@ class Checkpoint:
 
     def model_state(self, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         """The saved state_dict of the trainable parameters."""
+        import torch
+
         return torch.load(self.path / "model.pt", map_location=map_location, weights_only=True)
 
     def optimizer_state(self, map_location: str | torch.device = "cpu") -> dict:
         """The saved optimizer state_dict."""
+        import torch
+
         return torch.load(self.path / "optimizer.pt", map_location=map_location, weights_only=True)
 
 
@@ -162,31 +241,20 @@ class RunStore:
                 found.append((int(m.group(2)), p))
         return sorted(found)
 
-    def _verify(self, step: int, path: Path) -> str | None:
-        """Why the checkpoint at ``path`` is not valid, or None if it is."""
-        try:
-            manifest = json.loads((path / MANIFEST).read_bytes())
-        except FileNotFoundError:
-            return f"no {MANIFEST} (an interrupted write)"
-        except (OSError, ValueError) as err:
-            return f"unreadable {MANIFEST} ({err})"
-        if not isinstance(manifest, dict) or manifest.get("step") != step:
-            return f"{MANIFEST} does not describe step {step}"
-        files = manifest.get("files", {})
-        if set(files) != set(_CKPT_FILES):
-            return f"{MANIFEST} lists {sorted(files)}, expected {list(_CKPT_FILES)}"
-        entries = [(path / name, meta) for name, meta in files.items()]
-        entries += [(self.root / name, meta) for name, meta in manifest.get("parts", {}).items()]
-        for file, meta in entries:
-            try:
-                size = file.stat().st_size
-            except OSError:
-                return f"{file.name} is missing"
-            if size != meta.get("bytes"):
-                return f"{file.name} has {size} bytes, the manifest says {meta.get('bytes')} (truncated?)"
-            if _sha256_file(file) != meta.get("sha256"):
-                return f"{file.name} does not match its sha256 checksum"
-        return None
+    def _verify(self, step: int, path: Path, quick: bool = False) -> str | None:
+        """Why the checkpoint at ``path`` is not valid, or None if it is (see :func:`verify_checkpoint`)."""
+        return verify_checkpoint(self.root, step, path, quick)
+
+    def damage(self) -> str | None:
+        """Why the run's newest checkpoint (the one ``done.json`` stands on) is not intact, or None.
+
+        None also when there is no checkpoint at all (nothing stored to damage)."""
+        dirs = self._checkpoint_dirs()
+        if not dirs:
+            return None
+        step, path = dirs[-1]
+        problem = self._verify(step, path)
+        return f"checkpoint {path}: {problem}" if problem else None
 
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint whose files match its manifest, or None.
@@ -208,11 +276,6 @@ class RunStore:
         return found
 
     # ------------------------------------------------------------------ writing
-
-    def _atomic_write(self, path: Path, data: bytes) -> None:
-        tmp = path.with_name(f"{_TMP_PREFIX}{path.name}")
-        _write_bytes(tmp, data)
-        os.replace(tmp, path)
 
     def save(
         self,
@@ -248,18 +311,25 @@ class RunStore:
         }
         target = self.root / f"ckpt-{step:06d}"
         tmp = self.root / f"{_TMP_PREFIX}ckpt-{step:06d}"
+        earlier = [(s, p) for s, p in self._checkpoint_dirs() if s < step]
+        earlier_parts = _read_manifest(earlier[-1][1]).get("parts", {}) if earlier else {}
+        written: list[Path] = []
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             for name, data in parts.items():
-                self._atomic_write(self.root / name, data)
+                written.append(self.root / name)
+                _write_bytes(self.root / name, data)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             for name, data in blobs.items():
                 _write_bytes(tmp / name, data)
             manifest = {
                 "step": step,
+                "version": MANIFEST_VERSION,
                 "files": {name: {"sha256": _sha256(d), "bytes": len(d)} for name, d in blobs.items()},
-                "parts": {name: {"sha256": _sha256(d), "bytes": len(d)} for name, d in parts.items()},
+                # every part committed so far: one manifest verifies all the run's rows
+                "parts": {**earlier_parts,
+                          **{name: {"sha256": _sha256(d), "bytes": len(d)} for name, d in parts.items()}},
             }
             _write_bytes(tmp / MANIFEST, _json_bytes(manifest))
             if target.exists():
@@ -269,6 +339,8 @@ class RunStore:
             _fsync_dir(self.root)
         except OSError as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            for path in written:  # rows that no checkpoint commits must not stay behind
+                path.unlink(missing_ok=True)
             raise OSError(
                 err.errno,
                 f"RunStore: could not write checkpoint {step} under {self.root} "
@@ -328,16 +400,26 @@ class RunStore:
         path = self.root / DONE
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._atomic_write(path, data)
+            _write_bytes(path, data)
         except OSError as err:
             raise OSError(err.errno, f"RunStore: could not write {path} ({err.strerror or err})", str(path)) from err
 
     def done(self) -> dict | None:
-        """The contents of ``done.json``, or None while the run has not ended."""
+        """The contents of ``done.json``, or None while the run has not ended.
+
+        A run marked finished whose newest checkpoint is damaged (:meth:`damage`)
+        has not really ended: None, with a warning, so it is trained again from
+        its newest good checkpoint and its final weights and rows are restored."""
         path = self.root / DONE
         try:
-            return json.loads(path.read_bytes())
+            done = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
         except ValueError as err:
             raise ValueError(f"RunStore: {path} is not valid JSON ({err})") from None
+        problem = self.damage() if isinstance(done, dict) and done.get("status") == "finished" else None
+        if problem:
+            warnings.warn(f"RunStore: run {self.root} is marked finished but is damaged ({problem}); "
+                          "it is trained again from its newest good checkpoint", RuntimeWarning, stacklevel=2)
+            return None
+        return done

@@ -13,18 +13,9 @@ from dataclasses import dataclass
 
 from rollscale.config import SweepParams
 from rollscale.lm.sampling import SamplingConfig
-from rollscale.train.trainer import RunConfig, readable_run_id
+from rollscale.train.run_config import RunConfig
 
 log = logging.getLogger("rollscale.train.sweep")
-
-# the healthy recipe of science §3: KL + entropy on Easy-like buckets, off on Hard and mixtures
-_RECIPE_ON = {"easy", "very_easy"}
-
-
-def recipe_on(bucket: str, recipe: str) -> bool:
-    """Whether KL and entropy regularizers are on for a bucket (science §3 healthy recipe)."""
-    return recipe == "on" or (recipe == "auto" and bucket in _RECIPE_ON)
-
 
 @dataclass(frozen=True)
 class GridPoint:
@@ -57,8 +48,7 @@ def grid_points(sweep: SweepParams) -> list[GridPoint]:
 
 def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]:
     """One :class:`RunConfig` per grid point, ids like ``np16_nr8_uniform_s0``."""
-    t = sweep.train
-    regularize = recipe_on(sweep.bucket, t.recipe)
+    train = sweep.train.for_bucket(sweep.bucket)  # the validated section itself, recipe resolved
     configs = []
     for point in grid_points(sweep):
         rule_args: dict = {}
@@ -82,19 +72,7 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
             **rule_args,
             c_max=sweep.c_max,
             seed=point.seed,
-            advantage_scale=t.advantage_scale,
-            clip_high=0.28 if t.clip_higher else 0.2,
-            agg_mode=t.agg_mode,
-            kl_coef=t.kl_coef if regularize else 0.0,
-            entropy_coef=t.entropy_coef if regularize else 0.0,
-            zero_var_filter=t.zero_var_filter,
-            overlong_filter=t.overlong_filter,
-            overlong_penalty_cache=t.overlong_penalty_cache,
-            lr_base=t.lr_base,
-            b_base=t.b_base,
-            warmup_steps=t.warmup_steps,
-            weight_decay=t.weight_decay,
-            grad_clip=t.grad_clip,
+            train=train,
             sampling=sampling,
             eval_every=sweep.eval_every,
             eval_k=sweep.eval_k,
@@ -102,6 +80,5 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
             checkpoint_every=sweep.checkpoint_every,
             noise_every=sweep.noise_every,
         )
-        config.run_id = readable_run_id(config)
         configs.append(config)
     return configs

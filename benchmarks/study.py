@@ -1,0 +1,99 @@
+"""Wall seconds of the study, stage by stage, from a clean artifacts folder.
+
+    python benchmarks/study.py                      # the default study (params.yaml)
+    python benchmarks/study.py --set sweep.c_max=4000 --compare-workers 1 2
+
+Each stage runs as ``rollscale run <stage>`` (what ``dvc repro`` runs) in a fresh
+process, in dvc.yaml order, so the times include start-up. ``--set key=value``
+overrides params (dotted keys, YAML values) in a copy of the params file.
+``--compare-workers 1 2`` runs the sweep again with each worker count on the
+same prepared stages and prints the speed-up, measured in the same run.
+The table names the machine's core count and its load average, since a
+loaded machine stretches every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollscale.pipeline.cli import STAGES  # noqa: E402
+
+
+def set_key(params: dict, dotted: str, value: str) -> None:
+    *path, last = dotted.split(".")
+    node = params
+    for key in path:
+        node = node.setdefault(key, {})
+    node[last] = yaml.safe_load(value)
+
+
+def run_stage(stage: str, params: Path, artifacts: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(artifacts), "run", stage,
+                    "--params", str(params)], check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--stages", nargs="*", default=list(STAGES))
+    ap.add_argument("--compare-workers", nargs="*", type=int, default=[])
+    ap.add_argument("--keep", help="artifacts folder to keep (default: a temporary one, removed)")
+    ap.add_argument("--start-from", help="an artifacts folder whose stages are copied in first (then run only "
+                    "--stages): e.g. a prepared base/profile/bucket for --compare-workers")
+    args = ap.parse_args()
+    params = yaml.safe_load(Path(args.params).read_text()) or {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        set_key(params, key, value)
+    work = Path(tempfile.mkdtemp(prefix="rollscale-study-bench."))
+    artifacts = Path(args.keep) if args.keep else work / "artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)  # a clean artifacts folder: nothing reused
+    if args.start_from:
+        shutil.copytree(args.start_from, artifacts, copy_function=shutil.copy2)
+    params_file = work / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    load0 = os.getloadavg()[0]
+    rows = [(stage, run_stage(stage, params_file, artifacts)) for stage in args.stages]
+    for stage, seconds in rows:
+        print(f"  {stage}: {seconds:.1f} s", file=sys.stderr)
+    speed = []
+    for workers in args.compare_workers:
+        variant = dict(params, workers=workers)
+        vfile = work / f"params-w{workers}.yaml"
+        vfile.write_text(yaml.safe_dump(variant))
+        shutil.rmtree(artifacts / "sweep", ignore_errors=True)
+        speed.append((workers, run_stage("sweep", vfile, artifacts)))
+    load1 = os.getloadavg()[0]
+    print(f"{os.cpu_count()} cores; load average {load0:.1f} at the start, {load1:.1f} at the end; "
+          f"workers {params.get('workers', 'default')}, torch_threads {params.get('torch_threads', 'default')}")
+    print("\n| stage | wall seconds |\n| --- | ---: |")
+    for stage, seconds in rows:
+        print(f"| {stage} | {seconds:.1f} |")
+    print(f"| **all** | **{sum(s for _, s in rows):.1f}** |")
+    if speed:
+        base = speed[0][1]
+        print("\n| sweep workers | wall seconds | speed-up |\n| ---: | ---: | ---: |")
+        for workers, seconds in speed:
+            print(f"| {workers} | {seconds:.1f} | {base / seconds:.2f}x |")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

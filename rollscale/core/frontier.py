@@ -1,0 +1,196 @@
+"""The frontier F(C) = max_n R_n(C), its argmax n*(C) and the logistic fit of n* (science §7)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import expit
+
+from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few, vector
+
+if TYPE_CHECKING:
+    from rollscale.core.fit import SigmoidFit
+
+__all__ = ["N_STAR_MIN_POINTS", "NStarFit", "epochs_at_transitions", "fit_n_star", "frontier", "log_grid"]
+
+N_STAR_MIN_POINTS = 4  # four parameters: lo, hi, k, c0
+
+
+def log_grid(c_min: float, c_max: float, points: int) -> NDArray[np.float64]:
+    """``points`` compute values evenly spaced in log C from c_min to c_max (science §7)."""
+    if not (math.isfinite(c_min) and c_min > 0):
+        raise ValueError(f"c_min: expected a positive finite number, got {c_min!r}")
+    if not (math.isfinite(c_max) and c_max > c_min):
+        raise ValueError(f"c_max: expected a finite number above c_min={c_min!r}, got {c_max!r}")
+    if int(points) != points or points < 2:
+        raise ValueError(f"points: expected an integer >= 2, got {points!r}")
+    return np.logspace(math.log10(c_min), math.log10(c_max), int(points))
+
+
+def frontier(curves: Mapping[Hashable, SigmoidFit], c_grid: ArrayLike) -> pd.DataFrame:
+    """The frontier ``F(C) = max_key R_key(C)`` and its argmax on a grid (science §7).
+
+    ``curves`` maps a key (n, or B_problem) to its fitted sigmoid; fits whose
+    status is not "ok" are ignored. Ties go to the key listed first. With no
+    usable fit, ``frontier_reward`` is NaN and ``best_key`` None.
+    Columns: ``c``, ``frontier_reward``, ``best_key``.
+    """
+    c = vector("c_grid", c_grid)
+    positive("c_grid", c)
+    usable = [(k, f) for k, f in curves.items() if f.ok]
+    if not usable:
+        return pd.DataFrame(
+            {"c": c, "frontier_reward": np.full(len(c), np.nan), "best_key": pd.Series([None] * len(c), dtype=object)}
+        )
+    keys = [k for k, _ in usable]
+    preds = np.vstack([np.atleast_1d(f.predict(c)) for _, f in usable])
+    best = np.argmax(preds, axis=0)  # first maximum: ties go to the earlier key
+    return pd.DataFrame(
+        {
+            "c": c,
+            "frontier_reward": preds[best, np.arange(len(c))],
+            "best_key": pd.Series([keys[i] for i in best], dtype=object),
+        }
+    )
+
+
+def epochs_at_transitions(
+    frontier_df: pd.DataFrame, epochs_lookup: Callable[[Hashable, float], float]
+) -> pd.DataFrame:
+    """Epochs completed by the new best run where the frontier's argmax changes (science §7).
+
+    Walking the grid in the frame's order, a transition is the first grid point
+    ``c`` where ``best_key`` differs from the previous non-missing one; the
+    row reports ``epochs_lookup(to_key, c)``, the epochs the ``to_key`` run
+    had completed at that compute. Columns: ``c``, ``from_key``, ``to_key``,
+    ``epochs``.
+    """
+    missing = {"c", "best_key"} - set(frontier_df.columns)
+    if missing:
+        raise ValueError(f"frontier_df: expected columns c and best_key, missing {sorted(missing)}")
+    rows = []
+    prev: Any = None
+    for c, key in zip(frontier_df["c"], frontier_df["best_key"], strict=True):
+        if key is None or (isinstance(key, float) and math.isnan(key)):
+            continue
+        if prev is not None and key != prev:
+            rows.append({"c": float(c), "from_key": prev, "to_key": key, "epochs": float(epochs_lookup(key, float(c)))})
+        prev = key
+    return pd.DataFrame(rows, columns=["c", "from_key", "to_key", "epochs"])
+
+
+@dataclass(frozen=True)
+class NStarFit:
+    """``log2 n*(C) = lo + (hi - lo) / (1 + exp(-k (log10 C - c0)))`` (science §7).
+
+    ``k >= 0``; ``hi < lo`` means n* falls with compute. Non-"ok" fits carry
+    NaN parameters. ``r2`` is in log2 n*.
+    """
+
+    lo: float
+    hi: float
+    k: float
+    c0: float
+    lo_se: float
+    hi_se: float
+    k_se: float
+    c0_se: float
+    r2: float
+    n_points: int
+    status: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def predict_log2(self, log10_c: ArrayLike) -> Any:
+        """Predicted log2 n* at log10 C."""
+        out = _n_star_model(np.array([self.lo, self.hi, self.k, self.c0]), np.asarray(log10_c, float))
+        return float(out) if out.ndim == 0 else out
+
+    def predict(self, log10_c: ArrayLike) -> Any:
+        """Predicted n* (not its log) at log10 C."""
+        return np.exp2(self.predict_log2(log10_c))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _n_star_model(theta: NDArray[np.float64], x: NDArray[np.float64]) -> NDArray[np.float64]:
+    lo, hi, k, c0 = theta
+    return lo + (hi - lo) * expit(k * (x - c0))
+
+
+def _n_star_jacobian(theta: NDArray[np.float64], x: NDArray[np.float64]) -> NDArray[np.float64]:
+    lo, hi, k, c0 = theta
+    s = expit(k * (x - c0))
+    dz = (hi - lo) * s * (1.0 - s)
+    return np.column_stack([1.0 - s, s, dz * (x - c0), -dz * k])
+
+
+def _nan_n_star(n: int, status: str) -> NStarFit:
+    nan = math.nan
+    return NStarFit(nan, nan, nan, nan, nan, nan, nan, nan, nan, n, status)
+
+
+def fit_n_star(log10_c: ArrayLike, n_star: ArrayLike) -> NStarFit:
+    """Fit the logistic of log2 n* in log10 C (science §7).
+
+    Bounds: ``k`` in [0, 100] per decade (``k >= 0`` makes the curve
+    identifiable; a falling n* is ``hi < lo``); ``c0`` within two decades of
+    the data; ``lo`` and ``hi`` within one data span (at least one doubling)
+    beyond the observed range of log2 n*, so a transition outside the data
+    cannot send a plateau off. Needs 4 points at 4 distinct C, and n* that is
+    not constant (a constant n* has no transition to fit).
+    """
+    x = vector("log10_c", log10_c)
+    n_arr = vector("n_star", n_star)
+    same_length(log10_c=x, n_star=n_arr)
+    positive("n_star", n_arr)
+    n = len(x)
+    if n < N_STAR_MIN_POINTS:
+        return _nan_n_star(n, too_few(n, N_STAR_MIN_POINTS))
+    n_c = len(np.unique(x))
+    if n_c < N_STAR_MIN_POINTS:
+        return _nan_n_star(n, too_few(n_c, N_STAR_MIN_POINTS, "distinct compute values"))
+    y = np.log2(n_arr)
+    if np.all(y == y[0]):
+        return _nan_n_star(n, f"n* constant ({float(n_arr[0]):g}): no transition to fit")
+
+    span = max(float(y.max() - y.min()), 1.0)
+    y_lo, y_hi = float(y.min()) - span, float(y.max()) + span
+    lower = [y_lo, y_lo, 0.0, x.min() - 2.0]
+    upper = [y_hi, y_hi, 100.0, x.max() + 2.0]
+    # plateau guesses: mean log2 n* over the lowest and highest quarter of C
+    y_sorted, q = y[np.argsort(x)], max(1, n // 4)
+    first, last = float(np.mean(y_sorted[:q])), float(np.mean(y_sorted[-q:]))
+    starts = [
+        [a, b, k0, float(c0)]
+        for a, b in ((first, last), (float(y.min()), float(y.max())), (float(y.max()), float(y.min())))
+        for c0 in np.quantile(x, [0.25, 0.5, 0.75])
+        for k0 in (1.0, 5.0)
+    ]
+    best = best_curve_fit(_n_star_model, _n_star_jacobian, x, y, starts, lower, upper)
+    if best is None:
+        return _nan_n_star(n, "fit did not converge")
+    theta, cov, resid = best
+    lo, hi, k, c0 = (float(v) for v in theta)
+    return NStarFit(
+        lo=lo,
+        hi=hi,
+        k=k,
+        c0=c0,
+        lo_se=se(cov, 0),
+        hi_se=se(cov, 1),
+        k_se=se(cov, 2),
+        c0_se=se(cov, 3),
+        r2=r2(y, resid),
+        n_points=n,
+        status="ok",
+    )

@@ -1,0 +1,1 @@
+"""Bridges to the tools users already train and log with (TRL, trackers)."""

@@ -1,0 +1,78 @@
+"""Errors a person can read: what went wrong, where (file, key, row) and what to do,
+in one or two lines on stderr, and a non-zero exit status.
+
+The full traceback is shown with ``rollscale --debug`` or ``ROLLSCALE_DEBUG=1``.
+Exit status: 2 for bad input (params, data rows, buckets, queries), 1 for the
+environment (a stage already running, a full or unwritable disk, missing files),
+3 for an error the project did not foresee (a bug: please report it with the
+``--debug`` output).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+DEBUG_ENV = "ROLLSCALE_DEBUG"
+MAX_CHARS = 400  # a message longer than this is cut: the place comes first in every message
+
+
+def debug_enabled(flag: bool = False) -> bool:
+    return flag or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _first_lines(text: str, n: int = 2) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    short = " ".join(lines[:n])
+    return short if len(short) <= MAX_CHARS else short[: MAX_CHARS - 1] + "…"
+
+
+def _is(err: BaseException, name: str) -> bool:
+    """``err`` is an instance of the project's error class ``name``. Matched by name so this module
+    imports none of the modules that raise them (each stage would otherwise depend on all of them)."""
+    return any(cls.__name__ == name and cls.__module__.startswith("rollscale.") for cls in type(err).__mro__)
+
+
+def explain(err: BaseException) -> tuple[str, int]:
+    """The message to print for ``err`` and the exit status."""
+    if _is(err, "ParamsError"):  # one line per bad key, each naming its key path
+        return "\n  ".join(line.strip() for line in str(err).strip().splitlines()[:8] if line.strip()), 2
+    if _is(err, "DataRowError"):
+        return f"bad data row at {err.where}: {_first_lines(err.reason, 1)}; fix or remove that row", 2
+    if _is(err, "BucketError"):
+        return f"bucket: {_first_lines(err, 1)} (params.yaml, section bucket)", 2
+    if _is(err, "QueryError") or isinstance(err, LookupError):
+        return _first_lines(err.args[0] if err.args else err), 2
+    if _is(err, "DamagedResultError") or _is(err, "StageBusyError"):
+        return _first_lines(err), 1
+    if isinstance(err, OSError):
+        where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
+        text = _first_lines(err.strerror or err) + where
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            text += "; the disk is full: free space and run the stage again (finished work is kept)"
+        return text, 1
+    if isinstance(err, RuntimeError) and "ephemeral Prefect API server" in str(err):
+        return ("the Prefect server did not start in time (machine busy?): run again, or raise "
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or point PREFECT_API_URL at a running server"), 1
+    if isinstance(err, ValueError):
+        return _first_lines(err), 2
+    return f"internal error {type(err).__name__}: {_first_lines(err, 1)} (run with --debug for the traceback)", 3
+
+
+def run_guarded(fn: Callable[[], object], debug: bool = False, prog: str = "rollscale") -> int:
+    """Call ``fn``; print any error as :func:`explain` says (plus the traceback when debugging)."""
+    try:
+        fn()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; finished work is kept and the next run resumes it", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the one place every error becomes a message
+        if debug_enabled(debug):
+            traceback.print_exc()
+        message, code = explain(err)
+        print(f"{prog}: {message}", file=sys.stderr)
+        return code
+    return 0

@@ -1,0 +1,251 @@
+"""Shared pieces of the report: table registry, chart and table specs, formatting helpers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+
+
+# table -> the pipeline stage that writes it (dvc.yaml)
+TABLE_STAGES: dict[str, str] = {
+    "profile": "profile",
+    "buckets": "bucket",
+    "noise_prompts": "measure",
+    "noise_steps": "measure",
+    "runs": "sweep",
+    "steps": "sweep",
+    "evals": "sweep",
+    "fits": "fit",
+    "frontier": "fit",
+    "steps_to_target": "fit",
+    "crs_prediction": "fit",
+    "epoch_transitions": "fit",
+}
+TABLE_NAMES: tuple[str, ...] = tuple(TABLE_STAGES)
+
+DEFAULT_BUCKET_BOUNDS: dict[str, tuple[float, float]] = {
+    "hard": (0.0, 0.0625),
+    "easy": (0.3, 0.6),
+    "very_easy": (0.6, 0.9),
+}
+BUCKET_COLOURS = {"hard": "#d62728", "easy": "#2ca02c", "very_easy": "#1f77b4"}
+
+# K_sat above this many times the largest group size n is drawn at the cap:
+# beyond it the estimate no longer tells "many" from "infinitely many" rollouts.
+K_SAT_CAP_PER_N = 4.0
+
+CHART_WIDTH = 520
+CHART_HEIGHT = 280
+_N_SCHEME = alt.Scale(scheme={"name": "viridis", "extent": [0.0, 0.85]})  # no pale yellow end
+
+
+# ---------------------------------------------------------------------------
+# result shapes
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    """One figure of the report: a drawn Altair chart, or why it is missing.
+
+    Exactly one of ``chart`` and ``missing`` is set. ``caption`` is one
+    sentence saying what the figure shows.
+    """
+
+    name: str
+    title: str
+    caption: str
+    chart: alt.TopLevelMixin | None = None
+    missing: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.chart is None) == (self.missing is None):
+            raise ValueError(f"ChartSpec {self.name!r}: expected exactly one of chart and missing")
+
+    @property
+    def drawn(self) -> bool:
+        return self.chart is not None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table of the report, already formatted as strings, or why it is missing."""
+
+    name: str
+    title: str
+    caption: str
+    frame: pd.DataFrame | None = None
+    missing: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.frame is None) == (self.missing is None):
+            raise ValueError(f"TableSpec {self.name!r}: expected exactly one of frame and missing")
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """Where :func:`write_report` put the report."""
+
+    out_dir: Path
+    html: Path
+    summary: Path
+    pngs: dict[str, Path] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# input handling
+
+
+def _check_tables(tables: Mapping[str, pd.DataFrame | None]) -> dict[str, pd.DataFrame | None]:
+    if not isinstance(tables, Mapping):
+        raise ValueError(f"tables: expected a mapping of table name -> DataFrame or None, got {type(tables).__name__}")
+    unknown = sorted(set(tables) - set(TABLE_NAMES))
+    if unknown:
+        raise ValueError(f"tables: unknown table names {unknown} (expected some of {list(TABLE_NAMES)})")
+    out: dict[str, pd.DataFrame | None] = {}
+    for name in TABLE_NAMES:
+        df = tables.get(name)
+        if df is not None and not isinstance(df, pd.DataFrame):
+            raise ValueError(f"tables[{name!r}]: expected a pandas DataFrame or None, got {type(df).__name__}")
+        # an empty table is as good as a missing one for the report
+        out[name] = df if df is not None and len(df) else None
+    return out
+
+
+def _require(df: pd.DataFrame, table: str, columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"tables[{table!r}]: missing columns {missing} (has {list(df.columns)})")
+
+
+def _missing_stage(table: str, what: str | None = None) -> str:
+    stage = TABLE_STAGES[table]
+    what = what or f"`{table}` table"
+    return f"No {what} yet: run the `{stage}` stage (dvc repro {stage})."
+
+
+def _params_dict(params: Any) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if hasattr(params, "model_dump"):  # a pydantic StudyParams
+        params = params.model_dump()
+    if not isinstance(params, Mapping):
+        raise ValueError(f"params: expected a mapping (the parsed params.yaml) or None, got {type(params).__name__}")
+    return dict(params)
+
+
+def _bucket_bounds(params: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    section = params.get("bucket") or {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"params['bucket']: expected a mapping, got {type(section).__name__}")
+    out = {}
+    for name, default in DEFAULT_BUCKET_BOUNDS.items():
+        value = section.get(name, default)
+        try:
+            lo, hi = (float(v) for v in value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"params['bucket'][{name!r}]: expected [lo, hi], got {value!r}") from exc
+        if not (0.0 <= lo <= hi <= 1.0):
+            raise ValueError(f"params['bucket'][{name!r}]: expected 0 <= lo <= hi <= 1, got {value!r}")
+        out[name] = (lo, hi)
+    return out
+
+
+def _k_sat_cap(params: Mapping[str, Any], n_max: float) -> float:
+    section = params.get("report") or {}
+    cap = section.get("k_sat_cap") if isinstance(section, Mapping) else None
+    if cap is None:
+        return K_SAT_CAP_PER_N * n_max
+    cap = float(cap)
+    if not (math.isfinite(cap) and cap > 1.0):
+        raise ValueError(f"params['report']['k_sat_cap']: expected a finite number > 1, got {cap!r}")
+    return cap
+
+
+def _num(series: pd.Series) -> pd.Series:
+    return pd.to_numeric(series, errors="coerce").astype(float)
+
+
+def _records(df: pd.DataFrame) -> alt.InlineData:
+    """Inline Vega data: NaN and +-inf become null, numpy scalars plain Python."""
+    rows = []
+    for rec in df.to_dict("records"):
+        clean = {}
+        for key, value in rec.items():
+            if isinstance(value, (np.generic,)):
+                value = value.item()
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None
+            elif value is pd.NA or value is pd.NaT:
+                value = None
+            clean[str(key)] = value
+        rows.append(clean)
+    return alt.InlineData(values=rows)
+
+
+def _finish(chart: alt.TopLevelMixin, title: str) -> alt.TopLevelMixin:
+    """Title and shared styling; the PNG then reads on its own."""
+    return (
+        chart.properties(title=alt.TitleParams(title, anchor="start", fontSize=15, offset=10))
+        .configure_axis(labelFontSize=11, titleFontSize=12, titleFontWeight="normal")
+        .configure_legend(labelFontSize=11, titleFontSize=12, titleLimit=260, labelLimit=260)
+        .configure_header(labelFontSize=12, titleFontSize=12)
+        .configure_view(stroke="#ccc")
+    )
+
+
+def _log_scale(**kw: Any) -> alt.Scale:
+    # no rounding out to whole decades: it leaves most of the plot empty
+    return alt.Scale(type="log", nice=False, padding=12, **kw)
+
+
+def _log_axis(**kw: Any) -> alt.Axis:
+    # SI labels (2k, 10k) stay short enough not to run into each other
+    return alt.Axis(format="~s", labelSeparation=6, labelOverlap="greedy", **kw)
+
+
+def _log2_ticks(values: Sequence[float]) -> list[float]:
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not finite:
+        return []
+    lo, hi = math.floor(math.log2(min(finite))), math.ceil(math.log2(max(finite)))
+    return [float(2**e) for e in range(lo, hi + 1)]
+
+
+def _fmt(value: Any) -> str:
+    """A cell for a report table: 4 significant digits, inf as ∞, missing as —."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return "—"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if math.isnan(v):
+            return "—"
+        if math.isinf(v):
+            return "∞" if v > 0 else "−∞"
+        if v == int(v) and abs(v) < 1e7:
+            return str(int(v))
+        return f"{v:.4g}"
+    return str(value)
+
+
+def _pm(value: Any, se: Any) -> str:
+    v = _fmt(value)
+    if v == "—" or se is None or (isinstance(se, float) and math.isnan(se)):
+        return v
+    return f"{v} ± {_fmt(se)}"
+
+
+def _format_frame(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({str(c): [_fmt(v) for v in df[c]] for c in df.columns}, columns=[str(c) for c in df.columns])

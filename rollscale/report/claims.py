@@ -1,0 +1,102 @@
+"""The report's headline: the claims the data supports, each with its interval (science §7).
+
+A claim that one setting beats another (n1 vs n2, a rule vs uniform) is made
+only where the bootstrap interval of the difference excludes zero; elsewhere
+the headline says "not distinguishable", and a point with one seed says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rollscale.core.bootstrap import ONE_SEED
+from rollscale.report.base import TableSpec, _fmt, _missing_stage, _num
+
+BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
+
+
+def interval_text(value: Any, lo: Any, hi: Any) -> str:
+    """``v [lo, hi]``, or ``v (1 seed, no interval)`` where the interval is missing."""
+    v = _fmt(value)
+    lo_f, hi_f = (float(pd.to_numeric(x, errors="coerce")) for x in (lo, hi))
+    if v == "—":
+        return v
+    if math.isnan(lo_f) or math.isnan(hi_f):
+        return f"{v} ({ONE_SEED})"
+    return f"{v} [{_fmt(lo_f)}, {_fmt(hi_f)}]"
+
+
+def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
+    rows = []
+    fr = frontier[frontier["design"].astype(str) == "n"] if "design" in frontier else frontier
+    fr = fr.assign(**{c: fr[c].astype(str) if c in fr else "all" for c in ("bucket", "rule")})
+    for (bucket, rule), g in fr.groupby(["bucket", "rule"], sort=True):
+        g = g.sort_values("c").reset_index(drop=True)
+        for i in np.unique(np.linspace(0, len(g) - 1, BUDGETS_SHOWN).round().astype(int)):
+            r = g.iloc[i]
+            best = int(r["best_key"])
+            share, lo, hi = (float(pd.to_numeric(r.get(k), errors="coerce")) for k in
+                             ("best_key_share", "best_key_lo", "best_key_hi"))
+            if math.isnan(share):
+                verdict = f"n* = {best} ({ONE_SEED})"
+            elif lo == hi == best:
+                verdict = f"n* = {best}: {share:.0%} of refits agree"
+            else:
+                verdict = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
+                           f"n in [{_fmt(lo)}, {_fmt(hi)}]")
+            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {_fmt(r['c'])}",
+                         "finding": verdict})
+    return rows
+
+
+def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
+    rows = []
+    if "rule" not in fits:
+        return rows
+    rules = fits[(fits["kind"].astype(str) == "rollouts_to_target") & (fits["rule"].astype(str) != "uniform")]
+    for _, r in rules.iterrows():
+        if "ratio_to_uniform" not in r or math.isnan(float(pd.to_numeric(r["ratio_to_uniform"], errors="coerce"))):
+            finding = str(r.get("verdict") or r.get("status") or "no ratio")
+        else:
+            ratio = interval_text(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
+            finding = f"{r['rule']} needs {ratio}× the rollouts of uniform: {r.get('verdict')}"
+        rows.append({"claim": "rule vs uniform (rollouts to target)", "where": f"{r['bucket']} / {r['rule']}",
+                     "at": f"{r['fixed']}, R* = {_fmt(r.get('target'))}", "finding": finding})
+    return rows
+
+
+def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
+    rows = []
+    for _, r in cp.iterrows():
+        if pd.isna(r.get("observed_best_n")):
+            continue
+        share = float(pd.to_numeric(r.get("observed_best_share"), errors="coerce"))
+        observed = f"observed best n = {_fmt(r['observed_best_n'])}"
+        observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
+        predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
+            f"CRS {_fmt(r['crs'])} predicts n = {_fmt(r['predicted_n'])}")
+        rows.append({"claim": "CRS predicted vs observed best n", "where": f"{r.get('bucket')} / {r.get('rule')}",
+                     "at": str(r.get("basis")), "finding": f"{predicted}; {observed}"})
+    return rows
+
+
+def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
+    """Best n per budget with the share of refits that agree; rules against uniform; the CRS check."""
+    name, title = "headline", "Claims the data supports"
+    caption = ("Each claim with its 95 % bootstrap interval over seeds (science §7): a difference is claimed "
+               "only where its interval excludes zero (a ratio's excludes 1); otherwise it says "
+               "'not distinguishable'.")
+    rows: list[dict[str, str]] = []
+    if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
+        rows += _best_n_claims(t["frontier"][_num(t["frontier"]["best_key"]).notna()])
+    if t.get("fits") is not None and "kind" in t["fits"].columns:
+        rows += _rule_claims(t["fits"])
+    if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
+        rows += _crs_claims(t["crs_prediction"])
+    if not rows:
+        return TableSpec(name, title, caption, missing=_missing_stage("fits", "the fitted claims"))
+    return TableSpec(name, title, caption, frame=pd.DataFrame(rows, columns=["claim", "where", "at", "finding"]))

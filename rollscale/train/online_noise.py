@@ -1,0 +1,105 @@
+"""Gradient noise of one GRPO step's batch, measured before its update (science §6).
+
+g_i is the gradient of rollout i's own term of the step's loss (advantages
+held fixed, the full batch's aggregation normalisers, so a term does not
+depend on which rows share a forward call). The Gram matrix of the g_i
+(science §6.1) goes through :func:`~rollscale.core.gram.gram_matrix` in
+chunks of the step's micro-batch size, so its forward/backward memory is that
+of one micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from rollscale.core.gram import gram_matrix
+from rollscale.core.grpo import grpo_loss, loss_normalizers, token_logprobs_and_entropy
+from rollscale.core.noise import EmaNoiseScale, decompose, k_sat, k_sat_null, split_half_rho
+from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_loss_mask, micro_batch
+
+
+def gram_chunk_size(batch: TrainBatch, micro_batch_tokens: int) -> int:
+    """Rollouts per Gram chunk: as many of the batch's widest rows as fit the token budget."""
+    prompt, completion = batch.widths()
+    return max(1, micro_batch_tokens // (max(prompt) + max(completion)))
+
+
+@contextmanager
+def _no_checkpointing(model: torch.nn.Module):
+    """Gradient checkpointing re-runs forward hooks (the Gram's); off for the measurement."""
+    on = getattr(model, "is_activation_checkpointing", None)
+    if on is None:  # transformers < 5 names it differently
+        on = getattr(model, "is_gradient_checkpointing", False)
+    if on:
+        model.gradient_checkpointing_disable()
+    try:
+        yield
+    finally:
+        if on:
+            model.gradient_checkpointing_enable()
+
+
+def batch_gram(
+    model: torch.nn.Module, batch: TrainBatch, settings: StepSettings, pad_id: int,
+    ref_logprobs: RefLogprobs | None = None,
+) -> np.ndarray:
+    """Gram matrix ``K_ij = <g_i, g_j>`` of the batch's per-rollout loss terms (science §6.1)."""
+    device = next(model.parameters()).device
+    cfg = settings.loss
+    norm = loss_normalizers(batch_loss_mask(batch))
+
+    def loss_terms(idx: torch.Tensor) -> torch.Tensor:
+        mb = micro_batch(batch, idx.numpy(), pad_id, device)
+        logp, ent = token_logprobs_and_entropy(
+            model, mb.input_ids, mb.attention, mb.completion_mask, settings.temperature,
+            entropy_grad=cfg.entropy_coef > 0,
+        )
+        ref = ref_logprobs(mb.input_ids, mb.attention, mb.completion_mask) if ref_logprobs and cfg.kl_coef > 0 else None
+        out = grpo_loss(logp, logp.detach(), mb.advantages, mb.loss_mask, cfg, logp_ref=ref, entropy=ent,
+                        regularize=mb.regularize, normalizers=norm, logp_sampler=mb.sampler_logp)
+        return out.per_rollout
+
+    model.train()
+    with _no_checkpointing(model):
+        return gram_matrix(model, loss_terms, len(batch), chunk_size=gram_chunk_size(batch, settings.micro_batch_tokens))
+
+
+def noise_figures(
+    gram: np.ndarray, rewards: np.ndarray, ema: EmaNoiseScale, split_rng: Callable[[int], np.random.Generator],
+) -> tuple[dict, list[dict]]:
+    """Step-level noise figures (science §6.2) and per-group split-half rows (science §6.3).
+
+    ``rewards`` is [groups, n] (equal groups); ``split_rng(g)`` seeds group g's
+    random split. Returns ``({}, [])`` when the decomposition is undefined
+    (fewer than two groups). Per-group rows hold ``n``, ``pass_rate``,
+    ``rho_split``, ``k_sat``, ``k_sat_null``, ``k_sat_ratio``.
+    """
+    n_groups, n = rewards.shape
+    if n_groups < 2:
+        return {}, []
+    groups = np.repeat(np.arange(n_groups), n)
+    dec = decompose(gram, groups)
+    finite = np.isfinite([dec.trace_sigma, dec.g_norm2]).all()
+    b_ema = ema.update(dec.trace_sigma, dec.g_norm2) if finite else math.nan
+    rows = []
+    for gi in range(n_groups):
+        block = gram[gi * n : (gi + 1) * n, gi * n : (gi + 1) * n]
+        rho = math.nan
+        if n >= 3 and np.ptp(rewards[gi]) > 0 and np.trace(block) > 0:
+            rho = split_half_rho(block, split_rng(gi))
+        null = k_sat_null(n) if n >= 3 else math.nan
+        ks = k_sat(rho) if np.isfinite(rho) else math.nan
+        rows.append({"n": n, "pass_rate": float(np.mean(rewards[gi])), "rho_split": rho, "k_sat": ks,
+                     "k_sat_null": null, "k_sat_ratio": ks / null if np.isfinite(ks) else ks})
+    figures = {
+        "noise_n": n, "trace_sigma": dec.trace_sigma, "g_norm2": dec.g_norm2, "b_simple": dec.b_simple,
+        "b_simple_ema": b_ema, "b_naive": dec.b_naive, "prompt_noise": dec.prompt_noise,
+        "rollout_noise": dec.rollout_noise, "rho_icc": dec.rho_icc, "k_sat_icc": dec.k_sat_icc,
+        "k_crit": dec.k_crit, "crs": dec.crs,
+    }
+    return figures, rows

@@ -1,0 +1,306 @@
+"""The memory-bounded GRPO update: micro-batches, gradient accumulation, PPO epochs (science §3).
+
+One optimizer step equals the full-batch step for every aggregation mode: the
+batch's normalisers (tokens, sequences) are computed before the loop and every
+micro-batch's loss is its exact share of the full-batch loss, so the
+accumulated gradient is the full-batch gradient. Rollouts are packed into
+micro-batches by a budget of padded tokens, each padded to its own width, so
+peak memory depends on the micro-batch, not on B.
+
+``logp_old`` (the policy before this step's updates, science §3): the first
+epoch's ``logp_new.detach()``, kept for the later epochs. That is exactly the
+no-grad forward of the policy before the first update (no parameter changes
+during the first epoch's accumulation), so ``ppo_epochs > 1`` costs no extra
+forward pass and ``ppo_epochs = 1`` is TRL's on-policy update. A separate
+sampling engine's log-probs (``Rollout.logprobs``) enter as the behaviour
+policy of the truncated importance weight (:func:`~rollscale.core.grpo.grpo_loss`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from rollscale.core.grpo import (
+    LossConfig,
+    group_advantages,
+    grpo_loss,
+    loss_normalizers,
+    nonzero_variance_mask,
+    overlong_filter_mask,
+    overlong_penalty,
+    token_logprobs_and_entropy,
+)
+from rollscale.lm.sampling import Rollout
+
+if TYPE_CHECKING:
+    from rollscale.train.run_config import RunConfig
+
+# the loss columns of a ``steps`` row (NaN on a step that trains nothing)
+LOSS_COLUMNS = ("loss", "policy_loss", "kl", "entropy", "clip_frac", "grad_norm", "logp_mismatch", "sampler_kl",
+                "tis_frac", "zero_var_frac_trained")
+
+RefLogprobs = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm of a step was NaN or infinite; the update was not applied."""
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """The rollouts one step trains on, as token lists (science §3).
+
+    Attributes:
+        prompt_ids: per rollout, its prompt's token ids.
+        completion_ids: per rollout, the sampled completion's token ids.
+        advantages: [N] group advantages.
+        regularize: [N] bool, rollouts that get KL / entropy (zero-variance filter).
+        keep: [N] bool, rollouts in the loss (False = overlong-filtered).
+        sampler_logprobs: per rollout, the sampler's log-probs of its completion
+            tokens, or None when the sampler is the training model.
+    """
+
+    prompt_ids: Sequence[Sequence[int]]
+    completion_ids: Sequence[Sequence[int]]
+    advantages: np.ndarray
+    regularize: np.ndarray
+    keep: np.ndarray
+    sampler_logprobs: Sequence[Sequence[float]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def widths(self) -> tuple[list[int], list[int]]:
+        return [len(p) for p in self.prompt_ids], [max(len(c), 1) for c in self.completion_ids]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Padded tensors of some rows of a :class:`TrainBatch` (left-padded prompt, right-padded completion)."""
+
+    rows: np.ndarray
+    input_ids: torch.Tensor
+    attention: torch.Tensor
+    completion_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    regularize: torch.Tensor
+    sampler_logp: torch.Tensor | None
+
+
+def train_batch(
+    groups: Sequence[Sequence[Rollout]], prompt_ids: Sequence[Sequence[int]], cfg: RunConfig
+) -> tuple[np.ndarray, TrainBatch]:
+    """Shaped rewards [groups, n] and the :class:`TrainBatch` of the trained groups (science §3):
+    the DAPO overlong penalty when on, group advantages, the zero-variance flags
+    and the overlong filter."""
+    t = cfg.train
+    rewards = np.array([[r.reward for r in g] for g in groups], dtype=np.float64)
+    if t.overlong_penalty_cache:
+        lengths = np.array([[r.n_tokens for r in g] for g in groups])
+        rewards = rewards + overlong_penalty(lengths, cfg.sampling.max_new_tokens, t.overlong_penalty_cache)
+    rollouts = [r for g in groups for r in g]
+    keep = np.ones(len(rollouts), dtype=bool)
+    if t.overlong_filter:
+        keep = overlong_filter_mask([r.truncated for r in rollouts])
+    logprobs = [r.logprobs for r in rollouts]
+    return rewards, TrainBatch(
+        prompt_ids=[p for p, g in zip(prompt_ids, groups) for _ in g],
+        completion_ids=[r.token_ids for r in rollouts],
+        advantages=group_advantages(rewards, scale=t.advantage_scale).reshape(-1),
+        regularize=nonzero_variance_mask(rewards).reshape(-1),
+        keep=keep,
+        sampler_logprobs=None if any(lp is None for lp in logprobs) else logprobs,
+    )
+
+
+def pack_micro_batches(prompt_lens: Sequence[int], completion_lens: Sequence[int], micro_batch_tokens: int) -> list[np.ndarray]:
+    """Consecutive rows packed so each micro-batch's padded size
+    ``rows * (max prompt + max completion width)`` stays within ``micro_batch_tokens``
+    (a row longer than the budget gets a micro-batch of its own)."""
+    if micro_batch_tokens < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1, got {micro_batch_tokens!r}")
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    wp = wc = 0
+    for i, (p, c) in enumerate(zip(prompt_lens, completion_lens)):
+        np_, nc = max(wp, p), max(wc, c)
+        if cur and (len(cur) + 1) * (np_ + nc) > micro_batch_tokens:
+            batches.append(cur)
+            cur, np_, nc = [], p, c
+        cur.append(i)
+        wp, wc = np_, nc
+    if cur:
+        batches.append(cur)
+    return [np.asarray(b, dtype=np.int64) for b in batches]
+
+
+def micro_batch(batch: TrainBatch, rows: np.ndarray, pad_id: int, device: torch.device) -> MicroBatch:
+    """The padded tensors of ``rows`` (see :func:`~rollscale.core.logprobs.token_logprobs_and_entropy`)."""
+    prompts = [batch.prompt_ids[i] for i in rows]
+    comps = [batch.completion_ids[i] for i in rows]
+    width_p = max(map(len, prompts))
+    width_c = max(max(map(len, comps)), 1)
+    n = len(rows)
+    input_ids = torch.full((n, width_p + width_c), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width_p + width_c), dtype=torch.long)
+    completion_mask = torch.zeros((n, width_c), dtype=torch.long)
+    sampler = None if batch.sampler_logprobs is None else torch.zeros((n, width_c), dtype=torch.float32)
+    for row, (p, c) in enumerate(zip(prompts, comps)):
+        input_ids[row, width_p - len(p) : width_p] = torch.as_tensor(p)
+        attention[row, width_p - len(p) : width_p + len(c)] = 1
+        if len(c):
+            input_ids[row, width_p : width_p + len(c)] = torch.as_tensor(c)
+        completion_mask[row, : len(c)] = 1
+        if sampler is not None:
+            lp = batch.sampler_logprobs[rows[row]]
+            if len(lp) != len(c):
+                raise ValueError(f"rollout {int(rows[row])}: sampler gave {len(lp)} log-probs for {len(c)} tokens")
+            sampler[row, : len(c)] = torch.as_tensor(lp, dtype=torch.float32)
+    keep = torch.as_tensor(batch.keep[rows])
+    return MicroBatch(
+        rows=rows,
+        input_ids=input_ids.to(device),
+        attention=attention.to(device),
+        completion_mask=completion_mask.to(device),
+        loss_mask=(completion_mask * keep[:, None]).to(device),
+        advantages=torch.as_tensor(batch.advantages[rows], dtype=torch.float32, device=device),
+        regularize=torch.as_tensor(batch.regularize[rows], device=device),
+        sampler_logp=None if sampler is None else sampler.to(device),
+    )
+
+
+def batch_loss_mask(batch: TrainBatch) -> torch.Tensor:
+    lens = torch.as_tensor([len(c) for c in batch.completion_ids], dtype=torch.float32)
+    width = int(max(lens.max().item(), 1))
+    mask = (torch.arange(width)[None, :] < lens[:, None]).float()
+    return mask * torch.as_tensor(batch.keep, dtype=torch.float32)[:, None]
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How the update runs (science §3): the loss and the memory/epoch settings."""
+
+    loss: LossConfig
+    temperature: float
+    micro_batch_tokens: int
+    ppo_epochs: int = 1
+    grad_clip: float = 1.0
+    autocast_bf16: bool = False
+
+
+def _autocast(device: torch.device, on: bool):
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if on else nullcontext()
+
+
+def _weighted(stats: list[tuple[float, int]]) -> float:
+    pairs = [(v, n) for v, n in stats if n and math.isfinite(v)]
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else math.nan
+
+
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.nn.Parameter],
+    batch: TrainBatch,
+    settings: StepSettings,
+    pad_id: int,
+    ref_logprobs: RefLogprobs | None = None,
+) -> dict:
+    """``ppo_epochs`` optimizer steps on ``batch``, each accumulated over micro-batches (science §3).
+
+    ``ref_logprobs(input_ids, attention, completion_mask)`` gives the KL
+    reference's log-probs (no grad); it is called once per micro-batch and
+    kept for later epochs. Returns the loss columns of the ``steps`` row: the
+    loss, KL and entropy of the first epoch (the batch under the pre-update
+    policy), ``clip_frac`` over every epoch's tokens (0 in the first epoch by
+    construction), ``grad_norm`` of the first optimizer step.
+
+    Raises :class:`NonFiniteLossError` before an optimizer step whose loss or
+    gradient norm is not finite (earlier epochs' steps stay applied).
+    """
+    device = next(model.parameters()).device
+    cfg = settings.loss
+    norm = loss_normalizers(batch_loss_mask(batch))
+    micro = pack_micro_batches(*batch.widths(), settings.micro_batch_tokens)
+    logp_old: list[torch.Tensor] = []
+    logp_ref: list[torch.Tensor | None] = []
+    clip: list[tuple[float, int]] = []
+    first: dict = {}
+    model.train()
+    for epoch in range(settings.ppo_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = policy_sum = 0.0
+        kl, ent, mismatch, skl, tis = [], [], [], [], []
+        for i, rows in enumerate(micro):
+            mb = micro_batch(batch, rows, pad_id, device)
+            with _autocast(device, settings.autocast_bf16):
+                logp, entropy = token_logprobs_and_entropy(
+                    model, mb.input_ids, mb.attention, mb.completion_mask, settings.temperature,
+                    entropy_grad=cfg.entropy_coef > 0,
+                )
+            if epoch == 0:
+                logp_old.append(logp.detach())
+                logp_ref.append(ref_logprobs(mb.input_ids, mb.attention, mb.completion_mask)
+                                if ref_logprobs is not None and cfg.kl_coef > 0 else None)
+            out = grpo_loss(
+                logp, logp_old[i], mb.advantages, mb.loss_mask, cfg, logp_ref=logp_ref[i], entropy=entropy,
+                regularize=mb.regularize, normalizers=norm, logp_sampler=mb.sampler_logp,
+            )
+            out.loss.backward()
+            loss_sum += float(out.loss.detach())
+            policy_sum += out.policy_loss
+            clip.append((out.clip_frac, out.n_tokens))
+            for acc, value in ((kl, out.kl), (ent, out.entropy), (mismatch, out.logp_mismatch),
+                               (skl, out.sampler_kl), (tis, out.tis_frac)):
+                acc.append((value, out.n_tokens))
+        max_norm = settings.grad_clip if settings.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
+        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
+            optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(
+                f"non-finite loss or gradient norm (loss={loss_sum}, grad_norm={grad_norm}, "
+                f"epoch {epoch + 1} of {settings.ppo_epochs}); the update was not applied"
+            )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if epoch == 0:
+            first = {
+                "loss": loss_sum, "policy_loss": policy_sum, "kl": _weighted(kl), "entropy": _weighted(ent),
+                "grad_norm": grad_norm, "n_tokens": int(norm.n_tokens), "logp_mismatch": _weighted(mismatch),
+                "sampler_kl": _weighted(skl), "tis_frac": _weighted(tis),
+            }
+    return {**first, "clip_frac": _weighted(clip), "micro_batches": len(micro)}
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else float("nan")
+
+
+def allocation_columns(alloc, generated: Sequence[Rollout]) -> dict:
+    """The compute-accounting and rollout columns of a ``steps`` row (science §1, §4):
+    ``alloc`` a :class:`~rollscale.core.allocation.StepAllocation`, ``generated`` every
+    rollout the step generated."""
+    return {
+        "draws": alloc.draws,
+        "rollouts_generated": alloc.rollouts_generated,
+        "rollouts_trained": alloc.rollouts_trained,
+        "pilot_rollouts": alloc.pilot_rollouts,
+        "discarded_rollouts": alloc.discarded_rollouts,
+        "groups_trained": len(alloc.groups),
+        "updated": bool(alloc.groups),
+        # over every generated rollout of the step (verifier reward, before any shaping)
+        "reward_mean": _nanmean([r.reward for r in generated]),
+        # drawn prompts whose generated rewards were all equal (pilot rewards for Pilot-Commit)
+        "zero_var_frac": alloc.zero_variance_draws / alloc.draws,
+        "response_len_mean": _nanmean([r.n_tokens for r in generated]),
+        "trunc_frac": _nanmean([float(r.truncated) for r in generated]),
+    }

@@ -1,0 +1,98 @@
+"""Independent units of work side by side: one dispatch path for every stage.
+
+Sweep runs, profile chunks and measure's group sizes are independent and seeded
+per unit (a run's seed, a chunk's index), never per worker, so the results do
+not depend on how many workers there are or which one ran what. They are
+submitted to a Prefect task runner: a local process pool (``workers``
+processes of ``torch_threads`` threads each; one process per core is what the
+tiny model needs, since two torch threads on a shared core ran 18x slower), or,
+for the sweep on a cluster, Ray (:mod:`tasks.ray_sweep`) — the same submit and
+collect code either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Iterator
+
+from prefect.futures import PrefectFuture, as_completed
+from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+
+log = logging.getLogger("rollscale")
+
+
+# settings the workers need: the same Prefect API (else each worker starts its own
+# temporary server, 15-20 s of start-up each on a loaded 2-core machine, and its task
+# runs land nowhere the flow can see)
+_FORWARDED_ENV = ("PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_LEVEL", "PREFECT_API_KEY")
+
+
+def worker_env(api_url: str) -> dict[str, str]:
+    """Environment variables for worker processes: this flow's Prefect API and settings, and
+    every HF_* (hub cache, token, offline mode) and CUDA_* (visible devices) variable."""
+    env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("HF_", "CUDA_"))})
+    env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def flow_api_url() -> str:
+    """The API this flow reports to (a temporary one when none is configured)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return str(client.api_url)
+
+
+def init_worker(torch_threads: int, env: dict[str, str]) -> None:
+    """Run once in every worker process, before its first task: the flow's Prefect API
+    and the torch thread count."""
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(torch_threads)
+
+
+def local_runner(workers: int, torch_threads: int) -> TaskRunner:
+    """``workers`` processes side by side; one worker runs in this process (no start-up cost).
+    Call inside a flow: the workers report to its API."""
+    if workers <= 1:
+        return ThreadPoolTaskRunner(max_workers=1)
+    return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker,
+                                 initargs=(torch_threads, worker_env(flow_api_url())))
+
+
+def submit_all(runner: TaskRunner, task, params: list[dict[str, Any]]) -> list[PrefectFuture]:
+    """Submit one task run per parameter set (inside an entered runner)."""
+    return [runner.submit(task, p) for p in params]
+
+
+def completed(futures: list[PrefectFuture]) -> Iterator[tuple[int, Any, BaseException | None]]:
+    """(index, result, error) for each future as it finishes: a unit that raised does not
+    hide the others' results, and each result can be stored the moment it exists."""
+    index = {id(f): i for i, f in enumerate(futures)}
+    for future in as_completed(futures):
+        try:
+            yield index[id(future)], future.result(), None
+        except Exception as err:  # reported by the caller, after the other units finish
+            yield index[id(future)], None, err
+
+
+def run_all(
+    runner: TaskRunner, task, params: list[dict[str, Any]], labels: list[str],
+    on_result: Callable[[int, Any], None] | None = None,
+) -> tuple[dict[int, Any], list[str]]:
+    """Run every unit on ``runner``; returns {index: result} and one "label: error" line per unit
+    that raised. ``on_result(index, result)`` is called in the flow's process as each unit finishes."""
+    results, errors = {}, []
+    with runner:
+        for i, result, err in completed(submit_all(runner, task, params)):
+            if err is not None:
+                log.error("%s failed: %s: %s", labels[i], type(err).__name__, err)
+                errors.append(f"{labels[i]}: {type(err).__name__}: {err}")
+                continue
+            results[i] = result
+            if on_result is not None:
+                on_result(i, result)
+    return results, errors

@@ -1,0 +1,85 @@
+"""Errors a person can read: each user-facing error, run through the `rollscale` command, prints
+one short message naming the place (file and line, params key, model path) and exits non-zero;
+`--debug` shows the traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rollscale(root: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PREFECT_HOME": str(root / "prefect-home")}
+    return subprocess.Popen([sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(root / "artifacts"),
+                             *args, "--params", str(root / "params.yaml")], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def short(stderr: str) -> str:
+    """The one message line; fails if the output is a traceback or long."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    messages = [line for line in lines if line.startswith("rollscale: ")]
+    assert len(messages) == 1 and len(lines) <= 3, stderr[-3000:]
+    assert len(messages[0]) < 400
+    return messages[0]
+
+
+def case(root: Path, params: dict) -> Path:
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root
+
+
+def test_params_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
+    root = case(tmp_path / "params", {"profile": {"k": 0}})
+    proc = rollscale(root, "run", "profile")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "profile.k" in short(err)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollscale.pipeline.cli", "--debug", "run", "profile", "--params",
+         str(root / "params.yaml")], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" in err and "profile.k" in err.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_stage_errors_are_short_and_name_the_place(tmp_path):
+    from rollscale.lm.models import ModelRef
+
+    # a data row with a control character in its JSON (and the message says "at" once)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "a\x01b", "answer": "#### 3"}\n')
+    data_row = case(tmp_path / "data_row", {"data": {"source": "gsm8k", "path": str(bad)}})
+    # a bucket that later stages need is empty
+    bucket = case(tmp_path / "bucket", {"bucket": {"used": ["easy"], "mixtures": {}, "easy": [0.4, 0.5]}})
+    pd.DataFrame({"problem_id": ["p1", "p2"], "avg_at_k": [0.0, 1.0], "n_correct": [0, 4], "k": [4, 4],
+                  "n_correct_extreme": [0, 8]}).to_parquet((bucket / "artifacts" / "profile").mkdir(parents=True)
+                                                           or bucket / "artifacts" / "profile" / "profile.parquet")
+    # the base model is gone
+    model = case(tmp_path / "model", {"data": {"size": 4}})
+    (model / "artifacts" / "base").mkdir(parents=True)
+    missing = tmp_path / "no-such-model"
+    (model / "artifacts" / "base" / "model_ref.json").write_text(ModelRef(str(missing), fingerprint="x").to_json())
+
+    procs = {"data_row": rollscale(data_row, "run", "base"), "bucket": rollscale(bucket, "run", "bucket"),
+             "model": rollscale(model, "run", "profile")}
+    out = {name: (p.communicate(timeout=600)[1], p.returncode) for name, p in procs.items()}
+
+    err, code = out["data_row"]
+    message = short(err)
+    assert code == 2 and f"{bad} line 2" in message and "at at" not in message and "Invalid control character" in message
+    err, code = out["bucket"]
+    message = short(err)
+    assert code == 2 and "bucket 'easy' is empty" in message and "section bucket" in message
+    err, code = out["model"]
+    message = short(err)
+    assert code != 0 and str(missing) in message
