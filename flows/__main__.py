@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from rollscale.pipeline.errors import debug_enabled, run_guarded
+from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
 EPHEMERAL_TIMEOUT_S = "180"  # Prefect's 20 s default fails on a busy machine
 STARTUP_RETRIES = 1
@@ -27,13 +27,6 @@ def prefect_env(debug: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if debug else "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_TIMEOUT_S)
-
-
-def quiet_prefect(debug: bool) -> None:
-    """Prefect logs a failed run's traceback itself; the one-line error below is what a person reads."""
-    if not debug:
-        for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def with_startup_retry(call):
@@ -53,6 +46,7 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
 
     from rollscale.config import load_params
     from rollscale.pipeline.stages import stage_lock
+    from tasks.common import quiet_prefect
 
     study = load_params(params)  # bad config fails before any work or Prefect start-up
     with stage_lock(stage, artifacts):
@@ -65,6 +59,8 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
 
 def setup(debug: bool) -> None:
     prefect_env(debug)
+    if debug:  # worker processes inherit it (tasks.parallel forwards it)
+        os.environ[DEBUG_ENV] = "1"
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     for noisy in ("httpx", "httpcore", "prefect", "uvicorn", "alembic", "docket", "fakeredis"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)

@@ -21,7 +21,7 @@ from rollscale.pipeline.storage import write_parquet_atomic
 from rollscale.train.sweep import run_configs
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise
-from tasks.parallel import local_runner, run_all
+from tasks.parallel import local_runner, raise_first_error, run_all
 from tasks.models import sampling_config
 from flows.sweep import bucket_problems
 
@@ -46,8 +46,7 @@ def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
               "lora": params.model.lora, "device": params.model.device} for c in configs]
     results, errors = run_all(local_runner(params.workers, params.torch_threads), measure_noise, units,
                               [f"n = {c.n}" for c in configs])
-    if errors:
-        raise RuntimeError("measure: group sizes raised errors:\n  " + "\n  ".join(errors))
+    raise_first_error("measure", errors)
     steps = [results[i]["noise_steps"] for i in range(len(configs))]
     prompts = [results[i]["noise_prompts"] for i in range(len(configs))]
     noise_steps, noise_prompts = pd.concat(steps, ignore_index=True), pd.concat(prompts, ignore_index=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
+from rollscale.lm.engines import derive_seed
 from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.storage import write_parquet_atomic
-from tasks.parallel import local_runner, run_all
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
-from tasks.problems import problem_pool
-from rollscale.lm.engines import derive_seed
 from tasks.models import close_engines
+from tasks.parallel import local_runner, raise_first_error, run_all
+from tasks.problems import problem_pool
 from tasks.profile import profile_chunk
 
 
@@ -59,8 +59,7 @@ def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
                                 [f"chunk {i}" for i in todo], store)
     finally:
         close_engines()  # an in-process worker's engine; pool workers release theirs when they exit
-    if errors:
-        raise RuntimeError("profile: chunks raised errors (the others are stored):\n  " + "\n  ".join(errors))
+    raise_first_error("profile (the other chunks are stored)", errors)
     profile = pd.concat([pd.read_parquet(work / f"chunk-{i:05d}.parquet") for i in range(len(chunks))], ignore_index=True)
     write_parquet_atomic(profile, out / "profile.parquet")
     for old in (p for p in (out / "chunks").iterdir() if p.is_dir() and p != work):

@@ -102,7 +102,8 @@ def serve_study(params_path: str = "params.yaml") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.__main__ import quiet_prefect, setup, with_startup_retry
+    from flows.__main__ import setup, with_startup_retry
+    from tasks.common import quiet_prefect
     from rollscale.pipeline.errors import debug_enabled, run_guarded
 
     parser = argparse.ArgumentParser(prog="python -m flows.study")

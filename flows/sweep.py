@@ -27,7 +27,7 @@ from rollscale.train.trainer import RunConfig, config_hash
 from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
-from tasks.parallel import local_runner, run_all
+from tasks.parallel import local_runner, raise_first_error, run_all
 from tasks.sweep import train_run_in_worker
 
 def bucket_problems(artifacts: Path, bucket: str) -> tuple[list[Problem], list[Problem]]:
@@ -110,8 +110,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     refresh_duckdb(root)
     runs = pd.concat([pd.read_parquet(runs_dir / c.run_id / "run.parquet") for c in configs], ignore_index=True)
     print("sweep: runs\n" + runs[["run_id", "status", "steps", "c"]].to_string(index=False))
-    if errors:
-        raise RuntimeError("sweep: runs raised errors (the others finished):\n  " + "\n  ".join(errors))
+    raise_first_error("sweep (the other runs finished)", errors)
     return runs
 
 

@@ -43,6 +43,14 @@ retried_task = functools.partial(
 )
 
 
+def quiet_prefect(debug: bool = False) -> None:
+    """Prefect logs a failed run's traceback itself; the one-line error the stage prints
+    (:mod:`rollscale.pipeline.errors`) is what a person reads. ``--debug`` keeps them."""
+    if not debug:
+        for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def read_params(path: str | Path) -> StudyParams:
     return load_params(path)
 

@@ -19,13 +19,15 @@ from typing import Any, Callable, Iterator
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
+from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled
+
 log = logging.getLogger("rollscale")
 
 
 # settings the workers need: the same Prefect API (else each worker starts its own
 # temporary server, 15-20 s of start-up each on a loaded 2-core machine, and its task
 # runs land nowhere the flow can see)
-_FORWARDED_ENV = ("PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_LEVEL", "PREFECT_API_KEY")
+_FORWARDED_ENV = ("PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_LEVEL", "PREFECT_API_KEY", DEBUG_ENV)
 
 
 def worker_env(api_url: str) -> dict[str, str]:
@@ -46,9 +48,12 @@ def flow_api_url() -> str:
 
 
 def init_worker(torch_threads: int, env: dict[str, str]) -> None:
-    """Run once in every worker process, before its first task: the flow's Prefect API
-    and the torch thread count."""
+    """Run once in every worker process, before its first task: the flow's Prefect API,
+    the torch thread count, and Prefect's own failure tracebacks off (the stage prints one line)."""
     os.environ.update(env)
+    from tasks.common import quiet_prefect
+
+    quiet_prefect(debug_enabled())
     import torch
 
     torch.set_num_threads(torch_threads)
@@ -82,17 +87,28 @@ def completed(futures: list[PrefectFuture]) -> Iterator[tuple[int, Any, BaseExce
 def run_all(
     runner: TaskRunner, task, params: list[dict[str, Any]], labels: list[str],
     on_result: Callable[[int, Any], None] | None = None,
-) -> tuple[dict[int, Any], list[str]]:
-    """Run every unit on ``runner``; returns {index: result} and one "label: error" line per unit
-    that raised. ``on_result(index, result)`` is called in the flow's process as each unit finishes."""
+) -> tuple[dict[int, Any], list[tuple[str, BaseException]]]:
+    """Run every unit on ``runner``; returns {index: result} and (label, error) per unit that
+    raised (each logged as it happens). ``on_result(index, result)`` is called in the flow's
+    process as each unit finishes."""
     results, errors = {}, []
     with runner:
         for i, result, err in completed(submit_all(runner, task, params)):
             if err is not None:
                 log.error("%s failed: %s: %s", labels[i], type(err).__name__, err)
-                errors.append(f"{labels[i]}: {type(err).__name__}: {err}")
+                errors.append((labels[i], err))
                 continue
             results[i] = result
             if on_result is not None:
                 on_result(i, result)
     return results, errors
+
+
+def raise_first_error(what: str, errors: list[tuple[str, BaseException]]) -> None:
+    """After every unit has run (the others' results are stored): raise the first unit's own
+    error, so the stage's message names its cause (a missing model, a bad row), not the pool.
+    Every failed unit was logged by :func:`run_all`."""
+    if errors:
+        if len(errors) > 1:
+            log.error("%s: %d of the units failed (each logged above); the first error follows", what, len(errors))
+        raise errors[0][1]

@@ -51,7 +51,8 @@ def test_measure_n_values_in_two_workers_equal_one(stages):
     for table in ("noise_steps", "noise_prompts"):
         one, two = stages[1]["measure"][table], stages[2]["measure"][table]
         assert set(one["n"]) == {3, 4}
-        pd.testing.assert_frame_equal(two, one)
+        timings = [c for c in one if c.startswith("t_")]  # seconds: the machine's, not the science's
+        pd.testing.assert_frame_equal(two.drop(columns=timings), one.drop(columns=timings))
 
 
 def test_sweep_runs_in_two_workers_equal_one(stages):
