@@ -453,6 +453,15 @@ class StudyParams(_Section):
                 raise ValueError(f"{key}: unknown bucket {value!r}{hint} (expected one of {sorted(known)})")
         return self
 
+    @model_validator(mode="after")
+    def _one_vllm_engine(self) -> "StudyParams":
+        # each worker process would start its own vLLM engine, each taking gpu_memory_fraction of the
+        # one accelerator (or cpu_kv_cache_gb of RAM): the second one fails or starves the first
+        if self.sampling.backend == "vllm" and self.workers > 1:
+            raise ValueError(f"workers: sampling.backend 'vllm' runs one engine per worker process; set workers: 1 "
+                             f"(got {self.workers}); Ray spreads sweep runs over GPUs (sweep.executor: ray)")
+        return self
+
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that owns the field at ``loc`` (for key suggestions)."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 
-from rollscale.config import SamplingParams
+from rollscale.config import LoraParams, SamplingParams
 from rollscale.lm.engines import EngineConfig, SamplingEngine, make_engine
 from rollscale.lm.engines.base import free_accelerator_memory
-from rollscale.lm.models import ModelRef, load_model, render_prompt
+from rollscale.lm.models import ModelRef, add_lora, load_model, render_prompt
 from rollscale.lm.sampling import SamplingConfig
 
 
@@ -56,6 +58,27 @@ def close_engines() -> None:
         _ENGINES.popitem()[1].close()
     cached_model.cache_clear()
     free_accelerator_memory()
+
+
+@contextlib.contextmanager
+def training_model(
+    ref: ModelRef, sampling: SamplingParams, lora: LoraParams | None = None, device: str = "auto"
+) -> Iterator[tuple]:
+    """``(model, tokenizer, engine, use_lora)`` for a training run (sweep) or a measured one
+    (measure): a fresh copy of the model on ``model.device`` (training changes its weights),
+    with LoRA adapters when enabled, and the ``sampling.backend`` engine that samples from it
+    (the trainer syncs it after every optimizer step). The engine is closed on the way out,
+    so its memory (vLLM's share of the GPU) is free for whatever runs next in this process."""
+    model, tokenizer = load_model(ref, device=resolve_device(device))
+    use_lora = bool(lora and lora.enabled)
+    if use_lora:
+        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+    engine = make_engine(model, tokenizer, engine_config(sampling))
+    try:
+        yield model, tokenizer, engine, use_lora
+    finally:
+        engine.close()
+        free_accelerator_memory()
 
 
 def sampling_config(s: SamplingParams) -> SamplingConfig:

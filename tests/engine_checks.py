@@ -103,3 +103,42 @@ def check_greedy_follows_updates(engine, model, tokenizer) -> None:
     reference = [[hf_greedy(model, p, GREEDY.max_new_tokens, engine.eos_ids)] for p in ids]
     assert after == reference
     assert after != before  # the step changed the policy, so a stale engine would fail above
+
+
+def odd_length(completion: str, gold: str) -> float:
+    """A stand-in verifier with mixed rewards on an untrained model (advantages are non-zero,
+    so every step moves the policy): 1 for an odd-length completion."""
+    return float(len(completion) % 2)
+
+
+def odd_problems():
+    """(train, val) arithmetic problems scored by :func:`odd_length`."""
+    import dataclasses
+
+    from rollscale.core.problems import reasoning_gym_problems
+
+    problems = reasoning_gym_problems("chain_sum", 60, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+                                      prompt_style="expression")
+    problems = [dataclasses.replace(p, reward="tests.engine_checks:odd_length") for p in problems]
+    return problems[:40], problems[40:]
+
+
+def run_setup(tmp_path):
+    """A saved tiny model and :func:`odd_problems`, for a sweep run (tasks.sweep.train_run)."""
+    from rollscale.lm.models import ModelRef
+
+    model, tokenizer = tiny()
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    ref = ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny")
+    return (ref, *odd_problems())
+
+
+def run_config(**train):
+    from rollscale.train.trainer import RunConfig
+
+    """Three steps of 4 prompts x 8 rollouts, every group trained (the filters off), a large rate."""
+    return RunConfig(n=8, b_problem=4, c_max=96, sampling=SamplingConfig(temperature=1.0, max_new_tokens=8),
+                     eval_every=2, eval_k=2, checkpoint_every=2,
+                     train=dict(lr_base=0.05, b_base=32, warmup_steps=0, micro_batch_tokens=128, zero_var_filter=False,
+                                overlong_filter=False, **train))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rollscale.config import SamplingParams
-from rollscale.lm.engines import EngineConfig, HFSampler, derive_seed, make_engine
+from rollscale.lm.engines import EngineConfig, HFSampler, SamplingEngine, derive_seed, make_engine
 from rollscale.lm.engines.base import prompt_ids
 from rollscale.lm.engines.hf import SeededSampling
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, render_prompt
@@ -21,7 +21,10 @@ from tests.engine_checks import (
     check_seeds,
     logprob_gap,
     max_logprob_gap,
+    odd_problems,
     prompts,
+    run_config,
+    run_setup,
     tiny,
     token_lists,
 )
@@ -168,3 +171,82 @@ def test_profile_extreme_samples_use_fresh_seeds(tiny_ref, monkeypatch):
     tm.close_engines()
     assert calls[0] == (2, 42) and calls[1][0] == 4 and calls[1][1] != 42
     assert table["n_correct_extreme"].tolist() == [0]
+
+
+class _SpyEngine(SamplingEngine):
+    """The real engine, with its calls counted."""
+
+    def __init__(self, inner: SamplingEngine, config: EngineConfig):
+        self.inner, self.config, self.tokenizer = inner, config, inner.tokenizer
+        self.calls = {"sample": 0, "sync_weights": 0, "sleep": 0, "close": 0}
+
+    def sample(self, prompts, n, config, seed, on_batch=None):
+        self.calls["sample"] += 1
+        return self.inner.sample(prompts, n, config, seed, on_batch)
+
+    def sync_weights(self, model):
+        self.calls["sync_weights"] += 1
+        self.inner.sync_weights(model)
+
+    def sleep(self):
+        self.calls["sleep"] += 1
+
+    def close(self):
+        self.calls["close"] += 1
+        self.inner.close()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_sweep_run_samples_with_the_params_engine_and_closes_it(tmp_path, monkeypatch, fail):
+    """A sweep run (tasks.sweep.train_run) builds its engine from ``sampling`` (backend, batch
+    size), samples every rollout with it, syncs it after every update, and closes it at the end,
+    also when the run fails (which the runs table then says)."""
+    import pandas as pd
+
+    import tasks.models as tm
+    from rollscale.train.checkpoint import RunStore
+    from rollscale.train.trainer import GRPOTrainer
+    from tasks.sweep import train_run
+
+    ref, train, val = run_setup(tmp_path)
+    built = []
+
+    def spy(model, tokenizer, config):
+        built.append(_SpyEngine(make_engine(model, tokenizer, config), config))
+        return built[-1]
+
+    monkeypatch.setattr(tm, "make_engine", spy)
+    if fail:
+        def boom(self, *args, **kwargs):
+            self.train_step()
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(GRPOTrainer, "run", boom)
+    run_dir = tmp_path / "run"
+    call = lambda: train_run.fn(ref, run_config(), "easy", train, val, str(run_dir),  # noqa: E731
+                                sampling=SamplingParams(batch_size=3, temperature=1.0, max_new_tokens=4))
+    if fail:
+        with pytest.raises(RuntimeError, match="boom"):
+            call()
+        assert pd.read_parquet(run_dir / "run.parquet")["status"].item() == "failed"
+    else:
+        result = call()
+        steps = RunStore(run_dir).rows("steps")
+        assert result.status == "finished" and len(steps) == result.steps > 1
+        # the HF engine samples with the training model itself: its log-probs are the trainer's
+        assert steps["logp_mismatch"].max() < 1e-4
+    (engine,) = built
+    assert engine.config.backend == "hf" and engine.config.batch_size == 3 and isinstance(engine.inner, HFSampler)
+    assert engine.calls["sample"] > 0 and engine.calls["close"] == 1
+    assert engine.calls["sync_weights"] == engine.calls["sleep"] == (1 if fail else len(steps))
+
+
+def test_trainer_renders_prompts_with_chat_template_kwargs():
+    from rollscale.train.trainer import GRPOTrainer
+
+    model, tokenizer = tiny()
+    tokenizer.chat_template = "{% if think %}T{% endif %}{{ messages[0]['content'] }}"
+    train, val = odd_problems()
+    on = GRPOTrainer(model, tokenizer, train, val, run_config(), chat_template_kwargs={"think": True})
+    off = GRPOTrainer(model, tokenizer, train, val, run_config(), chat_template_kwargs={"think": False})
+    assert on._train_prompts[0] == "T" + train[0].prompt and off._train_prompts[0] == train[0].prompt

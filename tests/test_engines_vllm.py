@@ -26,6 +26,8 @@ from tests.engine_checks import (  # noqa: E402
     check_seeds,
     max_logprob_gap,
     prompts,
+    run_config,
+    run_setup,
     tiny,
 )
 
@@ -100,3 +102,37 @@ def test_stage_engine_is_vllm_at_another_dtype_and_closes(tmp_path):
     gc.collect()
     assert llm() is None and engine.llm is None
     assert held - rss_mb() > 1024, (held, rss_mb())  # most of the 2 GB KV cache went back to the OS
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sweep_run_samples_with_vllm_synced_after_every_update(tmp_path, monkeypatch, dtype):
+    """A sweep run (tasks.sweep.train_run) with sampling.backend vllm: every rollout comes from
+    the engine, which is synced after every optimizer step and closed at the end. A float32
+    engine's log-probs of its samples equal the trainer's at every step although the policy
+    moves (so the sync works); a bfloat16 engine's do not, and the off-policy correction
+    (ppo_epochs 2, truncated IS) sees the gap."""
+    from rollscale.lm.engines.vllm import VLLMEngine
+    from rollscale.train.checkpoint import RunStore
+    from tasks.sweep import train_run
+
+    ref, train, val = run_setup(tmp_path)
+    counts = {"sync_weights": 0, "close": 0}
+    for name in counts:
+        real = getattr(VLLMEngine, name)
+
+        def counted(self, *args, _real=real, _name=name):
+            counts[_name] += 1
+            return _real(self, *args)
+
+        monkeypatch.setattr(VLLMEngine, name, counted)
+    run_dir = tmp_path / "run"
+    sampling = SamplingParams(backend="vllm", engine_dtype=dtype, engine_eager=True, temperature=1.0, max_new_tokens=4)
+    result = train_run.fn(ref, run_config(ppo_epochs=2, tis_cap=2.0), "easy", train, val, str(run_dir),
+                          sampling=sampling)
+    steps = RunStore(run_dir).rows("steps")
+    assert result.status == "finished" and len(steps) == result.steps > 1
+    assert counts == {"sync_weights": len(steps), "close": 1}
+    if dtype == "float32":
+        assert steps["logp_mismatch"].max() < 1e-4
+    else:
+        assert steps["logp_mismatch"].min() > 2e-4 and steps["tis_frac"].notna().all()

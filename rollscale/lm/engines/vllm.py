@@ -133,6 +133,7 @@ class VLLMEngine(SamplingEngine):
 
     def sync_weights(self, model: PreTrainedModel) -> None:
         """Load the policy's current weights into the engine (LoRA: push the new adapter)."""
+        self.wake_up()  # level-1 sleep offloaded the weights: bring them back before overwriting
         if self.lora:
             self._push_adapter(model)
         else:
