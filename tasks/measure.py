@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from rollscale.config import LoraParams
-from rollscale.lm.models import ModelRef, add_lora, load_model
+from rollscale.config import LoraParams, SamplingParams
+from rollscale.lm.models import ModelRef
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.train.trainer import GRPOTrainer, RunConfig
 from tasks.common import retried_task
-from tasks.models import resolve_device
+from tasks.models import training_model
 
 NOISE_STEP_COLUMNS = [
     "step", "n", "b_problem", "reward_mean", "zero_var_frac", "trace_sigma", "g_norm2", "b_simple", "b_simple_ema",
@@ -21,19 +21,20 @@ NOISE_STEP_COLUMNS = [
 @retried_task(name="measure-noise")
 def measure_noise(
     ref: ModelRef, config: RunConfig, bucket: str, train: list[Problem], val: list[Problem], steps: int,
-    lora: LoraParams | None = None, device: str = "auto",
+    lora: LoraParams | None = None, device: str = "auto", sampling: SamplingParams | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """``steps`` GRPO steps from the base model, each measured before its update (science §6)."""
-    model, tokenizer = load_model(ref, device=resolve_device(device))
-    use_lora = bool(lora and lora.enabled)
-    if use_lora:
-        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
-    trainer = GRPOTrainer(model, tokenizer, train, val, config, use_chat_template=ref.chat_template, lora=use_lora)
+    """``steps`` GRPO steps from the base model, each measured before its update (science §6),
+    sampled by the ``sampling.backend`` engine."""
+    sampling = sampling or SamplingParams()
     step_rows, prompt_rows = [], []
-    with Progress(steps, f"measure n={config.n}", unit="steps") as bar:
+    with training_model(ref, sampling, lora, device) as (model, tokenizer, engine, use_lora), \
+            Progress(steps, f"measure n={config.n}", unit="steps") as bar:
+        trainer = GRPOTrainer(model, tokenizer, train, val, config, use_chat_template=ref.chat_template, lora=use_lora,
+                              engine=engine, chat_template_kwargs=sampling.chat_template_kwargs)
         for _ in range(steps):
             row = trainer.train_step()
             step_rows.append({"bucket": bucket, **{k: row.get(k) for k in NOISE_STEP_COLUMNS}})
             prompt_rows += [{"bucket": bucket, **r} for r in trainer.last_noise_prompts]
             bar.update(1, b_simple=f"{row.get('b_simple', float('nan')):.3g}", rho_icc=f"{row.get('rho_icc', float('nan')):.3f}")
+        del trainer
     return {"noise_steps": pd.DataFrame(step_rows), "noise_prompts": pd.DataFrame(prompt_rows)}

@@ -18,8 +18,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rollscale.train.checkpoint import RunStore
-from rollscale.config import LoraParams
-from rollscale.lm.models import ModelRef, add_lora, load_model
+from rollscale.config import LoraParams, SamplingParams
+from rollscale.lm.models import ModelRef
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
@@ -27,7 +27,7 @@ from rollscale.pipeline.status import record_attempt
 from rollscale.pipeline.storage import write_parquet_atomic
 from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
 from tasks.common import transient
-from tasks.models import resolve_device
+from tasks.models import training_model
 
 log = logging.getLogger("rollscale.train.sweep")
 
@@ -54,18 +54,33 @@ def train_run(
     lora: LoraParams | None = None,
     device: str = "auto",
     trackers: TrackerTargets | None = None,
+    sampling: SamplingParams | None = None,
 ) -> RunResult:
-    """Train (or resume, or skip when finished) one GRPO run into ``run_dir``; with
+    """Train (or resume, or skip when finished) one GRPO run into ``run_dir``, sampling with
+    the ``sampling.backend`` engine (default: HF ``generate`` on the training model); with
     ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow."""
     run_dir_path = Path(run_dir)
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
-    model, tokenizer = load_model(ref, device=resolve_device(device))  # a fresh copy: training changes the weights
-    use_lora = bool(lora and lora.enabled)
-    if use_lora:
-        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
-    trainer = GRPOTrainer(
-        model, tokenizer, train_problems, val_problems, config, use_chat_template=ref.chat_template, lora=use_lora
-    )
+    sampling = sampling or SamplingParams()
+    try:
+        with training_model(ref, sampling, lora, device) as (model, tokenizer, engine, use_lora):
+            trainer = GRPOTrainer(model, tokenizer, train_problems, val_problems, config,
+                                  use_chat_template=ref.chat_template, lora=use_lora, engine=engine,
+                                  chat_template_kwargs=sampling.chat_template_kwargs)
+            result = _train(trainer, config, run_dir_path, trackers)
+            del trainer
+    except Exception as err:  # a failed run says so in the runs table (a retry or resume overwrites it)
+        write_parquet_atomic(run_row(config, bucket, "failed", error=f"{type(err).__name__}: {err}"),
+                             run_dir_path / "run.parquet")
+        raise
+    finally:
+        torch.set_grad_enabled(True)
+    write_parquet_atomic(run_row(config, bucket, result.status, result), run_dir_path / "run.parquet")
+    return result
+
+
+def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers: TrackerTargets | None) -> RunResult:
+    """The run loop with its progress bar; each checkpoint's rows go to the trackers."""
     exporter = trackers and RunExporter(trackers, run_dir_path, config.run_id, config.to_dict())
     store = ExportingRunStore(run_dir_path, exporter) if exporter else RunStore(run_dir_path)
     resumed = store.latest()  # a resumed run's bar starts at its committed C, not at 0
@@ -82,17 +97,9 @@ def train_run(
             log.info("%s: step %d, C=%d, val avg@%d = %.3f ± %.3f, greedy %.3f", config.run_id, row["step"], row["c"],
                      config.eval_k, row["avg_at_k"], row["avg_at_k_se"], row["greedy"])
 
-        try:
-            result = trainer.run(store, on_eval=on_eval, progress=progress)
-        except Exception as err:
-            write_parquet_atomic(run_row(config, bucket, "failed", error=f"{type(err).__name__}: {err}"),
-                                 run_dir_path / "run.parquet")
-            raise
-    write_parquet_atomic(run_row(config, bucket, result.status, result), run_dir_path / "run.parquet")
+        result = trainer.run(store, on_eval=on_eval, progress=progress)
     if exporter:
         exporter.export(result.status)
-    del trainer, model
-    torch.set_grad_enabled(True)
     return result
 
 
@@ -108,6 +115,7 @@ def train_run_in_worker(
     torch_threads: int,
     device: str = "auto",
     trackers: TrackerTargets | None = None,
+    sampling: SamplingParams | None = None,
 ) -> RunResult:
     """:func:`train_run` in a worker (a local process or a Ray task), after recording the attempt
     (pid, host, the checkpoint step it resumes from) in the run's ``attempts.jsonl``."""
@@ -123,4 +131,4 @@ def train_run_in_worker(
     if attempt["resume_step"]:
         log.info("%s: worker %s:%d resumes from checkpoint step %d",
                  config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
-    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers)
+    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers, sampling)

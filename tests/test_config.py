@@ -77,3 +77,9 @@ def test_load_params_file_errors(tmp_path):
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ParamsError, match="expected a mapping"):
         load_params(bad)
+
+
+def test_vllm_engine_needs_one_worker():
+    with pytest.raises(ParamsError, match=r"workers: sampling.backend 'vllm' runs one engine per worker"):
+        parse_params({"sampling": {"backend": "vllm"}})
+    assert parse_params({"sampling": {"backend": "vllm"}, "workers": 1}).sampling.backend == "vllm"

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from rollscale.core.grpo import AGG_MODES, LossConfig, token_logprobs_and_entropy
+from rollscale.lm.engines import SamplingEngine
 from rollscale.lm.models import add_lora, tiny_llama
 from rollscale.lm.sampling import HFSampler
 from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update
@@ -151,7 +152,7 @@ def test_sampler_mismatch_columns_and_truncated_importance_weight():
     assert np.isnan(_update(copy.deepcopy(model), batch, ppo_epochs=1)["logp_mismatch"])
 
 
-class _PerturbedEngine:
+class _PerturbedEngine(SamplingEngine):
     """A stand-in separate engine: samples with the policy, reports log-probs of a perturbed copy."""
 
     def __init__(self, model, tokenizer, noise: float):
@@ -162,7 +163,7 @@ class _PerturbedEngine:
                 p.add_(noise * torch.randn_like(p))
         self.synced = 0
 
-    def sample(self, prompts, n, config, seed):
+    def sample(self, prompts, n, config, seed, on_batch=None):
         groups = self.sampler.sample(prompts, n, config, seed)
         tok = self.sampler.tokenizer
         for prompt, group in zip(prompts, groups):

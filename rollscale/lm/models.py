@@ -228,10 +228,15 @@ def add_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, target_
     return get_peft_model(model, config)
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, text: str, use_chat_template: bool = True) -> str:
-    """The string the model is conditioned on: chat template when it has one, else BOS + text."""
+def render_prompt(tokenizer: PreTrainedTokenizerBase, text: str, use_chat_template: bool = True,
+                  chat_template_kwargs: dict | None = None) -> str:
+    """The string the model is conditioned on: chat template when it has one, else BOS + text.
+
+    ``chat_template_kwargs`` reach the template (e.g. Qwen3's ``enable_thinking``). The
+    BOS is in the string: engines tokenize it without adding special tokens."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True,
+            **(chat_template_kwargs or {}),
         )
     return (tokenizer.bos_token or "") + text

@@ -20,6 +20,7 @@ samples exactly what the uninterrupted run would have (bit-identical on CPU).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import math
 import time
@@ -79,11 +80,13 @@ class GRPOTrainer:
         lora: the model is a peft LoRA model: only adapters train, the KL
             reference is the model with adapters disabled (no second copy).
         sample_batch_size: rollouts per ``generate`` call of the default engine.
-        engine: the sampling engine, an object with ``sample(prompts, n, config, seed)``
-            and ``sync_weights(model)``; None samples from the training model
-            itself (:class:`~rollscale.lm.sampling.HFSampler`). Its rollouts may carry
-            their log-probs (``Rollout.logprobs``), which the loss then uses for
-            the off-policy correction (science §3).
+        engine: the sampling engine (:class:`~rollscale.lm.engines.SamplingEngine`:
+            ``sample(prompts, n, config, seed)``, ``sync_weights(model)``), synced after
+            every optimizer step; None samples from the training model itself
+            (:class:`~rollscale.lm.engines.HFSampler`). Its rollouts may carry their
+            log-probs (``Rollout.logprobs``), which the loss then uses for the
+            off-policy correction (science §3). The caller closes it.
+        chat_template_kwargs: passed to the chat template (e.g. Qwen3's ``enable_thinking``).
 
     For full-parameter training with ``kl_coef > 0`` a frozen copy of the
     initial model is the KL reference.
@@ -101,6 +104,7 @@ class GRPOTrainer:
         lora: bool = False,
         sample_batch_size: int = 512,
         engine=None,
+        chat_template_kwargs: dict | None = None,
     ) -> None:
         if not isinstance(config, RunConfig):
             raise ValueError(f"config must be a RunConfig, got {type(config).__name__}")
@@ -135,8 +139,10 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(self.trainable.values(), lr=config.lr, weight_decay=config.train.weight_decay)
         # linear warm-up, then constant (science §3); stepped once per training step
         self.scheduler = LambdaLR(self.optimizer, lambda s: warmup_factor(s, config.train.warmup_steps))
-        self._train_prompts = [render_prompt(tokenizer, p.prompt, use_chat_template) for p in self.train_problems]
-        self._val_prompts = [render_prompt(tokenizer, p.prompt, use_chat_template) for p in self.val_problems]
+        render = functools.partial(render_prompt, tokenizer, use_chat_template=use_chat_template,
+                                   chat_template_kwargs=chat_template_kwargs)
+        self._train_prompts = [render(p.prompt) for p in self.train_problems]
+        self._val_prompts = [render(p.prompt) for p in self.val_problems]
         self._prompt_ids: dict[str, list[int]] = {}
         self._data_order = DataOrder(len(self.train_problems), config.seed, _DATA)
         # Run progress: everything a checkpoint must hold besides weights and optimizer.
@@ -242,6 +248,7 @@ class GRPOTrainer:
             )
 
         # 2. advantages on the kept groups (science §3); PODS groups are already the kept subset
+        self.engine.sleep()  # a vLLM engine with sampling.enable_sleep frees its KV cache for the update
         t_start_train = time.perf_counter()
         self.last_noise_prompts = []
         lr = self.optimizer.param_groups[0]["lr"]  # this step's scheduled rate (warm-up, science §3)

