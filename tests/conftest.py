@@ -11,6 +11,52 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server():
+    """One Prefect API server for the whole session: every flow the tests start (in this process
+    or in `python -m flows` subprocesses, which inherit PREFECT_API_URL) reports to it instead of
+    starting a temporary server of its own (~15 s each on a 2-core machine). Tests that need a
+    server of their own (tests/test_schedule.py) set PREFECT_API_URL themselves."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    if os.environ.get("PREFECT_API_URL"):  # the caller's server
+        yield os.environ["PREFECT_API_URL"]
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(Path(os.environ["PREFECT_HOME"]) / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PREFECT_UI_ENABLED": "false"}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"the tests' Prefect server did not start (log: {log.name})") from None
+            time.sleep(0.5)
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        yield url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

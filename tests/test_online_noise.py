@@ -11,6 +11,7 @@ import torch
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.noise import k_sat_null
+from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.core.problems import reasoning_gym_problems
 from rollscale.lm.sampling import SamplingConfig
 from rollscale.train.trainer import GRPOTrainer, RunConfig
@@ -59,8 +60,18 @@ def test_steps_carry_noise_and_prompt_rows_carry_the_null(warm):
     mixed = prompts["pass_rate"].between(0, 1, inclusive="neither")
     assert prompts.loc[mixed, "rho_split"].notna().all()  # zero-variance groups have no gradient: NaN
     assert prompts.loc[~mixed, "rho_split"].isna().all()
-    second = trainer.train_step()
-    assert second["b_simple_ema"] != second["b_simple"]
+    # later steps' smoothed B_simple divides the EMAs of the steps' pieces (science §6.2), not
+    # the step's own ratio (inf whenever a step's |G|^2 estimate is <= 0)
+    smoothed = []
+    wide = make_trainer(warm, b_problem=12, c_max=72 * 6)  # more groups with mixed rewards: |G|^2 > 0
+    ema = EmaNoiseScale(wide.config.noise_ema)
+    first = wide.train_step()
+    ema.update(first["trace_sigma"], first["g_norm2"])
+    for _ in range(4):
+        later = wide.train_step()
+        assert later["b_simple_ema"] == pytest.approx(ema.update(later["trace_sigma"], later["g_norm2"]))
+        smoothed.append(later["b_simple_ema"] != later["b_simple"])
+    assert any(smoothed)
 
 
 def test_noise_every_skips_steps(warm):
