@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Section(BaseModel):
+    """Base of every params.yaml section: an unknown key is an error, and so is a bad value set later."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
