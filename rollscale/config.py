@@ -1,7 +1,10 @@
 """The one validated schema for ``params.yaml`` (the whole study).
 
-Every stage reads its section from :class:`StudyParams`. Defaults run the
-embedded study on CPU: a tiny Llama model trained from scratch on reasoning-gym
+Every stage reads its section from :class:`StudyParams`. The sections of the
+runs and their analysis (measure, sweep, train, fit, report) live in
+:mod:`rollscale.config_sections` and are re-exported here, so
+``from rollscale.config import SweepParams`` works for every section.
+Defaults run the embedded study on CPU: a tiny Llama model trained from scratch on reasoning-gym
 arithmetic. Bad config fails before any work, with a message naming the key and
 what was expected (:class:`ParamsError`).
 """
@@ -14,17 +17,27 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from rollscale.config_sections import (
+    FitParams,
+    MeasureParams,
+    ReportParams,
+    SweepParams,
+    TrainParams,
+    _Section,
+)
 from rollscale.core.problem_sources import TableSource
+
+__all__ = [
+    "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
+    "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
+    "SweepParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
+]
 
 
 class ParamsError(ValueError):
     """A params file (or override) that does not match the schema."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class DataParams(_Section):
@@ -218,144 +231,6 @@ class BucketParams(_Section):
             if name not in base and name not in self.mixtures:
                 raise ValueError(f"bucket.used: unknown bucket or mixture {name!r}")
         return self
-
-
-# buckets where the healthy recipe (science §3) turns KL and entropy on
-_RECIPE_ON = frozenset({"easy", "very_easy"})
-
-
-class TrainParams(_Section):
-    """The GRPO step (science §3) shared by every sweep run."""
-
-    lr_base: float = Field(1e-4, gt=0)
-    b_base: int = Field(256, ge=1)  # lr = lr_base * sqrt(B / b_base)
-    warmup_steps: int = Field(10, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, ge=0)
-    advantage_scale: Literal["group", "none"] = "group"  # none = Dr.GRPO
-    agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    clip_higher: bool = False  # DAPO: eps_high = 0.28
-    # healthy recipe (science §3): auto = KL + entropy on for Easy, off for Hard and mixtures
-    recipe: Literal["auto", "on", "off"] = "auto"
-    kl_coef: float = Field(1e-3, ge=0)
-    entropy_coef: float = Field(1e-3, ge=0)
-    zero_var_filter: bool = True
-    overlong_filter: bool = True
-    overlong_penalty_cache: int = Field(0, ge=0)  # DAPO soft penalty window in tokens; 0 = off
-    # padded tokens per micro-batch (update, reference log-probs, Gram); gradients
-    # accumulate to the full-batch step, so this bounds memory, not the maths
-    micro_batch_tokens: int = Field(8192, ge=1)
-    ppo_epochs: int = Field(1, ge=1)  # optimizer steps per batch; > 1 lets clipping act
-    # truncated importance sampling cap on a separate sampler's mismatch (verl/TRL); 0 = off
-    tis_cap: float = Field(2.0, ge=0)
-    autocast_bf16: bool = False  # GPU: forward passes under bf16 autocast
-    gradient_checkpointing: bool = False  # GPU: recompute activations in backward
-
-    def for_bucket(self, bucket: str) -> "TrainParams":
-        """These settings with the recipe resolved for ``bucket`` (science §3's healthy
-        recipe: KL + entropy on Easy-like buckets, off on Hard and mixtures, unless
-        ``recipe`` says on or off): ``recipe`` becomes "on" or "off" and the
-        coefficients are the ones the run uses."""
-        if self.recipe == "on" or (self.recipe == "auto" and bucket in _RECIPE_ON):
-            return self.model_copy(update={"recipe": "on"})
-        return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
-
-
-class SweepParams(_Section):
-    """The rollout sweep over n, B_problem and allocation rules (science §1, §4).
-
-    Designs of the CBS-in-RLVR framework: ``prompt_axis`` (n = n[0] fixed,
-    B_problem varies), ``rollout_axis`` (B_problem = b_problem[0] fixed, n
-    varies), ``iso_batch`` (B = b_total fixed, the split varies with n),
-    ``grid`` (every n x B_problem).
-    """
-
-    bucket: str = "easy"
-    design: Literal["prompt_axis", "rollout_axis", "iso_batch", "grid"] = "rollout_axis"
-    n: list[int] = Field(default_factory=lambda: [4, 8, 16])
-    b_problem: list[int] = Field(default_factory=lambda: [16])
-    b_total: int = Field(128, ge=2)
-    rules: list[Literal["uniform", "dynamic", "pods", "pilot"]] = Field(default_factory=lambda: ["uniform"])
-    # three seeds per grid point: the fit's bootstrap resamples seeds (science §7)
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
-    b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
-    c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
-    pods_keep: float = Field(0.5, gt=0, lt=1)  # PODS m = round(pods_keep * n)
-    n_pilot: int = Field(2, ge=1)
-    pool_factor: float = Field(2.0, ge=1)
-    max_draws_factor: int = Field(4, ge=1)  # dynamic sampling cap = factor * B_problem prompts
-    train: TrainParams = Field(default_factory=TrainParams)
-    eval_every: int = Field(20, ge=1)
-    eval_k: int = Field(4, ge=1)
-    eval_temperature: float = Field(0.6, ge=0)
-    checkpoint_every: int = Field(20, ge=1)
-    noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
-    # where the runs train: local (a pool of `workers` processes here) | ray (one Ray task per run)
-    executor: Literal["local", "ray"] = "local"
-    # Ray cluster ("ray://head:10001" or "auto"); null = the RAY_ADDRESS environment variable,
-    # else a local Ray started on demand on this machine
-    ray_address: str | None = None
-    # resources each run's Ray task asks for (GPUs per run on a GPU cluster, CPUs here)
-    ray_cpus_per_run: float = Field(1.0, gt=0)
-    # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
-    ray_gpus_per_run: float | None = Field(None, ge=0)
-
-    @field_validator("n", "b_problem")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if not v or any(x < 1 for x in v):
-            raise ValueError(f"expected a non-empty list of integers >= 1, got {v}")
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _group(cls, v: list[int]) -> list[int]:
-        if any(x < 2 for x in v):
-            raise ValueError(f"a GRPO group needs n >= 2 rollouts per prompt, got {v}")
-        return v
-
-
-class FitParams(_Section):
-    """Frontier fits and steps to target (science §7)."""
-
-    # record-breaking points: reward bins of this width (validation avg@k)
-    bin_width: float = Field(0.02, gt=0, le=1)
-    # points of the log grid of C (or M) the frontier F and n* are evaluated on
-    grid_points: int = Field(50, ge=2)
-    # target reward R* for S(B); null = base (step-0 eval) + target_gain x (best - base), per bucket and rule
-    target: float | None = Field(None, ge=0, le=1)
-    target_gain: float = Field(0.5, gt=0, le=1)
-    # runs whose curves are analysed (a diverged or interrupted run would bias the fits)
-    run_status: list[Literal["finished", "failed", "running"]] = Field(default_factory=lambda: ["finished"])
-    # 95 % intervals: resample runs (seeds) with replacement this many times and refit; 0 = none (science §7)
-    bootstrap_resamples: int = Field(200, ge=0)
-    bootstrap_seed: int = 0
-
-
-class ReportParams(_Section):
-    """The study report."""
-
-    # split-half K_sat above this is drawn at the cap (science §6.3); null = 4 x the largest n
-    k_sat_cap: float | None = Field(None, gt=1)
-
-
-class MeasureParams(_Section):
-    """Short GRPO runs at large n that measure gradient noise every step (science §6)."""
-
-    bucket: str = "easy"  # whose training split is measured
-    n: list[int] = Field(default_factory=lambda: [16, 32])
-    b_problem: int = Field(16, ge=2)  # prompts per step (the intraclass rho needs >= 2)
-    steps: int = Field(3, ge=1)  # measured steps per n (each followed by its GRPO update)
-    seed: int = 0
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: list[int]) -> list[int]:
-        if not v or any(x < 3 for x in v):
-            raise ValueError(f"split-half rho needs n >= 3 rollouts per prompt, got {v}")
-        return v
-
-
 
 
 class ScheduleParams(_Section):

@@ -5,18 +5,7 @@ It keeps the cumulative compute ``C`` and the data position with the weights
 (science §1), so a resumed run continues the compute accounting exactly, and it
 holds the rows of the sweep's ``steps`` and ``evals`` tables (science §1, §5).
 
-Layout of a run directory::
-
-    ckpt-000010/              one checkpoint (the last ``keep`` are kept)
-        model.pt              state_dict of the trainable parameters
-        optimizer.pt          optimizer state_dict
-        state.json            step, C, data position, RNG states, config hash, ...
-        MANIFEST.json         sha256 and size of the files above and of every
-                              row part committed so far (this checkpoint's and
-                              all earlier ones); written last: it commits the checkpoint
-    steps-000010.parquet      step rows since the previous checkpoint
-    evals-000010.parquet      eval rows since the previous checkpoint
-    done.json                 final status, when the run has ended
+The layout of a run directory and its manifest checks: :mod:`rollscale.train.manifest`.
 
 A checkpoint is written into a temporary directory and moved into place with
 ``os.replace``; the row parts are written (atomically) before it. A checkpoint
@@ -37,7 +26,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import warnings
 from collections.abc import Mapping, Sequence
@@ -47,21 +35,26 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from rollscale.pipeline.storage import sha256_file, write_bytes_atomic
+from rollscale.pipeline.storage import write_bytes_atomic
+from rollscale.train.manifest import (
+    CHECKPOINT_RE,
+    MANIFEST,
+    MANIFEST_VERSION,
+    PART_RE,
+    committed_parts,
+    read_manifest,
+    verify_checkpoint,
+)
 
 if TYPE_CHECKING:
     import torch
 
-MANIFEST = "MANIFEST.json"
-# 2: "parts" lists every part committed so far (1: only the checkpoint's own)
-MANIFEST_VERSION = 2
+__all__ = ["Checkpoint", "RunStore", "committed_parts", "verify_checkpoint"]
+
 DONE = "done.json"
 ROW_KINDS: tuple[str, ...] = ("steps", "evals")
 STATUSES: tuple[str, ...] = ("finished", "failed")
-_CKPT_RE = re.compile(r"^ckpt-(\d{6,})$")
-_PART_RE = re.compile(r"^(steps|evals)-(\d{6,})\.parquet$")
 _TMP_PREFIX = ".tmp-"
-_CKPT_FILES = ("model.pt", "optimizer.pt", "state.json")
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -109,78 +102,6 @@ def _parquet_bytes(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
-def _read_manifest(path: Path) -> dict:
-    """The manifest of checkpoint folder ``path``; {} when missing or unreadable."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
-
-
-def _check_file(file: Path, meta: Mapping[str, Any], hash_it: bool = True) -> str | None:
-    try:
-        size = file.stat().st_size
-    except OSError:
-        return f"{file} is missing"
-    if size != meta.get("bytes"):
-        return f"{file} has {size} bytes, the manifest says {meta.get('bytes')} (truncated?)"
-    if hash_it and sha256_file(file) != meta.get("sha256"):
-        return f"{file} does not match its sha256 checksum (changed after it was written)"
-    return None
-
-
-def verify_checkpoint(root: Path, step: int, path: Path, quick: bool = False) -> str | None:
-    """Why checkpoint ``path`` (step ``step``) of the run in ``root`` is not valid, or None.
-
-    Checks the size and sha256 of its files and of every row part it commits.
-    ``quick`` hashes only ``state.json`` and the parts (the weights: size only),
-    for ``rollscale status``, which must stay fast on large checkpoints."""
-    if not (path / MANIFEST).exists():
-        return f"no {MANIFEST} (an interrupted write)"
-    manifest = _read_manifest(path)
-    if manifest.get("step") != step:
-        return f"{MANIFEST} is unreadable or does not describe step {step}"
-    files = manifest.get("files", {})
-    if set(files) != set(_CKPT_FILES):
-        return f"{MANIFEST} lists {sorted(files)}, expected {list(_CKPT_FILES)}"
-    entries = [(path / name, meta, not quick or name == "state.json") for name, meta in files.items()]
-    entries += [(root / name, meta, True) for name, meta in manifest.get("parts", {}).items()]
-    for file, meta, hash_it in entries:
-        problem = _check_file(file, meta, hash_it)
-        if problem:
-            return problem
-    return None
-
-
-def committed_parts(run_dir: str | os.PathLike[str]) -> tuple[list[str], str | None]:
-    """The row parts (file names) the newest checkpoint of a run commits, and the first
-    problem found checking them against its manifest (None when all match).
-
-    Parts written after that checkpoint are not listed: they are not committed.
-    A manifest of the first format (parts of its own step only) commits every
-    part up to its step, unchecked."""
-    run_dir = Path(run_dir)
-    try:
-        names = [p.name for p in run_dir.iterdir()]
-    except OSError:
-        return [], None
-    ckpts = sorted((int(m.group(1)), n) for n in names if (m := _CKPT_RE.match(n)))
-    for step, name in reversed(ckpts):
-        manifest = _read_manifest(run_dir / name)
-        if manifest.get("step") != step:
-            continue  # being written or damaged: the one before it is what is committed
-        if manifest.get("version") != MANIFEST_VERSION:
-            return sorted(n for n in names if (m := _PART_RE.match(n)) and int(m.group(2)) <= step), None
-        parts = manifest.get("parts", {})
-        for part, meta in sorted(parts.items()):
-            problem = _check_file(run_dir / part, meta)
-            if problem:
-                return sorted(parts), problem
-        return sorted(parts), None
-    return [], None
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     """A verified checkpoint: its step, directory and ``state.json`` contents."""
@@ -226,7 +147,7 @@ class RunStore:
             return []
         found = []
         for p in self.root.iterdir():
-            m = _CKPT_RE.match(p.name)
+            m = CHECKPOINT_RE.match(p.name)
             if m and p.is_dir():
                 found.append((int(m.group(1)), p))
         return sorted(found)
@@ -236,7 +157,7 @@ class RunStore:
             return []
         found = []
         for p in self.root.iterdir():
-            m = _PART_RE.match(p.name)
+            m = PART_RE.match(p.name)
             if m and (kind is None or m.group(1) == kind):
                 found.append((int(m.group(2)), p))
         return sorted(found)
@@ -312,7 +233,7 @@ class RunStore:
         target = self.root / f"ckpt-{step:06d}"
         tmp = self.root / f"{_TMP_PREFIX}ckpt-{step:06d}"
         earlier = [(s, p) for s, p in self._checkpoint_dirs() if s < step]
-        earlier_parts = _read_manifest(earlier[-1][1]).get("parts", {}) if earlier else {}
+        earlier_parts = read_manifest(earlier[-1][1]).get("parts", {}) if earlier else {}
         written: list[Path] = []
         try:
             self.root.mkdir(parents=True, exist_ok=True)
