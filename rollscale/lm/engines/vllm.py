@@ -20,6 +20,7 @@ generation_config is ignored).
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import shutil
 import tempfile
@@ -114,7 +115,16 @@ class VLLMEngine(SamplingEngine):
         if self.lora:
             peft_config = model.peft_config[model.active_adapter]
             kwargs.update(enable_lora=True, max_lora_rank=max(8, peft_config.r), max_loras=1)
-        self.llm = LLM(**kwargs)
+        # LLM() warms up a chat template; without a tokenizer (prompts go in as ids) that fails and
+        # vLLM logs the traceback, whose frames hold the LLM: any handler that keeps log records
+        # (pytest's, a tracker's) would then keep the engine and its KV cache alive after close.
+        renderer_log = logging.getLogger("vllm.renderers.base")
+        level = renderer_log.level
+        renderer_log.setLevel(logging.ERROR)  # setLevel, not .level =: it clears the enabled cache
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            renderer_log.setLevel(level)
         self.version, self.lora_request, self.asleep = 0, None, False
         if self.lora:
             self._push_adapter(model)
