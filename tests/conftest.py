@@ -4,7 +4,10 @@ from pathlib import Path
 
 # Prefect state (ephemeral server database, cached task results) goes to a
 # throw-away folder per test session, never the user's ~/.prefect.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="rollscale-prefect-"))
+# (pytest-xdist workers inherit the controller's environment: each gets a folder of its own, so
+# their Prefect servers never share one SQLite database)
+if os.environ.get("PYTEST_XDIST_WORKER") or "PREFECT_HOME" not in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="rollscale-prefect-")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
