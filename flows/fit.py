@@ -19,7 +19,9 @@ S(B) = S_min (1 + B_crit / B) is fitted along the prompt axis (n fixed) and
 the rollout axis (B_problem fixed). Finally, the critical rollout size
 measured by the measure stage (median over steps at its largest n) is put
 beside the best n observed under a fixed total batch; and every allocation
-rule's rollouts to a common target reward are set against uniform GRPO's.
+rule's rollouts to a common target reward, and its training steps' wall
+seconds to it (a rule that trains on fewer rollouts makes cheaper steps), are
+set against uniform GRPO's.
 
 Every fitted number gets a 95 % interval from refits on runs resampled with
 replacement within each config (its seeds; ``fit.bootstrap_resamples``); a
@@ -58,7 +60,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> dict[str, pd.DataFrame]:
     params = read_params(params_path)
     root = Path(artifacts)
-    study = read_tables(root, ["runs", "evals", "noise_steps"])
+    study = read_tables(root, ["runs", "evals", "noise_steps", "steps"])
     if study["runs"] is None or study["evals"] is None:
         raise FileNotFoundError(f"{root / 'sweep' / 'runs'} has no runs with evaluations: "
                                 "run the 'sweep' stage first (dvc repro sweep)")
@@ -71,7 +73,7 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     points = record_points(evals, params.fit)
     fronts = {design: frontier(points, design, params.fit) for design in DESIGNS}
     stepped = steps_to_target(evals, params.fit)
-    rules = rule_comparison(evals, params.fit)
+    rules = rule_comparison(evals, study["steps"], params.fit)
     crs = crs_prediction(evals, study["noise_steps"], params.fit)
 
     tables = {

@@ -53,8 +53,8 @@ def steps_to_target(evals: pd.DataFrame, fit_params: FitParams) -> analysis.Step
 
 
 @retried_task(name="rule-comparison")
-def rule_comparison(evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
-    return analysis.rule_comparison(evals, fit_params.target, fit_params.target_gain, _boot(fit_params))
+def rule_comparison(evals: pd.DataFrame, steps: pd.DataFrame | None, fit_params: FitParams) -> pd.DataFrame:
+    return analysis.rule_comparison(evals, fit_params.target, fit_params.target_gain, _boot(fit_params), steps)
 
 
 @retried_task(name="crs-prediction")

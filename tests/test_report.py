@@ -423,7 +423,10 @@ def test_headline_states_intervals_and_what_cannot_be_told_apart():
     fits = pd.DataFrame({"kind": "rollouts_to_target", "bucket": "easy", "rule": ["uniform", "pods", "pilot"],
                          "fixed": "n=8, B_problem=16", "target": 0.4, "ratio_to_uniform": [np.nan, 0.52, 0.9],
                          "ratio_to_uniform_lo": [np.nan, 0.41, 0.7], "ratio_to_uniform_hi": [np.nan, 0.66, 1.2],
-                         "verdict": [None, "fewer rollouts than uniform", "not distinguishable from uniform"]})
+                         "verdict": [None, "fewer rollouts than uniform", "not distinguishable from uniform"],
+                         "time_ratio_to_uniform": [np.nan, 0.49, np.nan],
+                         "time_ratio_to_uniform_lo": [np.nan, 0.4, 0.3], "time_ratio_to_uniform_hi": [np.nan, 0.6, 0.9],
+                         "time_verdict": [None, "less step time than uniform", None]})
     crs = pd.DataFrame({"bucket": ["easy"], "rule": ["uniform"], "basis": ["iso-batch: B = 128"], "crs": [7.0],
                         "predicted_n": [8], "observed_best_n": [16], "observed_best_share": [0.6]})
     frame = headline_table({"frontier": frontier, "fits": fits, "crs_prediction": crs}).frame
@@ -433,5 +436,8 @@ def test_headline_states_intervals_and_what_cannot_be_told_apart():
     assert "n* = 16 (1 seed, no interval)" in findings
     assert "pods needs 0.52 [0.41, 0.66]× the rollouts of uniform: fewer rollouts than uniform" in findings
     assert any(f.startswith("pilot needs") and f.endswith("not distinguishable from uniform") for f in findings)
+    assert "pods needs 0.49 [0.4, 0.6]× the step seconds of uniform: less step time than uniform" in findings
+    time_rows = frame[frame["claim"] == "rule vs uniform (step seconds to target)"]
+    assert list(time_rows["where"]) == ["easy / pods"]  # pilot has no finite time ratio: no time claim
     assert "CRS 7 predicts n = 8; observed best n = 16 (60% of seed resamples agree)" in findings
     assert headline_table({"frontier": None, "fits": None, "crs_prediction": None}).missing

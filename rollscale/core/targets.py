@@ -268,7 +268,9 @@ def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None,
 
 
 # ---------------------------------------------------------------------------
-# rules against uniform: rollouts to target
+# rules against uniform: rollouts and step seconds to target
+
+STEP_SECONDS = ("t_generate", "t_score", "t_train")  # a training step's phases; evaluation (t_eval) is not one
 
 
 def _first_hit(r: pd.DataFrame, target: float) -> tuple[float, float]:
@@ -277,17 +279,41 @@ def _first_hit(r: pd.DataFrame, target: float) -> tuple[float, float]:
     return (float(hit["step"].iloc[0]), float(hit["c"].iloc[0])) if len(hit) else (math.nan, math.nan)
 
 
-def _ratio_verdict(lo: float, hi: float, seeds: int) -> str:
+def _step_seconds(steps: pd.DataFrame | None) -> dict[Any, pd.DataFrame] | None:
+    """Per run, its steps' (step, seconds = t_generate + t_score + t_train); None without timings."""
+    if steps is None or not set(STEP_SECONDS) <= set(steps.columns):
+        return None
+    require(steps, "steps", ["run_id", "step"])
+    seconds = steps[list(STEP_SECONDS)].apply(pd.to_numeric, errors="coerce").sum(axis=1, skipna=False)
+    table = pd.DataFrame({"run_id": steps["run_id"], "step": steps["step"], "seconds": seconds})
+    return dict(tuple(table.groupby("run_id")))
+
+
+def _seconds_to(runs: dict[Any, pd.DataFrame] | None, run_id: Any, step: float) -> float:
+    """Step seconds of a run up to and including ``step``; NaN if unreached, untimed or its rows stop short."""
+    r = runs.get(run_id) if runs is not None else None
+    if r is None or not math.isfinite(step) or r["step"].max() < step:
+        return math.nan
+    return float(r.loc[r["step"] <= step, "seconds"].sum(skipna=False))
+
+
+def _ratio_verdict(lo: float, hi: float, seeds: int, fewer: str = "fewer rollouts", more: str = "more rollouts") -> str:
+    """``fewer`` / ``more`` "than uniform" where the ratio's interval excludes 1, else not distinguishable."""
     if seeds < 2 or not math.isfinite(lo) or not math.isfinite(hi):
         return "no interval: cannot be told apart from uniform"
     if lo <= 1.0 <= hi:
         return "not distinguishable from uniform"
-    return "fewer rollouts than uniform" if hi < 1.0 else "more rollouts than uniform"
+    return f"{fewer} than uniform" if hi < 1.0 else f"{more} than uniform"
+
+
+# (column of the rule's mean, ratio column prefix, verdict column, words for fewer / more)
+_RATIOS = (("rollouts", "ratio_to_uniform", "verdict", "fewer rollouts", "more rollouts"),
+           ("seconds", "time_ratio_to_uniform", "time_verdict", "less step time", "more step time"))
 
 
 def rule_comparison(evals: pd.DataFrame, target: float | None = None, gain_fraction: float = 0.5,
-                    boot: Bootstrap | None = None) -> pd.DataFrame:
-    """Steps and rollouts to target per rule and config, and each rule's ratio to uniform (science §7).
+                    boot: Bootstrap | None = None, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Steps, rollouts and step seconds to target per rule and config, each rule against uniform (science §4, §7).
 
     One target R* per bucket (:func:`target_reward` over all its rules, so
     rules are compared at the same reward). Per (bucket, rule, n, B_problem)
@@ -297,16 +323,27 @@ def rule_comparison(evals: pd.DataFrame, target: float | None = None, gain_fract
     rollouts / uniform's at the same bucket, n and B_problem; with ``boot``
     each side's seeds are resampled independently, and ``verdict`` says
     "not distinguishable from uniform" where the ratio's interval holds 1.
-    Rows of the ``fits`` table, kind ``rollouts_to_target``.
+
+    With the sweep's ``steps`` table, ``seconds`` is a run's summed step time
+    t_generate + t_score + t_train over its steps up to that first step
+    (evaluation time excluded), averaged and bootstrapped like the rollouts,
+    with ``time_ratio_to_uniform`` and ``time_verdict``: a rule that trains
+    on fewer rollouts (PODS) makes cheaper steps, which rollouts do not show.
+    These are wall seconds of the step on the machine that ran it, noisy
+    under load: a comparison within one study only. Without ``steps`` (or
+    its ``t_*`` columns) they are NaN. Rows of the ``fits`` table, kind
+    ``rollouts_to_target``.
     """
     require(evals, "evals", [*EVAL_COLUMNS, *CONFIG])
     boot = boot if boot is not None else Bootstrap(0)
+    timed = _step_seconds(steps)
     rows: list[dict] = []
     for bucket, fam in evals.groupby("bucket", sort=True):
         value, source = target_reward(fam, target, gain_fraction)
         samples: dict[tuple, np.ndarray] = {}
         for (rule, n, bp), g in fam.groupby(["rule", "n", "b_problem"], sort=True):
-            hits = np.array([_first_hit(r, value) for _, r in g.groupby("run_id")]).reshape(-1, 2)
+            hits = np.array([(*hit, _seconds_to(timed, run_id, hit[0]))
+                             for run_id, r in g.groupby("run_id") for hit in [_first_hit(r, value)]]).reshape(-1, 3)
             seeds, reached = len(hits), int(np.isfinite(hits[:, 1]).sum())
             row = fit_row("rollouts_to_target", "rule", str(bucket), str(rule), f"n={int(n)}, B_problem={int(bp)}",
                           None, target=value, target_source=source, n_points=seeds, n_seeds=seeds,
@@ -314,12 +351,11 @@ def rule_comparison(evals: pd.DataFrame, target: float | None = None, gain_fract
                           status="ok" if reached else f"no run reached the target {value:.4g}")
             ids = (bucket, rule, int(n), int(bp))
             counts = boot.run_counts(np.zeros(seeds), salt=_salt(ids))
-            for i, name in enumerate(("steps", "rollouts")):
-                row[name] = float(np.nanmean(hits[:, i])) if reached else math.nan
+            for i, name in enumerate(("steps", "rollouts", "seconds")):
+                row[name] = float(np.nanmean(hits[:, i])) if np.isfinite(hits[:, i]).any() else math.nan
                 means = weighted_means(hits[:, i], counts)
                 row[f"{name}_lo"], row[f"{name}_hi"] = (float(v) for v in interval(means, seeds))
-                if name == "rollouts":
-                    samples[ids] = means
+                samples[(*ids, name)] = means
             rows.append(row)
         for row in rows:
             if row["bucket"] != str(bucket) or row["rule"] == UNIFORM:
@@ -327,14 +363,16 @@ def rule_comparison(evals: pd.DataFrame, target: float | None = None, gain_fract
             n, bp = (int(part.split("=")[1]) for part in row["fixed"].split(", "))
             base = next((r for r in rows if r["bucket"] == str(bucket) and r["rule"] == UNIFORM
                          and r["fixed"] == row["fixed"]), None)
-            if base is None:
-                row["verdict"] = "no uniform runs with this n and B_problem"
-                continue
-            seeds = min(row["n_seeds"], base["n_seeds"])
-            with np.errstate(invalid="ignore", divide="ignore"):
-                row["ratio_to_uniform"] = row["rollouts"] / base["rollouts"]
-                ratios = samples[(bucket, row["rule"], n, bp)] / samples[(bucket, UNIFORM, n, bp)]
-            lo, hi = (float(v) for v in interval(ratios, seeds))
-            row["ratio_to_uniform_lo"], row["ratio_to_uniform_hi"] = lo, hi
-            row["verdict"] = _ratio_verdict(lo, hi, seeds)
+            for name, ratio, verdict, fewer, more in _RATIOS:
+                if base is None:
+                    row[verdict] = "no uniform runs with this n and B_problem"
+                    continue
+                seeds = min(row["n_seeds"], base["n_seeds"])
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    row[ratio] = float(np.float64(row[name]) / base[name])  # 0 at step 0: inf, not an error
+                    ratios = samples[(bucket, row["rule"], n, bp, name)] / samples[(bucket, UNIFORM, n, bp, name)]
+                row[f"{ratio}_lo"], row[f"{ratio}_hi"] = (float(v) for v in interval(ratios, seeds))
+                row[verdict] = _ratio_verdict(row[f"{ratio}_lo"], row[f"{ratio}_hi"], seeds, fewer, more)
+            if timed is None and base is not None:
+                row["time_verdict"] = "no step timings (the sweep's steps table was not given or has no t_* columns)"
     return fits_frame(rows)

@@ -64,8 +64,15 @@ def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         else:
             ratio = interval_text(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
             finding = f"{r['rule']} needs {ratio}× the rollouts of uniform: {r.get('verdict')}"
-        rows.append({"claim": "rule vs uniform (rollouts to target)", "where": f"{r['bucket']} / {r['rule']}",
-                     "at": f"{r['fixed']}, R* = {_fmt(r.get('target'))}", "finding": finding})
+        where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {_fmt(r.get('target'))}"
+        rows.append({"claim": "rule vs uniform (rollouts to target)", "where": where, "at": at, "finding": finding})
+        # PODS-like rules train on fewer rollouts than they generate: their claim is about time, not rollouts
+        time_ratio = float(pd.to_numeric(r.get("time_ratio_to_uniform"), errors="coerce"))
+        if math.isfinite(time_ratio):
+            ratio = interval_text(time_ratio, r.get("time_ratio_to_uniform_lo"), r.get("time_ratio_to_uniform_hi"))
+            rows.append({"claim": "rule vs uniform (step seconds to target)", "where": where, "at": at,
+                         "finding": f"{r['rule']} needs {ratio}× the step seconds of uniform: "
+                                    f"{r.get('time_verdict')}"})
     return rows
 
 
