@@ -86,6 +86,9 @@ def test_fit_flow_writes_every_fit_table_and_duckdb_views(study):
     assert why["n_star_b_problem"] == "no two runs with the same n and different B_problem"
     assert why["n_star_iso_batch"] == "no two n share a total batch B = n·B_problem"
     assert why["steps_to_target_prompt"] == "no two runs with the same n and different B_problem"
+    # the rule rows take their step seconds from the sweep's steps table (t_generate + t_score + t_train)
+    secs = query("SELECT seconds FROM fits WHERE kind = 'rollouts_to_target'", artifacts)["seconds"]
+    assert len(secs) == 3 and (secs.dropna() > 0).all() and secs.notna().any()
     # the frontier moves from n = 2 at low compute to n = 8 at high compute (it starts where it has risen by
     # one bin: below, every curve is at the base reward and which fitted R0 is highest is noise)
     fr = query("SELECT c, best_key FROM frontier WHERE design = 'n' ORDER BY c", artifacts)
