@@ -128,6 +128,18 @@ def test_fit_sigmoid_noiseless_is_exact():
         assert getattr(fit, name) == pytest.approx(true, rel=1e-5)
 
 
+def test_fit_sigmoid_names_parameters_left_at_a_bound():
+    # a reward still rising linearly in log C (no bend within the budget, as on the embedded
+    # model at n = 8 and 16) does not identify C_mid: the fit leaves it at its range's edge
+    c = np.logspace(3, 4.6, 16)
+    rising = 0.45 + 0.15 * np.log10(c / 1e3) + np.random.default_rng(0).normal(0, 0.005, 16)
+    fit = fit_sigmoid(c, rising)
+    assert fit.ok and "log10_c_mid" in fit.at_bound
+    np.testing.assert_allclose(fit.predict(c), rising, atol=0.02)  # still a fair curve on its data
+    # a curve that bends within the data leaves every parameter inside its range
+    assert fit_sigmoid(C_SIG, _noisy_sigmoid(0)).at_bound == ""
+
+
 def test_fit_sigmoid_keeps_a_at_least_r0_on_falling_data():
     y = np.linspace(0.6, 0.4, 12) + np.random.default_rng(3).normal(0, 0.01, 12)
     fit = fit_sigmoid(np.logspace(3, 6, 12), y)

@@ -429,8 +429,13 @@ def test_headline_states_intervals_and_what_cannot_be_told_apart():
                          "time_verdict": [None, "less step time than uniform", None]})
     crs = pd.DataFrame({"bucket": ["easy"], "rule": ["uniform"], "basis": ["iso-batch: B = 128"], "crs": [7.0],
                         "predicted_n": [8], "observed_best_n": [16], "observed_best_share": [0.6]})
-    frame = headline_table({"frontier": frontier, "fits": fits, "crs_prediction": crs}).frame
+    sigmoids = pd.DataFrame({"kind": "sigmoid_n", "bucket": "easy", "rule": "uniform", "key": ["4", "8"],
+                             "a": [0.8, 102.2], "at_bound": ["", "log10_c_mid"]})
+    frame = headline_table({"frontier": frontier, "fits": pd.concat([fits, sigmoids]), "crs_prediction": crs}).frame
     findings = list(frame["finding"])
+    unbent = frame[frame["claim"] == "curve not bent within the budget"]
+    assert list(unbent["at"]) == ["n = 8"]  # n = 4's fit is inside its range: no caveat
+    assert unbent["finding"].iloc[0].startswith("log10_c_mid at the edge of the fit's range: A (102.2)")
     assert "n* = 4: 97% of refits agree" in findings
     assert any("not distinguishable from n in [4, 16]" in f for f in findings)
     assert "n* = 16 (1 seed, no interval)" in findings

@@ -98,7 +98,11 @@ class SigmoidFit:
     """``R(C) = R0 + (A - R0) / (1 + (C_mid / C)^beta)`` (science §7).
 
     ``c_mid_se`` is propagated from the fitted ``log10_c_mid``; ``a_se`` from
-    ``R0`` and ``A - R0``. Non-"ok" fits carry NaN parameters.
+    ``R0`` and ``A - R0``. Non-"ok" fits carry NaN parameters. ``at_bound``
+    names the parameters the fit left at a bound of its range (e.g.
+    ``log10_c_mid`` three decades past the data when the curve has not bent
+    within the budget): the data do not identify them, nor A with them, though
+    the curve still describes the data it was fitted on.
     """
 
     r0: float
@@ -114,6 +118,7 @@ class SigmoidFit:
     r2: float
     n_points: int
     status: str
+    at_bound: str = ""
 
     @property
     def ok(self) -> bool:
@@ -191,6 +196,9 @@ def fit_sigmoid(compute: ArrayLike, reward: ArrayLike) -> SigmoidFit:
     a_se = math.sqrt(var_a) if var_a >= 0 else math.nan
     m_se = se(cov, 2)
     c_mid = 10.0**m
+    # within 1e-3 of a bound's scale: least squares stops at the bound, not exactly on it
+    at_bound = [name for name, v, lo, hi in (("log10_c_mid", m, lower[2], upper[2]), ("beta", beta, lower[3], upper[3]))
+                if min(abs(v - lo), abs(v - hi)) <= 1e-3 * max(1.0, abs(v))]
     return SigmoidFit(
         r0=r0,
         a=r0 + delta,
@@ -205,6 +213,7 @@ def fit_sigmoid(compute: ArrayLike, reward: ArrayLike) -> SigmoidFit:
         r2=r2(y, resid),
         n_points=n,
         status="ok",
+        at_bound=", ".join(at_bound),
     )
 
 

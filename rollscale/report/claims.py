@@ -91,6 +91,22 @@ def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
     return rows
 
 
+def _unbent_curve_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
+    """A sigmoid whose fit left parameters at a bound: its A and C_mid are extrapolations."""
+    if "at_bound" not in fits.columns:
+        return []
+    rows = []
+    for _, r in fits[fits["kind"].astype(str).str.startswith("sigmoid")].iterrows():
+        if not isinstance(r["at_bound"], str) or not r["at_bound"]:
+            continue
+        variable = str(r["kind"]).removeprefix("sigmoid_")
+        rows.append({"claim": "curve not bent within the budget", "where": f"{r.get('bucket')} / {r.get('rule')}",
+                     "at": f"{variable} = {r.get('key')}",
+                     "finding": f"{r['at_bound']} at the edge of the fit's range: A ({_fmt(r.get('a'))}) and C_mid "
+                                f"are not identified; the curve is read only within its data"})
+    return rows
+
+
 def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     """Best n per budget with the share of refits that agree; rules against uniform; the CRS check."""
     name, title = "headline", "Claims the data supports"
@@ -101,7 +117,7 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
         rows += _best_n_claims(t["frontier"][_num(t["frontier"]["best_key"]).notna()])
     if t.get("fits") is not None and "kind" in t["fits"].columns:
-        rows += _rule_claims(t["fits"])
+        rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"])
     if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
         rows += _crs_claims(t["crs_prediction"])
     if not rows:
