@@ -129,6 +129,21 @@ class SamplingEngine(ABC):
         self.close()
 
 
+class TrainingModelEngine(SamplingEngine):
+    """An engine that samples from the training model itself (the HF engines): the weights are
+    always current, and the model belongs to the caller."""
+
+    model: PreTrainedModel | None
+
+    def sync_weights(self, model: PreTrainedModel) -> None:
+        if model is not self.model:
+            raise ValueError(f"{type(self).__name__} samples from the model it was built on; "
+                             "build a new one for another model")
+
+    def close(self) -> None:
+        self.model = None  # drop only this engine's reference: the trainer goes on using the model
+
+
 def free_accelerator_memory() -> None:
     import gc
 

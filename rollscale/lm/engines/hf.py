@@ -28,7 +28,7 @@ from transformers import (
 from rollscale.lm.engines.base import (
     OnBatch,
     Prompt,
-    SamplingEngine,
+    TrainingModelEngine,
     check_call,
     derive_seed,
     eos_ids,
@@ -83,7 +83,7 @@ def _blank_generation_config(model: PreTrainedModel):
         inner.generation_config = saved
 
 
-class HFSampler(SamplingEngine):
+class HFSampler(TrainingModelEngine):
     """Batched ``model.generate`` with left padding and the KV cache, on the training model itself.
 
     The engine *is* the training model, so ``sync_weights`` has nothing to do and its
@@ -136,11 +136,3 @@ class HFSampler(SamplingEngine):
             if was_training:
                 self.model.train()
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
-
-    def sync_weights(self, model: PreTrainedModel) -> None:
-        if model is not self.model:
-            raise ValueError("HFSampler samples from the model it was built on; build a new one for another model")
-
-    def close(self) -> None:
-        # the model belongs to the caller (the trainer); drop only this engine's reference
-        self.model = None

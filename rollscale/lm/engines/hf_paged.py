@@ -20,7 +20,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from rollscale.lm.engines.base import (
     OnBatch,
     Prompt,
-    SamplingEngine,
+    TrainingModelEngine,
     check_call,
     derive_seed,
     eos_ids,
@@ -31,7 +31,7 @@ from rollscale.lm.engines.hf import _blank_generation_config
 from rollscale.lm.sampling import Rollout, SamplingConfig
 
 
-class HFPagedEngine(SamplingEngine):
+class HFPagedEngine(TrainingModelEngine):
     """``model.generate_batch`` on the training model itself (``sync_weights`` is a no-op)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
@@ -76,10 +76,3 @@ class HFPagedEngine(SamplingEngine):
         if on_batch is not None:
             on_batch(len(flat))
         return [rollouts[i * n : (i + 1) * n] for i in range(len(prompts))]
-
-    def sync_weights(self, model: PreTrainedModel) -> None:
-        if model is not self.model:
-            raise ValueError("HFPagedEngine samples from the model it was built on; build a new one for another model")
-
-    def close(self) -> None:
-        self.model = None
