@@ -313,6 +313,10 @@ def test_summary_tables_format_fits_with_intervals_or_say_one_seed(study):
     sig = {s.name: s for s in summary_tables({**study, "fits": fits})}["fits_sigmoid_n"].frame
     assert all(re.fullmatch(r"\S+ \[\S+, \S+\]", v) for v in sig["c_mid"])
     assert set(sig["status"]) == {"ok"}
+    assert "at_bound" not in sig  # no fit left a parameter at a bound: no empty column
+    unbent = fits.assign(at_bound=["log10_c_mid" if k == 16 else "" for k in fits["key"]])
+    sig = {s.name: s for s in summary_tables({**study, "fits": unbent})}["fits_sigmoid_n"].frame
+    assert list(sig["at_bound"]) == ["", "", "log10_c_mid"]
     buckets = specs["bucket_counts"].frame.set_index("bucket")
     assert int(buckets.loc["easy", "total"]) == int((study["buckets"]["bucket"] == "easy").sum())
     ks = specs["k_sat_summary"].frame

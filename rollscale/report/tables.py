@@ -172,8 +172,8 @@ def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
                     row[c] = str(r[c])
             for c in present:
                 row[c] = interval_text(r[c], r.get(f"{c}_lo", math.nan), r.get(f"{c}_hi", math.nan))
-            for c in ("verdict", "r2", "n_points", "status"):
-                if c in g and g[c].notna().any():
+            for c in ("verdict", "time_verdict", "at_bound", "r2", "n_points", "status"):
+                if c in g and g[c].replace("", np.nan).notna().any():  # at_bound is "" where no bound was hit
                     row[c] = _fmt(r[c]) if not isinstance(r[c], str) else r[c]
             rows.append(row)
         specs.append(TableSpec(f"fits_{kind}", f"Fit: {kind}", caption, frame=pd.DataFrame(rows)))
