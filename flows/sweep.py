@@ -84,11 +84,14 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     for config in configs:  # folders and what makes them valid exist before any worker starts
         (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
         (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
+    # the longest runs (most steps: more evaluations and per-step work) go first, so the pool's
+    # last round is short runs, not one long run beside an idle worker
+    by_length = sorted(configs, key=lambda c: -c.nominal_steps)
     units = [{"ref": ref, "config": c, "bucket": sweep.bucket, "train_problems": train, "val_problems": val,
               "run_dir": str(runs_dir / c.run_id), "lora": params.model.lora, "torch_threads": params.torch_threads,
               "device": params.model.device, "trackers": trackers, "sampling": params.sampling}
-             for c in configs]
-    labels = [c.run_id for c in configs]
+             for c in by_length]
+    labels = [c.run_id for c in by_length]
     for i, config in enumerate(configs, 1):
         print(f"sweep: run {i}/{len(configs)}: {config.run_id} (B = {config.b_problem} x {config.n}, "
               f"~{config.nominal_steps} steps, lr {config.lr:.2e})")

@@ -124,9 +124,9 @@ class BaseParams(_Section):
     max_positions: int = Field(64, ge=16)
     train_size: int = Field(20000, ge=100)
     train_seed: int = 12345
-    steps: int = Field(1200, ge=1)
+    steps: int = Field(800, ge=1)
     batch_size: int = Field(128, ge=1)
-    lr: float = Field(1.5e-3, gt=0)
+    lr: float = Field(2e-3, gt=0)
     # caps token confidence so pass rates spread over [0, 1] (see models.train_supervised)
     label_smoothing: float = Field(0.2, ge=0, lt=1)
     seed: int = 0

@@ -16,14 +16,15 @@ log = logging.getLogger("rollscale.base")
 
 
 @retried_task(name="train-tiny-model")
-def train_tiny_model(base: BaseParams, data: DataParams, pool_ids: frozenset[str]) -> dict:
-    """Train the tiny Llama on problems disjoint from the profiled pool.
+def train_tiny_model(base: BaseParams, data: DataParams, pool_ids: frozenset[str], threads: int = 1) -> dict:
+    """Train the tiny Llama on problems disjoint from the profiled pool, with ``threads`` torch threads.
 
     Returns the weights and config (values, not files: safe to cache).
     """
     if data.source != "reasoning_gym":
         raise ValueError("model.kind 'tiny' needs data.source 'reasoning_gym' (it is trained on that task family)")
     train = disjoint(load_pool(data, size=base.train_size, seed=base.train_seed), set(pool_ids))
+    torch.set_num_threads(threads)
     tokenizer = char_tokenizer()
     model = tiny_llama(
         len(tokenizer),

@@ -18,6 +18,7 @@ from rollscale.core.grpo import (
     token_logprobs_and_entropy,
     warmup_factor,
 )
+from rollscale.core.logprobs import token_logprobs
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
@@ -429,6 +430,20 @@ def test_token_logprobs_match_unpadded_computation(tiny_llama, temperature):
         assert torch.all(logp[i, len(c):] == 0) and torch.all(ent[i, len(c):] == 0)
     assert torch.all(ent[cmask.bool()] > 0)
     assert torch.all(ent[cmask.bool()] <= math.log(24) + 1e-5)
+
+
+@pytest.mark.parametrize("temperature,position_chunk", [(1.0, 256), (0.7, 2)])
+def test_reference_logprobs_are_the_policy_logprobs_as_constants(tiny_llama, temperature, position_chunk):
+    # token_logprobs (the KL reference's call) skips the entropy and autograd, not a number
+    ids, attn, cmask = _padded_batch(PROMPTS, COMPLETIONS)
+    tiny_llama.train()
+    logp, _ = token_logprobs_and_entropy(tiny_llama, ids, attn, cmask, temperature=temperature)
+    ref = token_logprobs(tiny_llama, ids, attn, cmask, temperature=temperature, position_chunk=position_chunk)
+    assert logp.requires_grad and not ref.requires_grad
+    np.testing.assert_allclose(ref.numpy(), logp.detach().numpy(), atol=1e-6)
+    assert torch.all(ref[~cmask.bool()] == 0)
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(tiny_llama, ids, attn, cmask, temperature=-1.0)
 
 
 def test_default_position_ids_also_match_for_rotary_models(tiny_llama):

@@ -33,7 +33,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rollscale.core.allocation import allocate
-from rollscale.core.grpo import token_logprobs_and_entropy, warmup_factor
+from rollscale.core.grpo import warmup_factor
+from rollscale.core.logprobs import token_logprobs
 from rollscale.core.noise import EmaNoiseScale
 from rollscale.core.problems import Problem
 from rollscale.core.rewards import reward_fn
@@ -189,14 +190,8 @@ class GRPOTrainer:
         temperature = self.config.sampling.temperature
         if self.lora:
             with self.model.disable_adapter():
-                logp, _ = token_logprobs_and_entropy(
-                    self.model, input_ids, attention, completion_mask, temperature, entropy_grad=False
-                )
-        else:
-            logp, _ = token_logprobs_and_entropy(
-                self.ref_model, input_ids, attention, completion_mask, temperature, entropy_grad=False
-            )
-        return logp
+                return token_logprobs(self.model, input_ids, attention, completion_mask, temperature)
+        return token_logprobs(self.ref_model, input_ids, attention, completion_mask, temperature)
 
     # ------------------------------------------------------------------ the step
 
