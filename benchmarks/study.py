@@ -54,8 +54,9 @@ def run_stage(stage: str, params: Path, artifacts: Path) -> float:
     return time.perf_counter() - start
 
 
-def fresh_clone_study() -> None:
-    """``make install`` (cache-free) and ``make study`` in a fresh clone of HEAD, timed."""
+def fresh_clone_study(keep: str | None) -> None:
+    """``make install`` (cache-free) and ``make study`` in a fresh clone of HEAD, timed; ``keep``:
+    a folder that receives the clone's artifacts and ``dvc.lock``."""
     import re
 
     work = Path(tempfile.mkdtemp(prefix="rollscale-fresh."))
@@ -88,6 +89,10 @@ def fresh_clone_study() -> None:
     for (stage, t0), t1 in zip(marks, ends):
         print(f"| {stage} | {t1 - t0:.1f} |")
     print(f"| **all** (`make study` on a fresh clone) | **{install + study:.1f}** |")
+    if keep:
+        shutil.rmtree(keep, ignore_errors=True)
+        shutil.copytree(clone / "artifacts", Path(keep) / "artifacts", copy_function=shutil.copy2)
+        shutil.copy2(clone / "dvc.lock", Path(keep) / "dvc.lock")
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -97,14 +102,15 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--stages", nargs="*", default=list(STAGES))
     ap.add_argument("--compare-workers", nargs="*", type=int, default=[])
-    ap.add_argument("--keep", help="artifacts folder to keep (default: a temporary one, removed)")
+    ap.add_argument("--keep", help="artifacts folder to keep (default: a temporary one, removed); with --fresh-clone, "
+                    "a folder that gets the clone's artifacts/ and dvc.lock")
     ap.add_argument("--start-from", help="an artifacts folder whose stages are copied in first (then run only "
                     "--stages): e.g. a prepared base/profile/bucket for --compare-workers")
     ap.add_argument("--fresh-clone", action="store_true", help="time the README's `make study` in a fresh clone "
-                    "of HEAD, install included (the other options do not apply)")
+                    "of HEAD, install included (of the other options, only --keep applies)")
     args = ap.parse_args()
     if args.fresh_clone:
-        fresh_clone_study()
+        fresh_clone_study(args.keep)
         return
     params = yaml.safe_load(Path(args.params).read_text()) or {}
     for item in args.set:

@@ -34,6 +34,12 @@ def _api_url() -> str | None:
         return str(client.api_url)
 
 
+def _first(reasons: list[str], stage: str, shown: int = 3) -> str:
+    """A few of DVC's reasons (a fresh clone lists every dep of every stage as modified)."""
+    more = len(reasons) - shown
+    return "; ".join(reasons[:shown]) + (f"; and {more} more: `dvc status {stage}`" if more > 0 else "")
+
+
 @task(name="reproduce-stage")
 def reproduce(stage: str, root: str, force: bool) -> None:
     """``dvc repro --single-item <stage>`` in the project folder; raises if the stage failed."""
@@ -61,7 +67,7 @@ def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None
             print(f"study: {name}: up to date with dvc.lock, skipped")
             outcome[name] = "skipped"
             continue
-        print(f"study: {name}: running ({'forced' if force else 'changed: ' + '; '.join(changed)})")
+        print(f"study: {name}: running ({'forced' if force else 'changed: ' + _first(changed, name)})")
         reproduce(name, str(root), force)
         outcome[name] = "ran"
     print("study: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
