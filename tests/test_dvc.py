@@ -79,6 +79,10 @@ def test_second_repro_is_a_no_op(clone):
     root, env = clone
     r = run(["dvc", "repro"], root, env)
     assert r.returncode == 0 and "Running stage" not in r.stdout, r.stdout
+    # `make study`'s command: DVC finds nothing stale, so no flow (and no Prefect server) starts
+    r = run([sys.executable, "-m", "rollscale.pipeline.cli", "study"], root, env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "study: every stage is up to date with dvc.lock; nothing to run", r.stdout
 
 
 def cli(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -124,15 +128,19 @@ def test_outputs_ignored_by_git_and_dvc_lock_shown(clone):
 
 def test_changed_param_reruns_only_what_depends_on_it(clone):
     root, env = clone
-    params = yaml.safe_load((root / "params.yaml").read_text())
+    original = (root / "params.yaml").read_text()
+    params = yaml.safe_load(original)
     params["profile"]["k"] = 8
     (root / "params.yaml").write_text(yaml.safe_dump(params))
-    r = run(["dvc", "status"], root, env)
-    assert "profile:" in r.stdout and "base:" not in r.stdout, r.stdout
-    r = run(["dvc", "repro", "--dry"], root, env)
-    # a dry run cannot know profile's new output yet, so only profile shows as running
-    assert "Running stage 'profile'" in r.stdout, r.stdout
-    assert "Running stage 'base'" not in r.stdout and "Stage 'base' didn't change" in r.stdout, r.stdout
+    try:
+        r = run(["dvc", "status"], root, env)
+        assert "profile:" in r.stdout and "base:" not in r.stdout, r.stdout
+        r = run(["dvc", "repro", "--dry"], root, env)
+        # a dry run cannot know profile's new output yet, so only profile shows as running
+        assert "Running stage 'profile'" in r.stdout, r.stdout
+        assert "Running stage 'base'" not in r.stdout and "Stage 'base' didn't change" in r.stdout, r.stdout
+    finally:
+        (root / "params.yaml").write_text(original)
 
 
 def test_a_new_data_file_makes_the_pool_stages_stale(clone):
@@ -144,3 +152,35 @@ def test_a_new_data_file_makes_the_pool_stages_stale(clone):
         assert "base:" in r.stdout and "profile:" in r.stdout and re.search(r"modified:\s+data\b", r.stdout), r.stdout
     finally:
         extra.unlink()
+
+
+def test_a_new_seed_or_n_trains_only_its_runs(clone, tmp_path):
+    """Growing the sweep's grid reruns sweep, fit and report, and trains only the new runs:
+    the finished ones are kept as they are (their folders, their rows), not retrained."""
+    root = tmp_path / "study"
+    shutil.copytree(clone[0], root, symlinks=True)
+    env = clone[1]
+    runs = root / "artifacts" / "sweep" / "runs"
+    def stamps(run_ids):  # a retrained run rewrites its files (a deterministic one, the same bytes)
+        return {p.relative_to(runs): p.stat().st_mtime_ns for r in run_ids for p in (runs / r).glob("steps-*.parquet")}
+
+    old = ("np4_nr2_uniform_s0", "np4_nr4_uniform_s0")
+    before = stamps(old)
+    assert before
+    # the params the study was built with (tests above edit the shared clone's params.yaml)
+    params = merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)
+    params["sweep"]["seeds"] = [0, 1]
+    params["sweep"]["n"] = [2, 4, 8]
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    r = run(["dvc", "repro"], root, env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    ran = set(re.findall(r"Running stage '(\w+)'", r.stdout))
+    assert ran == {"sweep", "fit", "report"}, r.stdout
+    assert not (root / "artifacts" / "sweep" / "archive").exists()  # nothing was moved aside
+    assert stamps(old) == before
+    table = pd.concat(pd.read_parquet(p) for p in runs.glob("*/run.parquet"))
+    assert sorted(table["run_id"]) == sorted(f"np4_nr{n}_uniform_s{s}" for n in (2, 4, 8) for s in (0, 1))
+    assert (table["status"] == "finished").all()
+    for run_id in old:  # started again, found finished at its last step: nothing trained
+        first, again = [json.loads(line) for line in (runs / run_id / "attempts.jsonl").read_text().splitlines()]
+        assert first["resume_step"] is None and again["resume_step"] == table.set_index("run_id").loc[run_id, "steps"]
