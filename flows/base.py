@@ -47,10 +47,7 @@ def base_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS))
     if params.model.kind == "tiny":
         # train on problems disjoint from the ones we will profile
         pool = problem_pool(params.data)
-        # one unit of work, alone on the machine: it gets every core the study may use
-        # (measured on 2 idle cores: 2 threads train 1.54x faster than 1; docs/benchmarks.md)
-        weights = train_tiny_model(params.base, params.data, frozenset(p.problem_id for p in pool),
-                                   threads=params.workers * params.torch_threads)
+        weights = train_tiny_model(params.base, params.data, frozenset(p.problem_id for p in pool))
         save_model_dir(weights, out / "model")
         ref = ModelRef(str(out / "model"), None, "float32", False, fingerprint_files(out / "model"))
         print(f"base: tiny Llama with {weights['stats']['n_parameters']:,} parameters, "

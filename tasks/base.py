@@ -16,15 +16,17 @@ log = logging.getLogger("rollscale.base")
 
 
 @retried_task(name="train-tiny-model")
-def train_tiny_model(base: BaseParams, data: DataParams, pool_ids: frozenset[str], threads: int = 1) -> dict:
-    """Train the tiny Llama on problems disjoint from the profiled pool, with ``threads`` torch threads.
+def train_tiny_model(base: BaseParams, data: DataParams, pool_ids: frozenset[str]) -> dict:
+    """Train the tiny Llama on problems disjoint from the profiled pool, with ``base.threads``
+    torch threads (one unit of work alone on the machine; 2 threads train 1.54x faster than 1
+    on 2 idle cores, docs/benchmarks.md).
 
     Returns the weights and config (values, not files: safe to cache).
     """
     if data.source != "reasoning_gym":
         raise ValueError("model.kind 'tiny' needs data.source 'reasoning_gym' (it is trained on that task family)")
     train = disjoint(load_pool(data, size=base.train_size, seed=base.train_seed), set(pool_ids))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(base.threads)
     tokenizer = char_tokenizer()
     model = tiny_llama(
         len(tokenizer),
