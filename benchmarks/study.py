@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,8 +58,6 @@ def run_stage(stage: str, params: Path, artifacts: Path) -> float:
 def fresh_clone_study(keep: str | None) -> None:
     """``make install`` (cache-free) and ``make study`` in a fresh clone of HEAD, timed; ``keep``:
     a folder that receives the clone's artifacts and ``dvc.lock``."""
-    import re
-
     work = Path(tempfile.mkdtemp(prefix="rollscale-fresh."))
     clone = work / "rollscale"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
@@ -72,12 +71,12 @@ def fresh_clone_study(keep: str | None) -> None:
     start = time.perf_counter()
     proc = subprocess.Popen(["make", "study"], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    log = (work / "study.log").open("w")
-    for line in proc.stdout:
-        log.write(line)
-        if m := re.match(r"study: (\w+): running", line):
-            marks.append((m.group(1), time.perf_counter() - start))
-            print(f"  {m.group(1)} starts at {marks[-1][1]:.0f} s", file=sys.stderr)
+    with (work / "study.log").open("w") as log:
+        for line in proc.stdout:
+            log.write(line)
+            if m := re.match(r"study: (\w+): running", line):
+                marks.append((m.group(1), time.perf_counter() - start))
+                print(f"  {m.group(1)} starts at {marks[-1][1]:.0f} s", file=sys.stderr)
     if proc.wait() != 0:
         raise SystemExit(f"make study failed: see {work / 'study.log'}")
     study = time.perf_counter() - start
