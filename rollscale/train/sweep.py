@@ -10,12 +10,16 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rollscale.config import SweepParams
 from rollscale.lm.sampling import SamplingConfig
-from rollscale.train.run_config import RunConfig
+
+if TYPE_CHECKING:  # RunConfig pulls in torch: planning the grid (rollscale check) does not need it
+    from rollscale.train.run_config import RunConfig
 
 log = logging.getLogger("rollscale.train.sweep")
+
 
 @dataclass(frozen=True)
 class GridPoint:
@@ -25,8 +29,18 @@ class GridPoint:
     seed: int
 
 
-def grid_points(sweep: SweepParams) -> list[GridPoint]:
-    """(n, B_problem, rule, seed) of every run, within the hardware bound B <= b_max."""
+@dataclass(frozen=True)
+class RunPlan:
+    """The runs a sweep section trains (each a grid point with its rule's arguments) and
+    why the others are skipped (B over b_max, PODS keeping m >= n, a pilot not below n)."""
+
+    runs: list[tuple[GridPoint, dict[str, Any]]]
+    skipped: list[str]
+
+
+def plan_runs(sweep: SweepParams) -> RunPlan:
+    """(n, B_problem, rule, seed) of every run within the hardware bound B <= b_max, with its
+    rule's arguments (science §1, §4); raises ValueError when the design cannot be laid out."""
     if sweep.design == "prompt_axis":
         shapes = [(sweep.n[0], b) for b in sweep.b_problem]
     elif sweep.design == "rollout_axis":
@@ -39,33 +53,40 @@ def grid_points(sweep: SweepParams) -> list[GridPoint]:
     else:
         shapes = list(itertools.product(sweep.n, sweep.b_problem))
     kept = [(n, b) for n, b in shapes if n * b <= sweep.b_max]
-    for n, b in sorted(set(shapes) - set(kept)):
-        log.warning("sweep: skipping n=%d x B_problem=%d: B = %d exceeds sweep.b_max = %d", n, b, n * b, sweep.b_max)
+    skipped = [f"n={n} x B_problem={b}: B = {n * b} exceeds sweep.b_max = {sweep.b_max}"
+               for n, b in sorted(set(shapes) - set(kept))]
     if not kept:
         raise ValueError(f"sweep: every grid point exceeds sweep.b_max = {sweep.b_max}")
-    return [GridPoint(n, b, rule, seed) for (n, b), rule, seed in itertools.product(kept, sweep.rules, sweep.seeds)]
+    runs: list[tuple[GridPoint, dict[str, Any]]] = []
+    for (n, b), rule in itertools.product(kept, sweep.rules):
+        rule_args: dict[str, Any] = {}
+        if rule == "pods":
+            m = max(2, round(sweep.pods_keep * n))
+            if m >= n:
+                skipped.append(f"PODS at n={n}: keeps m={m}, not fewer than n")
+                continue
+            rule_args["m"] = m
+        elif rule == "pilot":
+            if sweep.n_pilot >= n:
+                skipped.append(f"Pilot-Commit at n={n}: n_pilot={sweep.n_pilot} is not below n")
+                continue
+            rule_args.update(n_pilot=sweep.n_pilot, pool_factor=sweep.pool_factor)
+        elif rule == "dynamic":
+            rule_args["max_draws"] = sweep.max_draws_factor * b
+        runs += [(GridPoint(n, b, rule, seed), rule_args) for seed in sweep.seeds]
+    return RunPlan(runs, skipped)
 
 
 def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]:
-    """One :class:`RunConfig` per grid point, ids like ``np16_nr8_uniform_s0``."""
+    """One :class:`RunConfig` per planned run, ids like ``np16_nr8_uniform_s0``."""
+    from rollscale.train.run_config import RunConfig
+
     train = sweep.train.for_bucket(sweep.bucket)  # the validated section itself, recipe resolved
-    configs = []
-    for point in grid_points(sweep):
-        rule_args: dict = {}
-        if point.rule == "pods":
-            m = max(2, round(sweep.pods_keep * point.n))
-            if m >= point.n:
-                log.warning("sweep: skipping PODS at n=%d: keeps m=%d, not fewer than n", point.n, m)
-                continue
-            rule_args["m"] = m
-        elif point.rule == "pilot":
-            if sweep.n_pilot >= point.n:
-                log.warning("sweep: skipping Pilot-Commit at n=%d: n_pilot=%d is not below n", point.n, sweep.n_pilot)
-                continue
-            rule_args.update(n_pilot=sweep.n_pilot, pool_factor=sweep.pool_factor)
-        elif point.rule == "dynamic":
-            rule_args["max_draws"] = sweep.max_draws_factor * point.b_problem
-        config = RunConfig(
+    plan = plan_runs(sweep)
+    for why in plan.skipped:
+        log.warning("sweep: skipping %s", why)
+    return [
+        RunConfig(
             n=point.n,
             b_problem=point.b_problem,
             rule=point.rule,
@@ -80,5 +101,5 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
             checkpoint_every=sweep.checkpoint_every,
             noise_every=sweep.noise_every,
         )
-        configs.append(config)
-    return configs
+        for point, rule_args in plan.runs
+    ]

@@ -1,0 +1,30 @@
+"""A small problem table in verl's parquet layout, as a user's RL data comes: the prompt as chat
+messages, the gold answer in ``reward_model.ground_truth``, ``data_source`` and ``ability``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def write_verl_table(path: Path, rows: int = 300, seed: int = 0) -> Path:
+    """``rows`` sums of 2-3 one- or two-digit terms ("What is 12 + 7 - 5?"), gold as a string."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(rows):
+        terms = rng.integers(1, 30, size=int(rng.integers(2, 4))).tolist()
+        signs = rng.choice(["+", "-"], size=len(terms) - 1).tolist()
+        text = str(terms[0]) + "".join(f" {s} {t}" for s, t in zip(signs, terms[1:]))
+        value = terms[0] + sum(t if s == "+" else -t for s, t in zip(signs, terms[1:]))
+        records.append({
+            "data_source": "arith",
+            "prompt": [{"role": "user", "content": f"What is {text}? Give the final number."}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(value)},
+            "extra_info": {"split": "train", "index": i},
+        })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(records).to_parquet(path)
+    return path
