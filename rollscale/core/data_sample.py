@@ -136,6 +136,15 @@ def _answer_format(texts: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def _worked(rows: Sequence[Mapping[str, Any]], key: str) -> bool:
+    """Column ``key`` holds worked solutions: text in every row, most of it longer than a final answer."""
+    texts = [_text(_get(r, key)) for r in rows]
+    if any(t is None for t in texts):
+        return False
+    lengths = sorted(len(t) for t in texts if t is not None)
+    return lengths[len(lengths) // 2] > _SOLUTION_CHARS
+
+
 def inspect_rows(rows: Sequence[Mapping[str, Any]], count_tokens: Callable[[str], int] | None = None) -> DataSample:
     """The layout of a table from sampled rows; ValueError naming what could not be found.
 
@@ -164,8 +173,7 @@ def inspect_rows(rows: Sequence[Mapping[str, Any]], count_tokens: Callable[[str]
     unit = "tokens" if count_tokens else "~tokens (4 characters each)"
     # reference solutions: the answer column when it holds worked solutions, else another column that does
     solution = answer if fmt[0] in ("gsm8k", "boxed") else next(
-        (k for k in ANSWER_KEYS if k not in (answer, prompt)
-         and all((t := _text(_get(r, k))) is not None and len(t) > _SOLUTION_CHARS for r in rows)), None)
+        (k for k in ANSWER_KEYS if k not in (answer, prompt) and _worked(rows, k)), None)
     return DataSample(
         prompt=prompt, prompt_kind=kind or "string", answer=answer, answer_format=fmt[0],  # type: ignore[arg-type]
         reward=fmt[1], rows=len(rows),  # type: ignore[arg-type]

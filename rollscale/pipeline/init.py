@@ -50,6 +50,12 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     machine = Machine.from_arg(gpu)
     name_or_path, gguf_file = resolve_model(model)
     info = inspect_model(name_or_path, gguf_file)
+    try:  # datasets draws a progress bar per file it reads; init prints its own summary
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
     sample = inspect_rows(read_sample(data), _token_counter(name_or_path, gguf_file))
     data_path = _data_arg(data)
     if Path(data).exists():
