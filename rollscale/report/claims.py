@@ -14,9 +14,13 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core.bootstrap import ONE_SEED
-from rollscale.report.base import TableSpec, _fmt, _missing_stage, _num
+from rollscale.report.base import TableSpec, _fmt, _absent, _num
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
+AGREE = 0.95  # share of seed resamples that must agree on the observed best n for it to be a claim
+# what a headline row rests on: only DECIDED rows answer; ONE_SEED rows are observations, never claims
+DECIDED, OVERLAP, UNDECIDED, CAVEAT = "decided", "intervals overlap", "undecided", "caveat"
+COLUMNS = ["claim", "where", "at", "finding"]
 
 
 def interval_text(value: Any, lo: Any, hi: Any) -> str:
@@ -42,14 +46,14 @@ def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
             share, lo, hi = (float(pd.to_numeric(r.get(k), errors="coerce")) for k in
                              ("best_key_share", "best_key_lo", "best_key_hi"))
             if math.isnan(share):
-                verdict = f"n* = {best} ({ONE_SEED})"
+                verdict, basis = f"n* = {best} ({ONE_SEED})", ONE_SEED
             elif lo == hi == best:
-                verdict = f"n* = {best}: {share:.0%} of refits agree"
+                verdict, basis = f"n* = {best}: {share:.0%} of refits agree", DECIDED
             else:
-                verdict = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
-                           f"n in [{_fmt(lo)}, {_fmt(hi)}]")
+                verdict, basis = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
+                                  f"n in [{_fmt(lo)}, {_fmt(hi)}]"), OVERLAP
             rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {_fmt(r['c'])}",
-                         "finding": verdict})
+                         "finding": verdict, "basis": basis, "best_n": best, "c": float(r["c"]), "share": share})
     return rows
 
 
@@ -60,19 +64,21 @@ def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
     rules = fits[(fits["kind"].astype(str) == "rollouts_to_target") & (fits["rule"].astype(str) != "uniform")]
     for _, r in rules.iterrows():
         if "ratio_to_uniform" not in r or math.isnan(float(pd.to_numeric(r["ratio_to_uniform"], errors="coerce"))):
-            finding = str(r.get("verdict") or r.get("status") or "no ratio")
+            finding, basis = str(r.get("verdict") or r.get("status") or "no ratio"), UNDECIDED
         else:
             ratio = interval_text(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
             finding = f"{r['rule']} needs {ratio}× the rollouts of uniform: {r.get('verdict')}"
+            basis = _ratio_basis(ratio, r.get("verdict"))
         where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {_fmt(r.get('target'))}"
-        rows.append({"claim": "rule vs uniform (rollouts to target)", "where": where, "at": at, "finding": finding})
+        rows.append({"claim": "rule vs uniform (rollouts to target)", "where": where, "at": at, "finding": finding,
+                     "basis": basis})
         # PODS-like rules train on fewer rollouts than they generate: their claim is about time, not rollouts
         time_ratio = float(pd.to_numeric(r.get("time_ratio_to_uniform"), errors="coerce"))
         if math.isfinite(time_ratio):
             ratio = interval_text(time_ratio, r.get("time_ratio_to_uniform_lo"), r.get("time_ratio_to_uniform_hi"))
             rows.append({"claim": "rule vs uniform (step seconds to target)", "where": where, "at": at,
                          "finding": f"{r['rule']} needs {ratio}× the step seconds of uniform: "
-                                    f"{r.get('time_verdict')}"})
+                                    f"{r.get('time_verdict')}", "basis": _ratio_basis(ratio, r.get("time_verdict"))})
     return rows
 
 
@@ -86,8 +92,9 @@ def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
         observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
         predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
             f"CRS {_fmt(r['crs'])} predicts n = {_fmt(r['predicted_n'])}")
+        basis = ONE_SEED if math.isnan(share) else DECIDED if share >= AGREE else OVERLAP
         rows.append({"claim": "CRS predicted vs observed best n", "where": f"{r.get('bucket')} / {r.get('rule')}",
-                     "at": str(r.get("basis")), "finding": f"{predicted}; {observed}"})
+                     "at": str(r.get("basis")), "finding": f"{predicted}; {observed}", "basis": basis})
     return rows
 
 
@@ -103,16 +110,20 @@ def _unbent_curve_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         rows.append({"claim": "curve not bent within the budget", "where": f"{r.get('bucket')} / {r.get('rule')}",
                      "at": f"{variable} = {r.get('key')}",
                      "finding": f"{r['at_bound']} at the edge of the fit's range: A ({_fmt(r.get('a'))}) and C_mid "
-                                f"are not identified; the curve is read only within its data"})
+                                f"are not identified; the curve is read only within its data", "basis": CAVEAT})
     return rows
 
 
-def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
-    """Best n per budget with the share of refits that agree; rules against uniform; the CRS check."""
-    name, title = "headline", "Claims the data supports"
-    caption = ("Each claim with its 95 % bootstrap interval over seeds (science §7): a difference is claimed "
-               "only where its interval excludes zero (a ratio's excludes 1); otherwise it says "
-               "'not distinguishable'.")
+def _ratio_basis(ratio_text: str, verdict: object) -> str:
+    if ONE_SEED in ratio_text:
+        return ONE_SEED
+    return OVERLAP if "not distinguishable" in str(verdict) else DECIDED
+
+
+def claim_rows(t: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
+    """Every headline row with its ``basis`` (decided, intervals overlap, undecided, caveat, or
+    one seed): best n per budget (with its ``best_n``, budget ``c`` and refit ``share``), rules
+    against uniform, unbent curves, the CRS check."""
     rows: list[dict[str, str]] = []
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
         rows += _best_n_claims(t["frontier"][_num(t["frontier"]["best_key"]).notna()])
@@ -120,6 +131,32 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
         rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"])
     if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
         rows += _crs_claims(t["crs_prediction"])
-    if not rows:
-        return TableSpec(name, title, caption, missing=_missing_stage("fits", "the fitted claims"))
-    return TableSpec(name, title, caption, frame=pd.DataFrame(rows, columns=["claim", "where", "at", "finding"]))
+    return pd.DataFrame(rows, columns=[*COLUMNS, "basis", "best_n", "c", "share"])
+
+
+def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
+    """The claims: best n per budget with the share of refits that agree; rules against uniform;
+    the CRS check; each with its interval. A single-seed row is never among them
+    (:func:`observations_table`)."""
+    name, title = "headline", "Claims the data supports"
+    caption = ("Each claim with its 95 % bootstrap interval over seeds (science §7): a difference is claimed "
+               "only where its interval excludes zero (a ratio's excludes 1); otherwise it says "
+               "'not distinguishable'. Observations from one seed are not claims and are listed apart.")
+    rows = claim_rows(t)
+    rows = rows[rows["basis"] != ONE_SEED]
+    if rows.empty:
+        why = _absent(t, "fits", "the fitted claims") if t.get("fits") is None else (
+            "No claim: the data cannot decide yet (the answer above says what to change).")
+        return TableSpec(name, title, caption, missing=why)
+    return TableSpec(name, title, caption, frame=rows[COLUMNS].reset_index(drop=True))
+
+
+def observations_table(t: dict[str, pd.DataFrame | None]) -> TableSpec | None:
+    """What one seed showed: listed, never claimed (no interval, so no claim); None if nothing."""
+    rows = claim_rows(t)
+    rows = rows[rows["basis"] == ONE_SEED]
+    if rows.empty:
+        return None
+    return TableSpec("observations", "Single-seed observations (not claims)",
+                     "One run per setting: no interval, so none of these is a claim; with more seeds "
+                     "(sweep.seeds) they become claims or 'not distinguishable'.", frame=rows[COLUMNS].reset_index(drop=True))

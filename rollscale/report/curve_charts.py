@@ -20,7 +20,7 @@ from rollscale.report.base import (
     _log2_ticks,
     _log_axis,
     _log_scale,
-    _missing_stage,
+    _absent,
     _num,
     _records,
     _require,
@@ -72,7 +72,7 @@ def _chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[
         "(science §1, log scale) for every run, coloured by n"
     )
     if t["evals"] is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("evals", "sweep results"))
+        return ChartSpec(name, title, caption + ".", missing=_absent(t, "evals", "sweep results"))
     ev, has_runs = _evals_with_runs(t, ["avg_at_k"])
     has_se = "avg_at_k_se" in ev.columns and _num(ev["avg_at_k_se"]).notna().any()
     if has_se:
@@ -171,7 +171,7 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
     )
     fr = t["frontier"]
     if fr is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("frontier", "frontier fit"))
+        return ChartSpec(name, title, caption + ".", missing=_absent(t, "frontier", "frontier fit"))
     _require(fr, "frontier", ["design", "frontier_reward", "best_key"])
     rows = []
     notes = []
@@ -278,7 +278,7 @@ def _chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
         "run coloured by n, with each run's peak marked by a larger point, the optimum it reached"
     )
     if t["evals"] is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("evals", "sweep results"))
+        return ChartSpec(name, title, caption + ".", missing=_absent(t, "evals", "sweep results"))
     ev, has_runs = _evals_with_runs(t, ["best_at_k", "worst_at_k"])
     ev = ev[ev["c"] > 0]
     idv = [c for c in ("run_id", "c", "n", "b_problem", "bucket", "eval_k") if c in ev.columns]

@@ -21,7 +21,7 @@ from rollscale.report.base import (
     _k_sat_cap,
     _log_axis,
     _log_scale,
-    _missing_stage,
+    _absent,
     _num,
     _records,
     _require,
@@ -92,7 +92,7 @@ def _chart_difficulty(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     )
     prof = t["profile"]
     if prof is None:
-        return ChartSpec(name, title, caption, missing=_missing_stage("profile", "difficulty profile"))
+        return ChartSpec(name, title, caption, missing=_absent(t, "profile", "difficulty profile"))
     _require(prof, "profile", ["avg_at_k"])
     vals = _num(prof["avg_at_k"]).dropna().to_numpy()
     if vals.size == 0:
@@ -149,7 +149,7 @@ def _chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -
         "the dashed line is the null |R| + 1 that the estimator returns for exchangeable rollouts whatever the data"
     )
     if np_ is None:
-        return ChartSpec(name, title, base_caption + ".", missing=_missing_stage("noise_prompts", "noise measurements"))
+        return ChartSpec(name, title, base_caption + ".", missing=_absent(t, "noise_prompts", "noise measurements"))
     _require(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
     df = _usable_k_sat(np_)
     if df.empty:
@@ -240,7 +240,7 @@ def _chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, A
     )
     ns = t["noise_steps"]
     if ns is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("noise_steps", "noise measurements"))
+        return ChartSpec(name, title, caption + ".", missing=_absent(t, "noise_steps", "noise measurements"))
     _require(ns, "noise_steps", ["step", "n", "rho_icc", "k_crit", "b_simple"])
     quantities = [q for q in _NOISE_STEP_QUANTITIES if q in ns.columns]
     long = ns[["step", "n", *quantities]].melt(id_vars=["step", "n"], var_name="quantity", value_name="value")

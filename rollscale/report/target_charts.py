@@ -20,7 +20,7 @@ from rollscale.report.base import (
     _log2_ticks,
     _log_axis,
     _log_scale,
-    _missing_stage,
+    _absent,
     _num,
     _pm,
     _records,
@@ -44,7 +44,7 @@ def _chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[st
     )
     st = t["steps_to_target"]
     if st is None:
-        missing = _missing_stage("steps_to_target", "steps-to-target results")
+        missing = _absent(t, "steps_to_target", "steps-to-target results")
         return ChartSpec(name, title, caption + ".", missing=missing)
     _require(st, "steps_to_target", ["axis", "b", "steps"])
     obs = pd.DataFrame({"axis": st["axis"].astype(str), "b": _num(st["b"]), "S": _num(st["steps"])})
@@ -118,7 +118,7 @@ def _chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str
     )
     cp = t["crs_prediction"]
     if cp is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("crs_prediction", "CRS prediction check"))
+        return ChartSpec(name, title, caption + ".", missing=_absent(t, "crs_prediction", "CRS prediction check"))
     _require(cp, "crs_prediction", ["b", "predicted_n", "observed_best_n"])
     df = pd.DataFrame(
         {
