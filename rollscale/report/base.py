@@ -98,6 +98,7 @@ class ReportPaths:
     summary: Path
     pngs: dict[str, Path] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    headline: str = ""  # the report's first sentence: the answer, or "No answer yet: ..."
 
 
 # ---------------------------------------------------------------------------

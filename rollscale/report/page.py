@@ -276,4 +276,5 @@ def write_report(
         summary=md_path,
         pngs=pngs,
         missing={c.name: c.missing for c in charts if c.missing is not None},
+        headline=answer.headline,
     )
