@@ -67,7 +67,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm tests/test_engines_vllm.py
+	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm tests/test_engines_vllm.py tests/test_smoke_study.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) artifacts .dvc/cache dvc.lock

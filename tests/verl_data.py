@@ -10,16 +10,16 @@ import pandas as pd
 
 
 def write_verl_table(path: Path, rows: int = 300, seed: int = 0, max_terms: int = 3, max_term: int = 29,
-                     ask: str = "Give the final number.") -> Path:
+                     ask: str = "Give the final number.", signs: tuple[str, ...] = ("+", "-")) -> Path:
     """``rows`` sums of 2 to ``max_terms`` terms of 1 to ``max_term`` ("What is 12 + 7 - 5?"),
     gold as a string (verl stores ground truths as strings)."""
     rng = np.random.default_rng(seed)
     records = []
     for i in range(rows):
         terms = rng.integers(1, max_term + 1, size=int(rng.integers(2, max_terms + 1))).tolist()
-        signs = rng.choice(["+", "-"], size=len(terms) - 1).tolist()
-        text = str(terms[0]) + "".join(f" {s} {t}" for s, t in zip(signs, terms[1:]))
-        value = terms[0] + sum(t if s == "+" else -t for s, t in zip(signs, terms[1:]))
+        ops = rng.choice(list(signs), size=len(terms) - 1).tolist()
+        text = str(terms[0]) + "".join(f" {s} {t}" for s, t in zip(ops, terms[1:]))
+        value = terms[0] + sum(t if s == "+" else -t for s, t in zip(ops, terms[1:]))
         records.append({
             "data_source": "arith",
             "prompt": [{"role": "user", "content": f"What is {text}? {ask}"}],
