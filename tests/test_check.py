@@ -104,6 +104,17 @@ def test_a_bucket_the_stage_would_refuse_is_an_error(project):
     assert "bucket 'easy' has 9 problems, not more than bucket.val_size = 9" in f.message
 
 
+def test_tiny_model_defaults_kept_for_a_real_model_are_named(project):
+    params = parse_params({"model": {"kind": "hf", "name_or_path": "model"}})
+    found = by_key(study_findings(params))
+    assert "8 tokens suit the tiny model" in found["sampling.max_new_tokens"][0].message
+    assert found["sweep.train.lr_base"][0].fix == "sweep.train.lr_base: 1.0e-6 (LoRA: 1.0e-5)"
+    tuned = parse_params({"model": {"kind": "hf", "name_or_path": "model"}, "sampling": {"max_new_tokens": 256},
+                          "sweep": {"train": {"lr_base": 1e-6}}})
+    found = by_key(study_findings(tuned))
+    assert "sampling.max_new_tokens" not in found and "sweep.train.lr_base" not in found
+
+
 def test_rules_without_a_run_and_one_key_are_named():
 
     params = parse_params({"sweep": {"n": [2], "rules": ["pods", "uniform"]}})

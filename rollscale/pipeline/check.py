@@ -94,6 +94,15 @@ def _cross_section(p: StudyParams) -> Iterable[Finding]:
     if p.model.kind == "hf" and p.data.source == "reasoning_gym" and p.data.prompt_style == "expression":
         yield Finding("warning", ("data.prompt_style",), "a chat model gets bare expressions ('12+7-45=') made "
                       "for the character-level tiny model", "set data.prompt_style: question")
+    if p.model.kind == "hf":  # the schema's defaults are the tiny model's: kept for a real model, they waste a run
+        if p.sampling.max_new_tokens <= 16:
+            yield Finding("warning", ("sampling.max_new_tokens",), f"{p.sampling.max_new_tokens} tokens suit the tiny "
+                          "model's bare answers; a chat model's are longer and would be cut (and masked)",
+                          "`rollscale init` sizes it from your data; the profile's truncation share then checks it")
+        if not p.model.lora.enabled and p.sweep.train.lr_base >= 1e-4:
+            yield Finding("warning", ("sweep.train.lr_base",), f"lr_base {p.sweep.train.lr_base:g} is the tiny "
+                          "model's (trained from scratch); full fine-tuning of a pretrained model uses ~1e-6 "
+                          "(TRL's GRPOConfig, verl)", "sweep.train.lr_base: 1.0e-6 (LoRA: 1.0e-5)")
     for key, bucket in (("sweep.bucket", p.sweep.bucket), ("measure.bucket", p.measure.bucket)):
         if bucket not in p.bucket.used:
             yield Finding("warning", (key, "bucket.used"), f"{bucket!r} is not in bucket.used, so the bucket stage "
