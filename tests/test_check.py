@@ -136,7 +136,8 @@ def test_cli_check_and_study_refuse_a_study_that_cannot_answer(project, capsys):
     assert out.rstrip().endswith("2 error(s), 2 warning(s): the study cannot answer as set: fix the errors")
     # `rollscale study` runs the check first and stops before any stage
     assert cli.main(["study"]) == 2
-    assert "cannot answer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot answer" in err and "stopped before any stage (run it anyway with --no-check)" in err
     assert not (project / "artifacts").exists()
     # with the profile on disk, the split and the truncation are named too
     (project / "artifacts" / "profile").mkdir(parents=True)

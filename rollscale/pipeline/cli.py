@@ -94,6 +94,8 @@ def parser() -> argparse.ArgumentParser:
     p_study.add_argument("--params", default="params.yaml")
     p_study.add_argument("--stages", default="", help="comma-separated stages to run, in study order (default: all)")
     p_study.add_argument("--force", action="store_true", help="recompute the stages even when unchanged")
+    p_study.add_argument("--no-check", action="store_true",
+                         help="run even where `rollscale check` finds errors (a pilot not meant to answer)")
     p_status = sub.add_parser("status", help="which stages are done, stale or running, and each sweep run's progress")
     p_status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sub.add_parser("serve", help="serve the study as a Prefect deployment on params.schedule's cron") \
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         ok: list[bool] = []
         if code := run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, False, True)), debug):
             return code
-        if not ok[0]:
+        if not ok[0] and not args.no_check:
+            print("rollscale study: stopped before any stage (run it anyway with --no-check)", file=sys.stderr)
             return 2
         stages = ["--stages", args.stages] if args.stages else []
         return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
