@@ -232,7 +232,7 @@ def _sigmoid_bootstrap(f: fit.SigmoidFit, pts: pd.DataFrame, x_col: str, weights
         return np.full((weights.shape[0], 4), np.nan)
     x = np.log10(pts[x_col].to_numpy(float))
     theta0 = [f.r0, f.a - f.r0, f.log10_c_mid, f.beta]
-    lower, upper = [-np.inf, 0.0, x.min() - 3.0, 1e-3], [np.inf, np.inf, x.max() + 3.0, 50.0]  # fit_sigmoid's
+    lower, upper = fit.sigmoid_bounds(x)
     return sigmoid_refits(x, pts["avg_at_k"].to_numpy(float), weights, theta0, lower, upper)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,8 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 from scipy.stats import norm
 from scipy.stats import t as student_t
+
+from rollscale.core.sigmoid import to_delta, to_u, u_jacobian
 
 __all__ = [
     "LEVEL",
@@ -76,9 +79,9 @@ def seeds_per_stratum(strata: ArrayLike) -> int:
 
 
 def interval(
-    samples: ArrayLike, seeds: int, axis: int = 0
+    samples: ArrayLike, seeds: int, axis: int = 0, level: float = LEVEL
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """95 % expanded-percentile interval of bootstrap refits over ``seeds`` runs per config.
+    """95 % (``level``) expanded-percentile interval of bootstrap refits over ``seeds`` runs per config.
 
     The plain 2.5 / 97.5 percentiles are too narrow with few runs (with 3
     seeds a percentile interval covers far less than 95 %: the resampling
@@ -93,7 +96,7 @@ def interval(
     if seeds < 2 or a.shape[axis] == 0:
         shape = np.delete(a.shape, axis)
         return np.full(shape, np.nan), np.full(shape, np.nan)
-    tail = 100.0 * float(norm.cdf(-math.sqrt(seeds / (seeds - 1)) * student_t.ppf(0.5 + LEVEL / 2, seeds - 1)))
+    tail = 100.0 * float(norm.cdf(-math.sqrt(seeds / (seeds - 1)) * student_t.ppf(0.5 + level / 2, seeds - 1)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-failed column is NaN, which is what we report
         lo, hi = np.nanpercentile(a, [tail, 100.0 - tail], axis=axis, method="linear")
@@ -122,42 +125,27 @@ def _sigmoid_parts(theta: NDArray[np.float64], x: NDArray[np.float64]) -> tuple[
     return f, jac
 
 
-def sigmoid_refits(
-    x: ArrayLike, y: ArrayLike, weights: ArrayLike, theta0: ArrayLike,
-    lower: ArrayLike, upper: ArrayLike, iterations: int = 100,
-) -> NDArray[np.float64]:
-    """Weighted least-squares refits of the §7 sigmoid, one per row of ``weights``.
-
-    ``x = log10 C`` and ``y`` are the pooled points (``(points,)``, or one row
-    per refit), ``weights`` is ``(refits, points)`` (each point's run count,
-    0 for padding), ``theta0`` the full-data estimate ``(R0, A - R0, log10
-    C_mid, beta)`` and the bounds those of :func:`rollscale.core.fit.fit_sigmoid`
-    (``(4,)`` or one row per refit). Returns ``(refits, 4)`` in the same
-    parametrisation; a refit with fewer than 4 distinct x of positive weight
-    (no identifiable fit) is NaN.
-    """
-    w = np.asarray(weights, float)
-    rows = w.shape[0]
-    xv = np.broadcast_to(np.asarray(x, float), w.shape)
-    yv = np.broadcast_to(np.asarray(y, float), w.shape)
-    lo = np.broadcast_to(np.asarray(lower, float), (rows, 4))
-    hi = np.broadcast_to(np.asarray(upper, float), (rows, 4))
-    theta = np.clip(np.broadcast_to(np.asarray(theta0, float), (rows, 4)), lo, hi).copy()
+def _levenberg_marquardt(parts: Callable[[NDArray, NDArray], tuple[NDArray, NDArray]], x: NDArray[np.float64],
+                         y: NDArray[np.float64], w: NDArray[np.float64], theta: NDArray[np.float64],
+                         lo: NDArray[np.float64], hi: NDArray[np.float64], iterations: int) -> NDArray[np.float64]:
+    """Damped Gauss-Newton per row, each step clipped to the bounds; rows are independent."""
+    rows = theta.shape[0]
+    theta = np.clip(theta, lo, hi)
     lam = np.full(rows, 1e-3)
 
     def cost_rows(t: NDArray[np.float64], idx: NDArray[np.int64]) -> NDArray[np.float64]:
-        f, _ = _sigmoid_parts(t, xv[idx])
-        return np.sum(w[idx] * (f - yv[idx]) ** 2, axis=1)
+        f, _ = parts(t, x[idx])
+        return np.sum(w[idx] * (f - y[idx]) ** 2, axis=1)
 
     active = np.arange(rows)
     current = cost_rows(theta, active)
     eye = np.eye(4)
     for _ in range(iterations):
         t, wa = theta[active], w[active]
-        f, jac = _sigmoid_parts(t, xv[active])
+        f, jac = parts(t, x[active])
         jwt = (jac * wa[:, :, None]).transpose(0, 2, 1)
         a = jwt @ jac
-        g = (jwt @ (f - yv[active])[:, :, None])[:, :, 0]
+        g = (jwt @ (f - y[active])[:, :, None])[:, :, 0]
         damp = a + lam[active, None, None] * (np.diagonal(a, axis1=1, axis2=2)[:, :, None] * eye + 1e-12 * eye)
         trial = np.clip(t - np.linalg.solve(damp, g[:, :, None])[:, :, 0], lo[active], hi[active])
         new = cost_rows(trial, active)
@@ -170,11 +158,52 @@ def sigmoid_refits(
         active = active[~done]
         if active.size == 0:
             break
+    return theta
+
+
+def sigmoid_refits(
+    x: ArrayLike, y: ArrayLike, weights: ArrayLike, theta0: ArrayLike,
+    lower: ArrayLike, upper: ArrayLike, iterations: int = 100, a_max: float | None = None,
+) -> NDArray[np.float64]:
+    """Weighted least-squares refits of the §7 sigmoid, one per row of ``weights``.
+
+    ``x = log10 C`` and ``y`` are the pooled points (``(points,)``, or one row
+    per refit), ``weights`` is ``(refits, points)`` (each point's run count,
+    0 for padding), ``theta0`` the full-data estimate ``(R0, A - R0, log10
+    C_mid, beta)`` and the bounds those of :func:`rollscale.core.fit.fit_sigmoid`
+    (``(4,)`` or one row per refit). Returns ``(refits, 4)`` in the same
+    parametrisation; a refit with fewer than 4 distinct x of positive weight
+    (no identifiable fit) is NaN. With ``a_max`` (science §8, A1), a refit
+    whose A exceeds it is redone with A <= a_max, as ``fit_sigmoid`` does.
+
+    Identical rows (with 3 seeds a key's 200 resamples hold at most 10
+    distinct run counts) are fitted once: rows are independent, so this
+    changes no result, only the time.
+    """
+    w_all = np.asarray(weights, float)
+    rows = w_all.shape[0]
+    per_row = [np.broadcast_to(np.asarray(v, float), shape) for v, shape in (
+        (x, w_all.shape), (y, w_all.shape), (theta0, (rows, 4)), (lower, (rows, 4)), (upper, (rows, 4)))]
+    _, first, inverse = np.unique(np.concatenate([w_all, *per_row], axis=1), axis=0, return_index=True,
+                                  return_inverse=True)
+    w, xv, yv, theta, lo, hi = (a[first] for a in (w_all, *per_row))
+    theta = _levenberg_marquardt(_sigmoid_parts, xv, yv, w, theta.copy(), lo, hi, iterations)
+    over = np.flatnonzero(theta[:, 0] + theta[:, 1] > a_max) if a_max is not None else np.array([], int)
+    if over.size:
+        def bounded(t: NDArray[np.float64], xx: NDArray[np.float64]) -> tuple[NDArray, NDArray]:
+            f, jac = _sigmoid_parts(to_delta(t, a_max), xx)
+            return f, u_jacobian(jac, t, a_max)
+
+        lo_u, hi_u = lo[over].copy(), hi[over].copy()
+        lo_u[:, 1], hi_u[:, 0], hi_u[:, 1] = 0.0, a_max, 1.0
+        theta_u = _levenberg_marquardt(bounded, xv[over], yv[over], w[over], to_u(theta[over], a_max), lo_u, hi_u,
+                                       iterations)
+        theta[over] = to_delta(theta_u, a_max)
     xs = np.sort(np.where(w > 0, xv, np.inf), axis=1)
     with np.errstate(invalid="ignore"):  # inf - inf past the last weighted point
         distinct = np.isfinite(xs[:, 0]) + ((np.diff(xs, axis=1) > 0) & np.isfinite(xs[:, 1:])).sum(axis=1)
     theta[distinct < 4] = np.nan
-    return theta
+    return theta[inverse.reshape(-1)]
 
 
 def linear_inverse_b_refits(b: ArrayLike, s: ArrayLike, weights: ArrayLike) -> NDArray[np.float64]:
