@@ -1,4 +1,10 @@
-"""The frontier F(C) = max_n R_n(C), its argmax n*(C) and the logistic fit of n* (science §7)."""
+"""The frontier F(C) = max_n R_n(C), its argmax n*(C) and the logistic fit of n* (science §7).
+
+Also what the frontier may use of each curve (science §8, A3: a fit is trusted
+at most eta times beyond the largest C it saw, :func:`reach_mask`), the
+argmax under bootstrap refits (:func:`refit_argmax`), and the check of A2,
+n* does not fall with budget (:func:`a2_check`).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se
 if TYPE_CHECKING:
     from rollscale.core.fit import SigmoidFit
 
-__all__ = ["N_STAR_MIN_POINTS", "NStarFit", "epochs_at_transitions", "fit_n_star", "frontier", "log_grid"]
+__all__ = ["N_STAR_MIN_POINTS", "A2Check", "NStarFit", "a2_check", "epochs_at_transitions", "fit_n_star", "frontier",
+           "log_grid", "reach_mask", "refit_argmax", "resolved_start"]
 
 N_STAR_MIN_POINTS = 4  # four parameters: lo, hi, k, c0
 
@@ -33,13 +40,15 @@ def log_grid(c_min: float, c_max: float, points: int) -> NDArray[np.float64]:
     return np.logspace(math.log10(c_min), math.log10(c_max), int(points))
 
 
-def frontier(curves: Mapping[Hashable, SigmoidFit], c_grid: ArrayLike) -> pd.DataFrame:
+def frontier(curves: Mapping[Hashable, SigmoidFit], c_grid: ArrayLike,
+             allowed: NDArray[np.bool_] | None = None) -> pd.DataFrame:
     """The frontier ``F(C) = max_key R_key(C)`` and its argmax on a grid (science §7).
 
     ``curves`` maps a key (n, or B_problem) to its fitted sigmoid; fits whose
     status is not "ok" are ignored. Ties go to the key listed first. With no
-    usable fit, ``frontier_reward`` is NaN and ``best_key`` None.
-    Columns: ``c``, ``frontier_reward``, ``best_key``.
+    usable fit, ``frontier_reward`` is NaN and ``best_key`` None. ``allowed``
+    (usable keys x grid, from :func:`reach_mask`) leaves a key out of the max
+    where it is False. Columns: ``c``, ``frontier_reward``, ``best_key``.
     """
     c = vector("c_grid", c_grid)
     positive("c_grid", c)
@@ -50,6 +59,8 @@ def frontier(curves: Mapping[Hashable, SigmoidFit], c_grid: ArrayLike) -> pd.Dat
         )
     keys = [k for k, _ in usable]
     preds = np.vstack([np.atleast_1d(f.predict(c)) for _, f in usable])
+    if allowed is not None:
+        preds = np.where(allowed, preds, -np.inf)
     best = np.argmax(preds, axis=0)  # first maximum: ties go to the earlier key
     return pd.DataFrame(
         {
@@ -83,6 +94,103 @@ def epochs_at_transitions(
             rows.append({"c": float(c), "from_key": prev, "to_key": key, "epochs": float(epochs_lookup(key, float(c)))})
         prev = key
     return pd.DataFrame(rows, columns=["c", "from_key", "to_key", "epochs"])
+
+
+def resolved_start(c_grid: ArrayLike, frontier_reward: ArrayLike, min_gain: float) -> float | None:
+    """The lowest budget where the frontier has risen by ``min_gain`` above its first value; None if never.
+
+    Below it every curve is still at the base reward, and which is highest is
+    fit noise, not a best key (science §7 as the fit stage applies it).
+    """
+    c, f = np.asarray(c_grid, float), np.asarray(frontier_reward, float)
+    risen = np.flatnonzero(f - f[0] >= min_gain)
+    return float(c[risen[0]]) if len(risen) else None
+
+
+def reach_mask(c_grid: ArrayLike, reach: ArrayLike, preds: NDArray[np.float64],
+               a_hi: ArrayLike) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Which keys the frontier may use at each budget: ``(allowed, extrapolated)``, keys x budgets (science §8, A3).
+
+    ``reach`` is how far each key's curve is trusted: eta times the largest C
+    its points saw. Within reach a key competes with its curve ``preds``
+    (keys x budgets). Beyond it, only its asymptote's upper bound ``a_hi``
+    speaks: the key stays in the max (``extrapolated``) only where ``a_hi``
+    reaches the best curve within reach there, that is where it could still
+    be best; else it is left out. A key with no ``a_hi`` (NaN: one seed, no
+    bootstrap) could be anything and stays. A budget no key reaches keeps
+    every key. A grid study (every key trained to C_max) has every key within
+    reach everywhere, so nothing changes there.
+    """
+    c = np.asarray(c_grid, float)
+    within = c[None, :] <= np.asarray(reach, float)[:, None] * (1.0 + 1e-9)
+    best_within = np.max(np.where(within, preds, -np.inf), axis=0)
+    with np.errstate(invalid="ignore"):
+        below = np.asarray(a_hi, float)[:, None] < best_within[None, :]
+    allowed = within | ~below
+    return allowed, allowed & ~within
+
+
+def refit_argmax(preds: NDArray[np.float64], allowed: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray]:
+    """Argmax key index and frontier reward under each bootstrap refit (science §7).
+
+    ``preds`` is keys x refits x budgets, ``allowed`` keys x budgets
+    (:func:`reach_mask`). A refit in which an allowed key's fit failed (NaN)
+    has index -1 and reward NaN there; ties go to the first key.
+    """
+    masked = np.where(allowed[:, None, :], preds, -np.inf)
+    failed = (np.isnan(preds) & allowed[:, None, :]).any(axis=0)
+    clean = np.nan_to_num(masked, nan=-np.inf)
+    picked = np.where(failed, -1, np.argmax(clean, axis=0))
+    return picked, np.where(failed, np.nan, np.max(clean, axis=0))
+
+
+@dataclass(frozen=True)
+class A2Check:
+    """Whether the best n falls with budget along a frontier (science §8, A2), and where."""
+
+    holds: bool
+    c_from: float
+    c_to: float
+    from_key: float
+    to_key: float
+    status: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def a2_check(c: ArrayLike, best_key: ArrayLike, share: ArrayLike, level: float = 0.95) -> A2Check:
+    """A2 of science §8: n*(C) does not fall with budget C, checked on a final frontier.
+
+    Rows are the frontier's budgets ``c`` with their ``best_key`` and its
+    ``share`` of bootstrap refits. Only budgets decided in at least ``level``
+    of refits count (elsewhere n* is not told apart from another key); with no
+    shares (NaN: one seed) every budget counts and the status says so. A2
+    fails where a budget's n* is larger than a later budget's; the largest
+    such fall is reported. The rollout axis's stop rule (a) assumes A2, so a
+    failure means the search may have stopped an n too early.
+    """
+    cc, keys, sh = (np.asarray(v, float) for v in (c, best_key, share))
+    order = np.argsort(cc, kind="stable")
+    cc, keys, sh = cc[order], keys[order], sh[order]
+    one_seed = bool(len(sh)) and bool(np.isnan(sh).all())
+    decided = np.isfinite(keys) & ((sh >= level) | one_seed)
+    idx = np.flatnonzero(decided)
+    how = "1 seed, every budget counts" if one_seed else f"budgets decided in >= {level:.0%} of refits"
+    if idx.size < 2:
+        return A2Check(True, math.nan, math.nan, math.nan, math.nan, f"A2 not testable: fewer than 2 {how}")
+    k = keys[idx]
+    earlier_max = np.maximum.accumulate(k)
+    fall = np.log2(earlier_max) - np.log2(k)
+    if not (fall > 0).any():
+        return A2Check(True, math.nan, math.nan, math.nan, math.nan, f"A2 holds: n* does not fall with budget ({how})")
+    j = int(np.argmax(fall))
+    i = int(np.flatnonzero(k[: j + 1] == earlier_max[j])[0])
+    a, b = idx[i], idx[j]
+    shares = "" if one_seed else f"; {sh[a]:.0%} and {sh[b]:.0%} of refits"
+    return A2Check(False, float(cc[a]), float(cc[b]), float(keys[a]), float(keys[b]),
+                   f"A2 violated: n* falls from {keys[a]:g} at C = {cc[a]:,.0f} to {keys[b]:g} at C = {cc[b]:,.0f}"
+                   f" ({how}{shares}): the search's stop rule (a) may have stopped an n too early")
 
 
 @dataclass(frozen=True)
