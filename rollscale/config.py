@@ -23,6 +23,7 @@ from rollscale.config_sections import (
     FitParams,
     MeasureParams,
     ReportParams,
+    SearchParams,
     SweepParams,
     TrainParams,
     _Section,
@@ -31,7 +32,7 @@ from rollscale.core.problem_sources import TableSource
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
-    "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
+    "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "SearchParams", "StudyParams",
     "SweepParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 

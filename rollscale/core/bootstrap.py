@@ -116,49 +116,69 @@ def interval_note(seeds: int, resamples: int) -> str:
 # vectorised refits
 
 
-def _sigmoid_parts(theta: NDArray[np.float64], x: NDArray[np.float64]) -> tuple[NDArray, NDArray]:
+def _sigmoid_parts(theta: NDArray[np.float64], x: NDArray[np.float64],
+                   jac: bool = True) -> tuple[NDArray, NDArray | None]:
+    """Predictions ``(rows, points)`` and, with ``jac``, their derivatives ``(rows, points, 4)``."""
     r0, delta, m, beta = (theta[:, i : i + 1] for i in range(4))
     s = expit(beta * _LN10 * (x - m))
     f = r0 + delta * s
+    if not jac:
+        return f, None
     ds = delta * s * (1.0 - s) * _LN10
-    jac = np.stack([np.ones_like(s), s, -ds * beta, ds * (x - m)], axis=-1)
-    return f, jac
+    return f, np.stack([np.ones_like(s), s, -ds * beta, ds * (x - m)], axis=-1)
 
 
-def _levenberg_marquardt(parts: Callable[[NDArray, NDArray], tuple[NDArray, NDArray]], x: NDArray[np.float64],
-                         y: NDArray[np.float64], w: NDArray[np.float64], theta: NDArray[np.float64],
-                         lo: NDArray[np.float64], hi: NDArray[np.float64], iterations: int) -> NDArray[np.float64]:
-    """Damped Gauss-Newton per row, each step clipped to the bounds; rows are independent."""
-    rows = theta.shape[0]
-    theta = np.clip(theta, lo, hi)
-    lam = np.full(rows, 1e-3)
+def _solve(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Batched ``a x = b``; a batch holding an exactly singular matrix (two parameters' Jacobian columns equal at
+    the weighted points, as when A = R0) is solved by least squares (pseudo-inverse)."""
+    try:
+        return np.linalg.solve(a, b[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        return (np.linalg.pinv(a) @ b[:, :, None])[:, :, 0]
 
-    def cost_rows(t: NDArray[np.float64], idx: NDArray[np.int64]) -> NDArray[np.float64]:
-        f, _ = parts(t, x[idx])
-        return np.sum(w[idx] * (f - y[idx]) ** 2, axis=1)
 
-    active = np.arange(rows)
-    current = cost_rows(theta, active)
+Parts = Callable[[NDArray, NDArray, bool], tuple[NDArray, NDArray | None]]
+
+
+def _levenberg_marquardt(parts: Parts, x: NDArray[np.float64], y: NDArray[np.float64], w: NDArray[np.float64],
+                         theta: NDArray[np.float64], lo: NDArray[np.float64], hi: NDArray[np.float64],
+                         iterations: int) -> NDArray[np.float64]:
+    """Damped Gauss-Newton per row within box bounds (parameters pinned at a bound drop out of the step, the
+    step is clipped to the bounds); rows are independent, and a finished row leaves the working set."""
+    out = np.clip(theta, lo, hi)
+    idx = np.arange(out.shape[0])
+    t, xa, ya, wa, la, ha = out, x, y, w, lo, hi
+    lam = np.full(idx.size, 1e-3)
+    cur = np.sum(wa * (parts(t, xa, False)[0] - ya) ** 2, axis=1)
     eye = np.eye(4)
     for _ in range(iterations):
-        t, wa = theta[active], w[active]
-        f, jac = parts(t, x[active])
+        f, jac = parts(t, xa, True)
         jwt = (jac * wa[:, :, None]).transpose(0, 2, 1)
         a = jwt @ jac
-        g = (jwt @ (f - y[active])[:, :, None])[:, :, 0]
-        damp = a + lam[active, None, None] * (np.diagonal(a, axis1=1, axis2=2)[:, :, None] * eye + 1e-12 * eye)
-        trial = np.clip(t - np.linalg.solve(damp, g[:, :, None])[:, :, 0], lo[active], hi[active])
-        new = cost_rows(trial, active)
-        better = new < current[active]
-        gain = np.where(better, current[active] - new, 0.0)
-        theta[active[better]], current[active[better]] = trial[better], new[better]
-        lam[active] = np.where(better, lam[active] / 3.0, lam[active] * 4.0)
+        g = (jwt @ (f - ya)[:, :, None])[:, :, 0]
+        damp = a + lam[:, None, None] * (np.diagonal(a, axis1=1, axis2=2)[:, :, None] * eye + 1e-12 * eye)
+        # a parameter on a bound that the gradient pushes outward stays there; solving for it anyway and
+        # clipping afterwards bends the other parameters' step, and the fit stalls short of its optimum
+        pinned = ((t <= la) & (g > 0)) | ((t >= ha) & (g < 0))
+        free = ~pinned
+        damp = damp * (free[:, :, None] & free[:, None, :]) + pinned[:, :, None] * eye
+        trial = np.clip(t - _solve(damp, np.where(pinned, 0.0, g)), la, ha)
+        new = np.sum(wa * (parts(trial, xa, False)[0] - ya) ** 2, axis=1)
+        better = new < cur
+        tol = 1e-12 * np.maximum(np.minimum(cur, new), 1e-30)
         # a row is done when its cost stops moving or its damping says no step helps
-        done = (lam[active] > 1e8) | (better & (gain <= 1e-12 * np.maximum(current[active], 1e-30)))
-        active = active[~done]
-        if active.size == 0:
-            break
-    return theta
+        done = (lam > 1e8) | (np.abs(cur - new) <= tol)
+        t = np.where(better[:, None], trial, t)
+        cur = np.where(better, new, cur)
+        lam = np.where(better, lam / 3.0, lam * 4.0)
+        if done.any():
+            out[idx[done]] = t[done]
+            keep = ~done
+            idx, t, xa, ya, wa, la, ha, lam, cur = (v[keep] for v in (idx, t, xa, ya, wa, la, ha, lam, cur))
+            if not idx.size:
+                break
+    out[idx] = t
+    return out
 
 
 def sigmoid_refits(
@@ -187,21 +207,23 @@ def sigmoid_refits(
     _, first, inverse = np.unique(np.concatenate([w_all, *per_row], axis=1), axis=0, return_index=True,
                                   return_inverse=True)
     w, xv, yv, theta, lo, hi = (a[first] for a in (w_all, *per_row))
-    theta = _levenberg_marquardt(_sigmoid_parts, xv, yv, w, theta.copy(), lo, hi, iterations)
-    over = np.flatnonzero(theta[:, 0] + theta[:, 1] > a_max) if a_max is not None else np.array([], int)
+    xs = np.sort(np.where(w > 0, xv, np.inf), axis=1)
+    with np.errstate(invalid="ignore"):  # inf - inf past the last weighted point
+        distinct = np.isfinite(xs[:, 0]) + ((np.diff(xs, axis=1) > 0) & np.isfinite(xs[:, 1:])).sum(axis=1)
+    fit_rows = np.flatnonzero(distinct >= 4)  # the others have no identifiable fit: NaN
+    theta[fit_rows] = _levenberg_marquardt(_sigmoid_parts, xv[fit_rows], yv[fit_rows], w[fit_rows],
+                                           theta[fit_rows].copy(), lo[fit_rows], hi[fit_rows], iterations)
+    over = fit_rows[theta[fit_rows, 0] + theta[fit_rows, 1] > a_max] if a_max is not None else fit_rows[:0]
     if over.size:
-        def bounded(t: NDArray[np.float64], xx: NDArray[np.float64]) -> tuple[NDArray, NDArray]:
-            f, jac = _sigmoid_parts(to_delta(t, a_max), xx)
-            return f, u_jacobian(jac, t, a_max)
+        def bounded(t: NDArray[np.float64], xx: NDArray[np.float64], jac: bool) -> tuple[NDArray, NDArray | None]:
+            f, d = _sigmoid_parts(to_delta(t, a_max), xx, jac)
+            return f, None if d is None else u_jacobian(d, t, a_max)
 
         lo_u, hi_u = lo[over].copy(), hi[over].copy()
         lo_u[:, 1], hi_u[:, 0], hi_u[:, 1] = 0.0, a_max, 1.0
         theta_u = _levenberg_marquardt(bounded, xv[over], yv[over], w[over], to_u(theta[over], a_max), lo_u, hi_u,
                                        iterations)
         theta[over] = to_delta(theta_u, a_max)
-    xs = np.sort(np.where(w > 0, xv, np.inf), axis=1)
-    with np.errstate(invalid="ignore"):  # inf - inf past the last weighted point
-        distinct = np.isfinite(xs[:, 0]) + ((np.diff(xs, axis=1) > 0) & np.isfinite(xs[:, 1:])).sum(axis=1)
     theta[distinct < 4] = np.nan
     return theta[inverse.reshape(-1)]
 
