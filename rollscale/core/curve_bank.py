@@ -47,11 +47,12 @@ SCOUT = 20
 
 @dataclass(frozen=True)
 class CurveBank:
-    """Fitted curves: ``curves`` rows (group, key, runs, n_points, c_seen, status) with parameters and refits.
+    """Fitted curves: ``curves`` rows (group, key, runs, c_seen, n_points, status, c_low) with parameters and refits.
 
     ``theta`` is ``(curves, 4)`` and ``refits`` ``(curves, resamples, 4)`` in
-    the parametrisation ``(R0, A - R0, log10 C_mid, beta)``; ``c_seen`` is
-    the largest C of any evaluation of the curve's runs (record or not).
+    the parametrisation ``(R0, A - R0, log10 C_mid, beta)``; ``runs`` counts
+    the curve's runs (seeds), ``c_seen`` is the largest C of any evaluation of
+    them (record or not), ``c_low`` the smallest C > 0 of a record point.
     """
 
     curves: pd.DataFrame
@@ -145,7 +146,8 @@ def fit_curves(points: pd.DataFrame, bin_width: float, boot: Bootstrap, a_max: f
                                "ok"))
     ok = status == "ok"
     theta = _point_fits(x, y, mask, ok, a_max)
-    curves = curves.assign(n_points=n_points, status=status)
+    low = rec.groupby("curve")["c"].min()
+    curves = curves.assign(n_points=n_points, status=status, c_low=low.reindex(range(k)).to_numpy(float))
     return CurveBank(curves, theta, _refits(curves, x, y, mask, owner, theta, ok, boot, a_max))
 
 
