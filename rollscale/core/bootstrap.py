@@ -16,8 +16,8 @@ resamples would all be the data itself. Callers show "1 seed, no interval"
 
 from __future__ import annotations
 
+import functools
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,11 +96,38 @@ def interval(
     if seeds < 2 or a.shape[axis] == 0:
         shape = np.delete(a.shape, axis)
         return np.full(shape, np.nan), np.full(shape, np.nan)
-    tail = 100.0 * float(norm.cdf(-math.sqrt(seeds / (seeds - 1)) * student_t.ppf(0.5 + level / 2, seeds - 1)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-failed column is NaN, which is what we report
-        lo, hi = np.nanpercentile(a, [tail, 100.0 - tail], axis=axis, method="linear")
-    return lo, hi
+    tail = _tail(seeds, level)
+    return _nan_percentiles(np.moveaxis(a, axis, 0), (tail, 100.0 - tail))
+
+
+@functools.lru_cache(maxsize=256)
+def _tail(seeds: int, level: float) -> float:
+    """The expanded percentile's lower tail in percent (Hesterberg 2015)."""
+    return 100.0 * float(norm.cdf(-math.sqrt(seeds / (seeds - 1)) * student_t.ppf(0.5 + level / 2, seeds - 1)))
+
+
+def _nan_percentiles(a: NDArray[np.float64], q: tuple[float, float]) -> tuple[NDArray, NDArray]:
+    """``np.nanpercentile(a, q, axis=0)`` (linear), fast: columns sharing a pattern of NaN rows (a failed refit is
+    NaN at every budget) are done in one ``np.percentile`` call; an all-NaN column is NaN."""
+    flat = a.reshape(a.shape[0], -1)
+    missing = np.isnan(flat)
+    if not missing.any():
+        lo, hi = np.percentile(flat, q, axis=0, method="linear")
+        return lo.reshape(a.shape[1:]), hi.reshape(a.shape[1:])
+    lo, hi = np.full(flat.shape[1], np.nan), np.full(flat.shape[1], np.nan)
+    failed = missing.any(axis=1)
+    if missing[failed].all():  # whole rows missing (failed refits): one pattern
+        lo[:], hi[:] = np.percentile(flat[~failed], q, axis=0, method="linear") if (~failed).any() else (lo, hi)
+        return lo.reshape(a.shape[1:]), hi.reshape(a.shape[1:])
+    packed = np.ascontiguousarray(np.packbits(missing, axis=0).T)  # one byte string per column's NaN rows
+    _, first, which = np.unique(packed.view(f"V{packed.shape[1]}").ravel(), return_index=True, return_inverse=True)
+    for p, col in enumerate(first):
+        rows = missing[:, col]
+        cols = np.flatnonzero(which.reshape(-1) == p)
+        if rows.all():
+            continue
+        lo[cols], hi[cols] = np.percentile(flat[~rows][:, cols], q, axis=0, method="linear")
+    return lo.reshape(a.shape[1:]), hi.reshape(a.shape[1:])
 
 
 def interval_note(seeds: int, resamples: int) -> str:
@@ -183,7 +210,7 @@ def _levenberg_marquardt(parts: Parts, x: NDArray[np.float64], y: NDArray[np.flo
 
 def sigmoid_refits(
     x: ArrayLike, y: ArrayLike, weights: ArrayLike, theta0: ArrayLike,
-    lower: ArrayLike, upper: ArrayLike, iterations: int = 100, a_max: float | None = None,
+    lower: ArrayLike, upper: ArrayLike, iterations: int = 100, a_max: float | None = None, dedupe: bool = True,
 ) -> NDArray[np.float64]:
     """Weighted least-squares refits of the §7 sigmoid, one per row of ``weights``.
 
@@ -198,22 +225,30 @@ def sigmoid_refits(
 
     Identical rows (with 3 seeds a key's 200 resamples hold at most 10
     distinct run counts) are fitted once: rows are independent, so this
-    changes no result, only the time.
+    changes no result, only the time (``dedupe=False`` skips the search for
+    them where the caller knows there are none).
     """
     w_all = np.asarray(weights, float)
     rows = w_all.shape[0]
     per_row = [np.broadcast_to(np.asarray(v, float), shape) for v, shape in (
         (x, w_all.shape), (y, w_all.shape), (theta0, (rows, 4)), (lower, (rows, 4)), (upper, (rows, 4)))]
-    _, first, inverse = np.unique(np.concatenate([w_all, *per_row], axis=1), axis=0, return_index=True,
-                                  return_inverse=True)
+    if dedupe:
+        _, first, inverse = np.unique(np.concatenate([w_all, *per_row], axis=1), axis=0, return_index=True,
+                                      return_inverse=True)
+    else:
+        first = inverse = np.arange(rows)
     w, xv, yv, theta, lo, hi = (a[first] for a in (w_all, *per_row))
     xs = np.sort(np.where(w > 0, xv, np.inf), axis=1)
     with np.errstate(invalid="ignore"):  # inf - inf past the last weighted point
         distinct = np.isfinite(xs[:, 0]) + ((np.diff(xs, axis=1) > 0) & np.isfinite(xs[:, 1:])).sum(axis=1)
     fit_rows = np.flatnonzero(distinct >= 4)  # the others have no identifiable fit: NaN
-    theta[fit_rows] = _levenberg_marquardt(_sigmoid_parts, xv[fit_rows], yv[fit_rows], w[fit_rows],
-                                           theta[fit_rows].copy(), lo[fit_rows], hi[fit_rows], iterations)
-    over = fit_rows[theta[fit_rows, 0] + theta[fit_rows, 1] > a_max] if a_max is not None else fit_rows[:0]
+    # with a_max, a row that starts on the bound (its full-data fit needed it) is fitted bounded at once
+    on_bound = theta[fit_rows, 0] + theta[fit_rows, 1] >= a_max - 1e-9 if a_max is not None else fit_rows < 0
+    free = fit_rows[~on_bound]
+    theta[free] = _levenberg_marquardt(_sigmoid_parts, xv[free], yv[free], w[free], theta[free].copy(), lo[free],
+                                       hi[free], iterations)
+    over = fit_rows[on_bound | (theta[fit_rows, 0] + theta[fit_rows, 1] > a_max)] if a_max is not None \
+        else fit_rows[:0]
     if over.size:
         def bounded(t: NDArray[np.float64], xx: NDArray[np.float64], jac: bool) -> tuple[NDArray, NDArray | None]:
             f, d = _sigmoid_parts(to_delta(t, a_max), xx, jac)

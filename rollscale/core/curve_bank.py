@@ -14,7 +14,7 @@ hundreds of studies. :func:`fit_curves` does the same science batched:
   (science §8, A1) as the fit stage has it;
 * the bootstrap over seeds: each curve's runs resampled with replacement
   (:class:`rollscale.core.bootstrap.Bootstrap`, one independent stream per
-  (group, key), so adding a key or a seed leaves the others' draws alone) and
+  (group, key) as text, so adding a key or a seed leaves the others' draws alone) and
   refitted from the point fit, every distinct resample of every curve in one
   call.
 
@@ -61,7 +61,10 @@ class CurveBank:
 
     def index(self, group: object) -> NDArray[np.int64]:
         """Row numbers of ``group``'s curves, in key order."""
-        return np.flatnonzero((self.curves["group"] == group).to_numpy())
+        if "_rows" not in self.__dict__:  # built once: a decision looks up every group
+            rows = pd.Series(np.arange(len(self.curves))).groupby(self.curves["group"].to_numpy()).apply(np.asarray)
+            object.__setattr__(self, "_rows", rows.to_dict())
+        return self.__dict__["_rows"].get(group, np.array([], int))
 
     def predict(self, rows: NDArray[np.int64], c: NDArray[np.float64]) -> NDArray[np.float64]:
         """Point predictions, ``(rows, budgets)``."""
@@ -75,7 +78,10 @@ class CurveBank:
         """Upper end of each curve's ``level`` bootstrap interval of A (NaN with fewer than 2 seeds)."""
         seeds = self.curves["runs"].to_numpy()[rows]
         a = self.refits[rows, :, 0] + self.refits[rows, :, 1]
-        return np.array([interval(a[i], int(seeds[i]), level=level)[1] for i in range(len(rows))], float)
+        out = np.full(len(rows), np.nan)
+        for k in np.unique(seeds):  # the interval's width depends on the seeds
+            out[seeds == k] = interval(a[seeds == k].T, int(k), level=level)[1]
+        return out
 
 
 def _padded(values: NDArray, curve: NDArray[np.int64], pos: NDArray[np.int64], shape: tuple[int, int],
@@ -103,11 +109,13 @@ def _point_fits(x: NDArray, y: NDArray, mask: NDArray, ok: NDArray, a_max: float
     lower, upper = np.array(lower), np.array(upper)
     # every start SCOUT steps, then the best start of each curve to convergence (most of the time is the slow
     # crawl of starts that end worse, along an unbent curve's valley)
-    est = sigmoid_refits(x[rep], y[rep], w, np.array(starts), lower, upper, a_max=a_max, iterations=SCOUT)
+    est = sigmoid_refits(x[rep], y[rep], w, np.array(starts), lower, upper, a_max=a_max, iterations=SCOUT,
+                         dedupe=False)
     f = fit.sigmoid_model(est.T[..., None], x[rep])  # (curves * 9, points)
     cost = np.where(np.isnan(f).any(axis=1), np.inf, np.sum(w * (np.nan_to_num(f) - y[rep]) ** 2, axis=1))
     best = np.arange(rows.size) * 9 + np.argmin(cost.reshape(-1, 9), axis=1)
-    theta[rows] = sigmoid_refits(x[rows], y[rows], w[best], est[best], lower[best], upper[best], a_max=a_max)
+    theta[rows] = sigmoid_refits(x[rows], y[rows], w[best], est[best], lower[best], upper[best], a_max=a_max,
+                                 dedupe=False)
     return theta
 
 
@@ -136,7 +144,8 @@ def fit_curves(points: pd.DataFrame, bin_width: float, boot: Bootstrap, a_max: f
     x = _padded(np.log10(rec["c"].to_numpy(float)), cv, pos, (k, width), 0.0)
     y = _padded(rec["avg_at_k"].to_numpy(float), cv, pos, (k, width), 0.0)
     mask = _padded(np.ones(len(rec)), cv, pos, (k, width), 0.0) > 0
-    run_in_curve = rec.groupby("curve")["run_id"].transform(lambda r: pd.factorize(r)[0]).to_numpy()
+    pair = pd.MultiIndex.from_arrays([cv, rec["run_id"].to_numpy()]).factorize()[0]  # increasing: rows are sorted
+    run_in_curve = pair - pd.Series(pair).groupby(cv).transform("min").to_numpy()
     owner = _padded(run_in_curve, cv, pos, (k, width), 0).astype(int)
     n_points = mask.sum(axis=1)
     distinct = np.array([np.unique(x[i, mask[i]]).size for i in range(k)], int)
@@ -158,9 +167,9 @@ def _refits(curves: pd.DataFrame, x: NDArray, y: NDArray, mask: NDArray, owner: 
     if not boot.resamples:
         return out
     weights, which, inverse, lower, upper = [], [], [], [], []
+    groups, keys, runs = (curves[c].to_numpy() for c in ("group", "key", "runs"))
     for i in np.flatnonzero(ok):
-        row = curves.iloc[i]
-        counts = boot.run_counts(np.zeros(int(row["runs"])), salt=zlib.crc32(repr((row["group"], row["key"])).encode()))
+        counts = boot.run_counts(np.zeros(int(runs[i])), salt=zlib.crc32(repr((str(groups[i]), str(keys[i]))).encode()))
         distinct, inv = np.unique(counts, axis=0, return_inverse=True)
         weights.append(distinct[:, owner[i]] * mask[i])
         which += [i] * len(distinct)
@@ -172,7 +181,7 @@ def _refits(curves: pd.DataFrame, x: NDArray, y: NDArray, mask: NDArray, owner: 
         return out
     idx = np.asarray(which)
     est = sigmoid_refits(x[idx], y[idx], np.vstack(weights).astype(float), theta[idx], np.array(lower),
-                         np.array(upper), a_max=a_max)
+                         np.array(upper), a_max=a_max, dedupe=False)  # each curve's resamples are distinct already
     for i, rows in inverse:
         out[i] = est[rows]
     return out

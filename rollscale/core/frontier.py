@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rollscale.core.fit import SigmoidFit
 
 __all__ = ["N_STAR_MIN_POINTS", "A2Check", "NStarFit", "a2_check", "epochs_at_transitions", "fit_n_star", "frontier",
-           "log_grid", "reach_mask", "refit_argmax", "resolved_start"]
+           "log_grid", "pairwise_beats", "reach_mask", "refit_argmax", "resolved_start"]
 
 N_STAR_MIN_POINTS = 4  # four parameters: lo, hi, k, c0
 
@@ -159,38 +159,57 @@ class A2Check:
         return asdict(self)
 
 
-def a2_check(c: ArrayLike, best_key: ArrayLike, share: ArrayLike, level: float = 0.95) -> A2Check:
+def pairwise_beats(preds: NDArray[np.float64], allowed: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """``beats[i, j, g]``: the share of refits in which key i's curve is above key j's at budget g.
+
+    ``preds`` is keys x refits x budgets (one refit: the point fit, shares 0
+    or 1); NaN where either key is not ``allowed`` there or no refit of both
+    succeeded.
+    """
+    a, b = preds[:, None], preds[None, :]
+    ok = np.isfinite(a) & np.isfinite(b)
+    with np.errstate(invalid="ignore"):
+        out = (ok & (a > b)).sum(axis=2) / ok.sum(axis=2)
+    both = allowed[:, None, :] & allowed[None, :, :]
+    return np.where(both, out, np.nan)
+
+
+def a2_check(c: ArrayLike, keys: ArrayLike, best: ArrayLike, beats: NDArray[np.float64], level: float = 0.95,
+             note: str = "") -> A2Check:
     """A2 of science §8: n*(C) does not fall with budget C, checked on a final frontier.
 
-    Rows are the frontier's budgets ``c`` with their ``best_key`` and its
-    ``share`` of bootstrap refits. Only budgets decided in at least ``level``
-    of refits count (elsewhere n* is not told apart from another key); with no
-    shares (NaN: one seed) every budget counts and the status says so. A2
-    fails where a budget's n* is larger than a later budget's; the largest
-    such fall is reported. The rollout axis's stop rule (a) assumes A2, so a
-    failure means the search may have stopped an n too early.
+    ``c`` are the frontier's budgets, ``keys`` its n values, ``best`` the
+    index of n* at each budget and ``beats`` :func:`pairwise_beats`. A2 fails
+    where n* falls confidently: an earlier budget's n* n1 is above a later
+    budget's n* n2, n1 beats n2 at the earlier budget and n2 beats n1 at the
+    later one, each in at least ``level`` of refits (pairwise, so a third key
+    sharing the argmax does not hide it). The largest such fall is reported.
+    The rollout axis's stop rule (a) assumes A2: a failure means the search
+    may have stopped an n too early. ``note`` is added to the status (e.g.
+    "1 seed": the shares are then the point fit's, 0 or 1).
     """
-    cc, keys, sh = (np.asarray(v, float) for v in (c, best_key, share))
-    order = np.argsort(cc, kind="stable")
-    cc, keys, sh = cc[order], keys[order], sh[order]
-    one_seed = bool(len(sh)) and bool(np.isnan(sh).all())
-    decided = np.isfinite(keys) & ((sh >= level) | one_seed)
-    idx = np.flatnonzero(decided)
-    how = "1 seed, every budget counts" if one_seed else f"budgets decided in >= {level:.0%} of refits"
-    if idx.size < 2:
-        return A2Check(True, math.nan, math.nan, math.nan, math.nan, f"A2 not testable: fewer than 2 {how}")
-    k = keys[idx]
-    earlier_max = np.maximum.accumulate(k)
-    fall = np.log2(earlier_max) - np.log2(k)
-    if not (fall > 0).any():
-        return A2Check(True, math.nan, math.nan, math.nan, math.nan, f"A2 holds: n* does not fall with budget ({how})")
-    j = int(np.argmax(fall))
-    i = int(np.flatnonzero(k[: j + 1] == earlier_max[j])[0])
-    a, b = idx[i], idx[j]
-    shares = "" if one_seed else f"; {sh[a]:.0%} and {sh[b]:.0%} of refits"
-    return A2Check(False, float(cc[a]), float(cc[b]), float(keys[a]), float(keys[b]),
-                   f"A2 violated: n* falls from {keys[a]:g} at C = {cc[a]:,.0f} to {keys[b]:g} at C = {cc[b]:,.0f}"
-                   f" ({how}{shares}): the search's stop rule (a) may have stopped an n too early")
+    cc, kk, bb = np.asarray(c, float), np.asarray(keys, float), np.asarray(best, int)
+    nan = math.nan
+    suffix = f" ({note})" if note else ""
+    worst: tuple[float, int, int] | None = None
+    for g1 in range(len(cc)):
+        i = bb[g1]
+        for g2 in range(g1 + 1, len(cc)):
+            j = bb[g2]
+            if kk[j] >= kk[i] or not (beats[i, j, g1] >= level and beats[j, i, g2] >= level):
+                continue
+            fall = math.log2(kk[i] / kk[j])
+            if worst is None or fall > worst[0]:
+                worst = (fall, g1, g2)
+    if worst is None:
+        return A2Check(True, nan, nan, nan, nan,
+                       f"A2 holds: n* does not fall with budget in >= {level:.0%} of refits{suffix}")
+    _, g1, g2 = worst
+    i, j = bb[g1], bb[g2]
+    return A2Check(False, float(cc[g1]), float(cc[g2]), float(kk[i]), float(kk[j]),
+                   f"A2 violated: n* falls from {kk[i]:g} at C = {cc[g1]:,.0f} to {kk[j]:g} at C = {cc[g2]:,.0f} "
+                   f"(each beats the other there in {beats[i, j, g1]:.0%} and {beats[j, i, g2]:.0%} of refits)"
+                   f"{suffix}: the search's stop rule (a) may have stopped an n too early")
 
 
 @dataclass(frozen=True)

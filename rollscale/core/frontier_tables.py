@@ -29,7 +29,7 @@ import pandas as pd
 from rollscale.core import fit
 from rollscale.core.bootstrap import Bootstrap, interval, interval_note, seeds_per_stratum, sigmoid_refits
 from rollscale.core.common import CONFIG, EVAL_COLUMNS, FAMILY, families, fit_row, fits_frame, require
-from rollscale.core.frontier import a2_check, reach_mask, refit_argmax, resolved_start
+from rollscale.core.frontier import a2_check, pairwise_beats, reach_mask, refit_argmax, resolved_start
 
 __all__ = ["DESIGNS", "REWARD_MAX", "FrontierTables", "frontier_analysis"]
 
@@ -143,15 +143,20 @@ def _sigmoid_intervals(refits: np.ndarray, seeds: int, resamples: int) -> dict[s
     return {**out, "n_seeds": seeds, "interval": interval_note(seeds, resamples)}
 
 
-def _frontier_intervals(refits: dict[int, np.ndarray], keys: list[int], x: np.ndarray, best: np.ndarray,
-                        seeds: int, allowed: np.ndarray) -> dict[str, np.ndarray]:
+def _refit_preds(refits: dict[int, np.ndarray], keys: list[int], x: np.ndarray) -> np.ndarray:
+    """Every key's curve on the grid under each resample: keys x resamples x grid."""
+    th = np.stack([refits[k] for k in keys])[..., None]  # (keys, resamples, 4, 1)
+    return fit.sigmoid_model(np.moveaxis(th, 2, 0), np.log10(x))
+
+
+def _frontier_intervals(preds: np.ndarray, keys: list[int], best: np.ndarray, seeds: int,
+                        allowed: np.ndarray) -> dict[str, np.ndarray]:
     """Frontier reward and n* on the grid under each resample; share of resamples agreeing with the n* shown."""
-    nan = np.full(len(x), np.nan)
-    if seeds < 2 or not len(keys) or refits[keys[0]].shape[0] == 0:
+    nan = np.full(len(best), np.nan)
+    if seeds < 2 or not len(keys) or preds.shape[1] == 0:
         return {"frontier_reward_lo": nan, "frontier_reward_hi": nan, "best_key_share": nan,
                 "best_key_lo": nan, "best_key_hi": nan}
-    th = np.stack([refits[k] for k in keys])[..., None]  # (keys, resamples, 4, 1)
-    idx, reward = refit_argmax(fit.sigmoid_model(np.moveaxis(th, 2, 0), np.log10(x)), allowed)
+    idx, reward = refit_argmax(preds, allowed)
     picked = np.where(idx >= 0, np.asarray(keys, float)[np.maximum(idx, 0)], np.nan)
     r_lo, r_hi = interval(reward, seeds)
     k_lo, k_hi = interval(picked, seeds)
@@ -161,10 +166,14 @@ def _frontier_intervals(refits: dict[int, np.ndarray], keys: list[int], x: np.nd
             "best_key_lo": k_lo, "best_key_hi": k_hi}
 
 
-def _a2_row(ids: tuple, frontier_df: pd.DataFrame) -> dict[str, Any]:
-    """The ``a2_check`` fits row of a rollout-axis frontier (science §8, A2)."""
-    check = a2_check(frontier_df["c"], frontier_df["best_key"].astype(float), frontier_df["best_key_share"])
-    return fit_row("a2_check", *ids, None, n_points=len(frontier_df), a2_holds=check.holds, status=check.status)
+def _a2_row(ids: tuple, c: np.ndarray, keys: list[int], best: np.ndarray, preds: np.ndarray,
+            refit_preds: np.ndarray, allowed: np.ndarray, seeds: int) -> dict[str, Any]:
+    """The ``a2_check`` fits row of a rollout-axis frontier (science §8, A2): pairwise shares under the refits,
+    or the point fits' order with one seed."""
+    one = seeds < 2 or refit_preds.shape[1] == 0
+    beats = pairwise_beats(preds[:, None, :] if one else refit_preds, allowed)
+    check = a2_check(c, keys, best, beats, note="1 seed: the point fits' order" if one else "")
+    return fit_row("a2_check", *ids, None, n_points=len(c), a2_holds=check.holds, status=check.status)
 
 
 def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: float,
@@ -228,8 +237,8 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
             f"the frontier gains less than {min_gain:g} over the {group.x_col} range: n* not resolved")))
         transitions = pd.DataFrame(columns=["c", "from_key", "to_key", "epochs"])
     n_seeds = min(seeds[k] for k in keys)
-    bands = _frontier_intervals(refits, keys, fr["c"].to_numpy(float), fr["best_key"].astype(float).to_numpy(),
-                                n_seeds, allowed)
+    refit_preds = _refit_preds(refits, keys, grid)
+    bands = _frontier_intervals(refit_preds, keys, fr["best_key"].astype(float).to_numpy(), n_seeds, allowed)
     frontier_df = pd.DataFrame({"design": design, "bucket": group.bucket, "rule": group.rule, "fixed": group.fixed,
                                 "c": fr["c"].to_numpy(float), "m": np.nan,
                                 "frontier_reward": fr["frontier_reward"].to_numpy(float),
@@ -247,7 +256,9 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
         transitions["m"] = transitions["c"]
         transitions["c"] = transitions["m"] * group.batch
     if design == "n" and resolved:
-        fit_rows.append(_a2_row(ids, frontier_df))
+        best = np.argmax(np.where(allowed, preds, -np.inf), axis=0)
+        fit_rows.append(_a2_row(ids, frontier_df["c"].to_numpy(float), keys, best, preds, refit_preds, allowed,
+                                n_seeds))
     transitions = transitions[_TRANSITION_COLUMNS].astype({"from_key": "Int64", "to_key": "Int64"})
     return FrontierTables(pd.DataFrame(fit_rows), frontier_df[_FRONTIER_COLUMNS], transitions)
 

@@ -57,10 +57,10 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from rollscale.core.bootstrap import Bootstrap, interval
+from rollscale.core.bootstrap import LEVEL, Bootstrap, interval
 from rollscale.core.common import require
 from rollscale.core.curve_bank import POINT_COLUMNS, CurveBank, fit_curves
-from rollscale.core.frontier import log_grid, reach_mask, refit_argmax, resolved_start
+from rollscale.core.frontier import a2_check, log_grid, pairwise_beats, reach_mask, refit_argmax, resolved_start
 from rollscale.core.frontier_tables import REWARD_MAX
 from rollscale.core.search_state import (
     ACTIONS,
@@ -76,6 +76,7 @@ from rollscale.core.search_state import (
     plan,
     rung_budgets,
     run_budgets,
+    states,
     truncate,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "POINT_COLUMNS",
     "SearchGroup",
     "SearchSettings",
+    "a2_contradicted",
     "bracket_limits",
     "decide",
     "empty_decisions",
@@ -114,7 +116,7 @@ class _View:
     beyond: NDArray[np.bool_]
     best: NDArray[np.int64]  # index into keys, per budget
     shares: NDArray[np.float64]  # keys x budgets: share of refits whose argmax is the key (NaN below 2 seeds)
-    lo: NDArray[np.float64]  # keys x budgets: 1 - alpha interval of the curve
+    lo: NDArray[np.float64]  # keys x budgets: one-sided 1 - alpha bounds of the curve (expanded percentile)
     hi: NDArray[np.float64]
     a_hi: NDArray[np.float64]
     seeds: NDArray[np.int64]
@@ -132,7 +134,7 @@ def _view(bank: CurveBank, group: SearchGroup, extra: list[float], settings: Sea
     c_low = float(np.nanmin(bank.curves["c_low"].to_numpy(float)[idx]))
     grid = log_grid(c_low, group.c_max, settings.grid_points) if c_low < group.c_max else np.array([group.c_max])
     c = np.unique(np.concatenate([grid, extra]))
-    level = 1.0 - settings.alpha
+    level = _level(settings)
     preds, refs = bank.predict(idx, c), bank.predict_refits(idx, c)
     seeds = bank.curves["runs"].to_numpy(int)[idx]
     a_hi = bank.a_upper(idx, level)
@@ -144,19 +146,26 @@ def _view(bank: CurveBank, group: SearchGroup, extra: list[float], settings: Sea
         shares = np.stack([(picked == i).sum(axis=0) / valid.sum(axis=0) for i in range(idx.size)])
     if seeds.min() < 2 or not settings.resamples:
         shares[:] = np.nan
-    bounds = [interval(refs[i], int(seeds[i]), level=level) for i in range(idx.size)]
+    lo, hi = np.full(preds.shape, np.nan), np.full(preds.shape, np.nan)
+    for k in np.unique(seeds):  # the interval's width depends on the seeds
+        lo[seeds == k], hi[seeds == k] = interval(refs[seeds == k], int(k), axis=1, level=level)
     frontier = np.max(np.where(allowed, preds, -np.inf), axis=0)
     start = resolved_start(c, frontier, settings.bin_width)
     keys = [group.key_of(k) for k in bank.curves["key"].to_numpy()[idx]]
-    return _View(keys, idx, c, preds, refs, allowed, beyond, best, shares, np.stack([b[0] for b in bounds]),
-                 np.stack([b[1] for b in bounds]), a_hi, seeds, start)
+    return _View(keys, idx, c, preds, refs, allowed, beyond, best, shares, lo, hi, a_hi, seeds, start)
 
 
-def _numbers(view: _View | None, k: int | None, j: int, later: NDArray[np.bool_] | None) -> dict[str, Any]:
+def _level(settings: SearchSettings) -> float:
+    """Two-sided level whose interval ends are one-sided 1 - alpha bounds."""
+    return 1.0 - 2.0 * settings.alpha
+
+
+def _numbers(view: _View | None, k: int | None, j: int, later: NDArray[np.bool_] | None,
+             settings: SearchSettings) -> dict[str, Any]:
     """The numbers a key's row carries at budget index ``j`` (its leader, bounds, its best share later)."""
     nan = math.nan
-    out = {"leader": None, "beaten_share": nan, "a_hi": nan, "leader_lo": nan, "key_hi": nan, "best_share": nan,
-           "at_c": nan}
+    out = {"leader": None, "beaten_share": nan, "margin_lo": nan, "a_hi": nan, "leader_lo": nan, "key_hi": nan,
+           "best_share": nan, "at_c": nan}
     if view is None:
         return out
     lead = int(view.best[j])
@@ -171,6 +180,8 @@ def _numbers(view: _View | None, k: int | None, j: int, later: NDArray[np.bool_]
         a, b = view.refs[lead, :, j], view.refs[k, :, j]
         ok = np.isfinite(a) & np.isfinite(b)
         out["beaten_share"] = float(np.mean(a[ok] > b[ok])) if ok.any() else nan
+        seeds = int(min(view.seeds[k], view.seeds[lead]))
+        out["margin_lo"] = float(interval(a - b, seeds, level=_level(settings))[0]) if ok.all() else nan
     return out
 
 
@@ -183,9 +194,10 @@ def _stop_rule(view: _View, k: int, j: int, group: SearchGroup, c_r: float, sett
     if lead == k:
         return "continue", "none", "leader at c_r"
     name, leader = view.keys[k], view.keys[lead]
-    if (group.axis == "rollout" and name < leader and nums["beaten_share"] >= 1.0 - settings.alpha):
-        return "stop", "a", (f"A2: n = {name} is below the leader n = {leader} and beaten by it at c_r in "
-                             f"{nums['beaten_share']:.0%} of refits")
+    if group.axis == "rollout" and name < leader and nums["margin_lo"] > 0:
+        return "stop", "a", (f"A2: n = {name} is below the leader n = {leader}, beaten by it at c_r in "
+                             f"{nums['beaten_share']:.0%} of refits, the lower bound of the margin "
+                             f"{nums['margin_lo']:.3g} > 0")
     if view.a_hi[k] < view.lo[lead, j]:
         return "stop", "b", (f"its asymptote's upper bound {view.a_hi[k]:.4g} is below the leader {leader}'s "
                              f"lower bound {view.lo[lead, j]:.4g} at c_r")
@@ -251,12 +263,15 @@ def _decide_group(group: SearchGroup, st: GroupState, bank: CurveBank, settings:
     next_c = float(group.c_max if last else budgets[r])  # c_train: each run's leg budget (leg_budget)
     view = _view(bank, group, [c_r], settings)
     j = view.at(c_r) if view is not None else 0
-    curves = bank.curves[bank.curves["group"] == group.group].set_index("key")
+    mine = bank.index(group.group)
+    keys = bank.curves["key"].to_numpy()[mine]
+    points = dict(zip(keys, bank.curves["n_points"].to_numpy()[mine], strict=True))
+    status = dict(zip(keys, bank.curves["status"].to_numpy()[mine], strict=True))
     base = {"group": group.group, "decision": st.decision, "rung": r, "c": c_r}
     rows: list[dict] = []
 
     def emit(key: Any, seeds: Any, action: str, rule: str, c_train: float, nums: dict, note: str) -> None:
-        n_points = int(curves["n_points"].get(key, 0)) if key in curves.index else 0
+        n_points = int(points.get(key, 0))
         for seed in seeds:
             rows.append({**base, "key": str(key), "seed": int(seed), "action": action, "rule": rule,
                          "c_train": c_train, **nums, "n_points": n_points, "note": note})
@@ -266,23 +281,23 @@ def _decide_group(group: SearchGroup, st: GroupState, bank: CurveBank, settings:
         if key in st.stopped:
             continue
         k = view.keys.index(key) if view is not None and key in view.keys else None
-        nums = _numbers(view, k, j, later)
+        nums = _numbers(view, k, j, later, settings)
         here, ahead = leg_budget(group, key, c_r, settings), leg_budget(group, key, next_c, settings)
         if last:
             emit(key, st.seeds[key], "finish", "budget", here, nums, "reached C_max")
         elif k is None:
-            status = curves["status"].get(key, "no evaluations yet") if key in curves.index else "no evaluations yet"
-            emit(key, st.seeds[key], "continue", "none", ahead, nums, f"no fit ({status}): never stopped")
+            why = status.get(key, "no evaluations yet")
+            emit(key, st.seeds[key], "continue", "none", ahead, nums, f"no fit ({why}): never stopped")
         else:
             action, rule, note = _stop_rule(view, k, j, group, c_r, settings, nums)  # type: ignore[arg-type]
             emit(key, st.seeds[key], action, rule, here if action == "stop" else ahead, nums, note)
     for key, _, nums, note in _bracket(view, group, st, c_r, settings):
         emit(key, group.seeds, "add", "bracket", leg_budget(group, key, next_c, settings),
-             {**_numbers(None, None, 0, None), **nums}, note)
+             {**_numbers(None, None, 0, None, settings), **nums}, note)
     if last:
         for key, seed, nums, note in _extra_seeds(view, group, st, settings):
             budget = st.stopped.get(key, float(group.c_max))
-            emit(key, [seed], "seed", "undecided", budget, {**_numbers(None, None, 0, None), **nums}, note)
+            emit(key, [seed], "seed", "undecided", budget, {**_numbers(None, None, 0, None, settings), **nums}, note)
     return rows
 
 
@@ -311,9 +326,31 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
         return empty_decisions()
     pts = truncate(points[points["group"].isin([g.group for g in pending])], budgets)
     bank = _bank(pts, settings)
-    rows = [r for g in pending for r in _decide_group(g, group_state(g, decisions, settings), bank, settings)]
+    rows = [r for g, st in zip(pending, states(pending, decisions, settings), strict=True)
+            for r in _decide_group(g, st, bank, settings)]
     out = pd.DataFrame(rows, columns=DECISION_COLUMNS)
     return out.astype({"decision": int, "rung": int, "seed": int, "n_points": int})
+
+
+def a2_contradicted(c: Any, best_key: Any, decisions: pd.DataFrame, group: str) -> str | None:
+    """Whether a final frontier contradicts a rule (a) stop of the search (science §8, A2); None if not.
+
+    Rule (a) stopped an n below the leader at its rung on the strength of A2
+    (n* does not fall with budget). A final frontier whose best key at a
+    later budget lies below that leader says n* fell after all, so the stop
+    may have been wrong: the reason is returned for the report's warning.
+    ``c`` / ``best_key`` are the final frontier's budgets and n*;
+    ``decisions`` the ``search`` table.
+    """
+    cc, kk = np.asarray(c, float), np.asarray(best_key, float)
+    stops = decisions[(decisions["group"] == group) & (decisions["action"] == "stop") & (decisions["rule"] == "a")]
+    for r in stops.drop_duplicates("key").sort_values("c").itertuples():
+        later = np.flatnonzero((cc > float(r.c)) & (kk < float(r.leader)))
+        if later.size:
+            j = later[0]
+            return (f"A2 contradicted: n = {r.key} was stopped at C = {float(r.c):,.0f} by rule (a) (n = {r.leader} "
+                    f"led there), yet n* = {kk[j]:g} at C = {cc[j]:,.0f}: n* fell, the stop may have been wrong")
+    return None
 
 
 def frontier_answer(points: pd.DataFrame, groups: list[SearchGroup], settings: SearchSettings,
@@ -324,7 +361,9 @@ def frontier_answer(points: pd.DataFrame, groups: list[SearchGroup], settings: S
     budgets from where the frontier has risen by one record bin to C_max):
     ``best_key`` (text), ``best_share`` (share of refits that pick it; NaN
     below 2 seeds), ``extrapolated`` (a key beyond its reach could still beat
-    it there) and ``resolved`` (at or past the frontier's start).
+    it there), ``resolved`` (at or past the frontier's start) and, on the
+    rollout axis, ``a2_holds`` (:func:`rollscale.core.frontier.a2_check` on
+    these budgets at the §7 level, 95 %; the same for every row of a group).
     """
     require(points, "points", POINT_COLUMNS)
     bank = _bank(points[points["group"].isin([g.group for g in groups])], settings)
@@ -340,10 +379,17 @@ def frontier_answer(points: pd.DataFrame, groups: list[SearchGroup], settings: S
             start = view.start if view.start is not None else float(view.c[0])
             wanted = log_grid(start, g.c_max, settings.grid_points) if start < g.c_max else np.array([g.c_max])
             view = _view(bank, g, list(wanted), settings)
-            pick = np.searchsorted(view.c, wanted)  # type: ignore[union-attr]
+            assert view is not None
+            pick = np.searchsorted(view.c, wanted)
+        assert view is not None
+        holds = None
+        if g.axis == "rollout":
+            one = view.seeds.min() < 2 or view.refs.shape[1] == 0
+            beats = pairwise_beats((view.preds[:, None, :] if one else view.refs)[:, :, pick], view.allowed[:, pick])
+            holds = a2_check(view.c[pick], view.keys, view.best[pick], beats, LEVEL).holds
         for j in pick:
-            b = int(view.best[j])  # type: ignore[union-attr]
-            rows.append({"group": g.group, "c": float(view.c[j]), "best_key": str(view.keys[b]),  # type: ignore
+            b = int(view.best[j])
+            rows.append({"group": g.group, "c": float(view.c[j]), "best_key": str(view.keys[b]),
                          "best_share": float(view.shares[b, j]), "extrapolated": bool(view.beyond[:, j].any()),
-                         "resolved": view.start is not None and view.c[j] >= view.start})
-    return pd.DataFrame(rows, columns=["group", "c", "best_key", "best_share", "extrapolated", "resolved"])
+                         "resolved": view.start is not None and view.c[j] >= view.start, "a2_holds": holds})
+    return pd.DataFrame(rows, columns=["group", "c", "best_key", "best_share", "extrapolated", "resolved", "a2_holds"])

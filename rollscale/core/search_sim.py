@@ -34,8 +34,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from rollscale.core.frontier import a2_check
-from rollscale.core.search import SearchGroup, SearchSettings, decide, empty_decisions, frontier_answer, plan
+from rollscale.core.search import (
+    SearchGroup,
+    SearchSettings,
+    a2_contradicted,
+    decide,
+    empty_decisions,
+    frontier_answer,
+    plan,
+)
 
 __all__ = ["FAMILIES", "SimStudy", "SimResult", "make_studies", "simulate", "summarise"]
 
@@ -46,7 +53,7 @@ FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]
     "edge_low": ((4, 8, 16), (0.20, 0.19, 0.16, 0.13), (4000, 6000, 10000, 18000)),
     "edge_high": ((2, 4, 8), (0.12, 0.15, 0.19, 0.26), (3000, 5000, 8000, 12000)),
     "tie": ((2, 4, 8, 16), (0.13, 0.20, 0.20, 0.14), (5000, 6000, 6000, 20000)),
-    "a2": ((2, 4, 8, 16), (0.24, 0.21, 0.17, 0.13), (20000, 10000, 5000, 2500)),
+    "a2": ((2, 4, 8, 16), (0.30, 0.20, 0.16, 0.12), (15000, 8000, 2000, 2000)),
 }
 UNIVERSE = (2, 4, 8, 16)  # every key a study may train: the bracket's limits
 SEED_SD = (0.015, 0.05, 0.1)  # a seed's shift of A, log10 C_mid, log beta
@@ -119,15 +126,18 @@ class _Runs:
 
     def points(self, legs: dict[tuple, set]) -> pd.DataFrame:
         """Evaluations of runs ``(study, n, seed)`` trained through the leg-end steps ``legs[run]``."""
-        frames = []
+        cols: dict[str, list] = {"group": [], "key": [], "run_id": [], "seed": [], "c": [], "avg_at_k": [], "b": []}
         for (name, n, seed), ends in legs.items():
             study = self.studies[name]
             c, y = self.curve(study, n, seed)
-            last = max(ends)
-            steps = np.union1d(np.arange(0, last + 1, study.eval_every), sorted(ends))
-            frames.append(pd.DataFrame({"group": name, "key": n, "run_id": f"n{n}_s{seed}", "seed": seed,
-                                        "c": c[steps], "avg_at_k": y[steps], "b": float(study.b_problem * n)}))
-        return pd.concat(frames, ignore_index=True)
+            steps = np.union1d(np.arange(0, max(ends) + 1, study.eval_every), sorted(ends))
+            size = len(steps)
+            for col, value in (("group", name), ("key", n), ("run_id", f"n{n}_s{seed}"), ("seed", seed),
+                               ("b", float(study.b_problem * n))):
+                cols[col].append(np.full(size, value, dtype=object if isinstance(value, str) else None))
+            cols["c"].append(c[steps])
+            cols["avg_at_k"].append(y[steps])
+        return pd.DataFrame({k: np.concatenate(v) for k, v in cols.items()})
 
     def spent(self, legs: dict[tuple, set]) -> pd.Series:
         """Rollouts each study's runs generated (up to their last leg's step)."""
@@ -176,9 +186,11 @@ def simulate(studies: list[SimStudy], settings: SearchSettings, level: float = 0
     per["added"] = per["group"].map(adds).fillna("")
     per["seeds_added"] = per["group"].map(decisions[decisions["action"] == "seed"].groupby("group").size()).fillna(0)
     for name, table in (("grid", grid), ("search", found)):
-        ok = {g: a2_check(t["c"], t["best_key"].astype(float), t["best_share"], level).holds
-              for g, t in table.groupby("group")}
-        per[f"a2_warns_{name}"] = ~per["group"].map(ok).fillna(True).astype(bool)
+        per[f"a2_warns_{name}"] = ~per["group"].map(table.groupby("group")["a2_holds"].first()).fillna(True).astype(bool)
+    by_group = dict(tuple(decisions.groupby("group")))
+    contradicted = {g: a2_contradicted(t["c"], t["best_key"].astype(float), by_group[g], g) is not None
+                    for g, t in found.groupby("group")}
+    per["a2_warns_search"] |= per["group"].map(contradicted).fillna(False).astype(bool)
     return SimResult(budgets, per, decisions)
 
 

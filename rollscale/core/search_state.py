@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 
 from rollscale.core.common import require
@@ -34,6 +35,7 @@ __all__ = [
     "plan",
     "rung_budgets",
     "run_budgets",
+    "states",
     "truncate",
 ]
 
@@ -43,7 +45,8 @@ AXES: tuple[str, ...] = ("rollout", "prompt", "iso_batch", "rule")
 # seed: a new seed of a key (undecided); finish: the run reached C_max at the last rung
 ACTIONS: tuple[str, ...] = ("continue", "stop", "add", "seed", "finish")
 DECISION_COLUMNS = ["group", "decision", "rung", "c", "key", "seed", "action", "rule", "c_train", "leader",
-                    "beaten_share", "a_hi", "leader_lo", "key_hi", "best_share", "at_c", "n_points", "note"]
+                    "beaten_share", "margin_lo", "a_hi", "leader_lo", "key_hi", "best_share", "at_c", "n_points",
+                    "note"]
 
 
 @dataclass(frozen=True)
@@ -173,24 +176,43 @@ def empty_decisions() -> pd.DataFrame:
 
 def group_state(group: SearchGroup, decisions: pd.DataFrame, settings: SearchSettings) -> GroupState:
     """Keys in play, stopped keys, seeds and the next rung, from ``decisions`` (the ``search`` table)."""
+    return states([group], decisions, settings)[0]
+
+
+def states(groups: list[SearchGroup], decisions: pd.DataFrame, settings: SearchSettings) -> list[GroupState]:
+    """:func:`group_state` of every group (the table read once)."""
     require(decisions, "decisions", DECISION_COLUMNS)
+    cols = {c: decisions[c].to_numpy() for c in ("group", "decision", "rung", "key", "seed", "action", "c_train")}
+    order = np.argsort(cols["group"].astype(str), kind="stable")
+    names = cols["group"][order].astype(str)
+    out = []
+    for g in groups:
+        a, b = np.searchsorted(names, g.group, "left"), np.searchsorted(names, g.group, "right")
+        out.append(_state(g, {c: v[order[a:b]] for c, v in cols.items()}, settings))
+    return out
+
+
+def _state(group: SearchGroup, rows: dict[str, np.ndarray], settings: SearchSettings) -> GroupState:
     budgets = rung_budgets(group.c_max, settings.eta, settings.first_rung)
-    rows = decisions[decisions["group"] == group.group]
-    keys = set(group.keys) | {group.key_of(k) for k in rows.loc[rows["action"] == "add", "key"]}
-    stopped = {group.key_of(r.key): float(r.c_train) for r in rows[rows["action"] == "stop"].itertuples()}
+    action, key_text = rows["action"], rows["key"]
+    keys = set(group.keys) | {group.key_of(k) for k in key_text[action == "add"]}
+    stop = action == "stop"
+    stopped = {group.key_of(k): float(c) for k, c in zip(key_text[stop], rows["c_train"][stop], strict=True)}
     seeds = {k: set(group.seeds) for k in keys}
-    for r in rows[rows["action"] == "seed"].itertuples():
-        seeds[group.key_of(r.key)].add(int(r.seed))
-    if rows.empty:
+    extra = action == "seed"
+    for k, s in zip(key_text[extra], rows["seed"][extra], strict=True):
+        seeds[group.key_of(k)].add(int(s))
+    if not len(action):
         rung: int | None = 1
         count = 0
     else:
-        count = int(rows["decision"].max()) + 1
-        last = rows[rows["decision"] == count - 1]
-        rung = int(last["rung"].iloc[0])
+        numbers = rows["decision"].astype(int)
+        count = int(numbers.max()) + 1
+        last = numbers == count - 1
+        rung = int(rows["rung"][last][0])
         if rung < len(budgets):
             rung += 1
-        elif not last["action"].isin(["add", "seed"]).any():
+        elif not np.isin(action[last], ["add", "seed"]).any():
             rung = None  # the last rung decided without adding anything: done
     return GroupState(tuple(sorted(keys)), stopped, {k: tuple(sorted(v)) for k, v in seeds.items()}, rung, count,
                       budgets)
@@ -215,8 +237,7 @@ def run_budgets(groups: list[SearchGroup], decisions: pd.DataFrame, settings: Se
     done has no rows.
     """
     rows = []
-    for g in groups:
-        st = group_state(g, decisions, settings)
+    for g, st in zip(groups, states(groups, decisions, settings), strict=True):
         if st.rung is None:
             continue
         for key in st.keys:
