@@ -44,7 +44,7 @@ from rollscale.core.search import (
     plan,
 )
 
-__all__ = ["FAMILIES", "SimStudy", "SimResult", "make_studies", "simulate", "summarise"]
+__all__ = ["FAMILIES", "SimStudy", "SimResult", "grid_tables", "make_studies", "simulate", "summarise"]
 
 R0 = 0.37
 # family -> (grid keys, gains A - R0 for n = 2, 4, 8, 16, C_mid for n = 2, 4, 8, 16)
@@ -145,6 +145,22 @@ class _Runs:
         for (name, n, _), ends in legs.items():
             out[name] = out.get(name, 0.0) + max(ends) * self.studies[name].b_problem * n
         return pd.Series(out)
+
+
+def grid_tables(studies: list[SimStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The full grid of ``studies`` as the sweep's ``runs`` and ``evals`` tables (one bucket per study)."""
+    runs = _Runs(studies)
+    legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE for seed in s.seeds}
+    pts = runs.points(legs)
+    b_problem = {s.name: s.b_problem for s in studies}
+    evals = pd.DataFrame({"run_id": pts["group"] + "/" + pts["run_id"], "step": pts["c"] / pts["b"],
+                          "c": pts["c"], "avg_at_k": pts["avg_at_k"]})
+    first = pts.drop_duplicates(["group", "run_id"])
+    table = pd.DataFrame({"run_id": first["group"] + "/" + first["run_id"], "bucket": first["group"],
+                          "rule": "uniform", "n": first["key"].astype(int),
+                          "b_problem": first["group"].map(b_problem), "seed": first["seed"].astype(int),
+                          "c_max": float(studies[0].c_max), "status": "finished"})
+    return table.reset_index(drop=True), evals
 
 
 @dataclass(frozen=True)
