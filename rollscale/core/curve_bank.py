@@ -32,9 +32,10 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from rollscale.core import fit
-from rollscale.core.bootstrap import Bootstrap, interval, sigmoid_refits
+from rollscale.core.bootstrap import Bootstrap, sigmoid_refits
 from rollscale.core.common import require
 from rollscale.core.fitting import too_few
+from rollscale.core.frontier import asymptote_upper
 
 __all__ = ["POINT_COLUMNS", "CurveBank", "fit_curves"]
 
@@ -58,6 +59,7 @@ class CurveBank:
     curves: pd.DataFrame
     theta: NDArray[np.float64]
     refits: NDArray[np.float64]
+    a_max: float | None = None  # A1's bound the fits were made under
 
     def index(self, group: object) -> NDArray[np.int64]:
         """Row numbers of ``group``'s curves, in key order."""
@@ -74,14 +76,11 @@ class CurveBank:
         """Predictions under every refit, ``(rows, resamples, budgets)``."""
         return fit.sigmoid_model(np.moveaxis(self.refits[rows], 2, 0)[..., None], np.log10(c))
 
-    def a_upper(self, rows: NDArray[np.int64], level: float) -> NDArray[np.float64]:
-        """Upper end of each curve's ``level`` bootstrap interval of A (NaN with fewer than 2 seeds)."""
-        seeds = self.curves["runs"].to_numpy()[rows]
-        a = self.refits[rows, :, 0] + self.refits[rows, :, 1]
-        out = np.full(len(rows), np.nan)
-        for k in np.unique(seeds):  # the interval's width depends on the seeds
-            out[seeds == k] = interval(a[seeds == k].T, int(k), level=level)[1]
-        return out
+    def a_upper(self, rows: NDArray[np.int64], level: float, eta: float = 1.0) -> NDArray[np.float64]:
+        """Upper bound of each curve's asymptote (:func:`rollscale.core.frontier.asymptote_upper`)."""
+        c = self.curves
+        return asymptote_upper(self.refits[rows], c["c_seen"].to_numpy(float)[rows], c["runs"].to_numpy(int)[rows],
+                               level, self.a_max, eta)
 
 
 def _padded(values: NDArray, curve: NDArray[np.int64], pos: NDArray[np.int64], shape: tuple[int, int],
@@ -157,7 +156,7 @@ def fit_curves(points: pd.DataFrame, bin_width: float, boot: Bootstrap, a_max: f
     theta = _point_fits(x, y, mask, ok, a_max)
     low = rec.groupby("curve")["c"].min()
     curves = curves.assign(n_points=n_points, status=status, c_low=low.reindex(range(k)).to_numpy(float))
-    return CurveBank(curves, theta, _refits(curves, x, y, mask, owner, theta, ok, boot, a_max))
+    return CurveBank(curves, theta, _refits(curves, x, y, mask, owner, theta, ok, boot, a_max), a_max)
 
 
 def _refits(curves: pd.DataFrame, x: NDArray, y: NDArray, mask: NDArray, owner: NDArray, theta: NDArray,

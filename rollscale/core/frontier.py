@@ -18,13 +18,15 @@ import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 
+from rollscale.core.bootstrap import interval
 from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few, vector
 
 if TYPE_CHECKING:
     from rollscale.core.fit import SigmoidFit
 
 __all__ = ["N_STAR_MIN_POINTS", "A2Check", "NStarFit", "a2_check", "epochs_at_transitions", "fit_n_star", "frontier",
-           "log_grid", "pairwise_beats", "reach_mask", "refit_argmax", "resolved_start"]
+           "asymptote_upper", "log_grid", "pairwise_beats", "reach_mask", "refit_argmax",
+           "resolved_start"]
 
 N_STAR_MIN_POINTS = 4  # four parameters: lo, hi, k, c0
 
@@ -128,6 +130,26 @@ def reach_mask(c_grid: ArrayLike, reach: ArrayLike, preds: NDArray[np.float64],
         below = np.asarray(a_hi, float)[:, None] < best_within[None, :]
     allowed = within | ~below
     return allowed, allowed & ~within
+
+
+def asymptote_upper(refits: NDArray[np.float64], c_seen: ArrayLike, seeds: ArrayLike, level: float,
+                    a_max: float | None, eta: float = 1.0) -> NDArray[np.float64]:
+    """Upper bound of each key's asymptote A where the data can speak for it (science §8, A3).
+
+    ``refits`` is keys x refits x (R0, A - R0, log10 C_mid, beta). A refit whose
+    midpoint C_mid lies beyond the largest C the key saw (``c_seen``) has not
+    bent within its data: its A is an extrapolation and counts as ``a_max``
+    (infinite without one). The bound is the upper end of the ``level``
+    expanded-percentile interval over ``seeds`` (NaN with fewer than 2).
+    """
+    a = refits[..., 0] + refits[..., 1]
+    unbent = refits[..., 2] > np.log10(np.asarray(c_seen, float) / eta)[:, None]
+    a = np.where(unbent, np.inf if a_max is None else a_max, a)
+    seeds = np.asarray(seeds, int)
+    out = np.full(a.shape[0], np.nan)
+    for k in np.unique(seeds):  # the interval's width depends on the seeds
+        out[seeds == k] = interval(a[seeds == k].T, int(k), level=level)[1]
+    return out
 
 
 def refit_argmax(preds: NDArray[np.float64], allowed: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray]:

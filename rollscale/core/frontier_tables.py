@@ -27,9 +27,16 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core import fit
-from rollscale.core.bootstrap import Bootstrap, interval, interval_note, seeds_per_stratum, sigmoid_refits
+from rollscale.core.bootstrap import LEVEL, Bootstrap, interval, interval_note, seeds_per_stratum, sigmoid_refits
 from rollscale.core.common import CONFIG, EVAL_COLUMNS, FAMILY, families, fit_row, fits_frame, require
-from rollscale.core.frontier import a2_check, pairwise_beats, reach_mask, refit_argmax, resolved_start
+from rollscale.core.frontier import (
+    a2_check,
+    asymptote_upper,
+    pairwise_beats,
+    reach_mask,
+    refit_argmax,
+    resolved_start,
+)
 
 __all__ = ["DESIGNS", "REWARD_MAX", "FrontierTables", "frontier_analysis"]
 
@@ -189,7 +196,6 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
     column = {run_id: i for i, run_id in enumerate(runs["run_id"])}
     refits: dict[int, np.ndarray] = {}
     seeds: dict[int, int] = {}
-    a_hi: dict[int, float] = {}
     for key in sorted(int(k) for k in group.rows[group.key_col].unique()):
         g = pts[pts[group.key_col] == key]
         f = fit.fit_sigmoid(g[group.x_col].to_numpy(float), g["avg_at_k"].to_numpy(float), a_max=a_max)
@@ -197,9 +203,8 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
         key_runs = runs[runs[group.key_col] == key]
         seeds[key] = seeds_per_stratum(key_runs[CONFIG].astype(str).agg("/".join, axis=1))
         refits[key] = _sigmoid_bootstrap(f, g, group.x_col, counts[:, [column[r] for r in g["run_id"]]], a_max)
-        bands = _sigmoid_intervals(refits[key], seeds[key], boot.resamples)
-        a_hi[key] = bands["a_hi"]
-        fit_rows.append(fit_row(f"sigmoid_{design}", *ids, key, **f.to_dict(), **bands))
+        fit_rows.append(fit_row(f"sigmoid_{design}", *ids, key, **f.to_dict(),
+                                **_sigmoid_intervals(refits[key], seeds[key], boot.resamples)))
     n_star_kind = _n_star_kind(design)
     no_frontier, no_transitions = pd.DataFrame(columns=_FRONTIER_COLUMNS), pd.DataFrame(columns=_TRANSITION_COLUMNS)
     usable = {k: f for k, f in curves.items() if f.ok}
@@ -220,7 +225,9 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
     # A3: a curve is used up to reach_factor times the largest x its runs were evaluated at
     seen = group.rows.groupby(group.key_col)[group.x_col].max()
     preds = np.vstack([usable[k].predict(grid) for k in keys])
-    allowed, beyond = reach_mask(grid, [reach_factor * float(seen[k]) for k in keys], preds, [a_hi[k] for k in keys])
+    a_hi = asymptote_upper(np.stack([refits[k] for k in keys]), [float(seen[k]) for k in keys],
+                           [seeds[k] for k in keys], LEVEL, a_max)
+    allowed, beyond = reach_mask(grid, [reach_factor * float(seen[k]) for k in keys], preds, a_hi)
     fr = fit.frontier(usable, grid, allowed)
     scale = group.batch or 1  # iso-batch: x is M and C = B·M
     extrapolated = beyond.any(axis=0)

@@ -101,6 +101,7 @@ __all__ = [
 ]
 
 BRACKET_SHARE = 0.5  # science §8: an edge key best in >= 50 % of refits at some budget
+MIN_POINTS = 8  # a stop rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise stop keys)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class _View:
     hi: NDArray[np.float64]
     a_hi: NDArray[np.float64]
     seeds: NDArray[np.int64]
+    points: NDArray[np.int64]  # record points behind each key's fit
     start: float | None  # where the frontier has risen by one record bin (None: not within the budgets)
 
     def at(self, c: float) -> int:
@@ -137,7 +139,7 @@ def _view(bank: CurveBank, group: SearchGroup, extra: list[float], settings: Sea
     level = _level(settings)
     preds, refs = bank.predict(idx, c), bank.predict_refits(idx, c)
     seeds = bank.curves["runs"].to_numpy(int)[idx]
-    a_hi = bank.a_upper(idx, level)
+    a_hi = bank.a_upper(idx, level, settings.eta)
     allowed, beyond = reach_mask(c, settings.eta * bank.curves["c_seen"].to_numpy(float)[idx], preds, a_hi)
     best = np.argmax(np.where(allowed, preds, -np.inf), axis=0)
     picked, _ = refit_argmax(refs, allowed)
@@ -152,7 +154,8 @@ def _view(bank: CurveBank, group: SearchGroup, extra: list[float], settings: Sea
     frontier = np.max(np.where(allowed, preds, -np.inf), axis=0)
     start = resolved_start(c, frontier, settings.bin_width)
     keys = [group.key_of(k) for k in bank.curves["key"].to_numpy()[idx]]
-    return _View(keys, idx, c, preds, refs, allowed, beyond, best, shares, lo, hi, a_hi, seeds, start)
+    points = bank.curves["n_points"].to_numpy(int)[idx]
+    return _View(keys, idx, c, preds, refs, allowed, beyond, best, shares, lo, hi, a_hi, seeds, points, start)
 
 
 def _level(settings: SearchSettings) -> float:
@@ -193,6 +196,8 @@ def _stop_rule(view: _View, k: int, j: int, group: SearchGroup, c_r: float, sett
         return "continue", "none", "the frontier has not risen by one record bin by c_r: nothing is decided yet"
     if lead == k:
         return "continue", "none", "leader at c_r"
+    if min(view.points[k], view.points[lead]) < MIN_POINTS:
+        return "continue", "none", f"fits on fewer than {MIN_POINTS} record points: too thin to stop a key on"
     name, leader = view.keys[k], view.keys[lead]
     if group.axis == "rollout" and name < leader and nums["margin_lo"] > 0:
         return "stop", "a", (f"A2: n = {name} is below the leader n = {leader}, beaten by it at c_r in "
