@@ -208,6 +208,21 @@ def _levenberg_marquardt(parts: Parts, x: NDArray[np.float64], y: NDArray[np.flo
     return out
 
 
+def _by_length(parts: Parts, x: NDArray[np.float64], y: NDArray[np.float64], w: NDArray[np.float64],
+               theta: NDArray[np.float64], lo: NDArray[np.float64], hi: NDArray[np.float64],
+               iterations: int) -> NDArray[np.float64]:
+    """:func:`_levenberg_marquardt` on rows grouped by their own length (up to their last point of positive
+    weight, rounded up to 8), each group cut to it. A row's sums then run over its own points only, so its fit
+    is the same bits whatever other rows share the call (the search's fits do not depend on the batch)."""
+    length = 8 * np.ceil((w.shape[1] - np.argmax((w > 0)[:, ::-1], axis=1)) / 8).astype(int)
+    out = np.empty_like(theta)
+    for cut in np.unique(length):
+        rows = np.flatnonzero(length == cut)
+        out[rows] = _levenberg_marquardt(parts, x[rows, :cut], y[rows, :cut], w[rows, :cut], theta[rows], lo[rows],
+                                         hi[rows], iterations)
+    return out
+
+
 def sigmoid_refits(
     x: ArrayLike, y: ArrayLike, weights: ArrayLike, theta0: ArrayLike,
     lower: ArrayLike, upper: ArrayLike, iterations: int = 100, a_max: float | None = None, dedupe: bool = True,
@@ -245,8 +260,8 @@ def sigmoid_refits(
     # with a_max, a row that starts on the bound (its full-data fit needed it) is fitted bounded at once
     on_bound = theta[fit_rows, 0] + theta[fit_rows, 1] >= a_max - 1e-9 if a_max is not None else fit_rows < 0
     free = fit_rows[~on_bound]
-    theta[free] = _levenberg_marquardt(_sigmoid_parts, xv[free], yv[free], w[free], theta[free].copy(), lo[free],
-                                       hi[free], iterations)
+    theta[free] = _by_length(_sigmoid_parts, xv[free], yv[free], w[free], theta[free].copy(), lo[free], hi[free],
+                             iterations)
     over = fit_rows[on_bound | (theta[fit_rows, 0] + theta[fit_rows, 1] > a_max)] if a_max is not None \
         else fit_rows[:0]
     if over.size:
@@ -256,8 +271,7 @@ def sigmoid_refits(
 
         lo_u, hi_u = lo[over].copy(), hi[over].copy()
         lo_u[:, 1], hi_u[:, 0], hi_u[:, 1] = 0.0, a_max, 1.0
-        theta_u = _levenberg_marquardt(bounded, xv[over], yv[over], w[over], to_u(theta[over], a_max), lo_u, hi_u,
-                                       iterations)
+        theta_u = _by_length(bounded, xv[over], yv[over], w[over], to_u(theta[over], a_max), lo_u, hi_u, iterations)
         theta[over] = to_delta(theta_u, a_max)
     theta[distinct < 4] = np.nan
     return theta[inverse.reshape(-1)]

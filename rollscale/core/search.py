@@ -306,13 +306,14 @@ def _decide_group(group: SearchGroup, st: GroupState, bank: CurveBank, settings:
     return rows
 
 
-def _bank(points: pd.DataFrame, settings: SearchSettings) -> CurveBank:
+def _bank(points: pd.DataFrame, settings: SearchSettings, cache: dict | None) -> CurveBank:
     a_max = REWARD_MAX if points["avg_at_k"].between(0.0, REWARD_MAX).all() else None
-    return fit_curves(points, settings.bin_width, Bootstrap(settings.resamples, settings.bootstrap_seed), a_max)
+    return fit_curves(points, settings.bin_width, Bootstrap(settings.resamples, settings.bootstrap_seed), a_max,
+                      cache)
 
 
 def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFrame,
-           settings: SearchSettings) -> pd.DataFrame:
+           settings: SearchSettings, cache: dict | None = None) -> pd.DataFrame:
     """The next decision of every group whose search is not done: new rows of the ``search`` table.
 
     ``points``: the groups' evaluations, :data:`POINT_COLUMNS` (``key`` as
@@ -330,7 +331,7 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
     if not pending:
         return empty_decisions()
     pts = truncate(points[points["group"].isin([g.group for g in pending])], budgets)
-    bank = _bank(pts, settings)
+    bank = _bank(pts, settings, cache)
     rows = [r for g, st in zip(pending, states(pending, decisions, settings), strict=True)
             for r in _decide_group(g, st, bank, settings)]
     out = pd.DataFrame(rows, columns=DECISION_COLUMNS)
@@ -348,30 +349,32 @@ def a2_contradicted(c: Any, best_key: Any, decisions: pd.DataFrame, group: str) 
     ``decisions`` the ``search`` table.
     """
     cc, kk = np.asarray(c, float), np.asarray(best_key, float)
-    stops = decisions[(decisions["group"] == group) & (decisions["action"] == "stop") & (decisions["rule"] == "a")]
-    for r in stops.drop_duplicates("key").sort_values("c").itertuples():
-        later = np.flatnonzero((cc > float(r.c)) & (kk < float(r.leader)))
+    mine = decisions[decisions["group"].to_numpy() == group] if len(decisions) else decisions
+    stops = mine[(mine["action"].to_numpy() == "stop") & (mine["rule"].to_numpy() == "a")]
+    for key, at, leader in sorted(set(zip(stops["key"], stops["c"].astype(float), stops["leader"], strict=True)),
+                                  key=lambda t: t[1]):
+        later = np.flatnonzero((cc > at) & (kk < float(leader)))
         if later.size:
             j = later[0]
-            return (f"A2 contradicted: n = {r.key} was stopped at C = {float(r.c):,.0f} by rule (a) (n = {r.leader} "
+            return (f"A2 contradicted: n = {key} was stopped at C = {at:,.0f} by rule (a) (n = {leader} "
                     f"led there), yet n* = {kk[j]:g} at C = {cc[j]:,.0f}: n* fell, the stop may have been wrong")
     return None
 
 
 def frontier_answer(points: pd.DataFrame, groups: list[SearchGroup], settings: SearchSettings,
-                    budgets: dict[str, NDArray[np.float64]] | None = None) -> pd.DataFrame:
+                    budgets: dict[str, NDArray[np.float64]] | None = None, cache: dict | None = None) -> pd.DataFrame:
     """The best key at each budget from final data, as the search's fits see it (science §7, §8).
 
-    Per group, on ``budgets[group]`` (default: ``grid_points`` log-spaced
-    budgets from where the frontier has risen by one record bin to C_max):
-    ``best_key`` (text), ``best_share`` (share of refits that pick it; NaN
+    Per group, on ``budgets[group]`` (default: the budgets of a log grid of
+    ``grid_points`` from the lowest record point to C_max, from where the
+    frontier has risen by one record bin): ``best_key`` (text), ``best_share`` (share of refits that pick it; NaN
     below 2 seeds), ``extrapolated`` (a key beyond its reach could still beat
     it there), ``resolved`` (at or past the frontier's start) and, on the
     rollout axis, ``a2_holds`` (:func:`rollscale.core.frontier.a2_check` on
     these budgets at the §7 level, 95 %; the same for every row of a group).
     """
     require(points, "points", POINT_COLUMNS)
-    bank = _bank(points[points["group"].isin([g.group for g in groups])], settings)
+    bank = _bank(points[points["group"].isin([g.group for g in groups])], settings, cache)
     rows = []
     for g in groups:
         extra = list(budgets[g.group]) if budgets is not None else []
@@ -380,13 +383,8 @@ def frontier_answer(points: pd.DataFrame, groups: list[SearchGroup], settings: S
             continue
         if budgets is not None:
             pick = np.searchsorted(view.c, np.asarray(extra, float))
-        else:
-            start = view.start if view.start is not None else float(view.c[0])
-            wanted = log_grid(start, g.c_max, settings.grid_points) if start < g.c_max else np.array([g.c_max])
-            view = _view(bank, g, list(wanted), settings)
-            assert view is not None
-            pick = np.searchsorted(view.c, wanted)
-        assert view is not None
+        else:  # the view's log grid from where the frontier has risen by one record bin
+            pick = np.flatnonzero(view.c >= (view.start if view.start is not None else view.c[0]))
         holds = None
         if g.axis == "rollout":
             one = view.seeds.min() < 2 or view.refs.shape[1] == 0

@@ -179,15 +179,15 @@ def simulate(studies: list[SimStudy], settings: SearchSettings, level: float = 0
     groups = [s.group() for s in studies]
     grid_legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE
                  for seed in s.seeds}
-    grid = frontier_answer(runs.points(grid_legs), groups, settings)
-    decisions, legs = empty_decisions(), {}
+    decisions, legs, cache = empty_decisions(), {}, {}  # one fit per distinct curve (rollscale.core.curve_bank)
     while not (todo := plan(groups, decisions, settings)).empty:
-        for r in todo.itertuples():
-            s = runs.studies[r.group]
-            legs.setdefault((r.group, int(r.key), int(r.seed)), set()).add(runs.steps(s, int(r.key), r.c))
-        decisions = pd.concat([decisions, decide(runs.points(legs), groups, decisions, settings)], ignore_index=True)
+        for group, key, seed, c in zip(todo["group"], todo["key"], todo["seed"], todo["c"], strict=True):
+            legs.setdefault((group, int(key), int(seed)), set()).add(runs.steps(runs.studies[group], int(key), c))
+        decisions = pd.concat([decisions, decide(runs.points(legs), groups, decisions, settings, cache)],
+                              ignore_index=True)
+    grid = frontier_answer(runs.points(grid_legs), groups, settings, cache=cache)
     wanted = {g: grp["c"].to_numpy(float) for g, grp in grid.groupby("group")}
-    found = frontier_answer(runs.points(legs), [g for g in groups if g.group in wanted], settings, wanted)
+    found = frontier_answer(runs.points(legs), [g for g in groups if g.group in wanted], settings, wanted, cache)
     both = grid.merge(found, on=["group", "c"], how="left", suffixes=("_grid", "_search"))
     family = {s.name: s.family for s in studies}
     budgets = pd.DataFrame({"group": both["group"], "family": both["group"].map(family), "c": both["c"],
