@@ -54,8 +54,9 @@ class SearchSettings:
     """The search's parameters (``sweep.search`` with the fit stage's bin width, grid and bootstrap).
 
     ``eta``: rung factor, and how far past its data a fit is trusted (A3);
-    ``alpha``: a key is beaten in >= 1 - alpha of refits, bounds are 1 - alpha
-    intervals; ``first_rung``: <= 1 a fraction of C_max, > 1 rollouts;
+    ``alpha``: the bounds behind a stop are one-sided 1 - alpha bounds of the
+    bootstrap (expanded percentile, §7), the margin by which a leader beats a
+    key included; ``first_rung``: <= 1 a fraction of C_max, > 1 rollouts;
     ``extra_seeds``: seeds a key may gain where the last rung is undecided;
     ``eval_every``: the sweep's evaluation interval in steps: a run's leg
     ends at its first evaluation at or past the rung's budget, so the search
@@ -63,7 +64,7 @@ class SearchSettings:
     """
 
     eta: float = 2.0
-    alpha: float = 0.05
+    alpha: float = 0.4
     first_rung: float = 0.0625
     extra_seeds: int = 0
     resamples: int = 200
@@ -164,6 +165,7 @@ class GroupState:
     keys: tuple  # in play: the grid's and those the bracket added
     stopped: dict  # key -> the budget it stopped at
     seeds: dict  # key -> its seeds
+    added_seeds: frozenset  # (key, seed) the undecided rule added: trained even where the key was stopped
     rung: int | None  # 1-based rung of the next decision; None when the search is done
     decision: int  # decisions made so far (the next one's number)
     budgets: tuple[int, ...]
@@ -200,8 +202,9 @@ def _state(group: SearchGroup, rows: dict[str, np.ndarray], settings: SearchSett
     stopped = {group.key_of(k): float(c) for k, c in zip(key_text[stop], rows["c_train"][stop], strict=True)}
     seeds = {k: set(group.seeds) for k in keys}
     extra = action == "seed"
-    for k, s in zip(key_text[extra], rows["seed"][extra], strict=True):
-        seeds[group.key_of(k)].add(int(s))
+    added = frozenset((group.key_of(k), int(s)) for k, s in zip(key_text[extra], rows["seed"][extra], strict=True))
+    for k, s in added:
+        seeds[k].add(s)
     if not len(action):
         rung: int | None = 1
         count = 0
@@ -214,8 +217,8 @@ def _state(group: SearchGroup, rows: dict[str, np.ndarray], settings: SearchSett
             rung += 1
         elif not np.isin(action[last], ["add", "seed"]).any():
             rung = None  # the last rung decided without adding anything: done
-    return GroupState(tuple(sorted(keys)), stopped, {k: tuple(sorted(v)) for k, v in seeds.items()}, rung, count,
-                      budgets)
+    return GroupState(tuple(sorted(keys)), stopped, {k: tuple(sorted(v)) for k, v in seeds.items()}, added, rung,
+                      count, budgets)
 
 
 def leg_budget(group: SearchGroup, key: object, c: float, settings: SearchSettings) -> float:
@@ -232,8 +235,9 @@ def run_budgets(groups: list[SearchGroup], decisions: pd.DataFrame, settings: Se
     """Every run in play with the budget it must have reached for the next decision.
 
     Columns ``group, rung, key, seed, c, stopped``: a stopped key's runs stay
-    at the budget they stopped at; the others (and keys and seeds just added)
-    go to the next rung's budget (:func:`leg_budget`). A group whose search is
+    at the budget they stopped at (a seed added to it later trains to there);
+    the others (and keys and seeds just added) go to the next rung's budget
+    (:func:`leg_budget`). A group whose search is
     done has no rows.
     """
     rows = []
@@ -244,8 +248,9 @@ def run_budgets(groups: list[SearchGroup], decisions: pd.DataFrame, settings: Se
             stop = st.stopped.get(key)
             for seed in st.seeds[key]:
                 c = stop if stop is not None else leg_budget(g, key, st.budgets[st.rung - 1], settings)
+                # a seed added to a stopped key still has to reach the budget the key stopped at
                 rows.append({"group": g.group, "rung": st.rung, "key": key, "seed": seed, "c": c,
-                             "stopped": stop is not None})
+                             "stopped": stop is not None and (key, seed) not in st.added_seeds})
     return pd.DataFrame(rows, columns=["group", "rung", "key", "seed", "c", "stopped"])
 
 
@@ -253,7 +258,8 @@ def plan(groups: list[SearchGroup], decisions: pd.DataFrame, settings: SearchSet
     """The runs to train before the next decision, each to budget ``c`` (empty when every group is done).
 
     Columns ``group, rung, key, seed, c``. A run already at ``c`` (a rerun)
-    has nothing to do; stopped runs are not listed.
+    has nothing to do; stopped runs are not listed (seeds added to a stopped
+    key are, with its stop budget).
     """
     todo = run_budgets(groups, decisions, settings)
     return todo[~todo["stopped"].astype(bool)].drop(columns="stopped").reset_index(drop=True)
