@@ -137,9 +137,9 @@ def asymptote_upper(refits: NDArray[np.float64], c_seen: ArrayLike, seeds: Array
     """Upper bound of each key's asymptote A where the data can speak for it (science §8, A3).
 
     ``refits`` is keys x refits x (R0, A - R0, log10 C_mid, beta). A refit whose
-    midpoint C_mid lies beyond the largest C the key saw (``c_seen``) has not
-    bent within its data: its A is an extrapolation and counts as ``a_max``
-    (infinite without one). The bound is the upper end of the ``level``
+    midpoint C_mid lies beyond 1 / ``eta`` of the largest C the key saw
+    (``c_seen``) has not shown its bend within its data: its A is an
+    extrapolation and counts as ``a_max`` (infinite without one). The bound is the upper end of the ``level``
     expanded-percentile interval over ``seeds`` (NaN with fewer than 2).
     """
     a = refits[..., 0] + refits[..., 1]

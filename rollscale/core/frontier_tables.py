@@ -226,7 +226,7 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
     seen = group.rows.groupby(group.key_col)[group.x_col].max()
     preds = np.vstack([usable[k].predict(grid) for k in keys])
     a_hi = asymptote_upper(np.stack([refits[k] for k in keys]), [float(seen[k]) for k in keys],
-                           [seeds[k] for k in keys], LEVEL, a_max)
+                           [seeds[k] for k in keys], LEVEL, a_max, reach_factor)
     allowed, beyond = reach_mask(grid, [reach_factor * float(seen[k]) for k in keys], preds, a_hi)
     fr = fit.frontier(usable, grid, allowed)
     scale = group.batch or 1  # iso-batch: x is M and C = B·M
