@@ -50,18 +50,15 @@ simulation's and replay's comparison of search and grid).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from rollscale.core.bootstrap import LEVEL, Bootstrap, interval
+from rollscale.core.bootstrap import interval
 from rollscale.core.common import require
-from rollscale.core.curve_bank import POINT_COLUMNS, CurveBank, fit_curves
-from rollscale.core.frontier import a2_check, log_grid, pairwise_beats, reach_mask, refit_argmax, resolved_start
-from rollscale.core.frontier_tables import REWARD_MAX
+from rollscale.core.curve_bank import POINT_COLUMNS, CurveBank
 from rollscale.core.search_state import (
     ACTIONS,
     AXES,
@@ -79,6 +76,7 @@ from rollscale.core.search_state import (
     states,
     truncate,
 )
+from rollscale.core.search_view import View, a2_contradicted, fit_bank, frontier_answer, group_view, level
 
 __all__ = [
     "ACTIONS",
@@ -101,69 +99,11 @@ __all__ = [
 ]
 
 BRACKET_SHARE = 0.5  # science §8: an edge key best in >= 50 % of refits at some budget
-MIN_POINTS = 8  # a stop rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise stop keys)
+# a stop rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise stop keys)
+MIN_POINTS = 8
 
 
-@dataclass(frozen=True)
-class _View:
-    """One group's fitted frontier on budgets ``c``: its usable keys, curves, refits and bounds."""
-
-    keys: list
-    rows: NDArray[np.int64]  # the keys' rows of the bank
-    c: NDArray[np.float64]
-    preds: NDArray[np.float64]  # keys x budgets
-    refs: NDArray[np.float64]  # keys x refits x budgets
-    allowed: NDArray[np.bool_]
-    beyond: NDArray[np.bool_]
-    best: NDArray[np.int64]  # index into keys, per budget
-    shares: NDArray[np.float64]  # keys x budgets: share of refits whose argmax is the key (NaN below 2 seeds)
-    lo: NDArray[np.float64]  # keys x budgets: one-sided 1 - alpha bounds of the curve (expanded percentile)
-    hi: NDArray[np.float64]
-    a_hi: NDArray[np.float64]
-    seeds: NDArray[np.int64]
-    points: NDArray[np.int64]  # record points behind each key's fit
-    start: float | None  # where the frontier has risen by one record bin (None: not within the budgets)
-
-    def at(self, c: float) -> int:
-        return int(np.argmin(np.abs(np.log(self.c) - math.log(c))))
-
-
-def _view(bank: CurveBank, group: SearchGroup, extra: list[float], settings: SearchSettings) -> _View | None:
-    idx = bank.index(group.group)
-    idx = idx[(bank.curves["status"].to_numpy()[idx] == "ok")]
-    if not idx.size:
-        return None
-    c_low = float(np.nanmin(bank.curves["c_low"].to_numpy(float)[idx]))
-    grid = log_grid(c_low, group.c_max, settings.grid_points) if c_low < group.c_max else np.array([group.c_max])
-    c = np.unique(np.concatenate([grid, extra]))
-    level = _level(settings)
-    preds, refs = bank.predict(idx, c), bank.predict_refits(idx, c)
-    seeds = bank.curves["runs"].to_numpy(int)[idx]
-    a_hi = bank.a_upper(idx, level, settings.eta)
-    allowed, beyond = reach_mask(c, settings.eta * bank.curves["c_seen"].to_numpy(float)[idx], preds, a_hi)
-    best = np.argmax(np.where(allowed, preds, -np.inf), axis=0)
-    picked, _ = refit_argmax(refs, allowed)
-    valid = picked >= 0
-    with np.errstate(invalid="ignore"):
-        shares = np.stack([(picked == i).sum(axis=0) / valid.sum(axis=0) for i in range(idx.size)])
-    if seeds.min() < 2 or not settings.resamples:
-        shares[:] = np.nan
-    lo, hi = np.full(preds.shape, np.nan), np.full(preds.shape, np.nan)
-    for k in np.unique(seeds):  # the interval's width depends on the seeds
-        lo[seeds == k], hi[seeds == k] = interval(refs[seeds == k], int(k), axis=1, level=level)
-    frontier = np.max(np.where(allowed, preds, -np.inf), axis=0)
-    start = resolved_start(c, frontier, settings.bin_width)
-    keys = [group.key_of(k) for k in bank.curves["key"].to_numpy()[idx]]
-    points = bank.curves["n_points"].to_numpy(int)[idx]
-    return _View(keys, idx, c, preds, refs, allowed, beyond, best, shares, lo, hi, a_hi, seeds, points, start)
-
-
-def _level(settings: SearchSettings) -> float:
-    """Two-sided level whose interval ends are one-sided 1 - alpha bounds."""
-    return 1.0 - 2.0 * settings.alpha
-
-
-def _numbers(view: _View | None, k: int | None, j: int, later: NDArray[np.bool_] | None,
+def _numbers(view: View | None, k: int | None, j: int, later: NDArray[np.bool_] | None,
              settings: SearchSettings) -> dict[str, Any]:
     """The numbers a key's row carries at budget index ``j`` (its leader, bounds, its best share later)."""
     nan = math.nan
@@ -184,11 +124,11 @@ def _numbers(view: _View | None, k: int | None, j: int, later: NDArray[np.bool_]
         ok = np.isfinite(a) & np.isfinite(b)
         out["beaten_share"] = float(np.mean(a[ok] > b[ok])) if ok.any() else nan
         seeds = int(min(view.seeds[k], view.seeds[lead]))
-        out["margin_lo"] = float(interval(a - b, seeds, level=_level(settings))[0]) if ok.all() else nan
+        out["margin_lo"] = float(interval(a - b, seeds, level=level(settings))[0]) if ok.all() else nan
     return out
 
 
-def _stop_rule(view: _View, k: int, j: int, group: SearchGroup, c_r: float, settings: SearchSettings,
+def _stop_rule(view: View, k: int, j: int, group: SearchGroup, c_r: float, settings: SearchSettings,
                nums: dict[str, Any]) -> tuple[str, str, str]:
     """(action, rule, note) for a usable key at rung budget ``c_r`` (index ``j``)."""
     lead = int(view.best[j])
@@ -210,12 +150,12 @@ def _stop_rule(view: _View, k: int, j: int, group: SearchGroup, c_r: float, sett
         rest = view.c >= c_r * (1 - 1e-9)
         leaders = view.best[rest]
         if (leaders != k).all() and (view.hi[k, rest] < view.lo[leaders, np.flatnonzero(rest)]).all():
-            return "stop", "c", (f"its upper bound is below the leader's lower bound at every budget in "
-                                 f"[c_r, C_max] (C_max <= eta c_r: the fits reach)")
+            return "stop", "c", ("its upper bound is below the leader's lower bound at every budget in "
+                                 "[c_r, C_max] (C_max <= eta c_r: the fits reach)")
     return "continue", "none", "could still be best at a budget to come"
 
 
-def _bracket(view: _View | None, group: SearchGroup, st: GroupState, c_r: float, settings: SearchSettings,
+def _bracket(view: View | None, group: SearchGroup, st: GroupState, c_r: float, settings: SearchSettings,
              ) -> list[tuple[Any, int, dict[str, Any], str]]:
     """Keys to add beyond a grid edge: (key, edge index, numbers, note)."""
     if view is None or group.axis == "rule" or len(view.keys) < 2 or view.start is None:
@@ -237,7 +177,7 @@ def _bracket(view: _View | None, group: SearchGroup, st: GroupState, c_r: float,
     return out
 
 
-def _extra_seeds(view: _View | None, group: SearchGroup, st: GroupState, settings: SearchSettings,
+def _extra_seeds(view: View | None, group: SearchGroup, st: GroupState, settings: SearchSettings,
                  ) -> list[tuple[Any, int, dict[str, Any], str]]:
     """(key, new seed, numbers, note) where the last rung leaves a budget undecided."""
     if view is None or not settings.extra_seeds or view.start is None or np.isnan(view.shares).all():
@@ -266,7 +206,7 @@ def _decide_group(group: SearchGroup, st: GroupState, bank: CurveBank, settings:
     r, budgets = int(st.rung), st.budgets  # type: ignore[arg-type]
     c_r, last = float(budgets[r - 1]), r == len(budgets)
     next_c = float(group.c_max if last else budgets[r])  # c_train: each run's leg budget (leg_budget)
-    view = _view(bank, group, [c_r], settings)
+    view = group_view(bank, group, [c_r], settings)
     j = view.at(c_r) if view is not None else 0
     mine = bank.index(group.group)
     keys = bank.curves["key"].to_numpy()[mine]
@@ -306,12 +246,6 @@ def _decide_group(group: SearchGroup, st: GroupState, bank: CurveBank, settings:
     return rows
 
 
-def _bank(points: pd.DataFrame, settings: SearchSettings, cache: dict | None) -> CurveBank:
-    a_max = REWARD_MAX if points["avg_at_k"].between(0.0, REWARD_MAX).all() else None
-    return fit_curves(points, settings.bin_width, Bootstrap(settings.resamples, settings.bootstrap_seed), a_max,
-                      cache)
-
-
 def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFrame,
            settings: SearchSettings, cache: dict | None = None) -> pd.DataFrame:
     """The next decision of every group whose search is not done: new rows of the ``search`` table.
@@ -331,68 +265,8 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
     if not pending:
         return empty_decisions()
     pts = truncate(points[points["group"].isin([g.group for g in pending])], budgets)
-    bank = _bank(pts, settings, cache)
+    bank = fit_bank(pts, settings, cache)
     rows = [r for g, st in zip(pending, states(pending, decisions, settings), strict=True)
             for r in _decide_group(g, st, bank, settings)]
     out = pd.DataFrame(rows, columns=DECISION_COLUMNS)
     return out.astype({"decision": int, "rung": int, "seed": int, "n_points": int})
-
-
-def a2_contradicted(c: Any, best_key: Any, decisions: pd.DataFrame, group: str) -> str | None:
-    """Whether a final frontier contradicts a rule (a) stop of the search (science §8, A2); None if not.
-
-    Rule (a) stopped an n below the leader at its rung on the strength of A2
-    (n* does not fall with budget). A final frontier whose best key at a
-    later budget lies below that leader says n* fell after all, so the stop
-    may have been wrong: the reason is returned for the report's warning.
-    ``c`` / ``best_key`` are the final frontier's budgets and n*;
-    ``decisions`` the ``search`` table.
-    """
-    cc, kk = np.asarray(c, float), np.asarray(best_key, float)
-    mine = decisions[decisions["group"].to_numpy() == group] if len(decisions) else decisions
-    stops = mine[(mine["action"].to_numpy() == "stop") & (mine["rule"].to_numpy() == "a")]
-    for key, at, leader in sorted(set(zip(stops["key"], stops["c"].astype(float), stops["leader"], strict=True)),
-                                  key=lambda t: t[1]):
-        later = np.flatnonzero((cc > at) & (kk < float(leader)))
-        if later.size:
-            j = later[0]
-            return (f"A2 contradicted: n = {key} was stopped at C = {at:,.0f} by rule (a) (n = {leader} "
-                    f"led there), yet n* = {kk[j]:g} at C = {cc[j]:,.0f}: n* fell, the stop may have been wrong")
-    return None
-
-
-def frontier_answer(points: pd.DataFrame, groups: list[SearchGroup], settings: SearchSettings,
-                    budgets: dict[str, NDArray[np.float64]] | None = None, cache: dict | None = None) -> pd.DataFrame:
-    """The best key at each budget from final data, as the search's fits see it (science §7, §8).
-
-    Per group, on ``budgets[group]`` (default: the budgets of a log grid of
-    ``grid_points`` from the lowest record point to C_max, from where the
-    frontier has risen by one record bin): ``best_key`` (text), ``best_share`` (share of refits that pick it; NaN
-    below 2 seeds), ``extrapolated`` (a key beyond its reach could still beat
-    it there), ``resolved`` (at or past the frontier's start) and, on the
-    rollout axis, ``a2_holds`` (:func:`rollscale.core.frontier.a2_check` on
-    these budgets at the §7 level, 95 %; the same for every row of a group).
-    """
-    require(points, "points", POINT_COLUMNS)
-    bank = _bank(points[points["group"].isin([g.group for g in groups])], settings, cache)
-    rows = []
-    for g in groups:
-        extra = list(budgets[g.group]) if budgets is not None else []
-        view = _view(bank, g, extra, settings)
-        if view is None:
-            continue
-        if budgets is not None:
-            pick = np.searchsorted(view.c, np.asarray(extra, float))
-        else:  # the view's log grid from where the frontier has risen by one record bin
-            pick = np.flatnonzero(view.c >= (view.start if view.start is not None else view.c[0]))
-        holds = None
-        if g.axis == "rollout":
-            one = view.seeds.min() < 2 or view.refs.shape[1] == 0
-            beats = pairwise_beats((view.preds[:, None, :] if one else view.refs)[:, :, pick], view.allowed[:, pick])
-            holds = a2_check(view.c[pick], view.keys, view.best[pick], beats, LEVEL).holds
-        for j in pick:
-            b = int(view.best[j])
-            rows.append({"group": g.group, "c": float(view.c[j]), "best_key": str(view.keys[b]),
-                         "best_share": float(view.shares[b, j]), "extrapolated": bool(view.beyond[:, j].any()),
-                         "resolved": view.start is not None and view.c[j] >= view.start, "a2_holds": holds})
-    return pd.DataFrame(rows, columns=["group", "c", "best_key", "best_share", "extrapolated", "resolved", "a2_holds"])

@@ -202,7 +202,8 @@ def simulate(studies: list[SimStudy], settings: SearchSettings, level: float = 0
     per["added"] = per["group"].map(adds).fillna("")
     per["seeds_added"] = per["group"].map(decisions[decisions["action"] == "seed"].groupby("group").size()).fillna(0)
     for name, table in (("grid", grid), ("search", found)):
-        per[f"a2_warns_{name}"] = ~per["group"].map(table.groupby("group")["a2_holds"].first()).fillna(True).astype(bool)
+        holds = per["group"].map(table.groupby("group")["a2_holds"].first())
+        per[f"a2_warns_{name}"] = ~holds.fillna(True).astype(bool)
     by_group = dict(tuple(decisions.groupby("group")))
     contradicted = {g: a2_contradicted(t["c"], t["best_key"].astype(float), by_group[g], g) is not None
                     for g, t in found.groupby("group")}
