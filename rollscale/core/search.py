@@ -34,17 +34,35 @@ the same decisions.
 
 How the sweep stage drives it (one loop, any executor)::
 
-    decisions = empty_decisions()
+    settings = SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
+                              resamples=fit.bootstrap_resamples, bootstrap_seed=fit.bootstrap_seed,
+                              bin_width=fit.bin_width, grid_points=fit.grid_points,
+                              eval_every=sweep.eval_every)          # s = params.sweep.search, fit = params.fit
+    lo, hi = bracket_limits("rollout", b_problem, sweep.b_max, s.key_min, s.key_max)
+    groups = [SearchGroup("easy/uniform/B_problem=16", "rollout", tuple(sweep.n), tuple(sweep.seeds),
+                          sweep.c_max, fixed=b_problem, key_min=lo, key_max=hi)]   # one per family x fixed
+    decisions, cache = empty_decisions(), {}
     while not (todo := plan(groups, decisions, settings)).empty:
-        train each (group, key, seed) run of ``todo`` to budget ``c`` (the run store resumes it; a run at a
-            rung's budget stops at the first step with C >= c and evaluates there)
-        points = every evaluation of the groups' runs: POINT_COLUMNS (+ ``b`` = n * B_problem)
-        decisions = pd.concat([decisions, decide(points, groups, decisions, settings)], ignore_index=True)
+        train each (group, key, seed) run of ``todo`` to budget ``c`` (a new key or seed starts from scratch; the
+            run store resumes the others; a run stops at the first step with C >= c and evaluates there,
+            which with ``eval_every`` set is one of its regular evaluations)
+        points = every evaluation of the groups' runs so far: POINT_COLUMNS (+ ``b`` = n * B_problem)
+        decisions = pd.concat([decisions, decide(points, groups, decisions, settings, cache)], ignore_index=True)
+        write ``decisions`` (the ``search`` table) before training on: a crash resumes from it
 
-A run whose key was stopped is a finished run with a shorter C: its last
-decision row (``action == "stop"``, ``rule``, ``c``) says where and why.
-:func:`frontier_answer` gives the best key per budget on any final data (the
-simulation's and replay's comparison of search and grid).
+Rungs are barriers per group only: every run of ``todo`` can start at once.
+Axis and key per design: rollout (key n, ``fixed`` B_problem), prompt (key
+B_problem, ``fixed`` n), iso_batch (key n, ``fixed`` the total batch B),
+rule (key: the rule's name, ``fixed`` None, no bracket);
+:func:`rollscale.core.search_replay.replay_groups` builds them from a
+finished grid's tables. ``decide`` reads each run only up to the budget the
+decisions trained it to, so a store holding more (a grid run earlier) gives
+the same decisions. A run whose key was stopped is a finished run with a
+shorter C: its last decision row (``action == "stop"``, ``rule``, ``c``,
+``c_train``) says where and why. :func:`frontier_answer` gives the best key
+per budget on final data (the simulation's and the replay's comparison of
+search and grid); :func:`a2_contradicted` checks the final frontier against
+the rule (a) stops (a report warning, beside the fit stage's ``a2_check`` row).
 """
 
 from __future__ import annotations
