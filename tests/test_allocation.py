@@ -6,15 +6,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from rollscale.core.allocation import (
-    PODS,
-    DynamicSampling,
-    PilotCommit,
-    Uniform,
-    allocate,
-    max_variance_subset,
-    pilot_scores,
-)
+from rollscale.core.allocation import allocate
+from rollscale.core.rules.dynamic import DynamicSampling
+from rollscale.core.rules.pilot import PilotCommit, pilot_scores
+from rollscale.core.rules.pods import PODS, max_variance_subset
+from rollscale.core.rules.uniform import Uniform
 
 # ---------------------------------------------------------------- max-variance subset
 

@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollscale.registry import PLUGIN_PACKAGES
+
 REPO = Path(__file__).resolve().parents[1]
+REGISTRY = REPO / "rollscale" / "registry.py"
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 PROBE = """
 import importlib, json, sys
@@ -56,6 +59,12 @@ def imported_by(path: Path) -> set[Path]:
     return found
 
 
+def plugin_files() -> set[Path]:
+    """The files of the registries' plugin packages (rollscale/registry.py imports them by name
+    when a name is looked up, which no import statement shows; dvc.yaml lists their folders)."""
+    return {f for package in PLUGIN_PACKAGES for f in REPO.joinpath(*package.split(".")).glob("*.py")}
+
+
 def stage_files(stage: str) -> set[Path]:
     """The project files stage ``stage`` runs: its entry point and what they import, transitively."""
     todo = {REPO / "flows" / "__main__.py", REPO / "flows" / "__init__.py", REPO / "flows" / f"{stage}.py"}
@@ -64,6 +73,8 @@ def stage_files(stage: str) -> set[Path]:
         f = todo.pop()
         seen.add(f)
         todo |= imported_by(f) - seen
+        if f == REGISTRY:
+            todo |= plugin_files() - seen
     return seen
 
 
@@ -75,6 +86,16 @@ def test_stage_deps_cover_every_project_file_it_imports(stage):
     uncovered = sorted(str(f.relative_to(REPO)) for f in files
                        if not any(f == d or f.is_relative_to(d) for d in deps))
     assert not uncovered, f"dvc.yaml stages.{stage}.deps miss: {uncovered}"
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_plugin_packages_are_folder_deps(stage):
+    """A new rule, loss or engine is a new module of its package: the stage's deps name the
+    folder, so the module needs no dvc.yaml edit (.dvcignore keeps __pycache__ out of its hash)."""
+    if REGISTRY in stage_files(stage):
+        for package in PLUGIN_PACKAGES:
+            assert package.replace(".", "/") in STAGES[stage]["deps"], f"stages.{stage}.deps: add the folder {package}"
+    assert "__pycache__" in (REPO / ".dvcignore").read_text().split()
 
 
 def test_stages_that_read_the_problem_pool_watch_the_data_folder():

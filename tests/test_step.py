@@ -13,13 +13,21 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from rollscale.core.grpo import AGG_MODES, LossConfig, token_logprobs_and_entropy
+from rollscale.config import TrainParams
+from rollscale.core.logprobs import token_logprobs_and_entropy
 from rollscale.lm.engines import SamplingEngine
 from rollscale.lm.models import add_lora, tiny_llama
 from rollscale.lm.sampling import HFSampler
 from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update
 
 VOCAB = 40
+AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def _settings(temperature: float, max_new_tokens: int | None = None, **train) -> StepSettings:
+    """Step settings with the regularisers and their filter off unless given."""
+    train = TrainParams(**{"kl_coef": 0.0, "entropy_coef": 0.0, "zero_var_filter": False, **train})
+    return StepSettings(train=train, temperature=temperature, max_new_tokens=max_new_tokens)
 
 
 @pytest.fixture(autouse=True)
@@ -77,8 +85,8 @@ def _gradient(model, batch, mode: str, micro_batch_tokens: int, lora: bool) -> l
     opt = torch.optim.SGD(params, lr=0.0)
     seen = []
     opt.register_step_pre_hook(lambda *_: seen.append([p.grad.detach().clone() for p in params]))
-    loss = LossConfig(agg_mode=mode, kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True, max_new_tokens=7)
-    settings = StepSettings(loss=loss, temperature=0.9, micro_batch_tokens=micro_batch_tokens, grad_clip=0.0)
+    settings = _settings(0.9, max_new_tokens=7, agg_mode=mode, kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True,
+                         micro_batch_tokens=micro_batch_tokens, grad_clip=0.0)
     policy_update(model, opt, params, batch, settings, pad_id=0, ref_logprobs=_ref_fn(model, lora))
     return seen[0]
 
@@ -112,7 +120,7 @@ def test_pack_micro_batches_respects_the_budget_and_order():
 def _update(model, batch, ppo_epochs: int, lr: float = 0.05) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
-    settings = StepSettings(loss=LossConfig(), temperature=1.0, micro_batch_tokens=40, ppo_epochs=ppo_epochs)
+    settings = _settings(1.0, micro_batch_tokens=40, ppo_epochs=ppo_epochs)
     return policy_update(model, opt, params, batch, settings, pad_id=0)
 
 
@@ -238,7 +246,7 @@ def test_peak_memory_is_flat_in_b_at_a_fixed_micro_batch():
         batch = TrainBatch([rng.integers(3, vocab, width).tolist() for _ in range(b)],
                            [rng.integers(3, vocab, width).tolist() for _ in range(b)],
                            rng.normal(size=b), np.ones(b, bool), np.ones(b, bool))
-        settings = StepSettings(loss=LossConfig(entropy_coef=0.01), temperature=1.0, micro_batch_tokens=budget)
+        settings = _settings(1.0, entropy_coef=0.01, micro_batch_tokens=budget)
         with _PeakTensorBytes() as tracked:
             policy_update(model, opt, params, batch, settings, pad_id=0)
         return tracked.peak
@@ -265,8 +273,8 @@ def test_micro_batched_gram_equals_naive_per_rollout_gradients(lora, monkeypatch
         return real(model, fn, n, chunk_size=chunk_size, **kw)
 
     monkeypatch.setattr(online_noise, "gram_matrix", spy)
-    loss = LossConfig(agg_mode="seq-mean-token-mean", kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True)
-    settings = StepSettings(loss=loss, temperature=1.0, micro_batch_tokens=40)
+    settings = _settings(1.0, agg_mode="seq-mean-token-mean", kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True,
+                         micro_batch_tokens=40)
     gram = online_noise.batch_gram(model, batch, settings, pad_id=0, ref_logprobs=_ref_fn(model, lora))
     assert seen["chunk"] < len(batch)  # several chunks
     scale = np.abs(seen["naive"]).max()

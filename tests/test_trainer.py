@@ -63,12 +63,14 @@ TRAIN = dict(lr_base=1e-3, b_base=16, warmup_steps=0, kl_coef=0.0, entropy_coef=
 
 
 def _config(**overrides) -> RunConfig:
-    """A RunConfig; overrides of ``sweep.train`` settings (TrainParams fields) go into ``train``."""
+    """A RunConfig; overrides of ``sweep.train`` settings (TrainParams fields) go into ``train``,
+    and the rule's own arguments (m, n_pilot, ...: not RunConfig fields) into ``rule_args``."""
     train = dict(TRAIN, **{k: v for k, v in overrides.items() if k in TrainParams.model_fields})
     base = dict(n=4, b_problem=4, c_max=16 * 6, sampling=SAMPLING, eval_every=2, eval_k=4, checkpoint_every=3,
                 train=train)
-    base.update({k: v for k, v in overrides.items() if k not in TrainParams.model_fields})
-    return RunConfig(**base)
+    base.update({k: v for k, v in overrides.items() if k in RunConfig.model_fields})
+    rule_args = {k: v for k, v in overrides.items() if k not in TrainParams.model_fields | RunConfig.model_fields}
+    return RunConfig(**base, rule_args=rule_args)
 
 
 def _trainer(warm, config, model=None, lora=False, train=None):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollscale.core.rewards import REWARD_NAMES, canonical_number, is_reward_name, last_boxed, normalize_number
+from rollscale.core.rewards import VERIFIERS, canonical_number, is_reward_name, last_boxed, normalize_number
 
 logger = logging.getLogger("rollscale.core.problems")
 
@@ -67,7 +67,7 @@ class Problem:
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"Problem: {name} must be a non-empty str, got {value!r}")
         if not is_reward_name(self.reward):
-            raise ValueError(f"Problem: reward must be one of {', '.join(REWARD_NAMES)} "
+            raise ValueError(f"Problem: reward must be one of {', '.join(VERIFIERS.names())} "
                              f"or 'module:function'; got {self.reward!r}")
         expected_id = compute_problem_id(self.source, self.prompt)
         if self.problem_id != expected_id:
