@@ -17,8 +17,10 @@ from rollscale.config import TrainParams
 from rollscale.core.logprobs import token_logprobs_and_entropy
 from rollscale.lm.engines import SamplingEngine
 from rollscale.lm.models import add_lora, tiny_llama
-from rollscale.lm.sampling import HFSampler
-from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update
+from rollscale.core.losses.advantages import group_advantages
+from rollscale.lm.sampling import HFSampler, Rollout, SamplingConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update, train_batch
 
 VOCAB = 40
 AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -103,6 +105,23 @@ def test_micro_batched_gradient_equals_full_batch(mode, lora):
     assert scale > 0
     err = max(float((a - b).abs().max()) for a, b in zip(full, micro)) / scale
     assert err <= 1e-5
+
+
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_train_batch_with_groups_of_different_sizes(scale):
+    """Rules that allocate per prompt train groups of different sizes: each group's advantages
+    and zero-variance flags are its own, and equal groups give what the [groups, n] array gives."""
+    rewards = [[1, 0], [1, 1, 1], [0, 1, 1, 0, 1]]
+    groups = [[Rollout(str(r), [3, 4], 2, False, float(r)) for r in g] for g in rewards]
+    cfg = RunConfig(n=4, b_problem=3, c_max=12, sampling=SamplingConfig(max_new_tokens=4),
+                    train=TrainParams(advantage_scale=scale, overlong_penalty_cache=0))
+    shaped, batch = train_batch(groups, [[1, 2]] * 3, cfg)
+    assert [list(r) for r in shaped] == rewards and len(batch) == 10
+    np.testing.assert_array_equal(batch.advantages, np.concatenate([group_advantages(r, scale) for r in rewards]))
+    assert batch.regularize.tolist() == [True] * 2 + [False] * 3 + [True] * 5
+    equal = [[Rollout("x", [3], 1, False, float(r)) for r in g] for g in ([1, 0, 0], [0, 1, 1])]
+    _, batch = train_batch(equal, [[1]] * 2, cfg)
+    np.testing.assert_array_equal(batch.advantages, group_advantages([[1, 0, 0], [0, 1, 1]], scale).reshape(-1))
 
 
 def test_pack_micro_batches_respects_the_budget_and_order():
