@@ -21,7 +21,7 @@ from rollscale.core.allocation import (
     draw,
     sample_groups,
 )
-from rollscale.core.checks import is_int
+from rollscale.core.checks import is_finite_number, is_int
 from rollscale.registry import ALLOCATION_RULES
 
 
@@ -71,10 +71,9 @@ class PilotCommit(AllocationRule):
         super().__post_init__()
         if not is_int(self.n_pilot) or not 1 <= self.n_pilot < self.n:
             raise ValueError(f"n_pilot must be an int with 1 <= n_pilot < n={self.n}, got {self.n_pilot!r}")
-        pf = self.pool_factor
-        if isinstance(pf, bool) or not isinstance(pf, (int, float)) or not (math.isfinite(pf) and pf >= 1):
+        if not (is_finite_number(self.pool_factor) and self.pool_factor >= 1):
             raise ValueError(f"pool_factor must be a number >= 1, got {self.pool_factor!r}")
-        self.pool_factor = float(pf)  # 2 and 2.0 are one run (its id and config hash)
+        self.pool_factor = float(self.pool_factor)  # 2 and 2.0 are one run (its id and config hash)
 
     @classmethod
     def for_grid_point(cls, params: PilotParams, n: int, b_problem: int) -> PilotCommit:

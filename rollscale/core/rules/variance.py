@@ -4,7 +4,6 @@ Knapsack RL, Li et al. 2025, and VIP, Nguyen et al. 2026)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,13 +22,10 @@ from rollscale.core.allocation import (
     draw,
     sample_groups,
 )
+from rollscale.core.checks import is_finite_number
 from rollscale.registry import ALLOCATION_RULES
 
 MIN_GROUP = 2  # a GRPO group: one rollout alone has zero advantage
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def largest_remainder(weights, total: int, minimum: int) -> np.ndarray:
@@ -80,9 +76,9 @@ class VarianceAllocation(AllocationRule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (_number(self.prior) and self.prior > 0):
+        if not (is_finite_number(self.prior) and self.prior > 0):
             raise ValueError(f"prior must be a number > 0, got {self.prior!r}")
-        if not (_number(self.decay) and 0 <= self.decay <= 1):
+        if not (is_finite_number(self.decay) and 0 <= self.decay <= 1):
             raise ValueError(f"decay must be a number in [0, 1], got {self.decay!r}")
         self.prior, self.decay = float(self.prior), float(self.decay)  # 1 and 1.0 are one run
         # problem -> (decayed successes, decayed rollouts) of its visits so far: the rule's state
