@@ -135,6 +135,17 @@ class SweepParams(_Section):
     # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
     ray_gpus_per_run: float | None = Field(None, ge=0)
 
+    @field_validator("rules")
+    @classmethod
+    def _rules_once(cls, v: list) -> list:
+        # runs, fits and the report tell rules apart by name: two entries of one rule would mix
+        names = [r.rule for r in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"rule {twice[0]!r} is listed more than once; one entry per rule "
+                             f"(the fits compare rules by name)")
+        return v
+
     @field_validator("n", "b_problem")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:

@@ -128,6 +128,7 @@ def test_sweep_rules_accept_names_and_mappings():
     ([{"rule": "pods", "keep": "half"}], r"sweep.rules.0.pods.keep: Input should be a valid number"),
     ([{"rule": "pilot", "n_pilot": 0}], r"sweep.rules.0.pilot.n_pilot: Input should be greater than or equal to 1"),
     ([{"keep": 0.5}], r"sweep.rules.0: Unable to extract tag using discriminator 'rule'"),
+    (["pods", {"rule": "pods", "keep": 0.25}], r"sweep.rules: .*rule 'pods' is listed more than once"),
 ])
 def test_bad_rule_entries_name_the_key(rules, message):
     with pytest.raises(ParamsError, match=message):
