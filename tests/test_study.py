@@ -26,7 +26,7 @@ from rollscale.pipeline.stages import (
     stage_running,
 )
 from rollscale.pipeline.status import stage_statuses, sweep_progress
-from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -48,7 +48,8 @@ def print_query(sql: str, artifacts: str) -> None:
 
 
 def print_tables(artifacts: str) -> None:
-    from rollscale.pipeline.storage import TABLES, available_tables
+    from rollscale.pipeline.storage import available_tables
+    from rollscale.tables import TABLES
 
     have = available_tables(artifacts)
     for name, pattern in TABLES.items():

@@ -12,24 +12,10 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from rollscale.tables import TABLES, table_stage
 
-
-# table -> the pipeline stage that writes it (dvc.yaml)
-TABLE_STAGES: dict[str, str] = {
-    "profile": "profile",
-    "buckets": "bucket",
-    "noise_prompts": "measure",
-    "noise_steps": "measure",
-    "runs": "sweep",
-    "steps": "sweep",
-    "evals": "sweep",
-    "fits": "fit",
-    "frontier": "fit",
-    "steps_to_target": "fit",
-    "crs_prediction": "fit",
-    "epoch_transitions": "fit",
-}
-TABLE_NAMES: tuple[str, ...] = tuple(TABLE_STAGES)
+# the study tables the report may draw on: all of them (rollscale.tables)
+TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
 
 DEFAULT_BUCKET_BOUNDS: dict[str, tuple[float, float]] = {
     "hard": (0.0, 0.0625),
@@ -127,7 +113,7 @@ def _require(df: pd.DataFrame, table: str, columns: Sequence[str]) -> None:
 
 
 def _missing_stage(table: str, what: str | None = None) -> str:
-    stage = TABLE_STAGES[table]
+    stage = table_stage(table)
     what = what or f"`{table}` table"
     return f"No {what} yet: run the `{stage}` stage (dvc repro {stage})."
 

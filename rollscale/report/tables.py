@@ -12,7 +12,6 @@ import pandas as pd
 from rollscale.core import noise
 from rollscale.report.claims import headline_table, interval_text
 from rollscale.report.base import (
-    TABLE_STAGES,
     TableSpec,
     _check_tables,
     _fmt,
@@ -22,6 +21,7 @@ from rollscale.report.base import (
     _require,
 )
 from rollscale.report.noise_charts import _k_sat_null_by_n, _usable_k_sat, quintile_tables
+from rollscale.tables import table_stage
 
 
 def _table_bucket_counts(t: dict[str, pd.DataFrame | None]) -> TableSpec:
@@ -261,7 +261,7 @@ def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
 
 def _table_stages(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     rows = [
-        {"table": name, "stage": TABLE_STAGES[name], "rows": "missing" if df is None else str(len(df))}
+        {"table": name, "stage": table_stage(name), "rows": "missing" if df is None else str(len(df))}
         for name, df in t.items()
     ]
     return TableSpec(
