@@ -111,7 +111,7 @@ def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
     from tokenizers import decoders
 
     from rollscale.core.problems import reasoning_gym_problems
-    from rollscale.lm.sampling import SamplingConfig
+    from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.trainer import GRPOTrainer, RunConfig
 
     torch.manual_seed(0)
@@ -172,7 +172,7 @@ def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batc
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     from rollscale.core.problems import reasoning_gym_problems
-    from rollscale.lm.sampling import SamplingConfig
+    from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.trainer import GRPOTrainer, RunConfig
 
     cfg_model = Qwen3Config(**QWEN3_SHAPES[shape], max_position_embeddings=4096, eos_token_id=None)

@@ -26,7 +26,7 @@ from tokenizers import decoders
 
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama, train_supervised
 from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.trainer import GRPOTrainer, RunConfig
 
 TINY_ARCH = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, max_positions=64)

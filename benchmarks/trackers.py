@@ -26,7 +26,7 @@ import torch
 from rollscale.config import TrackingParams
 from rollscale.core.problems import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, tracker_targets
 from rollscale.train.checkpoint import RunStore
 from rollscale.train.trainer import GRPOTrainer, RunConfig

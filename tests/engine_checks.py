@@ -6,7 +6,7 @@ import torch
 
 from rollscale.lm.engines.base import prompt_ids
 from rollscale.lm.models import char_tokenizer, render_prompt, tiny_llama
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 
 PROMPT_TEXTS = ["1+2=", "33*4=", "(7-5)*9="]
 SAMPLED = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=6)

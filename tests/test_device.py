@@ -8,7 +8,7 @@ from tokenizers import decoders
 from rollscale.config import parse_params
 from rollscale.core.problems import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.checkpoint import RunStore
 from rollscale.train.trainer import GRPOTrainer, RunConfig
 from tasks.models import resolve_device

@@ -13,7 +13,7 @@ from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.noise import k_sat_null
 from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.trainer import GRPOTrainer, RunConfig
 
 ARCH = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_leaves
 from rollscale.core.grpo import AGG_MODES, LossConfig, token_logprobs_and_entropy
 from rollscale.lm.engines import SamplingEngine
 from rollscale.lm.models import add_lora, tiny_llama
-from rollscale.lm.sampling import HFSampler
+from rollscale.lm.engines.hf import HFSampler
 from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update
 
 VOCAB = 40
@@ -182,7 +182,7 @@ def test_trainer_uses_the_engine_and_logs_the_mismatch():
 
     from rollscale.core.problems import reasoning_gym_problems
     from rollscale.lm.models import char_tokenizer
-    from rollscale.lm.sampling import SamplingConfig
+    from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.trainer import GRPOTrainer, RunConfig
 
     tok = char_tokenizer()

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rollscale.config import TrackingParams  # noqa: E402
 from rollscale.core.problems import reasoning_gym_problems  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama  # noqa: E402
-from rollscale.lm.sampling import SamplingConfig  # noqa: E402
+from rollscale.core.rollouts import SamplingConfig  # noqa: E402
 from rollscale.pipeline.trackers import (  # noqa: E402
     ExportingRunStore,
     RunExporter,

@@ -38,8 +38,10 @@ from rollscale.core.logprobs import token_logprobs
 from rollscale.core.noise import EmaNoiseScale
 from rollscale.core.problems import Problem
 from rollscale.core.rewards import reward_fn
+from rollscale.core.seeds import derive_seed
 from rollscale.lm.models import render_prompt
-from rollscale.lm.sampling import HFSampler, Rollout
+from rollscale.core.rollouts import Rollout
+from rollscale.lm.engines.hf import HFSampler
 from rollscale.train.checkpoint import Checkpoint, RunStore
 from rollscale.train.evaluate import evaluate
 from rollscale.train.online_noise import batch_gram, noise_figures
@@ -159,7 +161,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ data order and seeds
 
     def _seed(self, purpose: int, step: int, call: int) -> int:
-        return int(np.random.SeedSequence([self.config.seed, purpose, step, call]).generate_state(1)[0])
+        return derive_seed(self.config.seed, purpose, step, call, bits=32)
 
     def data_order(self, position: int, k: int) -> list[int]:
         """Train-problem indices at positions ``position .. position + k - 1`` of the run's data order."""

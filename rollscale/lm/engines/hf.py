@@ -30,12 +30,12 @@ from rollscale.lm.engines.base import (
     Prompt,
     TrainingModelEngine,
     check_call,
-    derive_seed,
     eos_ids,
     make_rollout,
     prompt_ids,
 )
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.seeds import derive_seed
+from rollscale.core.rollouts import Rollout, SamplingConfig
 
 
 class SeededSampling(LogitsProcessor):

@@ -22,13 +22,13 @@ from rollscale.lm.engines.base import (
     Prompt,
     TrainingModelEngine,
     check_call,
-    derive_seed,
     eos_ids,
     make_rollout,
     prompt_ids,
 )
 from rollscale.lm.engines.hf import _blank_generation_config
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.seeds import derive_seed
+from rollscale.core.rollouts import Rollout, SamplingConfig
 
 
 class HFPagedEngine(TrainingModelEngine):
