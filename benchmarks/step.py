@@ -110,7 +110,7 @@ def _smol_folder() -> Path | None:
 def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
     from tokenizers import decoders
 
-    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.trainer import GRPOTrainer, RunConfig
 
@@ -171,7 +171,7 @@ def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batc
     """One full GRPO step of a random-initialised Qwen3 shape on CUDA (no weights needed)."""
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.trainer import GRPOTrainer, RunConfig
 

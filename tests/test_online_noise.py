@@ -12,7 +12,7 @@ from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.noise import k_sat_null
 from rollscale.core.noise_ema import EmaNoiseScale
-from rollscale.core.problems import reasoning_gym_problems
+from rollscale.core.problem_sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.trainer import GRPOTrainer, RunConfig
 

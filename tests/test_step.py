@@ -180,7 +180,7 @@ class _PerturbedEngine(SamplingEngine):
 def test_trainer_uses_the_engine_and_logs_the_mismatch():
     from tokenizers import decoders
 
-    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.lm.models import char_tokenizer
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.trainer import GRPOTrainer, RunConfig
