@@ -10,7 +10,7 @@ import torch
 
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
-from rollscale.core.noise import k_sat_null
+from rollscale.core.noise_correlation import k_sat_null
 from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.core.problem_sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig

@@ -9,7 +9,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from rollscale.core import noise
+from rollscale.core.noise_correlation import k_sat_null
+from rollscale.core.noise_summary import quintile_table
 from rollscale.report.base import (
     BUCKET_COLOURS,
     CHART_HEIGHT,
@@ -33,7 +34,7 @@ def _k_sat_null_by_n(noise_prompts: pd.DataFrame) -> dict[int, float]:
     for n_value, group in noise_prompts.groupby("n"):
         n_int = int(n_value)
         nulls = _num(group["k_sat_null"]).dropna() if "k_sat_null" in group else pd.Series(dtype=float)
-        out[n_int] = float(nulls.iloc[0]) if len(nulls) else noise.k_sat_null(n_int)
+        out[n_int] = float(nulls.iloc[0]) if len(nulls) else k_sat_null(n_int)
     return out
 
 
@@ -48,7 +49,7 @@ def _usable_k_sat(noise_prompts: pd.DataFrame) -> pd.DataFrame:
 def quintile_tables(noise_prompts: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Split-half K_sat by pass-rate quintile, unfiltered and IQR-filtered (science §6.3).
 
-    Uses :func:`rollscale.core.noise.quintile_table` per group size n (prompts of
+    Uses :func:`rollscale.core.noise_summary.quintile_table` per group size n (prompts of
     all measurement steps pooled), with the null value ``k_sat_null =
     |R| + 1`` and ``median_ratio = median / k_sat_null`` beside K_sat as §6.3
     asks. Rows whose K_sat is NaN (rho undefined) are left out. Keys:
@@ -67,7 +68,7 @@ def quintile_tables(noise_prompts: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for key, drop in (("unfiltered", False), ("iqr_filtered", True)):
         parts = []
         for n_value, group in df.groupby("n"):
-            table = noise.quintile_table(group["pass_rate"].to_numpy(), group["k_sat"].to_numpy(), drop_outliers=drop)
+            table = quintile_table(group["pass_rate"].to_numpy(), group["k_sat"].to_numpy(), drop_outliers=drop)
             table = table.reset_index()
             table["pass_rate_quintile"] = table["pass_rate_quintile"].astype(str)
             table.insert(0, "n", int(n_value))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core import noise
+from rollscale.core.noise_summary import summary_stats
 from rollscale.report.claims import headline_table, interval_text
 from rollscale.report.base import (
     TableSpec,
@@ -88,7 +88,7 @@ def _table_k_sat_summary(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     nulls = _k_sat_null_by_n(df)
     rows = []
     for n_value, g in df.groupby("n"):
-        stats = noise.summary_stats(g["k_sat"].to_numpy())
+        stats = summary_stats(g["k_sat"].to_numpy())
         null = nulls[int(n_value)]
         n_inf = int(np.isinf(g["k_sat"]).sum())
         for stat in ("count", "mean", "median", "std", "max"):

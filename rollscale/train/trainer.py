@@ -35,7 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from rollscale.core.allocation import allocate
 from rollscale.core.grpo import warmup_factor
 from rollscale.core.logprobs import token_logprobs
-from rollscale.core.noise import EmaNoiseScale
+from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.core.problems import Problem
 from rollscale.core.rewards import reward_fn
 from rollscale.core.seeds import derive_seed
