@@ -112,7 +112,8 @@ def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
 
     from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.core.rollouts import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     torch.manual_seed(0)
     tok = char_tokenizer()
@@ -173,7 +174,8 @@ def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batc
 
     from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.core.rollouts import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     cfg_model = Qwen3Config(**QWEN3_SHAPES[shape], max_position_embeddings=4096, eos_token_id=None)
     model = Qwen3ForCausalLM(cfg_model).to("cuda", torch.bfloat16)

@@ -25,7 +25,8 @@ from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
 from rollscale.pipeline.status import record_attempt
 from rollscale.files import write_parquet_atomic
-from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
+from rollscale.train.run_config import RunConfig, RunResult
+from rollscale.train.trainer import GRPOTrainer
 from tasks.common import transient
 from tasks.models import training_model
 

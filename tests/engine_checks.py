@@ -135,7 +135,7 @@ def run_setup(tmp_path):
 
 
 def run_config(**train):
-    from rollscale.train.trainer import RunConfig
+    from rollscale.train.run_config import RunConfig
 
     """Three steps of 4 prompts x 8 rollouts, every group trained (the filters off), a large rate."""
     return RunConfig(n=8, b_problem=4, c_max=96, sampling=SamplingConfig(temperature=1.0, max_new_tokens=8),

@@ -10,7 +10,8 @@ from rollscale.core.problem_sets import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.checkpoint import RunStore
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.trainer import GRPOTrainer
 from tasks.models import resolve_device
 from tasks.ray_sweep import gpus_per_run, worker_env
 

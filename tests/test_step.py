@@ -183,7 +183,8 @@ def test_trainer_uses_the_engine_and_logs_the_mismatch():
     from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.lm.models import char_tokenizer
     from rollscale.core.rollouts import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     tok = char_tokenizer()
     tok.backend_tokenizer.decoder = decoders.Fuse()

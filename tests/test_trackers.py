@@ -22,7 +22,8 @@ from rollscale.pipeline.trackers import (  # noqa: E402
     tracker_targets,
 )
 from rollscale.train.checkpoint import RunStore  # noqa: E402
-from rollscale.train.trainer import GRPOTrainer, RunConfig  # noqa: E402
+from rollscale.train.run_config import RunConfig  # noqa: E402
+from rollscale.train.trainer import GRPOTrainer  # noqa: E402
 
 ARCH = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
 

@@ -110,6 +110,20 @@ class Checkpoint:
 
         return torch.load(self.path / "model.pt", map_location=map_location, weights_only=True)
 
+    def load_weights(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Copy the saved trainable parameters into ``params`` (name -> the live tensor);
+        a ValueError, before any copy, when the names differ (another model)."""
+        import torch
+
+        model_state = self.model_state()
+        if set(model_state) != set(params):
+            missing = sorted(set(params) - set(model_state))[:3]
+            extra = sorted(set(model_state) - set(params))[:3]
+            raise ValueError(f"checkpoint {self.path} does not fit this model (missing {missing}, unexpected {extra})")
+        with torch.no_grad():
+            for name, value in model_state.items():
+                params[name].copy_(value)
+
     def optimizer_state(self, map_location: str | torch.device = "cpu") -> dict:
         """The saved optimizer state_dict."""
         import torch
@@ -160,6 +174,17 @@ class RunStore:
     def _verify(self, step: int, path: Path, quick: bool = False) -> str | None:
         """Why the checkpoint at ``path`` is not valid, or None if it is (see :func:`verify_checkpoint`)."""
         return verify_checkpoint(self.root, step, path, quick)
+
+    def check_same_run(self, saved: Mapping[str, Any], run_id: str, config_hash: str, data_hash: str) -> None:
+        """Refuse to resume a different run here: ``saved`` (a checkpoint's state or ``done.json``)
+        must carry the same config hash and, when it records one, the same training-data hash."""
+        if saved.get("config_hash") != config_hash:
+            raise ValueError(f"run directory {self.root} holds a run with a different config (config hash "
+                             f"{saved.get('config_hash')} != {config_hash} of run {run_id}); "
+                             "use a new directory or the same config")
+        if "data_hash" in saved and saved["data_hash"] != data_hash:
+            raise ValueError(f"run directory {self.root} holds a run on different training problems "
+                             f"(data hash {saved['data_hash']} != {data_hash})")
 
     def damage(self) -> str | None:
         """Why the run's newest checkpoint (the one ``done.json`` stands on) is not intact, or None.
