@@ -26,7 +26,7 @@ from rollscale.lm.engines.base import (
     make_rollout,
     prompt_ids,
 )
-from rollscale.lm.engines.hf import _blank_generation_config
+from rollscale.lm.engines.hf import blank_generation_config
 from rollscale.core.seeds import derive_seed
 from rollscale.core.rollouts import Rollout, SamplingConfig
 
@@ -59,7 +59,7 @@ class HFPagedEngine(TrainingModelEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with _blank_generation_config(self.model):
+            with blank_generation_config(self.model):
                 results = self.model.generate_batch(
                     inputs=flat, generation_config=self.generation_config(config),
                     continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, seed=derive_seed(seed)),
