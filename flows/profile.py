@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.lm.engines import derive_seed
+from rollscale.core.seeds import derive_seed
 from rollscale.pipeline.progress import Progress
 from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
