@@ -103,3 +103,11 @@ def test_no_library_module_is_over_400_lines():
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not set(long) - OVER_LIMIT, f"split these by concern: {long}"
     assert not OVER_LIMIT - set(long), f"no longer over {MAX_LINES} lines: remove {OVER_LIMIT - set(long)} from OVER_LIMIT"
+
+
+def test_loading_the_run_store_loads_no_query_engine():
+    # the run store writes through rollscale.files, not the pipeline's storage module (which holds DuckDB)
+    probe = "import sys, rollscale.train.checkpoint; print('duckdb' in sys.modules, 'rollscale.pipeline' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       text=True, capture_output=True, timeout=120)
+    assert r.stdout.split() == ["False", "False"], r.stderr[-2000:]

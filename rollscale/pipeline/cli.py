@@ -74,9 +74,9 @@ def deps(write: bool) -> int:
         return 0
     if write:
         write_text_atomic(render_dvc_yaml(root), root / "dvc.yaml")
-        print(diff + "dvc.yaml: deps rewritten", end="\n")
+        print(diff + "dvc.yaml: deps rewritten")
         return 0
-    print(diff + "dvc.yaml: deps are stale; `rollscale deps --write` rewrites them", end="\n")
+    print(diff + "dvc.yaml: deps are stale; `rollscale deps --write` rewrites them")
     return 1
 
 
@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         from rollscale.config import load_params
 
-        # a bad stage or bad params fail here, before a process and Prefect start
-        if code := run_guarded(lambda: (check_stage(args.stage), load_params(args.params)), debug):
+        # bad params or a stage dvc.yaml lacks fail here, before a process and Prefect start
+        if code := run_guarded(lambda: (load_params(args.params), check_stage(args.stage)), debug):
             return code
         return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug)
     if args.command == "study":
