@@ -2,7 +2,7 @@
 
 ``measure`` (gradient noise at large n, science §6), ``sweep`` with its
 ``train`` step (science §1, §3, §4), ``fit`` (frontiers, science §7) and
-``report``. Every section derives from :class:`_Section`: unknown keys are
+``report``. Every section derives from :class:`Section`: unknown keys are
 errors and assignments are validated. :mod:`rollscale.config` assembles them
 into the one tree, :class:`rollscale.config.StudyParams`, and re-exports them.
 """
@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 from rollscale.registry import ADVANTAGE_ESTIMATORS, ALLOCATION_RULES, LOSS_AGGREGATIONS, POLICY_LOSSES, closest_hint
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     """Base of every params.yaml section: an unknown key is an error, and so is a bad value set later."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -26,7 +26,7 @@ class _Section(BaseModel):
 _RECIPE_ON = frozenset({"easy", "very_easy"})
 
 
-class TrainParams(_Section):
+class TrainParams(Section):
     """The GRPO step (science §3) shared by every sweep run."""
 
     lr_base: float = Field(1e-4, gt=0)
@@ -98,7 +98,7 @@ def _rule_spec() -> Any:
     return Annotated[Union[tuple(models)], Field(discriminator="rule"), BeforeValidator(_rule_entry)]
 
 
-class SweepParams(_Section):
+class SweepParams(Section):
     """The rollout sweep over n, B_problem and allocation rules (science §1, §4).
 
     Designs of the CBS-in-RLVR framework: ``prompt_axis`` (n = n[0] fixed,
@@ -161,7 +161,7 @@ class SweepParams(_Section):
         return v
 
 
-class FitParams(_Section):
+class FitParams(Section):
     """Frontier fits and steps to target (science §7)."""
 
     # record-breaking points: reward bins of this width (validation avg@k)
@@ -178,14 +178,14 @@ class FitParams(_Section):
     bootstrap_seed: int = 0
 
 
-class ReportParams(_Section):
+class ReportParams(Section):
     """The study report."""
 
     # split-half K_sat above this is drawn at the cap (science §6.3); null = 4 x the largest n
     k_sat_cap: float | None = Field(None, gt=1)
 
 
-class MeasureParams(_Section):
+class MeasureParams(Section):
     """Short GRPO runs at large n that measure gradient noise every step (science §6)."""
 
     bucket: str = "easy"  # whose training split is measured

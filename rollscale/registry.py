@@ -23,15 +23,10 @@ import difflib
 import importlib
 import importlib.util
 import pkgutil
-import re
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-
-
-# a user's entry outside the plugin packages: "package.module:attribute"
-_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 class RegistryError(ValueError):
@@ -63,17 +58,13 @@ class Registry(Generic[T]):
         plugins: dotted names of the packages (or modules) whose modules register entries.
         lazy: one entry per module, named after the module with ``_`` read as ``-``; ``skip``
             lists modules of the package that are not entries (shared code).
-        paths: a name ``module:attribute`` is valid too and :meth:`get` imports it (a user's
-            own entry, e.g. a verifier, without a module in the plugin packages).
     """
 
-    def __init__(self, kind: str, plugins: Iterable[str] = (), lazy: bool = False, skip: Iterable[str] = (),
-                 paths: bool = False) -> None:
+    def __init__(self, kind: str, plugins: Iterable[str] = (), lazy: bool = False, skip: Iterable[str] = ()) -> None:
         self.kind = kind
         self.plugins = tuple(plugins)
         self.lazy = lazy
         self.skip = frozenset(skip)
-        self.paths = paths
         self._entries: dict[str, T] = {}
         self._discovered = False
 
@@ -110,24 +101,18 @@ class Registry(Generic[T]):
 
     def names(self) -> tuple[str, ...]:
         """Every registered name, in registration order (a lazy registry: module order; it
-        imports nothing to answer). ``module:attribute`` names are not listed."""
+        imports nothing to answer)."""
         if self.lazy:
             return tuple(dict.fromkeys([*self._lazy_modules(), *self._entries]))
         self._discover()
         return tuple(self._entries)
 
     def is_valid(self, name: object) -> bool:
-        """A registered name, or a ``module:attribute`` where allowed (not imported here)."""
-        return isinstance(name, str) and (name in self.names() or (self.paths and _PATH.fullmatch(name) is not None))
+        """Is ``name`` a registered name (a lazy registry imports nothing to answer)?"""
+        return isinstance(name, str) and name in self.names()
 
     def get(self, name: str) -> T:
         """The entry called ``name``; an unknown name is an error naming the closest valid one."""
-        if self.paths and isinstance(name, str) and name not in self._entries and _PATH.fullmatch(name):
-            module_name, attr = name.split(":")
-            try:
-                return getattr(importlib.import_module(module_name), attr)
-            except (ImportError, AttributeError) as e:
-                raise RegistryError(f"cannot import {self.kind} {name!r} ({e})") from None
         if name not in self._entries:
             if self.lazy and isinstance(name, str) and name in (modules := self._lazy_modules()):
                 importlib.import_module(modules[name])
@@ -137,9 +122,8 @@ class Registry(Generic[T]):
                 self._discover()
         if name not in self._entries:
             valid = self.names()
-            also = " or 'module:attribute'" if self.paths else ""
             raise RegistryError(f"unknown {self.kind} {name!r}{closest_hint(name, valid)} "
-                                f"(expected one of: {', '.join(valid)}{also})")
+                                f"(expected one of: {', '.join(valid)})")
         return self._entries[name]
 
     def check(self, name: str) -> str:
@@ -157,14 +141,14 @@ def _where(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
-# The registries of the study and their plugin packages (science §3, §4; docs/architecture.md).
-ALLOCATION_RULES: Registry = Registry("allocation rule", plugins=["rollscale.core.rules"])
-ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", plugins=["rollscale.core.losses"])
-POLICY_LOSSES: Registry = Registry("policy loss", plugins=["rollscale.core.losses"])
-LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", plugins=["rollscale.core.losses"])
-SAMPLING_ENGINES: Registry = Registry("sampling engine", plugins=["rollscale.lm.engines"], lazy=True, skip=["base"])
+# The plugin packages, by dotted name. A literal: rollscale.pipeline.stage_deps reads it to
+# make their folders deps of every stage that loads this module (params validation does).
+PLUGIN_PACKAGES = ("rollscale.core.rules", "rollscale.core.losses", "rollscale.lm.engines")
+_RULES, _LOSSES, _ENGINES = PLUGIN_PACKAGES
 
-REGISTRIES: tuple[Registry, ...] = (ALLOCATION_RULES, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LOSS_AGGREGATIONS,
-                                    SAMPLING_ENGINES)
-# every plugin package: its folder is a dependency of any stage that validates params (dvc.yaml)
-PLUGIN_PACKAGES: tuple[str, ...] = tuple(dict.fromkeys(p for r in REGISTRIES for p in r.plugins))
+# The registries of the study (science §3, §4; docs/architecture.md).
+ALLOCATION_RULES: Registry = Registry("allocation rule", plugins=[_RULES])
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", plugins=[_LOSSES])
+POLICY_LOSSES: Registry = Registry("policy loss", plugins=[_LOSSES])
+LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", plugins=[_LOSSES])
+SAMPLING_ENGINES: Registry = Registry("sampling engine", plugins=[_ENGINES], lazy=True, skip=["base"])

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from rollscale.registry import Registry, RegistryError
+from rollscale.plugins import import_reference, is_reference
+from rollscale.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +161,8 @@ def extract_number(text: str) -> str | None:
 
 
 RewardFn = Callable[[str, str], float]
-# verifiers by name (science §2); a user's own is "package.module:function", imported on use
-VERIFIERS: Registry = Registry("verifier", paths=True)
+# the built-in verifiers by name (science §2); a user's own is "package.module:function"
+VERIFIERS: Registry = Registry("verifier")
 
 
 @VERIFIERS.register("numeric")
@@ -348,16 +349,20 @@ def exact_reward(completion: str, gold: str) -> float:
 def is_reward_name(name: object) -> bool:
     """True for a built-in verifier name or a ``module:function`` reference
     (not imported here; :func:`reward_fn` imports it)."""
-    return VERIFIERS.is_valid(name)
+    return VERIFIERS.is_valid(name) or is_reference(name)
 
 
 def reward_fn(name: str) -> RewardFn:
     """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``:
     "numeric", "math", "exact", or a user's ``module:function``. Science §2."""
+    if VERIFIERS.is_valid(name):
+        return VERIFIERS.get(name)
+    if not is_reward_name(name):
+        raise ValueError(
+            f"reward_fn: name must be one of {', '.join(VERIFIERS.names())} or 'module:function'; got {name!r}"
+        )
+    # a user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0
     try:
-        fn = VERIFIERS.get(name)
-    except RegistryError as e:
-        raise ValueError(f"reward_fn: {e}") from None
-    if not callable(fn):
-        raise ValueError(f"reward_fn: {name!r} is not callable")
-    return fn
+        return import_reference(name, "verifier")
+    except ValueError as err:
+        raise ValueError(f"reward_fn: {err}") from None

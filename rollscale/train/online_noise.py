@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from rollscale.core.gram import gram_matrix
-from rollscale.core.noise import EmaNoiseScale, decompose, k_sat, k_sat_null, split_half_rho
+from rollscale.core.noise import decompose
+from rollscale.core.noise_correlation import k_sat, k_sat_null, split_half_rho
+from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_normalizers, micro_batch, micro_batch_loss
 
 

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollscale.config import TrainParams
 from rollscale.core.allocation import AllocationRule, make_rule
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.core.shaping import sqrt_scaled_lr
-from rollscale.lm.sampling import SamplingConfig
 from rollscale.train.step import StepSettings
 
 _RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"

@@ -31,8 +31,8 @@ from rollscale.core.grpo import LossOutput, grpo_loss
 from rollscale.core.logprobs import token_logprobs_and_entropy
 from rollscale.core.losses.advantages import nonzero_variance_mask
 from rollscale.core.losses.aggregation import LossNormalizers, loss_normalizers
+from rollscale.core.rollouts import Rollout
 from rollscale.core.shaping import overlong_filter_mask, overlong_penalty
-from rollscale.lm.sampling import Rollout
 from rollscale.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rollscale.config import SweepParams
 from rollscale.core.allocation import RuleNotApplicable, RuleParams, rule_class
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.run_config import RunConfig
 
 log = logging.getLogger("rollscale.train.sweep")

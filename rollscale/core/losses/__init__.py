@@ -9,3 +9,5 @@ everything a loss needs, and torch is loaded by the step that calls them. A new 
 (GSPO, CISPO) is one module here with ``@POLICY_LOSSES.register(name)``; its settings are
 fields of ``TrainParams`` (rollscale/config_sections.py), which it reads from ``settings``.
 """
+
+PLUGIN_PACKAGE = True  # its modules are found at run time (dvc.yaml lists the folder)

@@ -5,3 +5,5 @@ Every module here is imported the first time a rule is looked up
 adding a module (see docs/architecture.md, "Where to add"). What they share is
 :mod:`rollscale.core.allocation`.
 """
+
+PLUGIN_PACKAGE = True  # its modules are found at run time (dvc.yaml lists the folder)

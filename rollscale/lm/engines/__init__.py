@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.lm.engines.base import EngineConfig, SamplingEngine, derive_seed
+from rollscale.lm.engines.base import EngineConfig, SamplingEngine
 from rollscale.lm.engines.hf import HFSampler
 from rollscale.registry import SAMPLING_ENGINES, RegistryError
+
+PLUGIN_PACKAGE = True  # its modules are found at run time (dvc.yaml lists the folder)
 
 
 def make_engine(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: EngineConfig) -> SamplingEngine:
@@ -28,4 +30,4 @@ def make_engine(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, conf
     return engine.from_config(model, tokenizer, config)
 
 
-__all__ = ["EngineConfig", "HFSampler", "SamplingEngine", "derive_seed", "make_engine"]
+__all__ = ["EngineConfig", "HFSampler", "SamplingEngine", "make_engine"]
