@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core import fit
+from rollscale.core import fit, frontier
 from rollscale.core.bootstrap import LEVEL, Bootstrap, interval, interval_note, seeds_per_stratum, sigmoid_refits
 from rollscale.core.common import CONFIG, EVAL_COLUMNS, FAMILY, families, fit_row, fits_frame, require
 from rollscale.core.frontier import (
@@ -126,8 +126,8 @@ def _resolved_start(curves: dict[int, fit.SigmoidFit], x_lo: float, x_hi: float,
     """The lowest x where F has risen by ``min_gain`` above F(x_lo); None if it never does."""
     if min_gain <= 0:
         return x_lo
-    fine = fit.log_grid(x_lo, x_hi, 400)
-    return resolved_start(fine, fit.frontier(curves, fine)["frontier_reward"].to_numpy(float), min_gain)
+    fine = frontier.log_grid(x_lo, x_hi, 400)
+    return resolved_start(fine, frontier.frontier(curves, fine)["frontier_reward"].to_numpy(float), min_gain)
 
 
 def _sigmoid_bootstrap(f: fit.SigmoidFit, pts: pd.DataFrame, x_col: str, weights: np.ndarray,
@@ -220,7 +220,7 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
 
     start = _resolved_start(usable, x_lo, x_hi, min_gain)
     resolved = start is not None and start < x_hi
-    grid = fit.log_grid(start if resolved else x_lo, x_hi, grid_points)
+    grid = frontier.log_grid(start if resolved else x_lo, x_hi, grid_points)
     keys = sorted(usable)
     # A3: a curve is used up to reach_factor times the largest x its runs were evaluated at
     seen = group.rows.groupby(group.key_col)[group.x_col].max()
@@ -228,15 +228,15 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
     a_hi = asymptote_upper(np.stack([refits[k] for k in keys]), [float(seen[k]) for k in keys],
                            [seeds[k] for k in keys], LEVEL, a_max, reach_factor)
     allowed, beyond = reach_mask(grid, [reach_factor * float(seen[k]) for k in keys], preds, a_hi)
-    fr = fit.frontier(usable, grid, allowed)
+    fr = frontier.frontier(usable, grid, allowed)
     scale = group.batch or 1  # iso-batch: x is M and C = B·M
     extrapolated = beyond.any(axis=0)
     ext_from = {"extrapolated_from": float(grid[extrapolated].min()) * scale if extrapolated.any() else math.nan}
     log10_x = np.log10(fr["c"].to_numpy(float))
     if resolved:
-        ns = fit.fit_n_star(log10_x, fr["best_key"].astype(float).to_numpy())
+        ns = frontier.fit_n_star(log10_x, fr["best_key"].astype(float).to_numpy())
         fit_rows.append(fit_row(n_star_kind, *ids, None, **ns.to_dict(), **ext_from))
-        transitions = fit.epochs_at_transitions(fr, _epochs_lookup(group))
+        transitions = frontier.epochs_at_transitions(fr, _epochs_lookup(group))
     else:
         # every curve is still at its base reward: which one is highest is fit noise, not a best key
         ns = None
