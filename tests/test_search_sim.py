@@ -2,7 +2,8 @@
 
 Both go through rollscale.core.search (rollscale.core.search_sim), with the default settings
 (eta 2, alpha 0.4: the point benchmarks/search_sim.py chose, docs/benchmarks.md). Worth its time
-(about 11 s of CPU on this 2-core machine, twice that in wall time while other work runs): it is
+(12 s of CPU on this 2-core machine, 26 s wall while other sessions ran; the file 32 s with the
+suite's Prefect server start): it is
 the only check that the search's rules, run together over many noisy studies, keep the grid's
 answer. Measured here: 97.4 % agreement, median spent 75.6 % of the grid's rollouts; the issue's
 50 % is not reached by a rule that keeps the answer (docs/benchmarks.md has the trade-off).

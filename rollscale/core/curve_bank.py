@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from rollscale.core import fit
 from rollscale.core.bootstrap import Bootstrap, sigmoid_refits
 from rollscale.core.common import require
-from rollscale.core.fitting import too_few
+from rollscale.core.fitting import too_few_points
 from rollscale.core.frontier import asymptote_upper
 
 __all__ = ["POINT_COLUMNS", "CurveBank", "fit_curves"]
@@ -151,11 +151,7 @@ def fit_curves(points: pd.DataFrame, bin_width: float, boot: Bootstrap, a_max: f
     run_in_curve = pair - pd.Series(pair).groupby(cv).transform("min").to_numpy()
     owner = _padded(run_in_curve, cv, pos, (k, width), 0).astype(int)
     n_points = mask.sum(axis=1)
-    distinct = np.array([np.unique(x[i, mask[i]]).size for i in range(k)], int)
-    need = fit.SIGMOID_MIN_POINTS
-    status = np.where(n_points < need, [too_few(int(n), need) for n in n_points],
-                      np.where(distinct < need, [too_few(int(d), need, "distinct compute values") for d in distinct],
-                               "ok"))
+    status = np.array([too_few_points(x[i, mask[i]], fit.SIGMOID_MIN_POINTS) or "ok" for i in range(k)], object)
     ok = status == "ok"
     low = rec.groupby("curve")["c"].min()
     curves = curves.assign(n_points=n_points, status=status, c_low=low.reindex(range(k)).to_numpy(float))

@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 
 from rollscale.core.bootstrap import interval
-from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few, vector
+from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few_points, vector
 
 if TYPE_CHECKING:
     from rollscale.core.fit import SigmoidFit
@@ -303,11 +303,8 @@ def fit_n_star(log10_c: ArrayLike, n_star: ArrayLike) -> NStarFit:
     same_length(log10_c=x, n_star=n_arr)
     positive("n_star", n_arr)
     n = len(x)
-    if n < N_STAR_MIN_POINTS:
-        return _nan_n_star(n, too_few(n, N_STAR_MIN_POINTS))
-    n_c = len(np.unique(x))
-    if n_c < N_STAR_MIN_POINTS:
-        return _nan_n_star(n, too_few(n_c, N_STAR_MIN_POINTS, "distinct compute values"))
+    if (why := too_few_points(x, N_STAR_MIN_POINTS)) is not None:
+        return _nan_n_star(n, why)
     y = np.log2(n_arr)
     if np.all(y == y[0]):
         return _nan_n_star(n, f"n* constant ({float(n_arr[0]):g}): no transition to fit")

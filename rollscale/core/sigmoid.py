@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 
-from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few, vector
+from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few_points, vector
 
 __all__ = ["SIGMOID_MIN_POINTS", "SigmoidFit", "fit_sigmoid", "sigmoid_bounds", "sigmoid_jacobian", "sigmoid_model",
            "sigmoid_starts", "to_delta", "to_u", "u_jacobian"]
@@ -168,13 +168,9 @@ def fit_sigmoid(compute: ArrayLike, reward: ArrayLike, a_max: float | None = Non
     y = vector("reward", reward)
     same_length(compute=c, reward=y)
     positive("compute", c)
-    n = len(y)
-    if n < SIGMOID_MIN_POINTS:
-        return _nan_sigmoid(n, too_few(n, SIGMOID_MIN_POINTS))
-    x = np.log10(c)
-    n_c = len(np.unique(x))
-    if n_c < SIGMOID_MIN_POINTS:
-        return _nan_sigmoid(n, too_few(n_c, SIGMOID_MIN_POINTS, "distinct compute values"))
+    n, x = len(y), np.log10(c)
+    if (why := too_few_points(x, SIGMOID_MIN_POINTS)) is not None:
+        return _nan_sigmoid(n, why)
 
     lower, upper = sigmoid_bounds(x)
     starts = sigmoid_starts(x, y)
