@@ -26,6 +26,7 @@ from rollscale.config_sections import (
     FitParams,
     MeasureParams,
     ReportParams,
+    SearchParams,
     Section,
     SweepParams,
     TrainParams,
@@ -34,7 +35,7 @@ from rollscale.registry import SAMPLING_ENGINES
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
-    "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
+    "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "SearchParams", "StudyParams",
     "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 
