@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rollscale.config import load_params
-from rollscale.config_init import Machine, full_finetune_gb, render, suggest
+from rollscale.pipeline.init_values import Machine, full_finetune_gb, render, suggest
 from rollscale.core import power
 from rollscale.core.data_sample import count_rows, inspect_rows, read_sample
 from rollscale.lm.model_info import ModelInfo, inspect_model, resolve_model
@@ -132,7 +132,7 @@ def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_f
     assert out.startswith("init: wrote params.yaml") and "0 error(s)" in out
     params = load_params("params.yaml")
     assert params.model.chat_template is False  # the tiny tokenizer has no template
-    assert params.data.tables[0].path == "data/arith.parquet"  # relative to the project folder
+    assert str(params.data.tables[0].path) == "data/arith.parquet"  # relative to the project folder
     assert not [f for f in study_findings(params, known_data(params, None)) if f.level == "error"]
     before = Path("params.yaml").read_text()
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 2

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core import fit
+from rollscale.core import fit, frontier
 from rollscale.report import (
     TABLE_NAMES,
     ChartSpec,
@@ -126,9 +126,9 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
         f = fit.fit_sigmoid(g["c"], g["avg_at_k"])
         curves[int(n_run)] = f
         fit_rows.append({"kind": "sigmoid_n", "key": int(n_run), **f.to_dict()})
-    grid = fit.log_grid(200, 25600, 25)
-    fr = fit.frontier(curves, grid)
-    ns = fit.fit_n_star(np.log10(fr["c"]), fr["best_key"].astype(float))
+    grid = frontier.log_grid(200, 25600, 25)
+    fr = frontier.frontier(curves, grid)
+    ns = frontier.fit_n_star(np.log10(fr["c"]), fr["best_key"].astype(float))
     fit_rows.append({"kind": "n_star", "key": None, **ns.to_dict()})
     fr["design"] = "n"
     fr["n_star_fit"] = ns.predict(np.log10(fr["c"])) if ns.ok else np.nan
@@ -147,7 +147,7 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
     for b, crs_value, rewards in ((64, 7.0, {4: 0.50, 8: 0.55, 16: 0.52}), (128, 20.0, {4: 0.5, 8: 0.58, 16: 0.57}),
                                   (256, math.inf, {8: 0.6, 16: 0.63, 32: 0.61})):
         crs_rows.append({"b": b, **fit.predicted_vs_observed_best_n(crs_value, rewards).to_dict()})
-    transitions = fit.epochs_at_transitions(fr, lambda key, c: c / (key * 8 * 200 / 8))
+    transitions = frontier.epochs_at_transitions(fr, lambda key, c: c / (key * 8 * 200 / 8))
     transitions.insert(0, "design", "n")
     return {
         "profile": profile,
@@ -456,6 +456,18 @@ def test_headline_states_intervals_and_what_cannot_be_told_apart():
     assert headline_table({"frontier": None, "fits": None, "crs_prediction": None}).missing
 
 
+def test_headline_warns_where_n_star_falls_with_budget():
+    from rollscale.report.claims import headline_table
+
+    fits = pd.DataFrame({"kind": "a2_check", "bucket": "easy", "rule": ["uniform", "pods"], "fixed": "all",
+                         "a2_holds": [False, True],
+                         "status": ["A2 violated: n* falls from 8 at C = 3,000 to 2 at C = 30,000", "A2 holds: ..."]})
+    frame = headline_table({"frontier": None, "fits": fits, "crs_prediction": None}).frame
+    (row,) = frame.to_dict("records")
+    assert row["claim"] == "warning: A2 (n* does not fall with budget)" and row["where"] == "easy / uniform"
+    assert row["finding"].startswith("A2 violated: n* falls from 8")
+
+
 # --------------------------------------------------------------------------
 # the answer leads: "no answer yet" and what to change, claims only with intervals
 
@@ -518,7 +530,8 @@ def test_an_empty_result_is_not_missing(study, tmp_path):
     stages = {s.name: s for s in summary_tables(empty)}["stages"].frame.set_index("table")
     assert stages.loc["epoch_transitions", "rows"] == "0 (empty)"
     # a stage that did not run is missing, and named at the top
-    paths = write_report(dict(study, fits=None, frontier=None), tmp_path)
+    fit_tables = ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points")
+    paths = write_report(dict(study, **dict.fromkeys(fit_tables)), tmp_path)
     page = paths.html.read_text()
     assert page.index('id="not-run"') < page.index('id="figures"')
     assert "Stages not run yet: fit." in page

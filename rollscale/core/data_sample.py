@@ -6,7 +6,7 @@
 solutions (numeric verifier), LaTeX ``\\boxed{}`` solutions (math verifier), bare
 numbers (numeric verifier) or short expressions (math verifier). It measures
 prompt and reference-solution lengths for ``rollscale init``
-(:mod:`rollscale.config_init`). :func:`count_rows` counts a local file's rows
+(:mod:`rollscale.pipeline.init_values`). :func:`count_rows` counts a local file's rows
 without parsing them (the check's pool size).
 """
 
@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rollscale.core.problem_sources import FILE_SUFFIXES
+from rollscale.config_data import TABLE_SUFFIXES
+from rollscale.core.problem_rows import BadRow, hub_rows
+from rollscale.core.problem_sources import file_rows, lookup
 
 __all__ = ["ANSWER_KEYS", "PROMPT_KEYS", "DataSample", "count_rows", "inspect_rows", "read_sample"]
 
@@ -69,19 +71,16 @@ def count_rows(path: str | os.PathLike[str]) -> int | None:
 def read_sample(where: str, rows: int = 200) -> list[Mapping[str, Any]]:
     """The first ``rows`` rows of a local file (JSONL, JSON, Parquet, CSV) or a hub dataset
     (``id``, ``id:config`` or ``id:config:split``; train split by default)."""
-    from rollscale.core.problem_sources import _file_rows
-    from rollscale.core.problems import _hub_rows
-
     path = Path(where)
-    if path.suffix.lower() in FILE_SUFFIXES:
+    if path.suffix.lower() in TABLE_SUFFIXES:
         if not path.is_file():
             raise FileNotFoundError(f"--data: file not found: {where}")
-        source = _file_rows(path)
+        source = file_rows(path)
     elif path.exists():
-        raise ValueError(f"--data: expected a {', '.join(FILE_SUFFIXES)} file or a hub dataset id, got {where}")
+        raise ValueError(f"--data: expected a {', '.join(TABLE_SUFFIXES)} file or a hub dataset id, got {where}")
     else:
         hub_id, config, split = ([*where.split(":"), None, None][:3])
-        source = _hub_rows(hub_id, config or None, split or "train")
+        source = hub_rows(hub_id, config or None, split or "train")
     out = []
     for place, row in source:
         if isinstance(row, Exception):
@@ -95,12 +94,10 @@ def read_sample(where: str, rows: int = 200) -> list[Mapping[str, Any]]:
 
 
 def _get(row: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = row
-    for part in dotted.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
+    try:
+        return lookup(row, dotted)
+    except BadRow:  # not in this row: the column is not the one
+        return None
 
 
 def _text(value: Any) -> str | None:

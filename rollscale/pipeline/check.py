@@ -122,9 +122,9 @@ def _grid(p: StudyParams) -> Iterable[Finding]:
         return
     for why in plan.skipped:
         yield Finding("warning", ("sweep.rules", "sweep.n"), f"skipped: {why}")
-    for rule in sorted(set(p.sweep.rules) - {point.rule for point, _ in plan.runs}):
+    for rule in sorted({r.rule for r in p.sweep.rules} - {point.rule.rule for point, _ in plan.runs}):
         yield Finding("error", ("sweep.rules", "sweep.n"), f"rule {rule!r} has no run: every n was skipped for it",
-                      "raise n, or lower sweep.pods_keep / sweep.n_pilot")
+                      "raise sweep.n, or change the rule's settings in sweep.rules (the skips above say why)")
     if not plan.runs:
         return
     shapes = sorted({(pt.n, pt.b_problem) for pt, _ in plan.runs})

@@ -2,7 +2,7 @@
 
 Reads the model's files (:mod:`rollscale.lm.model_info`) and a sample of the data
 (:mod:`rollscale.core.data_sample`, lengths in the model's own tokens), lets
-:mod:`rollscale.config_init` decide the params with their reasons, writes them
+:mod:`rollscale.pipeline.init_values` decide the params with their reasons, writes them
 and runs the check (:mod:`rollscale.pipeline.check`) on what it wrote.
 """
 
@@ -39,9 +39,10 @@ def _data_arg(data: str) -> str:
 def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False) -> str:
     """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check)."""
     from rollscale.config import load_params
-    from rollscale.config_init import Machine, render, suggest, write_params
+    from rollscale.pipeline.init_values import Machine, render, suggest, write_params
     from rollscale.core.data_sample import count_rows, inspect_rows, read_sample
-    from rollscale.core.problem_sources import TableSource, table_problems
+    from rollscale.config_data import TableParams
+    from rollscale.core.problem_sources import table_problems
     from rollscale.lm.model_info import inspect_model, resolve_model
     from rollscale.pipeline.check import format_findings, known_data, study_findings
 
@@ -59,7 +60,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     sample = inspect_rows(read_sample(data), _token_counter(name_or_path, gguf_file))
     data_path = _data_arg(data)
     if Path(data).exists():
-        source = TableSource(path=data_path, prompt=sample.prompt, answer=sample.answer,
+        source = TableParams(path=data_path, prompt=sample.prompt, answer=sample.answer,
                              answer_format=sample.answer_format, reward=sample.reward)
         table_problems(source, limit=50)  # the mapping must read the file's rows (DataRowError names a bad one)
     values, why = suggest(info, sample, data_path, count_rows(data) if Path(data).exists() else None, machine)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from rollscale.core import power
-from rollscale.report.base import TableSpec, _check_tables, _fmt, _num, stages_not_run
+from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, stages_not_run
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
 
 __all__ = ["Answer", "study_answer"]
@@ -63,8 +63,8 @@ def _noise_fix(evals: pd.DataFrame | None) -> str:
     """Validation noise at the study's own size: the difference it cannot resolve."""
     if evals is None or not {"n_problems", "k", "avg_at_k"} <= set(evals.columns):
         return "more seeds (sweep.seeds) and validation problems (bucket.val_size): the intervals overlap"
-    val, k = int(_num(evals["n_problems"]).max()), int(_num(evals["k"]).max())
-    p = float(_num(evals["avg_at_k"]).mean())
+    val, k = int(as_numeric(evals["n_problems"]).max()), int(as_numeric(evals["k"]).max())
+    p = float(as_numeric(evals["avg_at_k"]).mean())
     d = power.detectable_difference(power.avg_at_k_se(val, k, min(p * (1 - p), 0.25)))
     return (f"more validation problems (bucket.val_size, now {val}) or samples (sweep.eval_k, now {k}), and seeds "
             f"(sweep.seeds): at {val} x {k} samples, avg@k differences below {d:.3f} are not detectable, "
@@ -78,8 +78,8 @@ def _answer_text(decided: pd.DataFrame) -> str:
     best = decided[decided["claim"] == "best n at budget"]
     for where, g in best.sort_values("c").groupby("where", sort=False):
         runs = (g["best_n"] != g["best_n"].shift()).cumsum()
-        spans = [f"n* = {int(r['best_n'].iloc[0])} at C = {_fmt(r['c'].min())}"
-                 + (f"-{_fmt(r['c'].max())}" if len(r) > 1 else "") for _, r in g.groupby(runs)]
+        spans = [f"n* = {int(r['best_n'].iloc[0])} at C = {fmt_value(r['c'].min())}"
+                 + (f"-{fmt_value(r['c'].max())}" if len(r) > 1 else "") for _, r in g.groupby(runs)]
         low = g["share"].min()
         agree = "every bootstrap refit agrees" if low >= 1 else f"{low:.0%} or more of bootstrap refits agree"
         parts.append(f"{where}: {', '.join(spans)} ({agree})")
@@ -92,7 +92,7 @@ def _answer_text(decided: pd.DataFrame) -> str:
 
 def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
     """The answer the tables support, or why there is none yet and what to change."""
-    t = _check_tables(tables)
+    t = check_tables(tables)
     rows = claim_rows(t)
     claims, observations = headline_table(t), observations_table(t)
     decided = rows[rows["basis"] == DECIDED]

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core.bootstrap import ONE_SEED
-from rollscale.report.base import TableSpec, _fmt, _absent, _num
+from rollscale.report.base import TableSpec, absent, as_numeric, fmt_value
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
 AGREE = 0.95  # share of seed resamples that must agree on the observed best n for it to be a claim
@@ -25,13 +25,13 @@ COLUMNS = ["claim", "where", "at", "finding"]
 
 def interval_text(value: Any, lo: Any, hi: Any) -> str:
     """``v [lo, hi]``, or ``v (1 seed, no interval)`` where the interval is missing."""
-    v = _fmt(value)
+    v = fmt_value(value)
     lo_f, hi_f = (float(pd.to_numeric(x, errors="coerce")) for x in (lo, hi))
     if v == "—":
         return v
     if math.isnan(lo_f) or math.isnan(hi_f):
         return f"{v} ({ONE_SEED})"
-    return f"{v} [{_fmt(lo_f)}, {_fmt(hi_f)}]"
+    return f"{v} [{fmt_value(lo_f)}, {fmt_value(hi_f)}]"
 
 
 def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
@@ -51,8 +51,8 @@ def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
                 verdict, basis = f"n* = {best}: {share:.0%} of refits agree", DECIDED
             else:
                 verdict, basis = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
-                                  f"n in [{_fmt(lo)}, {_fmt(hi)}]"), OVERLAP
-            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {_fmt(r['c'])}",
+                                  f"n in [{fmt_value(lo)}, {fmt_value(hi)}]"), OVERLAP
+            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {fmt_value(r['c'])}",
                          "finding": verdict, "basis": basis, "best_n": best, "c": float(r["c"]), "share": share})
     return rows
 
@@ -69,7 +69,7 @@ def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
             ratio = interval_text(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
             finding = f"{r['rule']} needs {ratio}× the rollouts of uniform: {r.get('verdict')}"
             basis = _ratio_basis(ratio, r.get("verdict"))
-        where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {_fmt(r.get('target'))}"
+        where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {fmt_value(r.get('target'))}"
         rows.append({"claim": "rule vs uniform (rollouts to target)", "where": where, "at": at, "finding": finding,
                      "basis": basis})
         # PODS-like rules train on fewer rollouts than they generate: their claim is about time, not rollouts
@@ -88,11 +88,11 @@ def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
         if pd.isna(r.get("observed_best_n")):
             continue
         share = float(pd.to_numeric(r.get("observed_best_share"), errors="coerce"))
-        observed = f"observed best n = {_fmt(r['observed_best_n'])}"
+        observed = f"observed best n = {fmt_value(r['observed_best_n'])}"
         observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
-        predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
-            f"CRS {_fmt(r['crs'])} predicts n = {_fmt(r['predicted_n'])}")
         basis = ONE_SEED if math.isnan(share) else DECIDED if share >= AGREE else OVERLAP
+        predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
+            f"CRS {fmt_value(r['crs'])} predicts n = {fmt_value(r['predicted_n'])}")
         rows.append({"claim": "CRS predicted vs observed best n", "where": f"{r.get('bucket')} / {r.get('rule')}",
                      "at": str(r.get("basis")), "finding": f"{predicted}; {observed}", "basis": basis})
     return rows
@@ -109,9 +109,19 @@ def _unbent_curve_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         variable = str(r["kind"]).removeprefix("sigmoid_")
         rows.append({"claim": "curve not bent within the budget", "where": f"{r.get('bucket')} / {r.get('rule')}",
                      "at": f"{variable} = {r.get('key')}",
-                     "finding": f"{r['at_bound']} at the edge of the fit's range: A ({_fmt(r.get('a'))}) and C_mid "
+                     "finding": f"{r['at_bound']} at the edge of the fit's range: A ({fmt_value(r.get('a'))}) and C_mid "
                                 f"are not identified; the curve is read only within its data", "basis": CAVEAT})
     return rows
+
+
+def _a2_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
+    """Warning rows where the rollout axis's n* falls with budget (science §8, A2: the search assumes it does not)."""
+    if "a2_holds" not in fits.columns:
+        return []
+    checks = fits[fits["kind"].astype(str) == "a2_check"]
+    bad = checks[~checks["a2_holds"].astype("boolean").fillna(True)]
+    return [{"claim": "warning: A2 (n* does not fall with budget)", "where": f"{r.get('bucket')} / {r.get('rule')}",
+             "at": str(r.get("fixed")), "finding": str(r["status"]), "basis": CAVEAT} for _, r in bad.iterrows()]
 
 
 def _ratio_basis(ratio_text: str, verdict: object) -> str:
@@ -123,12 +133,12 @@ def _ratio_basis(ratio_text: str, verdict: object) -> str:
 def claim_rows(t: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
     """Every headline row with its ``basis`` (decided, intervals overlap, undecided, caveat, or
     one seed): best n per budget (with its ``best_n``, budget ``c`` and refit ``share``), rules
-    against uniform, unbent curves, the CRS check."""
-    rows: list[dict[str, str]] = []
+    against uniform, unbent curves, A2 warnings, the CRS check."""
+    rows: list[dict[str, Any]] = []
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
-        rows += _best_n_claims(t["frontier"][_num(t["frontier"]["best_key"]).notna()])
+        rows += _best_n_claims(t["frontier"][as_numeric(t["frontier"]["best_key"]).notna()])
     if t.get("fits") is not None and "kind" in t["fits"].columns:
-        rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"])
+        rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"]) + _a2_claims(t["fits"])
     if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
         rows += _crs_claims(t["crs_prediction"])
     return pd.DataFrame(rows, columns=[*COLUMNS, "basis", "best_n", "c", "share"])
@@ -145,7 +155,7 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     rows = claim_rows(t)
     rows = rows[rows["basis"] != ONE_SEED]
     if rows.empty:
-        why = _absent(t, "fits", "the fitted claims") if t.get("fits") is None else (
+        why = absent(t, "fits", "the fitted claims") if t.get("fits") is None else (
             "No claim: the data cannot decide yet (the answer above says what to change).")
         return TableSpec(name, title, caption, missing=why)
     return TableSpec(name, title, caption, frame=rows[COLUMNS].reset_index(drop=True))
@@ -159,4 +169,5 @@ def observations_table(t: dict[str, pd.DataFrame | None]) -> TableSpec | None:
         return None
     return TableSpec("observations", "Single-seed observations (not claims)",
                      "One run per setting: no interval, so none of these is a claim; with more seeds "
-                     "(sweep.seeds) they become claims or 'not distinguishable'.", frame=rows[COLUMNS].reset_index(drop=True))
+                     "(sweep.seeds) they become claims or 'not distinguishable'.",
+                     frame=rows[COLUMNS].reset_index(drop=True))

@@ -10,10 +10,11 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rollscale.config import SweepParams
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.allocation import AllocationRule, RuleNotApplicable, RuleParams, rule_class
+from rollscale.core.rollouts import SamplingConfig
 
 if TYPE_CHECKING:  # RunConfig pulls in torch: planning the grid (rollscale check) does not need it
     from rollscale.train.run_config import RunConfig
@@ -25,22 +26,22 @@ log = logging.getLogger("rollscale.train.sweep")
 class GridPoint:
     n: int
     b_problem: int
-    rule: str
+    rule: RuleParams  # the rule's entry of sweep.rules: its name (``rule``) and hyperparameters
     seed: int
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The runs a sweep section trains (each a grid point with its rule's arguments) and
-    why the others are skipped (B over b_max, PODS keeping m >= n, a pilot not below n)."""
+    """The runs a sweep section trains (each a grid point with its rule at that point) and why
+    the others are skipped (B over b_max; a rule that cannot run there, e.g. PODS keeping m >= n)."""
 
-    runs: list[tuple[GridPoint, dict[str, Any]]]
+    runs: list[tuple[GridPoint, AllocationRule]]
     skipped: list[str]
 
 
 def plan_runs(sweep: SweepParams) -> RunPlan:
     """(n, B_problem, rule, seed) of every run within the hardware bound B <= b_max, with its
-    rule's arguments (science §1, §4); raises ValueError when the design cannot be laid out."""
+    rule (science §1, §4); raises ValueError when the design cannot be laid out."""
     if sweep.design == "prompt_axis":
         shapes = [(sweep.n[0], b) for b in sweep.b_problem]
     elif sweep.design == "rollout_axis":
@@ -57,23 +58,14 @@ def plan_runs(sweep: SweepParams) -> RunPlan:
                for n, b in sorted(set(shapes) - set(kept))]
     if not kept:
         raise ValueError(f"sweep: every grid point exceeds sweep.b_max = {sweep.b_max}")
-    runs: list[tuple[GridPoint, dict[str, Any]]] = []
-    for (n, b), rule in itertools.product(kept, sweep.rules):
-        rule_args: dict[str, Any] = {}
-        if rule == "pods":
-            m = max(2, round(sweep.pods_keep * n))
-            if m >= n:
-                skipped.append(f"PODS at n={n}: keeps m={m}, not fewer than n")
-                continue
-            rule_args["m"] = m
-        elif rule == "pilot":
-            if sweep.n_pilot >= n:
-                skipped.append(f"Pilot-Commit at n={n}: n_pilot={sweep.n_pilot} is not below n")
-                continue
-            rule_args.update(n_pilot=sweep.n_pilot, pool_factor=sweep.pool_factor)
-        elif rule == "dynamic":
-            rule_args["max_draws"] = sweep.max_draws_factor * b
-        runs += [(GridPoint(n, b, rule, seed), rule_args) for seed in sweep.seeds]
+    runs: list[tuple[GridPoint, AllocationRule]] = []
+    for (n, b), params in itertools.product(kept, sweep.rules):
+        try:
+            rule = rule_class(params.rule).for_grid_point(params, n, b)
+        except RuleNotApplicable as why:
+            skipped.append(f"rule {params.rule!r} at n={n}, B_problem={b}: {why}")
+            continue
+        runs += [(GridPoint(n, b, params, seed), rule) for seed in sweep.seeds]
     return RunPlan(runs, skipped)
 
 
@@ -89,8 +81,8 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
         RunConfig(
             n=point.n,
             b_problem=point.b_problem,
-            rule=point.rule,
-            **rule_args,
+            rule=point.rule.rule,
+            rule_args=rule.run_args(),
             c_max=sweep.c_max,
             seed=point.seed,
             train=train,
@@ -101,5 +93,5 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
             checkpoint_every=sweep.checkpoint_every,
             noise_every=sweep.noise_every,
         )
-        for point, rule_args in plan.runs
+        for point, rule in plan.runs
     ]

@@ -31,6 +31,7 @@ import numpy as np
 import yaml
 
 from rollscale.config import StudyParams, parse_params
+from rollscale.files import write_text_atomic
 from rollscale.core.data_sample import DataSample
 from rollscale.core.power import EVALS_COMFORTABLE
 from rollscale.lm.model_info import ModelInfo
@@ -257,8 +258,6 @@ def render(values: dict[str, Any], why: dict[str, str], header: list[str]) -> st
 
 def write_params(path: str | os.PathLike[str], text: str, force: bool) -> Path:
     """Write ``text`` to ``path``, refusing to replace an existing file unless ``force``."""
-    from rollscale.pipeline.storage import write_text_atomic
-
     out = Path(path)
     if out.exists() and not force:
         raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
