@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from rollscale.config_checks import model_path_problem, read_params_yaml
 from rollscale.config_sections import (
     FitParams,
     MeasureParams,
+    QueryParams,
     ReportParams,
     SweepParams,
     TrainParams,
@@ -31,7 +32,7 @@ from rollscale.core.problem_sources import TableSource
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
-    "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
+    "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
     "SweepParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 
@@ -70,6 +71,8 @@ class DataParams(_Section):
     def _path_exists(cls, v: Path | None) -> Path | None:
         if v is not None and not Path(v).is_file():
             raise ValueError(f"file not found: {v} (expected an existing JSONL file or null for the hub)")
+        if v is not None and Path(v).stat().st_size == 0:
+            raise ValueError(f"data file {v} is empty (expected one JSON problem per line)")
         return v
 
     @model_validator(mode="after")
@@ -86,7 +89,7 @@ class LoraParams(_Section):
     r: int = Field(16, ge=1)
     alpha: int = Field(32, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
 
 
 class ModelParams(_Section):
@@ -111,6 +114,8 @@ class ModelParams(_Section):
     def _hf_needs_name(self) -> "ModelParams":
         if self.kind == "hf" and not self.name_or_path:
             raise ValueError("model.name_or_path is required when model.kind is 'hf' (a hub id or a local folder)")
+        if self.kind == "hf" and (problem := model_path_problem(self.name_or_path, self.gguf_file)):
+            raise ValueError(f"model.name_or_path: {problem}")
         return self
 
 
@@ -320,6 +325,7 @@ class StudyParams(_Section):
     report: ReportParams = Field(default_factory=ReportParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
+    query: QueryParams = Field(default_factory=QueryParams)
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":
@@ -382,14 +388,13 @@ def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Stu
 
 
 def load_params(path: str | Path = "params.yaml") -> StudyParams:
-    """Read and validate ``params.yaml``; a missing file is an error (a study needs its params)."""
+    """Read and validate ``params.yaml``; a missing or empty file, or a key given twice, is an
+    error (a study needs its params; :func:`rollscale.config_checks.read_params_yaml`)."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: file not found (expected the study's params.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ParamsError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+        raw = read_params_yaml(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ParamsError(f"{path}: {err}") from None
     return parse_params(raw, str(path))

@@ -86,6 +86,8 @@ class TableSource:
                 raise ValueError(f"path: expected a {', '.join(FILE_SUFFIXES)} file, got {os.fspath(self.path)}")
             if not Path(self.path).is_file():
                 raise ValueError(f"path: file not found: {os.fspath(self.path)}")
+            if Path(self.path).stat().st_size == 0:
+                raise ValueError(f"path: data file {os.fspath(self.path)} is empty")
         if self.answer_format not in ("raw", "gsm8k", "boxed"):
             raise ValueError(f"answer_format: expected raw, gsm8k or boxed, got {self.answer_format!r}")
         if not self.weight > 0:

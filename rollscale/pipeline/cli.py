@@ -17,14 +17,16 @@ from pathlib import Path
 from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
 STAGES = ("base", "profile", "bucket", "measure", "sweep", "fit", "report")
+ARCHIVE_HELP = ("sweep: move ended runs that the grid no longer has (or whose config changed) to "
+                "artifacts/sweep/archive/; without it the sweep refuses and names them")
 
 
-def spawn_flows(args: list[str], debug: bool, module: str = "flows") -> int:
+def spawn_flows(args: list[str], debug: bool, module: str = "flows", archive_stale: bool = False) -> int:
     """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors)."""
-    from rollscale.pipeline.stages import project_root
+    from rollscale.pipeline.stages import ARCHIVE_STALE_ENV, project_root
 
     root = project_root()
-    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {})}
+    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {}), **({ARCHIVE_STALE_ENV: "1"} if archive_stale else {})}
     # the project folder first on the path: flows/ and tasks/ are run from there, not installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env).returncode
@@ -64,6 +66,7 @@ def parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="run one stage's flow (dvc repro <stage> also records it in dvc.lock)")
     p_run.add_argument("stage", choices=STAGES)
     p_run.add_argument("--params", default="params.yaml")
+    p_run.add_argument("--archive-stale", action="store_true", help=ARCHIVE_HELP)
     p_sql = sub.add_parser("sql", help="run a read-only DuckDB SQL query over the study's tables")
     p_sql.add_argument("query")
     sub.add_parser("tables", help="list the tables that exist now")
@@ -73,6 +76,7 @@ def parser() -> argparse.ArgumentParser:
     p_study.add_argument("--params", default="params.yaml")
     p_study.add_argument("--stages", default="", help="comma-separated stages to run, in study order (default: all)")
     p_study.add_argument("--force", action="store_true", help="recompute the stages even when unchanged")
+    p_study.add_argument("--archive-stale", action="store_true", help=ARCHIVE_HELP)
     p_status = sub.add_parser("status", help="which stages are done, stale or running, and each sweep run's progress")
     p_status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sub.add_parser("serve", help="serve the study as a Prefect deployment on params.schedule's cron") \
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         # bad params fail here, before a process and Prefect start
         if code := run_guarded(lambda: load_params(args.params), debug):
             return code
-        return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug)
+        return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
+                           archive_stale=args.archive_stale)
     if args.command == "study":
         if Path(args.artifacts).resolve() != Path("artifacts").resolve():
             print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         stages = ["--stages", args.stages] if args.stages else []
         return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
-                           debug, "flows.study")
+                           debug, "flows.study", archive_stale=args.archive_stale)
     if args.command == "serve":
         return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study")
     if args.command == "sql":
