@@ -45,10 +45,11 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     import importlib
 
     from rollscale.config import load_params
+
+    study = load_params(params)  # bad config fails before any work, and before Prefect is even imported
     from rollscale.pipeline.stages import stage_lock
     from tasks.common import quiet_prefect
 
-    study = load_params(params)  # bad config fails before any work or Prefect start-up
     with stage_lock(stage, artifacts):
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it

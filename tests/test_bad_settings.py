@@ -80,24 +80,23 @@ def test_check_rejects_settings_that_would_destroy_or_mislead(tmp_path, case):
 
 def test_every_stage_rejects_them_before_any_work(tmp_path):
     """The stages share load_params: `python -m flows <stage>` (dvc.yaml's command) and `rollscale run`
-    refuse a key given twice, a boolean for a number and an empty list, naming the key, and write nothing."""
-    cases = {"dup": "sweep:\n  c_max: 100\n  c_max: 200\n", "bool": "fit: {bootstrap_resamples: on}\n",
-             "empty": "sweep: {seeds: []}\n"}
-    named = {"dup": "sweep.c_max is given twice", "bool": "fit.bootstrap_resamples", "empty": "sweep.seeds"}
+    refuse a key given twice, a boolean for a number and an empty list, naming the key, and write nothing
+    (each stage gets one of the three cases)."""
+    cases = [("sweep:\n  c_max: 100\n  c_max: 200\n", "sweep.c_max is given twice"),
+             ("fit: {bootstrap_resamples: on}\n", "fit.bootstrap_resamples"), ("sweep: {seeds: []}\n", "sweep.seeds")]
     procs = {}
-    for case, text in cases.items():
-        path = params_file(tmp_path / case, text)
-        for stage in STAGES:
-            procs[case, stage] = subprocess.Popen(
-                [sys.executable, "-m", "flows", stage, "--params", str(path), "--artifacts", str(tmp_path / case / "artifacts")],
-                cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    for (case, stage), proc in procs.items():
+    for i, stage in enumerate(STAGES):
+        text, named = cases[i % len(cases)]
+        path = params_file(tmp_path / stage, text)
+        procs[stage] = named, subprocess.Popen(
+            [sys.executable, "-m", "flows", stage, "--params", str(path), "--artifacts", str(tmp_path / stage / "artifacts")],
+            cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for stage, (named, proc) in procs.items():
         _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 2 and named[case] in short(err), (case, stage, err[-2000:])
-    for case in cases:
-        assert not (tmp_path / case / "artifacts").exists()
-    r = cli(tmp_path / "dup", "run", "sweep", "--params", str(tmp_path / "dup" / "params.yaml"))
-    assert r.returncode == 2 and named["dup"] in short(r.stderr)
+        assert proc.returncode == 2 and named in short(err), (stage, err[-2000:])
+        assert not (tmp_path / stage / "artifacts").exists()
+    r = cli(tmp_path / "base", "run", "sweep", "--params", str(tmp_path / "base" / "params.yaml"))
+    assert r.returncode == 2 and "sweep.c_max is given twice" in short(r.stderr)
 
 
 def test_base_refuses_a_model_folder_that_is_not_one_and_keeps_the_model_ref(tmp_path):
@@ -112,6 +111,7 @@ def test_base_refuses_a_model_folder_that_is_not_one_and_keeps_the_model_ref(tmp
     assert ref.read_text() == '{"name_or_path": "earlier"}'
 
 
+@pytest.mark.slow
 def test_a_data_file_without_problems_is_named(tmp_path):
     """A JSONL file of blank lines passes `check` (it is not empty) and the stage that reads it names it."""
     root = tmp_path / "p"
