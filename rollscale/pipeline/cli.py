@@ -39,12 +39,23 @@ def print_status(artifacts: str, as_json: bool) -> None:
     print(status.to_json() if as_json else format_status(status))
 
 
-def print_query(sql: str, artifacts: str) -> None:
+def query_timeout(timeout: float | None, params: str) -> float:
+    """``--timeout``, else params.yaml's ``query.timeout_s`` when the file exists, else its default."""
+    from rollscale.config import QueryParams, load_params
+
+    if timeout is not None:
+        if not timeout > 0:
+            raise ValueError(f"--timeout: expected seconds > 0, got {timeout:g}")
+        return timeout
+    return (load_params(params).query if Path(params).exists() else QueryParams()).timeout_s
+
+
+def print_query(sql: str, artifacts: str, timeout: float | None = None, params: str = "params.yaml") -> None:
     import pandas as pd
 
     from rollscale.pipeline.storage import query
 
-    df = query(sql, artifacts)
+    df = query(sql, artifacts, query_timeout(timeout, params))
     with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
         print(df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
 
@@ -69,6 +80,9 @@ def parser() -> argparse.ArgumentParser:
     p_run.add_argument("--archive-stale", action="store_true", help=ARCHIVE_HELP)
     p_sql = sub.add_parser("sql", help="run a read-only DuckDB SQL query over the study's tables")
     p_sql.add_argument("query")
+    p_sql.add_argument("--timeout", type=float, default=None,
+                       help="stop the query after this many seconds (default: query.timeout_s in params.yaml, 60)")
+    p_sql.add_argument("--params", default="params.yaml")
     sub.add_parser("tables", help="list the tables that exist now")
     p_check = sub.add_parser("check", help="validate params.yaml and print the resolved parameters")
     p_check.add_argument("--params", default="params.yaml")
@@ -108,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study")
     if args.command == "sql":
-        return run_guarded(lambda: print_query(args.query, args.artifacts), debug)
+        return run_guarded(lambda: print_query(args.query, args.artifacts, args.timeout, args.params), debug)
     if args.command == "tables":
         return run_guarded(lambda: print_tables(args.artifacts), debug)
     if args.command == "check":
