@@ -4,6 +4,7 @@ DuckDB views that never lock readers out."""
 import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -160,3 +161,19 @@ def test_stage_record_covers_its_files_and_names_what_changed(tmp_path):
     (tmp_path / "sweep/runs/r2/run.parquet").unlink()
     (store.root / "run.parquet").unlink()
     assert "run.parquet is missing" in outputs_problem(tmp_path, "sweep")
+
+
+def test_query_time_limit_and_bad_text(tmp_path):
+    from rollscale.pipeline.storage import QueryTimeout
+
+    write_parquet_atomic(pd.DataFrame({"x": range(3000)}), tmp_path / "profile" / "profile.parquet")
+    slow = "select count(*) from profile a, profile b, profile c where a.x + b.x + c.x = 7777"
+    start = time.monotonic()
+    with pytest.raises(QueryTimeout, match="time limit of 0.5 s"):
+        query(slow, tmp_path, timeout_s=0.5)
+    assert time.monotonic() - start < 10
+    assert query("select count(*) as n from profile", tmp_path, timeout_s=30)["n"].tolist() == [3000]
+    for bad, why in (("select '\udcff'", "not UTF-8 text"), ("  ", "the query is empty"), ("-- x", "empty")):
+        with pytest.raises(QueryError, match=why):
+            query(bad, tmp_path)
+    assert query("create table t as select 1 as x", tmp_path).columns.tolist() == ["Count"]

@@ -46,12 +46,12 @@ def checked_sql(sql: str) -> str:
     return sql
 
 
-def run_bounded(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float) -> pd.DataFrame:
+def run_bounded(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float | None) -> pd.DataFrame:
     """The result of ``sql`` on ``con`` as a DataFrame (empty for a statement without rows).
 
-    Stopped after ``timeout_s`` seconds (:class:`QueryTimeout`) or at a KeyboardInterrupt in the
-    calling (main) thread, which is raised again once DuckDB has stopped."""
-    if not timeout_s > 0:
+    Stopped after ``timeout_s`` seconds (:class:`QueryTimeout`; None = no limit) or at a
+    KeyboardInterrupt in the calling (main) thread, which is raised again once DuckDB has stopped."""
+    if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     out: dict = {}
     done = threading.Event()

@@ -230,9 +230,10 @@ def _missing_table(err: duckdb.CatalogException) -> str | None:
     return match.group(1) if match else None
 
 
-def query(sql: str, artifacts: str | Path, timeout_s: float = 60.0) -> pd.DataFrame:
-    """Run SQL over the study's tables, read-only, for at most ``timeout_s`` seconds (Ctrl-C stops it
-    at once); a missing table gets a message naming the stage, a damaged one naming its file."""
+def query(sql: str, artifacts: str | Path, timeout_s: float | None = None) -> pd.DataFrame:
+    """Run SQL over the study's tables, read-only, for at most ``timeout_s`` seconds (None: no limit,
+    as the stages read their tables; ``rollscale sql`` sets ``query.timeout_s``); Ctrl-C stops it at
+    once. A missing table gets a message naming the stage, a damaged one naming its file."""
     sql = checked_sql(sql)
     con, have, damaged = _open(artifacts)
     try:
