@@ -110,9 +110,10 @@ def _smol_folder() -> Path | None:
 def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
     from tokenizers import decoders
 
-    from rollscale.core.problems import reasoning_gym_problems
-    from rollscale.lm.sampling import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     torch.manual_seed(0)
     tok = char_tokenizer()
@@ -171,9 +172,10 @@ def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batc
     """One full GRPO step of a random-initialised Qwen3 shape on CUDA (no weights needed)."""
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from rollscale.core.problems import reasoning_gym_problems
-    from rollscale.lm.sampling import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     cfg_model = Qwen3Config(**QWEN3_SHAPES[shape], max_position_embeddings=4096, eos_token_id=None)
     model = Qwen3ForCausalLM(cfg_model).to("cuda", torch.bfloat16)

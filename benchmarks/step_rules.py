@@ -25,9 +25,10 @@ import torch
 from tokenizers import decoders
 
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama, train_supervised
-from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.rollouts import SamplingConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.trainer import GRPOTrainer
 
 TINY_ARCH = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, max_positions=64)
 CHAIN_SUM = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)

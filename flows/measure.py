@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 from rollscale.train.sweep import run_configs
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from rollscale.config_checks import bool_for_number
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     """Base of every params.yaml section: an unknown key is an error, and so is a bad value set later."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -36,7 +36,7 @@ class _Section(BaseModel):
 _RECIPE_ON = frozenset({"easy", "very_easy"})
 
 
-class TrainParams(_Section):
+class TrainParams(Section):
     """The GRPO step (science §3) shared by every sweep run."""
 
     lr_base: float = Field(1e-4, gt=0)
@@ -73,7 +73,7 @@ class TrainParams(_Section):
         return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
-class SweepParams(_Section):
+class SweepParams(Section):
     """The rollout sweep over n, B_problem and allocation rules (science §1, §4).
 
     Designs of the CBS-in-RLVR framework: ``prompt_axis`` (n = n[0] fixed,
@@ -128,7 +128,7 @@ class SweepParams(_Section):
         return v
 
 
-class FitParams(_Section):
+class FitParams(Section):
     """Frontier fits and steps to target (science §7)."""
 
     # record-breaking points: reward bins of this width (validation avg@k)
@@ -145,14 +145,14 @@ class FitParams(_Section):
     bootstrap_seed: int = 0
 
 
-class ReportParams(_Section):
+class ReportParams(Section):
     """The study report."""
 
     # split-half K_sat above this is drawn at the cap (science §6.3); null = 4 x the largest n
     k_sat_cap: float | None = Field(None, gt=1)
 
 
-class MeasureParams(_Section):
+class MeasureParams(Section):
     """Short GRPO runs at large n that measure gradient noise every step (science §6)."""
 
     bucket: str = "easy"  # whose training split is measured
@@ -171,7 +171,7 @@ class MeasureParams(_Section):
         return v
 
 
-class QueryParams(_Section):
+class QueryParams(Section):
     """``rollscale sql`` and :func:`rollscale.pipeline.storage.query` (no stage reads it)."""
 
     # a query still running after this many seconds is stopped (`rollscale sql --timeout` overrides it)

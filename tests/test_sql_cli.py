@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from rollscale.pipeline.outputs import write_outputs_manifest
-from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 from rollscale.train.checkpoint import RunStore
 
 REPO = Path(__file__).resolve().parents[1]

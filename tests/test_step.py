@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_leaves
 from rollscale.core.grpo import AGG_MODES, LossConfig, token_logprobs_and_entropy
 from rollscale.lm.engines import SamplingEngine
 from rollscale.lm.models import add_lora, tiny_llama
-from rollscale.lm.sampling import HFSampler
+from rollscale.lm.engines.hf import HFSampler
 from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update
 
 VOCAB = 40
@@ -180,10 +180,11 @@ class _PerturbedEngine(SamplingEngine):
 def test_trainer_uses_the_engine_and_logs_the_mismatch():
     from tokenizers import decoders
 
-    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.lm.models import char_tokenizer
-    from rollscale.lm.sampling import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     tok = char_tokenizer()
     tok.backend_tokenizer.decoder = decoders.Fuse()

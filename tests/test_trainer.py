@@ -15,10 +15,12 @@ from tokenizers import decoders
 import rollscale.train.step as step_module
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
-from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.config import TrainParams
-from rollscale.train.trainer import GRPOTrainer, NonFiniteLossError, RunConfig, config_hash, readable_run_id
+from rollscale.train.run_config import RunConfig, config_hash, readable_run_id
+from rollscale.train.step import NonFiniteLossError
+from rollscale.train.trainer import GRPOTrainer
 
 ARCH = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_positions=32)
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=4)  # answers have at most 2 characters + EOS

@@ -18,21 +18,15 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
 from rollscale.core.checks import is_int
+from rollscale.core.rollouts import Rollout
 
-
-class Rollout(Protocol):
-    """What the allocation rules need of a rollout: its verifier reward."""
-
-    reward: float
-
-
-SampleFn = Callable[[list[int], int], list[list[Any]]]
-"""(problem indices, rollouts per problem) -> per problem a list of rollouts with ``.reward``."""
+SampleFn = Callable[[list[int], int], list[list[Rollout]]]
+"""(problem indices, rollouts per problem) -> per problem a list of scored rollouts (``.reward`` set)."""
 
 NextPrompts = Callable[[int], list[int]]
 """k -> the next k problem indices of the run's data order."""

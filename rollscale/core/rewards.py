@@ -21,7 +21,6 @@ as a terminating decimal with no trailing zeros when one exists (``"3.5"``,
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import re
@@ -30,6 +29,7 @@ from fractions import Fraction
 from typing import Any
 
 from rollscale.core.timed_worker import TimedWorker
+from rollscale.plugins import import_reference, is_reference
 
 logger = logging.getLogger(__name__)
 
@@ -287,14 +287,12 @@ RewardFn = Callable[[str, str], float]
 
 _REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward, "exact": exact_reward}
 REWARD_NAMES: tuple[str, ...] = tuple(_REWARD_FNS)
-# A user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0.
-_USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 def is_reward_name(name: object) -> bool:
     """True for a built-in verifier name or a ``module:function`` reference
     (not imported here; :func:`reward_fn` imports it)."""
-    return isinstance(name, str) and (name in _REWARD_FNS or _USER_REWARD.fullmatch(name) is not None)
+    return isinstance(name, str) and (name in _REWARD_FNS or is_reference(name))
 
 
 def reward_fn(name: str) -> RewardFn:
@@ -306,11 +304,8 @@ def reward_fn(name: str) -> RewardFn:
         raise ValueError(
             f"reward_fn: name must be one of {', '.join(REWARD_NAMES)} or 'module:function'; got {name!r}"
         )
-    module_name, attr = name.split(":")
+    # a user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward_fn: cannot import verifier {name!r} ({e})") from None
-    if not callable(fn):
-        raise ValueError(f"reward_fn: {name!r} is not callable")
-    return fn
+        return import_reference(name, "verifier")
+    except ValueError as err:
+        raise ValueError(f"reward_fn: {err}") from None

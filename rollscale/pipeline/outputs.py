@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from rollscale.pipeline.storage import sha256_file, write_json_atomic
+from rollscale.files import sha256_file, write_json_atomic
 from rollscale.train.manifest import CHECKPOINT_RE, PART_RE, check_file
 
 OUTPUTS_MANIFEST = "MANIFEST.json"

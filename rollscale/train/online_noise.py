@@ -19,7 +19,9 @@ import torch
 
 from rollscale.core.gram import gram_matrix
 from rollscale.core.grpo import grpo_loss, loss_normalizers, token_logprobs_and_entropy
-from rollscale.core.noise import EmaNoiseScale, decompose, k_sat, k_sat_null, split_half_rho
+from rollscale.core.noise import decompose
+from rollscale.core.noise_correlation import k_sat, k_sat_null, split_half_rho
+from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_loss_mask, micro_batch
 
 

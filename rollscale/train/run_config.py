@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollscale.config import TrainParams
 from rollscale.core.allocation import PODS, AllocationRule, DynamicSampling, PilotCommit, Uniform
 from rollscale.core.grpo import LossConfig, sqrt_scaled_lr
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.step import StepSettings
 
 RULES: tuple[str, ...] = ("uniform", "dynamic", "pods", "pilot")

@@ -37,7 +37,7 @@ from rollscale.core.grpo import (
     overlong_penalty,
     token_logprobs_and_entropy,
 )
-from rollscale.lm.sampling import Rollout
+from rollscale.core.rollouts import Rollout
 
 if TYPE_CHECKING:
     from rollscale.train.run_config import RunConfig

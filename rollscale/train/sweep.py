@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from rollscale.config import SweepParams
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.run_config import RunConfig
 
 log = logging.getLogger("rollscale.train.sweep")

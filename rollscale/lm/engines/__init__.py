@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.lm.engines.base import Backend, EngineConfig, SamplingEngine, derive_seed
+from rollscale.lm.engines.base import Backend, EngineConfig, SamplingEngine
 from rollscale.lm.engines.hf import HFSampler
 
 BACKENDS: tuple[str, ...] = ("hf", "hf-paged", "vllm")
@@ -40,4 +40,4 @@ def make_engine(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, conf
     raise ValueError(f"sampling.backend must be one of {BACKENDS}, got {config.backend!r}")
 
 
-__all__ = ["BACKENDS", "Backend", "EngineConfig", "HFSampler", "SamplingEngine", "derive_seed", "make_engine"]
+__all__ = ["BACKENDS", "Backend", "EngineConfig", "HFSampler", "SamplingEngine", "make_engine"]

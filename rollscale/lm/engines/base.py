@@ -19,23 +19,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.rollouts import Rollout, SamplingConfig
 
 Backend = Literal["hf", "hf-paged", "vllm"]
 Prompt = str | Sequence[int]
 OnBatch = Callable[[int], None]
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integer key parts (e.g. run seed, step, prompt, sample).
-
-    numpy's SeedSequence hashes the parts, so neighbouring keys give unrelated
-    streams (``seed + 1`` would collide across steps and prompts)."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0] >> 1)
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from rollscale.lm.engines.base import (
     Prompt,
     TrainingModelEngine,
     check_call,
-    derive_seed,
     eos_ids,
     make_rollout,
     prompt_ids,
 )
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.seeds import derive_seed
+from rollscale.core.rollouts import Rollout, SamplingConfig
 
 
 class SeededSampling(LogitsProcessor):
@@ -71,7 +71,7 @@ class SeededSampling(LogitsProcessor):
 
 
 @contextmanager
-def _blank_generation_config(model: PreTrainedModel):
+def blank_generation_config(model: PreTrainedModel):
     """transformers fills unset generation fields from the model's generation_config (e.g. a
     repetition penalty); swap in a blank one so only the settings given here apply."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
@@ -121,7 +121,7 @@ class HFSampler(TrainingModelEngine):
                     max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=1,
                     pad_token_id=pad, eos_token_id=self.eos_ids,
                 )
-                with _blank_generation_config(self.model):
+                with blank_generation_config(self.model):
                     gen = self.model.generate(
                         input_ids=input_ids.to(device), attention_mask=attention.to(device),
                         generation_config=generation, logits_processor=LogitsProcessorList([sampling]),

@@ -36,13 +36,13 @@ from rollscale.lm.engines.base import (
     Prompt,
     SamplingEngine,
     check_call,
-    derive_seed,
     eos_ids,
     free_accelerator_memory,
     make_rollout,
     prompt_ids,
 )
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.seeds import derive_seed
+from rollscale.core.rollouts import Rollout, SamplingConfig
 
 # vLLM on CPU: a seeded request whose prefill is chunked crashes there ("CPU Generator does not
 # use offset"), so chunked prefill is off and a scheduler step takes whole prompts up to this
