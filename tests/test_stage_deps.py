@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from rollscale.pipeline.stage_deps import code_deps, deps_diff, render_dvc_yaml, stage_files
+from rollscale.registry import PLUGIN_PACKAGES
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
@@ -79,6 +80,27 @@ def test_a_plugin_package_is_one_folder_dep_and_its_modules_imports_are_followed
     assert deps_diff(root) == ""
     (root / "rollscale" / "rules" / "pods.py").write_text("")  # a new rule: no dvc.yaml edit
     assert deps_diff(root) == ""
+
+
+def test_a_module_that_names_plugin_packages_loads_them(tmp_path):
+    """rollscale/registry.py imports its plugin packages by name: its PLUGIN_PACKAGES literal
+    counts as an import, so every stage that loads it depends on their folders."""
+    root = _project(tmp_path, ["data"])
+    (root / "flows" / "train.py").write_text("def run():\n    from rollscale import registry\n")
+    (root / "rollscale" / "registry.py").write_text('PLUGIN_PACKAGES = ("rollscale.rules",)\n')
+    assert code_deps(root, "train") == ["flows/__init__.py", "flows/__main__.py", "flows/train.py",
+                                        "rollscale/__init__.py", "rollscale/checks.py", "rollscale/registry.py",
+                                        "rollscale/rules"]
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_the_registries_plugin_packages_are_folder_deps(stage):
+    """A new rule, loss or engine is a new module of its package: every stage that validates
+    params lists the package's folder, and .dvcignore keeps __pycache__ out of the folder's hash."""
+    assert REPO / "rollscale" / "registry.py" in stage_files(REPO, stage)
+    for package in PLUGIN_PACKAGES:
+        assert package.replace(".", "/") in STAGES[stage]["deps"]
+    assert "__pycache__" in (REPO / ".dvcignore").read_text().split()
 
 
 def test_rollscale_deps_exits_1_when_stale_and_write_fixes_it(tmp_path):

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollscale.core.rewards import REWARD_NAMES, is_reward_name
+from rollscale.core.rewards import VERIFIERS, is_reward_name
 
 logger = logging.getLogger("rollscale.core.problems")
 
@@ -54,7 +54,7 @@ class Problem:
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"Problem: {name} must be a non-empty str, got {value!r}")
         if not is_reward_name(self.reward):
-            raise ValueError(f"Problem: reward must be one of {', '.join(REWARD_NAMES)} "
+            raise ValueError(f"Problem: reward must be one of {', '.join(VERIFIERS.names())} "
                              f"or 'module:function'; got {self.reward!r}")
         expected_id = compute_problem_id(self.source, self.prompt)
         if self.problem_id != expected_id:

@@ -30,6 +30,7 @@ from typing import Any
 
 from rollscale.core.timed_worker import TimedWorker
 from rollscale.plugins import import_reference, is_reference
+from rollscale.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ __all__ = [
     "normalize_number",
     "numeric_reward",
     "reward_fn",
-    "REWARD_NAMES",
+    "VERIFIERS",
 ]
 
 # One number as it appears in prose. A sign counts only when it is not glued to
@@ -156,6 +157,12 @@ def extract_number(text: str) -> str | None:
     return None if value is None else canonical_number(value)
 
 
+RewardFn = Callable[[str, str], float]
+# the built-in verifiers by name (science §2); a user's own is "package.module:function"
+VERIFIERS: Registry = Registry("verifier")
+
+
+@VERIFIERS.register("numeric")
 def numeric_reward(completion: str, gold: str) -> float:
     """1.0 iff the completion's final number equals the gold number exactly, else 0.0.
 
@@ -240,6 +247,7 @@ def _import_math_verify() -> None:
 _MATH_VERIFY_WORKER = TimedWorker(_import_math_verify)
 
 
+@VERIFIERS.register("math")
 def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float:
     """1.0 iff the completion's final answer is mathematically equal to ``gold``
     according to math-verify, else 0.0. Science §2 (0/1 verifier).
@@ -268,6 +276,7 @@ def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float
     return float(_MATH_VERIFY_WORKER.call(_math_verify_score, (completion, gold, op_timeout_s), timeout_s, 0.0))
 
 
+@VERIFIERS.register("exact")
 def exact_reward(completion: str, gold: str) -> float:
     """1.0 iff the completion's final answer equals ``gold`` as text, else 0.0.
 
@@ -283,26 +292,20 @@ def exact_reward(completion: str, gold: str) -> float:
     return 1.0 if " ".join(answer.split()) == " ".join(gold.split()) else 0.0
 
 
-RewardFn = Callable[[str, str], float]
-
-_REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward, "exact": exact_reward}
-REWARD_NAMES: tuple[str, ...] = tuple(_REWARD_FNS)
-
-
 def is_reward_name(name: object) -> bool:
     """True for a built-in verifier name or a ``module:function`` reference
     (not imported here; :func:`reward_fn` imports it)."""
-    return isinstance(name, str) and (name in _REWARD_FNS or is_reference(name))
+    return VERIFIERS.is_valid(name) or is_reference(name)
 
 
 def reward_fn(name: str) -> RewardFn:
     """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``:
     "numeric", "math", "exact", or a user's ``module:function``. Science §2."""
-    if isinstance(name, str) and name in _REWARD_FNS:
-        return _REWARD_FNS[name]
+    if VERIFIERS.is_valid(name):
+        return VERIFIERS.get(name)
     if not is_reward_name(name):
         raise ValueError(
-            f"reward_fn: name must be one of {', '.join(REWARD_NAMES)} or 'module:function'; got {name!r}"
+            f"reward_fn: name must be one of {', '.join(VERIFIERS.names())} or 'module:function'; got {name!r}"
         )
     # a user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0
     try:

@@ -7,7 +7,9 @@ its entry point (``python -m flows <stage>``: ``flows/__main__.py`` and
 source at module level and inside functions (which load only when the code
 runs). A *plugin package* (its ``__init__.py`` sets ``PLUGIN_PACKAGE = True``)
 finds its modules at run time, so it is listed as one folder: a module added
-there is a dep without editing ``dvc.yaml``.
+there is a dep without editing ``dvc.yaml``. A module that loads plugin packages
+by name (:mod:`rollscale.registry`) says so with a literal ``PLUGIN_PACKAGES``
+tuple of their dotted names, which counts as importing them.
 
 The other deps of a stage (``data``, the upstream ``artifacts/...`` folders)
 say where its inputs come from; they are kept as written, before the code deps.
@@ -54,21 +56,31 @@ def is_plugin_package(folder: Path) -> bool:
     return False
 
 
+def _named_plugin_packages(node: ast.AST) -> list[str]:
+    """The dotted names of a module-level ``PLUGIN_PACKAGES = ("a.b", ...)`` (packages loaded by name)."""
+    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PLUGIN_PACKAGES" for t in node.targets) \
+            and isinstance(node.value, (ast.Tuple, ast.List)):
+        return [e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
 def imported_by(root: Path, path: Path) -> set[Path]:
-    """Project files that ``path`` imports anywhere in its source (module level or in functions)."""
+    """Project files that ``path`` imports anywhere in its source (module level or in functions),
+    and the plugin packages it names in ``PLUGIN_PACKAGES``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        names = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = [name for node in tree.body for name in _named_plugin_packages(node)]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            for i in range(1, len(parts) + 1):  # a package import also runs its __init__
-                file = _module_file(root, ".".join(parts[:i]))
-                if file:
-                    found.add(file)
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    for name in names:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # a package import also runs its __init__
+            file = _module_file(root, ".".join(parts[:i]))
+            if file:
+                found.add(file)
     return found
 
 

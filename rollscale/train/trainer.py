@@ -34,7 +34,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rollscale.core.allocation import allocate
-from rollscale.core.grpo import warmup_factor
+from rollscale.core.shaping import warmup_factor
 from rollscale.core.logprobs import token_logprobs
 from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.core.problems import Problem
@@ -47,7 +47,7 @@ from rollscale.train.checkpoint import Checkpoint, RunStore
 from rollscale.train.evaluate import evaluate
 from rollscale.train.online_noise import batch_gram, noise_figures
 from rollscale.train.rng_state import rng_state, set_rng_state
-from rollscale.train.run_config import RunConfig, RunResult, config_hash, make_rule, step_settings
+from rollscale.train.run_config import RunConfig, RunResult, config_hash, step_settings
 from rollscale.train.data_order import DataOrder
 from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, TrainBatch, policy_update, train_batch
 
@@ -116,7 +116,7 @@ class GRPOTrainer:
         self.train_problems, self.val_problems = list(train_problems), list(val_problems)
         self.device = next(model.parameters()).device
         self.engine = engine if engine is not None else HFSampler(model, tokenizer, batch_size=sample_batch_size)
-        self.rule = make_rule(config)
+        self.rule = config.allocation_rule()
         self.step_settings = step_settings(config)
         self.config_hash = config_hash(config)
         self.data_hash = hashlib.sha256("\n".join(p.problem_id for p in self.train_problems).encode()).hexdigest()[:16]
@@ -250,7 +250,7 @@ class GRPOTrainer:
                                        self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs)
             except NonFiniteLossError as err:
                 raise NonFiniteLossError(f"run {cfg.run_id}: step {step}: {err}") from None
-            row_loss = {**update, "zero_var_frac_trained": float(np.mean(np.ptp(rewards, axis=1) == 0))}
+            row_loss = {**update, "zero_var_frac_trained": float(np.mean([np.ptp(r) == 0 for r in rewards]))}
             self.engine.sync_weights(self.model)
         t_train = time.perf_counter() - t_start_train
 
@@ -269,13 +269,13 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ gradient noise
 
-    def _measure_noise(self, step: int, alloc, rewards: np.ndarray, batch: TrainBatch) -> dict:
+    def _measure_noise(self, step: int, alloc, rewards: list[np.ndarray], batch: TrainBatch) -> dict:
         """Gradient-noise figures of this step's batch before its update (science §6): the
         step-level numbers for the ``steps`` row; per-prompt rows in ``last_noise_prompts``."""
         t0 = time.perf_counter()
         gram = batch_gram(self.model, batch, self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs)
-        figures, prompt_rows = noise_figures(
-            gram, rewards, self.noise_ema, lambda gi: np.random.default_rng(self._seed(_NOISE, step, gi))
+        figures, prompt_rows = noise_figures(  # groups of equal size (RunConfig checks the rule)
+            gram, np.stack(rewards), self.noise_ema, lambda gi: np.random.default_rng(self._seed(_NOISE, step, gi))
         )
         self.last_noise_prompts = [
             {"run_id": self.config.run_id, "step": step,
@@ -306,8 +306,9 @@ class GRPOTrainer:
                 "prompts_drawn": self.prompts_drawn, "data_epoch": self.prompts_drawn // d,
                 "data_position": self.prompts_drawn % d, "data_seed": self.config.seed, "n_train_problems": d,
                 "data_hash": self.data_hash, "last_eval_step": self.last_eval_step,
-                "noise_ema": vars(self.noise_ema).copy(), "config_hash": self.config_hash,
-                "config": self.config.to_dict(), "rng": rng_state(cuda=self.device.type == "cuda")}
+                "noise_ema": vars(self.noise_ema).copy(), "rule_state": self.rule.state_dict(),
+                "config_hash": self.config_hash, "config": self.config.to_dict(),
+                "rng": rng_state(cuda=self.device.type == "cuda")}
 
     def _save(self, store: RunStore, step_rows: list, eval_rows: list) -> Checkpoint:
         model_state = {name: p.detach().cpu().clone() for name, p in self.trainable.items()}
@@ -329,6 +330,7 @@ class GRPOTrainer:
         self.prompts_drawn, self.last_eval_step = s["prompts_drawn"], s["last_eval_step"]
         if "noise_ema" in s:
             vars(self.noise_ema).update(s["noise_ema"])
+        self.rule.load_state_dict(s.get("rule_state", {}))
         set_rng_state(s["rng"], cuda=self.device.type == "cuda")
 
     def _result(self, status: str, error: str | None) -> RunResult:

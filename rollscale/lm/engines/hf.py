@@ -26,6 +26,7 @@ from transformers import (
 )
 
 from rollscale.lm.engines.base import (
+    EngineConfig,
     OnBatch,
     Prompt,
     TrainingModelEngine,
@@ -36,6 +37,7 @@ from rollscale.lm.engines.base import (
 )
 from rollscale.core.seeds import derive_seed
 from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.registry import SAMPLING_ENGINES
 
 
 class SeededSampling(LogitsProcessor):
@@ -83,6 +85,7 @@ def blank_generation_config(model: PreTrainedModel):
         inner.generation_config = saved
 
 
+@SAMPLING_ENGINES.register("hf")
 class HFSampler(TrainingModelEngine):
     """Batched ``model.generate`` with left padding and the KV cache, on the training model itself.
 
@@ -95,6 +98,13 @@ class HFSampler(TrainingModelEngine):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.tokenizer.padding_side = "left"
         self.eos_ids = eos_ids(model, tokenizer)
+
+    @classmethod
+    def from_config(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: EngineConfig) -> HFSampler:
+        if config.dtype != "auto":
+            raise ValueError("sampling.engine_dtype: the 'hf' engine samples with the training model itself; "
+                             "use 'auto' (another dtype needs the 'vllm' engine)")
+        return cls(model, tokenizer, batch_size=config.batch_size)
 
     @torch.no_grad()
     def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,

@@ -29,8 +29,10 @@ from rollscale.lm.engines.base import (
 from rollscale.lm.engines.hf import blank_generation_config
 from rollscale.core.seeds import derive_seed
 from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.registry import SAMPLING_ENGINES
 
 
+@SAMPLING_ENGINES.register("hf-paged")
 class HFPagedEngine(TrainingModelEngine):
     """``model.generate_batch`` on the training model itself (``sync_weights`` is a no-op)."""
 
