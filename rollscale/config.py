@@ -27,6 +27,7 @@ from rollscale.config_sections import (
     MeasureParams,
     QueryParams,
     ReportParams,
+    SearchParams,
     Section,
     SweepParams,
     TrainParams,
@@ -35,8 +36,8 @@ from rollscale.registry import SAMPLING_ENGINES
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
-    "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
-    "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
+    "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "SamplingParams", "ScheduleParams", "SearchParams",
+    "StudyParams", "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 
 

@@ -91,6 +91,31 @@ class TrainParams(Section):
         return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
+class SearchParams(Section):
+    """How the sweep spends its rollouts (science §8): every run to C_max, or the frontier search.
+
+    The frontier search advances runs in rungs c_1 < ... < c_R = C_max spaced
+    by ``eta``, refits the §7 sigmoids and their bootstrap after each rung,
+    stops keys that cannot be best at any budget still to come, adds the key
+    beyond a grid edge that wins, and adds seeds where the answer is undecided.
+    """
+
+    method: Literal["grid", "frontier"] = "grid"
+    # rung factor c_(r+1) = eta c_r, and A3: a fit is trusted at most eta times past the largest C it saw
+    eta: float = Field(2.0, gt=1)
+    # bounds behind a stop are one-sided 1 - alpha bootstrap bounds (expanded percentile: with 3 seeds near the
+    # seeds' range); 0.4 with eta 2 saved most while agreeing with the grid >= 97 % (docs/benchmarks.md)
+    alpha: float = Field(0.4, gt=0, lt=0.5)
+    # the first rung: <= 1 is a fraction of C_max, > 1 a number of rollouts (rungs go down from C_max by eta)
+    first_rung: float = Field(0.0625, gt=0)
+    # seeds beyond sweep.seeds a key may get where the last rung's answer is undecided; 0 = none
+    extra_seeds: int = Field(0, ge=0)
+    # bracket limits: the smallest / largest key the bracket may add; null = n >= 2 (B_problem >= 1),
+    # and up to b_max / B_problem (b_max / n; iso-batch: B)
+    key_min: int | None = Field(None, ge=1)
+    key_max: int | None = Field(None, ge=1)
+
+
 def _rule_entry(value: Any) -> Any:
     """A ``sweep.rules`` entry: a bare name is the rule with its default hyperparameters; an
     unknown name fails here, naming the closest (before the union's own message)."""
@@ -146,6 +171,8 @@ class SweepParams(Section):
     ray_cpus_per_run: float = Field(1.0, gt=0)
     # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
     ray_gpus_per_run: float | None = Field(None, ge=0)
+    # grid (every run to c_max) or frontier search (science §8; rollscale.core.search)
+    search: SearchParams = Field(default_factory=SearchParams)
 
     @field_validator("rules")
     @classmethod
