@@ -45,16 +45,20 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     import importlib
 
     from rollscale.config import load_params
+
+    study = load_params(params)  # bad config fails before any work, and before Prefect is even imported
+    from rollscale.pipeline.outputs import clear_outputs_manifest, write_outputs_manifest
     from rollscale.pipeline.stages import stage_lock
     from tasks.common import quiet_prefect
 
-    study = load_params(params)  # bad config fails before any work or Prefect start-up
     with stage_lock(stage, artifacts):
+        clear_outputs_manifest(artifacts, stage)  # the record describes a finished run's files only
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it
             sys.modules["torch"].set_num_threads(study.torch_threads)
         quiet_prefect(debug)
         with_startup_retry(lambda: flow(params_path=params, artifacts=artifacts))
+        write_outputs_manifest(artifacts, stage)
 
 
 def setup(debug: bool) -> None:

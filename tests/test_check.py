@@ -146,3 +146,7 @@ def test_cli_check_and_study_refuse_a_study_that_cannot_answer(project, capsys):
     out = capsys.readouterr().out
     assert "error   sweep.b_problem: 8 prompts per step over 6 training problems" in out
     assert "warning sampling.max_new_tokens: 71.2%" in out
+    # a damaged profile is the profile stage's to redo (status names it): the check goes on without it
+    (project / "artifacts" / "profile" / "profile.parquet").write_bytes(b"not parquet")
+    assert cli.main(["check"]) == 2
+    assert "training problems" not in capsys.readouterr().out

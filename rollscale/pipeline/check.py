@@ -64,8 +64,12 @@ def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") 
 
     path = Path(artifacts or "") / "profile" / "profile.parquet"
     if artifacts is not None and path.is_file():
-        profile = pd.read_parquet(path)
-        return DataKnown(len(profile), True, profile)
+        try:
+            profile = pd.read_parquet(path)
+        except (OSError, ValueError):  # damaged: the study reruns the profile stage (status names it)
+            profile = None
+        if profile is not None:
+            return DataKnown(len(profile), True, profile)
     d = params.data
     size: int | None = None
     if d.source == "reasoning_gym":
