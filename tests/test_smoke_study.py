@@ -129,13 +129,18 @@ def smoke_study(root: Path, backend: str) -> tuple[Path, dict[str, float]]:
     if backend == "vllm":  # SmolLM2's 8k context would size the engine's warm-up batch (slower start)
         params["sampling"]["max_model_len"] = 256
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    said = {}
     for stage in STAGES:
         t0 = time.perf_counter()
         r = rollscale(root, "run", stage)
         times[stage] = time.perf_counter() - t0
         assert r.returncode == 0, f"{stage}: {(r.stdout + r.stderr)[-4000:]}"
+        said[stage] = r.stdout
         if backend == "vllm":  # quiet unless --debug (it logged 60-90 lines per engine start)
             assert "INFO" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    # the stages say what a user must know: how many rollouts were cut, whether the study answered
+    assert "of rollouts reached max_new_tokens 16" in said["profile"], said["profile"]
+    assert "report: No answer yet: the data cannot decide." in said["report"], said["report"]
     (root / "timings.json").write_text(json.dumps(times))
     return root / "artifacts", times
 

@@ -19,7 +19,7 @@ from rollscale.report.base import TableSpec, absent, as_numeric, fmt_value
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
 AGREE = 0.95  # share of seed resamples that must agree on the observed best n for it to be a claim
 # what a headline row rests on: only DECIDED rows answer; ONE_SEED rows are observations, never claims
-DECIDED, OVERLAP, UNDECIDED, CAVEAT = "decided", "intervals overlap", "undecided", "caveat"
+DECIDED, OVERLAP, UNDECIDED, CAVEAT, WARNING = "decided", "intervals overlap", "undecided", "caveat", "warning"
 COLUMNS = ["claim", "where", "at", "finding"]
 
 
@@ -121,7 +121,7 @@ def _a2_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
     checks = fits[fits["kind"].astype(str) == "a2_check"]
     bad = checks[~checks["a2_holds"].astype("boolean").fillna(True)]
     return [{"claim": "warning: A2 (n* does not fall with budget)", "where": f"{r.get('bucket')} / {r.get('rule')}",
-             "at": str(r.get("fixed")), "finding": str(r["status"]), "basis": CAVEAT} for _, r in bad.iterrows()]
+             "at": str(r.get("fixed")), "finding": str(r["status"]), "basis": WARNING} for _, r in bad.iterrows()]
 
 
 def _ratio_basis(ratio_text: str, verdict: object) -> str:
@@ -131,8 +131,8 @@ def _ratio_basis(ratio_text: str, verdict: object) -> str:
 
 
 def claim_rows(t: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
-    """Every headline row with its ``basis`` (decided, intervals overlap, undecided, caveat, or
-    one seed): best n per budget (with its ``best_n``, budget ``c`` and refit ``share``), rules
+    """Every headline row with its ``basis`` (decided, intervals overlap, undecided, caveat (an
+    unbent curve), warning (A2), or one seed): best n per budget (with its ``best_n``, budget ``c`` and refit ``share``), rules
     against uniform, unbent curves, A2 warnings, the CRS check."""
     rows: list[dict[str, Any]] = []
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
