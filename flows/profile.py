@@ -67,6 +67,10 @@ def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
     refresh_duckdb(Path(artifacts))
     print(f"profile: mean avg@{k} = {profile['avg_at_k'].mean():.3f}; "
           f"{(profile['avg_at_k'] == 0).mean():.0%} at 0, {(profile['avg_at_k'] == 1).mean():.0%} at 1")
+    cut = profile["trunc_rate"].mean()
+    if cut > 0:  # truncated rollouts are masked from training (overlong filter): say how many
+        print(f"profile: {cut:.1%} of rollouts reached max_new_tokens {params.sampling.max_new_tokens}"
+              + ("; `rollscale check` names the max_new_tokens that would cut that" if cut > 0.05 else ""))
     return profile
 
 

@@ -4,8 +4,9 @@ Every study table that exists is read through the DuckDB views: the
 difficulty profile and buckets (science §2), the gradient-noise measurements
 (§6.2, §6.3), the sweep's runs, steps and evaluations (§1, §5), and the fits
 of the frontier, steps to target and the CRS check (§7). It opens with the
-claims the data supports, each with its bootstrap interval over seeds ("not
-distinguishable" where the interval of a difference holds zero), and draws
+answer: the claims the data supports, each with its bootstrap interval over seeds
+("not distinguishable" where the interval of a difference holds zero), or "no
+answer yet" and the params to change; then it draws
 them, with the bucket bounds of params on the difficulty chart, and states
 for every chart and table that cannot be made yet which stage to run: a study
 with a stage missing still gets its report.
@@ -38,6 +39,7 @@ def report_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS
     root = Path(artifacts)
     paths = render_report(root, root / "report", params)
     log_report(tracker_targets(params.tracking, root / "trackers"), root / "report")
+    print(f"report: {paths.headline}")
     print(f"report: {paths.html} ({len(paths.pngs)} charts drawn), {paths.summary}")
     for name, why in paths.missing.items():
         print(f"report: chart {name!r} missing: {why}")

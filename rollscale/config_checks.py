@@ -69,7 +69,7 @@ def read_params_yaml(text: str) -> dict[str, Any]:
         raise ValueError(f"not valid YAML: {err}") from None
     if raw is None:
         raise ValueError("the file is empty (or only comments): write the sections to change, "
-                         "or `{}` for every default (`rollscale check` prints them)")
+                         "or `{}` for every default (`rollscale check --resolved` prints them)")
     if not isinstance(raw, dict):
         raise ValueError(f"expected a mapping of sections at the top level, got {type(raw).__name__}")
     duplicate = _duplicate_key(node)

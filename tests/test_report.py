@@ -442,7 +442,11 @@ def test_headline_states_intervals_and_what_cannot_be_told_apart():
     assert unbent["finding"].iloc[0].startswith("log10_c_mid at the edge of the fit's range: A (102.2)")
     assert "n* = 4: 97% of refits agree" in findings
     assert any("not distinguishable from n in [4, 16]" in f for f in findings)
-    assert "n* = 16 (1 seed, no interval)" in findings
+    assert not any("1 seed" in f for f in findings)  # a single-seed observation is never a claim
+    from rollscale.report.claims import observations_table
+
+    obs = observations_table({"frontier": frontier, "fits": None, "crs_prediction": None}).frame
+    assert list(obs["finding"]) == ["n* = 16 (1 seed, no interval)"]
     assert "pods needs 0.52 [0.41, 0.66]× the rollouts of uniform: fewer rollouts than uniform" in findings
     assert any(f.startswith("pilot needs") and f.endswith("not distinguishable from uniform") for f in findings)
     assert "pods needs 0.49 [0.4, 0.6]× the step seconds of uniform: less step time than uniform" in findings
@@ -462,3 +466,107 @@ def test_headline_warns_where_n_star_falls_with_budget():
     (row,) = frame.to_dict("records")
     assert row["claim"] == "warning: A2 (n* does not fall with budget)" and row["where"] == "easy / uniform"
     assert row["finding"].startswith("A2 violated: n* falls from 8")
+
+
+# --------------------------------------------------------------------------
+# the answer leads: "no answer yet" and what to change, claims only with intervals
+
+
+def decided(study: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The study with three seeds per n and a frontier every bootstrap refit agrees on."""
+    runs = pd.concat([study["runs"].assign(seed=s, run_id=study["runs"]["run_id"] + f"_s{s}") for s in (0, 1, 2)])
+    fr = study["frontier"].assign(best_key_share=1.0, best_key_lo=study["frontier"]["best_key"],
+                                  best_key_hi=study["frontier"]["best_key"])
+    crs = study["crs_prediction"].assign(observed_best_share=1.0)
+    return {**study, "runs": runs, "frontier": fr, "crs_prediction": crs}
+
+
+def test_one_seed_is_no_answer_and_says_which_key_to_change(study):
+    from rollscale.report import study_answer
+
+    answer = study_answer(study)  # one seed per n
+    assert not answer.answered and answer.headline.startswith("No answer yet: the data cannot decide")
+    assert any(f.startswith("more seeds: sweep.seeds [0, 1, 2] (now 1 per setting)") for f in answer.fixes)
+    assert answer.claims.frame is None or not answer.claims.frame["finding"].str.contains("1 seed").any()
+    assert answer.observations is not None and answer.observations.frame["finding"].str.contains("1 seed").all()
+
+
+def test_failed_fits_and_overlapping_intervals_name_their_fixes(study):
+    from rollscale.report import study_answer
+
+    thin = decided(study)
+    fits = thin["fits"].copy()
+    fits.loc[fits["kind"] == "sigmoid_n", "status"] = "too few points (2 < 4)"
+    evals = thin["evals"].assign(n_problems=3, k=4)
+    overlap = thin["frontier"].assign(best_key_share=0.6, best_key_lo=4, best_key_hi=16)
+    crs = thin["crs_prediction"].assign(observed_best_share=0.6)
+    answer = study_answer({**thin, "fits": fits, "evals": evals, "frontier": overlap, "crs_prediction": crs})
+    assert not answer.answered
+    (evals_fix,) = [f for f in answer.fixes if f.startswith("more evaluations per run")]
+    assert "3 of 3 reward curves could not be fitted (too few points (2 < 4))" in evals_fix
+    assert "runs have 11-11 evaluations" in evals_fix and "sweep.eval_every" in evals_fix
+    (noise,) = [f for f in answer.fixes if f.startswith("more validation problems")]
+    assert "bucket.val_size, now 3" in noise and "differences below" in noise
+    assert study_answer({name: None for name in TABLE_NAMES}).fixes == ["run the sweep and fit stages (`rollscale run sweep`)"]
+
+
+def test_decided_study_answers_in_its_first_sentence(study):
+    from rollscale.report import study_answer
+
+    answer = study_answer(decided(study))
+    assert answer.answered and answer.observations is None
+    assert answer.headline.startswith("Answer: all / all: n* = 4 at C = 200-")
+    assert "(every bootstrap refit agrees); 3 more claims below" in answer.headline
+
+
+def test_an_empty_result_is_not_missing(study, tmp_path):
+    empty = dict(study, epoch_transitions=study["epoch_transitions"].iloc[0:0])
+    paths = write_report(empty, tmp_path)
+    page, md = paths.html.read_text(), paths.summary.read_text()
+    assert "Stages not run yet" not in page and "**Missing:**" not in md
+    assert '<div class="empty" data-missing="epoch_transitions">' not in page  # a table, not a chart
+    assert "<strong>Not shown:</strong> The <code>epoch_transitions</code> table is empty: the frontier" in page
+    assert "> **Not shown:** The `epoch_transitions` table is empty" in md
+    stages = {s.name: s for s in summary_tables(empty)}["stages"].frame.set_index("table")
+    assert stages.loc["epoch_transitions", "rows"] == "0 (empty)"
+    # a stage that did not run is missing, and named at the top
+    fit_tables = ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points")
+    paths = write_report(dict(study, **dict.fromkeys(fit_tables)), tmp_path)
+    page = paths.html.read_text()
+    assert page.index('id="not-run"') < page.index('id="figures"')
+    assert "Stages not run yet: fit." in page
+
+
+FIRST_SCREEN = """<script>
+window.addEventListener('load', function () {
+  function bottom(sel) { var el = document.querySelector(sel); return el ? el.getBoundingClientRect().bottom : -1; }
+  document.body.setAttribute('data-verdict-bottom', bottom('#answer .verdict'));
+  document.body.setAttribute('data-claims-top', document.querySelector('#answer table, #answer .empty')
+                                                .getBoundingClientRect().top);
+  document.body.setAttribute('data-figures-top', document.getElementById('figures').getBoundingClientRect().top);
+  document.body.setAttribute('data-viewport', window.innerHeight);
+});
+</script></body>"""
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)")
+@pytest.mark.parametrize("kind", ["decided", "one seed"])
+def test_first_screen_shows_the_answer_in_chromium(study, tmp_path, kind):
+    """A 1400 x 900 window (a laptop's first screen): the verdict and the top of the claims are in
+    it, above every figure; the screenshot is kept beside the report."""
+    tables = decided(study) if kind == "decided" else study
+    paths = write_report(tables, tmp_path / "report")
+    probe = tmp_path / "report" / "probe.html"
+    head, tail = paths.html.read_text().rsplit("</body>", 1)  # the last one: the bundle's JS holds the string too
+    probe.write_text(head + FIRST_SCREEN + tail)
+    dom = _chromium(["--window-size=1400,900", "--dump-dom", probe.as_uri()], tmp_path / "profile_dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    attrs = dict(re.findall(r'data-(verdict-bottom|claims-top|figures-top|viewport)="([-0-9.]+)"', dom.stdout))
+    viewport = float(attrs["viewport"])
+    assert 0 < float(attrs["verdict-bottom"]) < float(attrs["claims-top"]) < viewport <= 900
+    assert float(attrs["figures-top"]) > float(attrs["claims-top"])
+    verdict = re.search(r'<p class="verdict"><strong>([^<]+)</strong>', dom.stdout).group(1)
+    assert verdict.startswith("Answer: all / all: n* = " if kind == "decided" else "No answer yet: the data cannot decide")
+    shot = tmp_path / "first_screen.png"
+    res = _chromium([f"--screenshot={shot}", "--window-size=1400,900", paths.html.as_uri()], tmp_path / "profile_shot")
+    assert res.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC)

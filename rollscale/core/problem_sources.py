@@ -34,10 +34,10 @@ from rollscale.core.problem_rows import BadRow, check_limit, collect, hub_rows, 
 from rollscale.core.problems import Problem, dedupe
 from rollscale.core.rewards import last_boxed, reward_fn
 
-__all__ = ["mix_problems", "table_problems"]
+__all__ = ["file_rows", "lookup", "mix_problems", "table_problems"]
 
 
-def _file_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
+def file_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
     """(where, row) of a local file. JSONL line by line (a bad line is named,
     not fatal for the others); JSON / Parquet / CSV through ``datasets``."""
     suffix = Path(path).suffix.lower()
@@ -57,7 +57,7 @@ def _file_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
         yield f"{os.fspath(path)} row {row_no}", row
 
 
-def _lookup(row: Mapping[str, Any], dotted: str) -> Any:
+def lookup(row: Mapping[str, Any], dotted: str) -> Any:
     """The value at ``a.b.c`` in nested mappings; BadRow naming the path if absent."""
     value: Any = row
     for part in dotted.split("."):
@@ -128,12 +128,12 @@ def table_problems(source: TableParams, skip_malformed: bool = False, limit: int
         raise ValueError(f"table {label}: {err}") from None
 
     def to_problem(row: Mapping[str, Any], row_no: int) -> Problem:
-        prompt = _prompt_text(_lookup(row, source.prompt), source.prompt, source.system_prompt)
-        answer = _answer_text(_lookup(row, source.answer), source.answer, source.answer_format, source.reward)
+        prompt = _prompt_text(lookup(row, source.prompt), source.prompt, source.system_prompt)
+        answer = _answer_text(lookup(row, source.answer), source.answer, source.answer_format, source.reward)
         return Problem.create(label, prompt, answer, source.reward, {"row": row_no})
 
     if source.path is not None:
-        rows, where = _file_rows(source.path), os.fspath(source.path)
+        rows, where = file_rows(source.path), os.fspath(source.path)
     else:
         rows, where = hub_rows(source.hub_id, source.hub_config, source.split), f"{source.hub_id} split {source.split}"
     return collect(rows, to_problem, where, skip_malformed, limit)

@@ -68,6 +68,20 @@ def print_tables(artifacts: str) -> None:
         print(f"{name:18s} {'ready  ' if name in have else 'missing'}  {Path(artifacts) / pattern}")
 
 
+def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: bool = False) -> bool:
+    """Validate params and print whether the study can answer (rollscale.pipeline.check); True when
+    it found no error."""
+    from rollscale.config import load_params
+    from rollscale.pipeline.check import format_findings, known_data, study_findings
+
+    params = load_params(params_path)
+    if resolved:
+        print(params.model_dump_json(indent=2))
+    findings = study_findings(params, known_data(params, artifacts))
+    print(format_findings(findings, params_path), file=sys.stderr if to_stderr else sys.stdout)
+    return not any(f.level == "error" for f in findings)
+
+
 def check_stage(stage: str) -> None:
     """``stage`` must be a stage of the project's dvc.yaml (the one list of stages)."""
     from rollscale.pipeline.stages import load_stage_specs, select_stages
@@ -110,12 +124,21 @@ def parser() -> argparse.ArgumentParser:
                        help="stop the query after this many seconds (default: query.timeout_s in params.yaml, 60)")
     p_sql.add_argument("--params", default="params.yaml")
     sub.add_parser("tables", help="list the tables that exist now")
-    p_check = sub.add_parser("check", help="validate params.yaml and print the resolved parameters")
+    p_check = sub.add_parser("check", help="validate params.yaml and say whether the study can answer")
     p_check.add_argument("--params", default="params.yaml")
+    p_check.add_argument("--resolved", action="store_true", help="also print every resolved value")
+    p_init = sub.add_parser("init", help="write a params.yaml for your model and data (then `rollscale check`)")
+    p_init.add_argument("--model", required=True, help="a model folder, a .gguf file, a hub id, or smollm2")
+    p_init.add_argument("--data", required=True, help="a .jsonl/.json/.parquet/.csv file or a hub dataset id")
+    p_init.add_argument("--gpu", default="none", help="H100, A100, ..., a memory such as 40GB, or none (CPU)")
+    p_init.add_argument("--out", default="params.yaml")
+    p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
     p_study.add_argument("--params", default="params.yaml")
     p_study.add_argument("--stages", default="", help="comma-separated stages to run, in study order (default: all)")
     p_study.add_argument("--force", action="store_true", help="recompute the stages even when unchanged")
+    p_study.add_argument("--no-check", action="store_true",
+                         help="run even where `rollscale check` finds errors (a pilot not meant to answer)")
     p_study.add_argument("--archive-stale", action="store_true", help=ARCHIVE_HELP)
     p_status = sub.add_parser("status", help="which stages are done, stale or running, and each sweep run's progress")
     p_status.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -144,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
                   "(use `rollscale run <stage> --artifacts ...` for another folder)", file=sys.stderr)
             return 2
+        # the check first: a study that cannot work stops before its first stage spends anything
+        ok: list[bool] = []
+        if code := run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, False, True)), debug):
+            return code
+        if not ok[0] and not args.no_check:
+            print("rollscale study: stopped before any stage (run it anyway with --no-check)", file=sys.stderr)
+            return 2
         stages = ["--stages", args.stages] if args.stages else []
         return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
                            debug, "flows.study", archive_stale=args.archive_stale)
@@ -157,9 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "tables":
         return run_guarded(lambda: print_tables(args.artifacts), debug)
     if args.command == "check":
-        from rollscale.config import load_params
+        ok = []
+        code = run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, args.resolved)), debug)
+        return code or (0 if ok[0] else 2)
+    if args.command == "init":
+        from rollscale.pipeline.init import init_params
 
-        return run_guarded(lambda: print(load_params(args.params).model_dump_json(indent=2)), debug)
+        return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force)), debug)
     return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 

@@ -84,25 +84,72 @@ class ReportPaths:
     summary: Path
     pngs: dict[str, Path] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    headline: str = ""  # the report's first sentence: the answer, or "No answer yet: ..."
 
 
 # ---------------------------------------------------------------------------
 # input handling
 
 
-def check_tables(tables: Mapping[str, pd.DataFrame | None]) -> dict[str, pd.DataFrame | None]:
+# why a table whose stage ran can be empty (the report says this, not "missing")
+EMPTY_WHY: dict[str, str] = {
+    "profile": "the problem pool was empty",
+    "buckets": "no problem fell in a bucket",
+    "bucket_counts": "no problem fell in a bucket",
+    "noise_prompts": "measure recorded no prompt",
+    "noise_steps": "measure recorded no step",
+    "runs": "the sweep trained no run (every grid point was skipped; see its log)",
+    "steps": "no sweep run has committed a step",
+    "evals": "no sweep run has committed an evaluation",
+    "fits": "fit found no finished run to fit (fit.run_status)",
+    "frontier": "no curve could be fitted (each needs 4 record points at distinct budgets; the fits say which "
+                "had too few)",
+    "steps_to_target": "no run reached the target reward R*",
+    "crs_prediction": "no group of runs to compare at a fixed batch, or no CRS measured",
+    "epoch_transitions": "the frontier's best key never changed within the budget: there is no transition",
+    "record_points": "no run has an evaluation to take record points from",
+}
+
+
+class StageNotRun(str):
+    """A report part's absence because the stage that writes its table has not run (the page
+    calls only these "missing"; an empty result or too few points is said as such)."""
+
+
+class StudyTables(dict):
+    """The report's tables by name: a DataFrame, or None where absent; ``empty`` names the
+    tables whose stage ran and wrote no row (None here, like absent ones, for the builders)."""
+
+    empty: frozenset[str] = frozenset()
+
+
+def stages_not_run(t: Mapping[str, pd.DataFrame | None]) -> list[str]:
+    """The stages (in study order) none of whose tables is there, not even empty."""
+    empty = getattr(t, "empty", frozenset())
+    stages = list(dict.fromkeys(table_stage(name) for name in TABLE_NAMES))
+    ran = {table_stage(name) for name in TABLE_NAMES if t.get(name) is not None or name in empty}
+    return [s for s in stages if s not in ran]
+
+
+def check_tables(tables: Mapping[str, pd.DataFrame | None]) -> StudyTables:
+    if isinstance(tables, StudyTables):
+        return tables
     if not isinstance(tables, Mapping):
         raise ValueError(f"tables: expected a mapping of table name -> DataFrame or None, got {type(tables).__name__}")
     unknown = sorted(set(tables) - set(TABLE_NAMES))
     if unknown:
         raise ValueError(f"tables: unknown table names {unknown} (expected some of {list(TABLE_NAMES)})")
-    out: dict[str, pd.DataFrame | None] = {}
+    out = StudyTables()
+    empty = set()
     for name in TABLE_NAMES:
         df = tables.get(name)
         if df is not None and not isinstance(df, pd.DataFrame):
             raise ValueError(f"tables[{name!r}]: expected a pandas DataFrame or None, got {type(df).__name__}")
-        # an empty table is as good as a missing one for the report
+        # an empty table has nothing to draw, like an absent one; absent() tells the two apart
         out[name] = df if df is not None and len(df) else None
+        if df is not None and not len(df):
+            empty.add(name)
+    out.empty = frozenset(empty)
     return out
 
 
@@ -112,10 +159,17 @@ def require_columns(df: pd.DataFrame, table: str, columns: Sequence[str]) -> Non
         raise ValueError(f"tables[{table!r}]: missing columns {missing} (has {list(df.columns)})")
 
 
-def missing_stage(table: str, what: str | None = None) -> str:
+def missing_stage(table: str, what: str | None = None) -> StageNotRun:
     stage = table_stage(table)
     what = what or f"`{table}` table"
-    return f"No {what} yet: run the `{stage}` stage (dvc repro {stage})."
+    return StageNotRun(f"No {what} yet: run the `{stage}` stage (dvc repro {stage}).")
+
+
+def absent(t: Mapping[str, pd.DataFrame | None], table: str, what: str | None = None) -> str:
+    """Why ``table`` cannot be shown: its stage has not run, or it ran and the table is empty."""
+    if table in getattr(t, "empty", frozenset()):
+        return f"The `{table}` table is empty: {EMPTY_WHY[table]}."
+    return missing_stage(table, what)
 
 
 def params_dict(params: Any) -> dict[str, Any]:

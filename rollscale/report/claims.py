@@ -14,9 +14,13 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core.bootstrap import ONE_SEED
-from rollscale.report.base import TableSpec, fmt_value, missing_stage, as_numeric
+from rollscale.report.base import TableSpec, absent, as_numeric, fmt_value
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
+AGREE = 0.95  # share of seed resamples that must agree on the observed best n for it to be a claim
+# what a headline row rests on: only DECIDED rows answer; ONE_SEED rows are observations, never claims
+DECIDED, OVERLAP, UNDECIDED, CAVEAT, WARNING = "decided", "intervals overlap", "undecided", "caveat", "warning"
+COLUMNS = ["claim", "where", "at", "finding"]
 
 
 def interval_text(value: Any, lo: Any, hi: Any) -> str:
@@ -42,14 +46,14 @@ def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
             share, lo, hi = (float(pd.to_numeric(r.get(k), errors="coerce")) for k in
                              ("best_key_share", "best_key_lo", "best_key_hi"))
             if math.isnan(share):
-                verdict = f"n* = {best} ({ONE_SEED})"
+                verdict, basis = f"n* = {best} ({ONE_SEED})", ONE_SEED
             elif lo == hi == best:
-                verdict = f"n* = {best}: {share:.0%} of refits agree"
+                verdict, basis = f"n* = {best}: {share:.0%} of refits agree", DECIDED
             else:
-                verdict = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
-                           f"n in [{fmt_value(lo)}, {fmt_value(hi)}]")
+                verdict, basis = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
+                                  f"n in [{fmt_value(lo)}, {fmt_value(hi)}]"), OVERLAP
             rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {fmt_value(r['c'])}",
-                         "finding": verdict})
+                         "finding": verdict, "basis": basis, "best_n": best, "c": float(r["c"]), "share": share})
     return rows
 
 
@@ -60,19 +64,21 @@ def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
     rules = fits[(fits["kind"].astype(str) == "rollouts_to_target") & (fits["rule"].astype(str) != "uniform")]
     for _, r in rules.iterrows():
         if "ratio_to_uniform" not in r or math.isnan(float(pd.to_numeric(r["ratio_to_uniform"], errors="coerce"))):
-            finding = str(r.get("verdict") or r.get("status") or "no ratio")
+            finding, basis = str(r.get("verdict") or r.get("status") or "no ratio"), UNDECIDED
         else:
             ratio = interval_text(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
             finding = f"{r['rule']} needs {ratio}× the rollouts of uniform: {r.get('verdict')}"
+            basis = _ratio_basis(ratio, r.get("verdict"))
         where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {fmt_value(r.get('target'))}"
-        rows.append({"claim": "rule vs uniform (rollouts to target)", "where": where, "at": at, "finding": finding})
+        rows.append({"claim": "rule vs uniform (rollouts to target)", "where": where, "at": at, "finding": finding,
+                     "basis": basis})
         # PODS-like rules train on fewer rollouts than they generate: their claim is about time, not rollouts
         time_ratio = float(pd.to_numeric(r.get("time_ratio_to_uniform"), errors="coerce"))
         if math.isfinite(time_ratio):
             ratio = interval_text(time_ratio, r.get("time_ratio_to_uniform_lo"), r.get("time_ratio_to_uniform_hi"))
             rows.append({"claim": "rule vs uniform (step seconds to target)", "where": where, "at": at,
                          "finding": f"{r['rule']} needs {ratio}× the step seconds of uniform: "
-                                    f"{r.get('time_verdict')}"})
+                                    f"{r.get('time_verdict')}", "basis": _ratio_basis(ratio, r.get("time_verdict"))})
     return rows
 
 
@@ -84,10 +90,11 @@ def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
         share = float(pd.to_numeric(r.get("observed_best_share"), errors="coerce"))
         observed = f"observed best n = {fmt_value(r['observed_best_n'])}"
         observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
+        basis = ONE_SEED if math.isnan(share) else DECIDED if share >= AGREE else OVERLAP
         predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
             f"CRS {fmt_value(r['crs'])} predicts n = {fmt_value(r['predicted_n'])}")
         rows.append({"claim": "CRS predicted vs observed best n", "where": f"{r.get('bucket')} / {r.get('rule')}",
-                     "at": str(r.get("basis")), "finding": f"{predicted}; {observed}"})
+                     "at": str(r.get("basis")), "finding": f"{predicted}; {observed}", "basis": basis})
     return rows
 
 
@@ -103,7 +110,7 @@ def _unbent_curve_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         rows.append({"claim": "curve not bent within the budget", "where": f"{r.get('bucket')} / {r.get('rule')}",
                      "at": f"{variable} = {r.get('key')}",
                      "finding": f"{r['at_bound']} at the edge of the fit's range: A ({fmt_value(r.get('a'))}) and C_mid "
-                                f"are not identified; the curve is read only within its data"})
+                                f"are not identified; the curve is read only within its data", "basis": CAVEAT})
     return rows
 
 
@@ -114,22 +121,53 @@ def _a2_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
     checks = fits[fits["kind"].astype(str) == "a2_check"]
     bad = checks[~checks["a2_holds"].astype("boolean").fillna(True)]
     return [{"claim": "warning: A2 (n* does not fall with budget)", "where": f"{r.get('bucket')} / {r.get('rule')}",
-             "at": str(r.get("fixed")), "finding": str(r["status"])} for _, r in bad.iterrows()]
+             "at": str(r.get("fixed")), "finding": str(r["status"]), "basis": WARNING} for _, r in bad.iterrows()]
 
 
-def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
-    """Best n per budget with the share of refits that agree; rules against uniform; the CRS check."""
-    name, title = "headline", "Claims the data supports"
-    caption = ("Each claim with its 95 % bootstrap interval over seeds (science §7): a difference is claimed "
-               "only where its interval excludes zero (a ratio's excludes 1); otherwise it says "
-               "'not distinguishable'.")
-    rows: list[dict[str, str]] = []
+def _ratio_basis(ratio_text: str, verdict: object) -> str:
+    if ONE_SEED in ratio_text:
+        return ONE_SEED
+    return OVERLAP if "not distinguishable" in str(verdict) else DECIDED
+
+
+def claim_rows(t: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
+    """Every headline row with its ``basis`` (decided, intervals overlap, undecided, caveat (an
+    unbent curve), warning (A2), or one seed): best n per budget (with its ``best_n``, budget ``c`` and refit ``share``), rules
+    against uniform, unbent curves, A2 warnings, the CRS check."""
+    rows: list[dict[str, Any]] = []
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
         rows += _best_n_claims(t["frontier"][as_numeric(t["frontier"]["best_key"]).notna()])
     if t.get("fits") is not None and "kind" in t["fits"].columns:
         rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"]) + _a2_claims(t["fits"])
     if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
         rows += _crs_claims(t["crs_prediction"])
-    if not rows:
-        return TableSpec(name, title, caption, missing=missing_stage("fits", "the fitted claims"))
-    return TableSpec(name, title, caption, frame=pd.DataFrame(rows, columns=["claim", "where", "at", "finding"]))
+    return pd.DataFrame(rows, columns=[*COLUMNS, "basis", "best_n", "c", "share"])
+
+
+def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
+    """The claims: best n per budget with the share of refits that agree; rules against uniform;
+    the CRS check; each with its interval. A single-seed row is never among them
+    (:func:`observations_table`)."""
+    name, title = "headline", "Claims the data supports"
+    caption = ("Each claim with its 95 % bootstrap interval over seeds (science §7): a difference is claimed "
+               "only where its interval excludes zero (a ratio's excludes 1); otherwise it says "
+               "'not distinguishable'. Observations from one seed are not claims and are listed apart.")
+    rows = claim_rows(t)
+    rows = rows[rows["basis"] != ONE_SEED]
+    if rows.empty:
+        why = absent(t, "fits", "the fitted claims") if t.get("fits") is None else (
+            "No claim: the data cannot decide yet (the answer above says what to change).")
+        return TableSpec(name, title, caption, missing=why)
+    return TableSpec(name, title, caption, frame=rows[COLUMNS].reset_index(drop=True))
+
+
+def observations_table(t: dict[str, pd.DataFrame | None]) -> TableSpec | None:
+    """What one seed showed: listed, never claimed (no interval, so no claim); None if nothing."""
+    rows = claim_rows(t)
+    rows = rows[rows["basis"] == ONE_SEED]
+    if rows.empty:
+        return None
+    return TableSpec("observations", "Single-seed observations (not claims)",
+                     "One run per setting: no interval, so none of these is a claim; with more seeds "
+                     "(sweep.seeds) they become claims or 'not distinguishable'.",
+                     frame=rows[COLUMNS].reset_index(drop=True))

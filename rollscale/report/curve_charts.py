@@ -20,7 +20,7 @@ from rollscale.report.base import (
     log2_ticks,
     log_axis,
     log_scale,
-    missing_stage,
+    absent,
     as_numeric,
     inline_records,
     require_columns,
@@ -72,7 +72,7 @@ def chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[s
         "(science §1, log scale) for every run, coloured by n"
     )
     if t["evals"] is None:
-        return ChartSpec(name, title, caption + ".", missing=missing_stage("evals", "sweep results"))
+        return ChartSpec(name, title, caption + ".", missing=absent(t, "evals", "sweep results"))
     ev, has_runs = _evals_with_runs(t, ["avg_at_k"])
     has_se = "avg_at_k_se" in ev.columns and as_numeric(ev["avg_at_k_se"]).notna().any()
     if has_se:
@@ -171,7 +171,7 @@ def chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any])
     )
     fr = t["frontier"]
     if fr is None:
-        return ChartSpec(name, title, caption + ".", missing=missing_stage("frontier", "frontier fit"))
+        return ChartSpec(name, title, caption + ".", missing=absent(t, "frontier", "frontier fit"))
     require_columns(fr, "frontier", ["design", "frontier_reward", "best_key"])
     rows = []
     notes = []
@@ -278,7 +278,7 @@ def chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any
         "run coloured by n, with each run's peak marked by a larger point, the optimum it reached"
     )
     if t["evals"] is None:
-        return ChartSpec(name, title, caption + ".", missing=missing_stage("evals", "sweep results"))
+        return ChartSpec(name, title, caption + ".", missing=absent(t, "evals", "sweep results"))
     ev, has_runs = _evals_with_runs(t, ["best_at_k", "worst_at_k"])
     ev = ev[ev["c"] > 0]
     idv = [c for c in ("run_id", "c", "n", "b_problem", "bucket", "eval_k") if c in ev.columns]

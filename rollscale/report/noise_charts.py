@@ -22,7 +22,7 @@ from rollscale.report.base import (
     k_sat_cap,
     log_axis,
     log_scale,
-    missing_stage,
+    absent,
     as_numeric,
     inline_records,
     require_columns,
@@ -93,7 +93,7 @@ def chart_difficulty(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any
     )
     prof = t["profile"]
     if prof is None:
-        return ChartSpec(name, title, caption, missing=missing_stage("profile", "difficulty profile"))
+        return ChartSpec(name, title, caption, missing=absent(t, "profile", "difficulty profile"))
     require_columns(prof, "profile", ["avg_at_k"])
     vals = as_numeric(prof["avg_at_k"]).dropna().to_numpy()
     if vals.size == 0:
@@ -150,7 +150,7 @@ def chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) ->
         "the dashed line is the null |R| + 1 that the estimator returns for exchangeable rollouts whatever the data"
     )
     if np_ is None:
-        return ChartSpec(name, title, base_caption + ".", missing=missing_stage("noise_prompts", "noise measurements"))
+        return ChartSpec(name, title, base_caption + ".", missing=absent(t, "noise_prompts", "noise measurements"))
     require_columns(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
     df = usable_k_sat(np_)
     if df.empty:
@@ -241,7 +241,7 @@ def chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     )
     ns = t["noise_steps"]
     if ns is None:
-        return ChartSpec(name, title, caption + ".", missing=missing_stage("noise_steps", "noise measurements"))
+        return ChartSpec(name, title, caption + ".", missing=absent(t, "noise_steps", "noise measurements"))
     require_columns(ns, "noise_steps", ["step", "n", "rho_icc", "k_crit", "b_simple"])
     quantities = [q for q in _NOISE_STEP_QUANTITIES if q in ns.columns]
     long = ns[["step", "n", *quantities]].melt(id_vars=["step", "n"], var_name="quantity", value_name="value")

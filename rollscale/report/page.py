@@ -34,7 +34,8 @@ import altair as alt
 import pandas as pd
 
 from rollscale.files import write_bytes_atomic, write_text_atomic
-from rollscale.report.base import ChartSpec, ReportPaths, TableSpec
+from rollscale.report.answer import Answer, study_answer
+from rollscale.report.base import ChartSpec, ReportPaths, StageNotRun, TableSpec, check_tables, stages_not_run
 from rollscale.report.charts import build_charts
 from rollscale.report.tables import summary_tables
 
@@ -45,23 +46,40 @@ def _md_table(df: pd.DataFrame) -> str:
     return cells.to_markdown(index=False, tablefmt="pipe", disable_numparse=True)
 
 
-def _summary_markdown(charts: list[ChartSpec], tables: list[TableSpec]) -> str:
-    out = ["# rollscale study report", ""]
-    missing = [s for s in tables if s.missing] + [c for c in charts if c.missing]
-    if missing:
-        out += ["Parts of the study are not there yet; each section below says which stage to run.", ""]
+def _absence(spec: ChartSpec | TableSpec) -> str:
+    """"Missing" only where the stage has not run; an empty or too-thin result says what it is."""
+    return "Missing" if isinstance(spec.missing, StageNotRun) else "Not shown"
+
+
+def _not_run_text(not_run: list[str]) -> str:
+    return (f"Stages not run yet: {', '.join(not_run)}. Each part they write says which to run "
+            f"(`rollscale run {not_run[0]}`).")
+
+
+def _summary_markdown(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer, not_run: list[str]) -> str:
+    out = ["# rollscale study report", "", f"**{answer.headline}**", ""]
+    if answer.fixes:
+        out += [("What would sharpen it:" if answer.answered else "What to change:"), ""]
+        out += [f"- {fix}" for fix in answer.fixes] + [""]
+    for spec in (answer.claims, answer.observations):
+        if spec is None:
+            continue
+        out += [f"## {spec.title}", "", spec.caption, ""]
+        out += [_md_table(spec.frame), ""] if spec.frame is not None else [f"> {spec.missing}", ""]
+    if not_run:
+        out += [_not_run_text(not_run), ""]
     for spec in tables:
         out += [f"## {spec.title}", "", spec.caption, ""]
         if spec.frame is not None:
             out += [_md_table(spec.frame), ""]
         else:
-            out += [f"> **Missing:** {spec.missing}", ""]
+            out += [f"> **{_absence(spec)}:** {spec.missing}", ""]
     out += ["## Charts", ""]
     for i, c in enumerate(charts, 1):
         if c.chart is not None:
             out.append(f"{i}. [{c.title}](charts/{c.name}.png): {c.caption}")
         else:
-            out.append(f"{i}. {c.title}: **missing**. {c.missing}")
+            out.append(f"{i}. {c.title}: **{_absence(c).lower()}**. {c.missing}")
     return "\n".join(out) + "\n"
 
 
@@ -73,6 +91,12 @@ nav ol { columns: 2; }
 figure { margin: 1.5em 0 2.5em; } figcaption { color: #444; max-width: 60em; margin-top: 0.5em; }
 .chart { overflow-x: auto; }
 .missing { border: 1px solid #e0b252; background: #fff8e6; padding: 0.8em 1em; border-radius: 4px; }
+.empty { border: 1px solid #ccc; background: #f7f7f7; padding: 0.8em 1em; border-radius: 4px; }
+#answer { border-left: 6px solid #2ca02c; padding: 0.2em 1.2em 0.6em; margin: 1em 0 1.5em; background: #f4fbf4; }
+#answer.no-answer { border-left-color: #e0b252; background: #fffaf0; }
+#answer .verdict { font-size: 1.25em; margin: 0.6em 0; }
+#answer ul.fixes { margin: 0.3em 0 0.8em; }
+#answer table.data td { text-align: left; }
 .error { border: 1px solid #d62728; background: #fdecec; padding: 0.8em 1em; }
 table.data { border-collapse: collapse; font-size: 0.9em; margin: 0.6em 0 1.2em; }
 table.data th, table.data td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
@@ -104,7 +128,33 @@ def _html_text(text: str) -> str:
     return re.sub(r"`([^`<>]+)`", r"<code>\1</code>", html.escape(text))
 
 
-def _html_page(charts: list[ChartSpec], tables: list[TableSpec]) -> str:
+def _html_spec_table(s: TableSpec, heading: str = "h3") -> list[str]:
+    esc = html.escape
+    out = [f'<{heading} id="table-{esc(s.name)}">{esc(s.title)}</{heading}><p class="caption">{_html_text(s.caption)}</p>']
+    if s.frame is not None:
+        out.append(s.frame.to_html(index=False, escape=True, border=0, classes="data", na_rep="—"))
+    else:
+        kind = "missing" if isinstance(s.missing, StageNotRun) else "empty"
+        out.append(f'<div class="{kind}"><strong>{_absence(s)}:</strong> {_html_text(s.missing or "")}</div>')
+    return out
+
+
+def _html_answer(answer: Answer) -> list[str]:
+    """The first screen: the verdict, what to change, the claims (then what one seed showed)."""
+    esc = html.escape
+    parts = [f'<section id="answer" class="{"answered" if answer.answered else "no-answer"}">',
+             f'<p class="verdict"><strong>{esc(answer.headline)}</strong></p>']
+    if answer.fixes:
+        parts.append(f"<p>{'What would sharpen it' if answer.answered else 'What to change'}:</p>")
+        parts.append('<ul class="fixes">' + "".join(f"<li>{_html_text(f)}</li>" for f in answer.fixes) + "</ul>")
+    parts += _html_spec_table(answer.claims)
+    if answer.observations is not None:
+        parts += _html_spec_table(answer.observations)
+    parts.append("</section>")
+    return parts
+
+
+def _html_page(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer, not_run: list[str]) -> str:
     esc = html.escape
     specs = {c.name: c.chart.to_dict() for c in charts if c.chart is not None}
     parts = [
@@ -116,15 +166,13 @@ def _html_page(charts: list[ChartSpec], tables: list[TableSpec]) -> str:
         f'<script type="text/javascript">\n{_vega_embed_bundle()}\n</script>',
         "</head><body>",
         "<h1>rollscale study report</h1>",
-        '<p class="caption">How to spend rollouts in RLVR: difficulty, gradient noise, the compute frontier and '
-        "critical batch sizes. Every chart and table below is in this one file; it needs no network.</p>",
+        *_html_answer(answer),
     ]
-    n_missing = sum(1 for c in charts if c.missing) + sum(1 for s in tables if s.missing)
-    if n_missing:
-        parts.append(
-            f'<p class="missing">{n_missing} parts of the study are not there yet; '
-            "each one says which stage to run.</p>"
-        )
+    if not_run:
+        parts.append(f'<p class="missing" id="not-run">{_html_text(_not_run_text(not_run))}</p>')
+    parts.append('<p class="caption">How to spend rollouts in RLVR: difficulty, gradient noise, the compute '
+                 "frontier and critical batch sizes. Every chart and table below is in this one file; it needs no "
+                 "network.</p>")
     parts.append('<nav><h2>Contents</h2><ol>')
     for i, c in enumerate(charts, 1):
         suffix = "" if c.chart is not None else " (missing)"
@@ -136,18 +184,15 @@ def _html_page(charts: list[ChartSpec], tables: list[TableSpec]) -> str:
         if c.chart is not None:
             parts.append(f'<div class="chart" id="chart-{esc(c.name)}" data-chart="{esc(c.name)}"></div>')
         else:
+            kind = "missing" if isinstance(c.missing, StageNotRun) else "empty"
             parts.append(f"<h3>{esc(c.title)}</h3>")
-            parts.append(f'<div class="missing" data-missing="{esc(c.name)}"><strong>Missing:</strong> '
+            parts.append(f'<div class="{kind}" data-missing="{esc(c.name)}"><strong>{_absence(c)}:</strong> '
                          f"{_html_text(c.missing or '')}</div>")
         parts.append(f"<figcaption><strong>Figure {i}.</strong> {_html_text(c.caption)}</figcaption></figure>")
     parts.append("</section>")
     parts.append('<section id="tables"><h2>Tables</h2>')
     for s in tables:
-        parts.append(f'<h3 id="table-{esc(s.name)}">{esc(s.title)}</h3><p class="caption">{_html_text(s.caption)}</p>')
-        if s.frame is not None:
-            parts.append(s.frame.to_html(index=False, escape=True, border=0, classes="data", na_rep="—"))
-        else:
-            parts.append(f'<div class="missing"><strong>Missing:</strong> {_html_text(s.missing or "")}</div>')
+        parts += _html_spec_table(s)
     parts.append("</section>")
     parts.append(
         '<script type="text/javascript">\n'
@@ -181,9 +226,11 @@ def write_report(
     """Write the study report into ``out_dir`` (science §2, §5, §6, §7).
 
     * ``index.html``: one self-contained page (vega, vega-lite and vega-embed
-      inlined from vl-convert's bundle; no CDN), all charts with titles and
-      captions, a "missing" box for each chart that cannot be drawn yet, and
-      every table of :func:`summary_tables`.
+      inlined from vl-convert's bundle; no CDN) that opens with the answer
+      (:func:`rollscale.report.answer.study_answer`: the claims, or "no answer
+      yet" and what to change), then all charts with titles and captions (a
+      "missing" box where the stage has not run, a grey one where its result
+      is empty), and every table of :func:`summary_tables`.
     * ``charts/<name>.png`` for each drawn chart (vl-convert, 2× scale); the
       PNG of a chart that is now missing is removed so no stale figure stays.
     * ``summary.md``: the same tables in Markdown, missing sections saying
@@ -191,8 +238,10 @@ def write_report(
 
     Every file is written to a temporary file and renamed into place.
     """
-    charts = build_charts(tables, params)
-    table_specs = summary_tables(tables)
+    t = check_tables(tables)
+    charts = build_charts(t, params)
+    table_specs = summary_tables(t)
+    answer, not_run = study_answer(t), stages_not_run(t)
     out = Path(out_dir)
     chart_dir = out / "charts"
     chart_dir.mkdir(parents=True, exist_ok=True)
@@ -205,12 +254,13 @@ def write_report(
         elif path.exists():
             path.unlink()
     html_path, md_path = out / "index.html", out / "summary.md"
-    write_text_atomic(_html_page(charts, table_specs), html_path)
-    write_text_atomic(_summary_markdown(charts, table_specs), md_path)
+    write_text_atomic(_html_page(charts, table_specs, answer, not_run), html_path)
+    write_text_atomic(_summary_markdown(charts, table_specs, answer, not_run), md_path)
     return ReportPaths(
         out_dir=out,
         html=html_path,
         summary=md_path,
         pngs=pngs,
         missing={c.name: c.missing for c in charts if c.missing is not None},
+        headline=answer.headline,
     )

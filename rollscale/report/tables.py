@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core.noise_summary import summary_stats
-from rollscale.report.claims import headline_table, interval_text
+from rollscale.report.claims import interval_text
 from rollscale.report.base import (
     TableSpec,
     check_tables,
     fmt_value,
     format_frame,
-    missing_stage,
+    absent,
     as_numeric,
     require_columns,
 )
@@ -29,7 +29,7 @@ def _table_bucket_counts(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     caption = "Problems per difficulty bucket and split (science §2), with the avg@k range found in each bucket."
     b = t["buckets"]
     if b is None:
-        return TableSpec(name, title, caption, missing=missing_stage("buckets", "buckets"))
+        return TableSpec(name, title, caption, missing=absent(t, "buckets", "buckets"))
     require_columns(b, "buckets", ["problem_id", "bucket", "split"])
     counts = pd.crosstab(b["bucket"].astype(str), b["split"].astype(str))
     counts["total"] = counts.sum(axis=1)
@@ -50,7 +50,7 @@ def _table_profile(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     caption = "The profiled problem pool by source (science §2): avg@k, length in tokens and truncation rate."
     prof = t["profile"]
     if prof is None:
-        return TableSpec(name, title, caption, missing=missing_stage("profile", "difficulty profile"))
+        return TableSpec(name, title, caption, missing=absent(t, "profile", "difficulty profile"))
     require_columns(prof, "profile", ["problem_id", "avg_at_k"])
     df = prof.copy()
     df["source"] = df["source"].astype(str) if "source" in df else "all"
@@ -80,7 +80,7 @@ def _table_k_sat_summary(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     np_ = t["noise_prompts"]
     if np_ is None:
-        return TableSpec(name, title, caption, missing=missing_stage("noise_prompts", "noise measurements"))
+        return TableSpec(name, title, caption, missing=absent(t, "noise_prompts", "noise measurements"))
     require_columns(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
     df = usable_k_sat(np_)
     if df.empty:
@@ -122,7 +122,7 @@ def _tables_quintiles(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
     frames: dict[str, pd.DataFrame] = {}
     missing = None
     if np_ is None:
-        missing = missing_stage("noise_prompts", "noise measurements")
+        missing = absent(t, "noise_prompts", "noise measurements")
     else:
         require_columns(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
         if usable_k_sat(np_).empty:
@@ -144,7 +144,7 @@ def _table_noise_steps(t: dict[str, pd.DataFrame | None]) -> TableSpec:
                "never read it alone), prompt- and rollout-axis noise, rho_icc, K_crit and CRS.")
     ns = t["noise_steps"]
     if ns is None:
-        return TableSpec(name, title, caption, missing=missing_stage("noise_steps", "noise measurements"))
+        return TableSpec(name, title, caption, missing=absent(t, "noise_steps", "noise measurements"))
     cols = [c for c in ("step", "n", "g_norm2", "g_norm2_all_pairs", "b_simple", "b_simple_ema", "b_naive",
                         "prompt_noise", "rollout_noise", "rho_icc", "k_sat_icc", "k_crit", "crs") if c in ns.columns]
     return TableSpec(name, title, caption, frame=format_frame(ns[cols].sort_values(cols[:2])))
@@ -156,7 +156,7 @@ def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
                "the error, stay in the fits table as <param>_se. R², points used and fit status.")
     fits = t["fits"]
     if fits is None:
-        return [TableSpec("fits", "Fits", caption, missing=missing_stage("fits", "fits"))]
+        return [TableSpec("fits", "Fits", caption, missing=absent(t, "fits", "fits"))]
     require_columns(fits, "fits", ["kind"])
     specs = []
     params_cols = [c for c in fits.columns if f"{c}_lo" in fits.columns or f"{c}_se" in fits.columns]
@@ -188,7 +188,7 @@ def _table_steps_to_target(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     st = t["steps_to_target"]
     if st is None:
-        return TableSpec(name, title, caption, missing=missing_stage("steps_to_target", "steps-to-target results"))
+        return TableSpec(name, title, caption, missing=absent(t, "steps_to_target", "steps-to-target results"))
     cols = [c for c in ("axis", "target", "n", "b_problem", "b", "steps", "e") if c in st.columns]
     order = [c for c in ("axis", "b") if c in cols]
     return TableSpec(name, title, caption, frame=format_frame(st[cols].sort_values(order)))
@@ -202,7 +202,7 @@ def _table_crs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     cp = t["crs_prediction"]
     if cp is None:
-        return TableSpec(name, title, caption, missing=missing_stage("crs_prediction", "CRS prediction check"))
+        return TableSpec(name, title, caption, missing=absent(t, "crs_prediction", "CRS prediction check"))
     wanted = ("b", "crs", "predicted_n", "observed_best_n", "observed_best_reward", "agree", "observed_best_share",
               "predicted_share", "interval")
     cols = [c for c in wanted if c in cp.columns]
@@ -217,7 +217,7 @@ def _table_transitions(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     et = t["epoch_transitions"]
     if et is None:
-        return TableSpec(name, title, caption, missing=missing_stage("epoch_transitions", "frontier transitions"))
+        return TableSpec(name, title, caption, missing=absent(t, "epoch_transitions", "frontier transitions"))
     return TableSpec(name, title, caption, frame=format_frame(et))
 
 
@@ -229,7 +229,7 @@ def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     runs = t["runs"]
     if runs is None:
-        return TableSpec(name, title, caption, missing=missing_stage("runs", "sweep runs"))
+        return TableSpec(name, title, caption, missing=absent(t, "runs", "sweep runs"))
     require_columns(runs, "runs", ["run_id"])
     cols = [c for c in ("run_id", "bucket", "n", "b_problem", "m", "rule", "seed", "c_max", "status", "steps", "c")
             if c in runs.columns]
@@ -260,8 +260,10 @@ def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
 
 
 def _table_stages(t: dict[str, pd.DataFrame | None]) -> TableSpec:
+    empty = getattr(t, "empty", frozenset())
     rows = [
-        {"table": name, "stage": table_stage(name), "rows": "missing" if df is None else str(len(df))}
+        {"table": name, "stage": table_stage(name),
+         "rows": "0 (empty)" if name in empty else "missing" if df is None else str(len(df))}
         for name, df in t.items()
     ]
     return TableSpec(
@@ -275,6 +277,7 @@ def _table_stages(t: dict[str, pd.DataFrame | None]) -> TableSpec:
 def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]:
     """The report's tables, formatted as strings, in order (science §2, §6.3, §7).
 
+    (The claims lead the report from :func:`rollscale.report.answer.study_answer`.)
     Study tables found; bucket counts; difficulty profile; split-half K_sat
     summary (unfiltered and IQR-filtered, with the null |R| + 1 and the
     ratio beside it); K_sat by pass-rate quintile, unfiltered and filtered;
@@ -285,7 +288,6 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
     """
     t = check_tables(tables)
     return [
-        headline_table(t),
         _table_stages(t),
         _table_bucket_counts(t),
         _table_profile(t),

@@ -20,7 +20,7 @@ from rollscale.report.base import (
     log2_ticks,
     log_axis,
     log_scale,
-    missing_stage,
+    absent,
     as_numeric,
     plus_minus,
     inline_records,
@@ -44,7 +44,7 @@ def chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[str
     )
     st = t["steps_to_target"]
     if st is None:
-        missing = missing_stage("steps_to_target", "steps-to-target results")
+        missing = absent(t, "steps_to_target", "steps-to-target results")
         return ChartSpec(name, title, caption + ".", missing=missing)
     require_columns(st, "steps_to_target", ["axis", "b", "steps"])
     obs = pd.DataFrame({"axis": st["axis"].astype(str), "b": as_numeric(st["b"]), "S": as_numeric(st["steps"])})
@@ -118,7 +118,7 @@ def chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str,
     )
     cp = t["crs_prediction"]
     if cp is None:
-        return ChartSpec(name, title, caption + ".", missing=missing_stage("crs_prediction", "CRS prediction check"))
+        return ChartSpec(name, title, caption + ".", missing=absent(t, "crs_prediction", "CRS prediction check"))
     require_columns(cp, "crs_prediction", ["b", "predicted_n", "observed_best_n"])
     df = pd.DataFrame(
         {

@@ -10,13 +10,17 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rollscale.config import SweepParams
-from rollscale.core.allocation import RuleNotApplicable, RuleParams, rule_class
+from rollscale.core.allocation import AllocationRule, RuleNotApplicable, RuleParams, rule_class
 from rollscale.core.rollouts import SamplingConfig
-from rollscale.train.run_config import RunConfig
+
+if TYPE_CHECKING:  # RunConfig pulls in torch: planning the grid (rollscale check) does not need it
+    from rollscale.train.run_config import RunConfig
 
 log = logging.getLogger("rollscale.train.sweep")
+
 
 @dataclass(frozen=True)
 class GridPoint:
@@ -26,8 +30,18 @@ class GridPoint:
     seed: int
 
 
-def grid_points(sweep: SweepParams) -> list[GridPoint]:
-    """(n, B_problem, rule, seed) of every run, within the hardware bound B <= b_max."""
+@dataclass(frozen=True)
+class RunPlan:
+    """The runs a sweep section trains (each a grid point with its rule at that point) and why
+    the others are skipped (B over b_max; a rule that cannot run there, e.g. PODS keeping m >= n)."""
+
+    runs: list[tuple[GridPoint, AllocationRule]]
+    skipped: list[str]
+
+
+def plan_runs(sweep: SweepParams) -> RunPlan:
+    """(n, B_problem, rule, seed) of every run within the hardware bound B <= b_max, with its
+    rule (science §1, §4); raises ValueError when the design cannot be laid out."""
     if sweep.design == "prompt_axis":
         shapes = [(sweep.n[0], b) for b in sweep.b_problem]
     elif sweep.design == "rollout_axis":
@@ -40,28 +54,34 @@ def grid_points(sweep: SweepParams) -> list[GridPoint]:
     else:
         shapes = list(itertools.product(sweep.n, sweep.b_problem))
     kept = [(n, b) for n, b in shapes if n * b <= sweep.b_max]
-    for n, b in sorted(set(shapes) - set(kept)):
-        log.warning("sweep: skipping n=%d x B_problem=%d: B = %d exceeds sweep.b_max = %d", n, b, n * b, sweep.b_max)
+    skipped = [f"n={n} x B_problem={b}: B = {n * b} exceeds sweep.b_max = {sweep.b_max}"
+               for n, b in sorted(set(shapes) - set(kept))]
     if not kept:
         raise ValueError(f"sweep: every grid point exceeds sweep.b_max = {sweep.b_max}")
-    return [GridPoint(n, b, rule, seed) for (n, b), rule, seed in itertools.product(kept, sweep.rules, sweep.seeds)]
+    runs: list[tuple[GridPoint, AllocationRule]] = []
+    for (n, b), params in itertools.product(kept, sweep.rules):
+        try:
+            rule = rule_class(params.rule).for_grid_point(params, n, b)
+        except RuleNotApplicable as why:
+            skipped.append(f"rule {params.rule!r} at n={n}, B_problem={b}: {why}")
+            continue
+        runs += [(GridPoint(n, b, params, seed), rule) for seed in sweep.seeds]
+    return RunPlan(runs, skipped)
 
 
 def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]:
-    """One :class:`RunConfig` per grid point, ids like ``np16_nr8_uniform_s0``."""
+    """One :class:`RunConfig` per planned run, ids like ``np16_nr8_uniform_s0``."""
+    from rollscale.train.run_config import RunConfig
+
     train = sweep.train.for_bucket(sweep.bucket)  # the validated section itself, recipe resolved
-    configs = []
-    for point in grid_points(sweep):
-        name = point.rule.rule
-        try:
-            rule = rule_class(name).for_grid_point(point.rule, point.n, point.b_problem)
-        except RuleNotApplicable as why:
-            log.warning("sweep: skipping rule %r at n=%d, B_problem=%d: %s", name, point.n, point.b_problem, why)
-            continue
-        config = RunConfig(
+    plan = plan_runs(sweep)
+    for why in plan.skipped:
+        log.warning("sweep: skipping %s", why)
+    return [
+        RunConfig(
             n=point.n,
             b_problem=point.b_problem,
-            rule=name,
+            rule=point.rule.rule,
             rule_args=rule.run_args(),
             c_max=sweep.c_max,
             seed=point.seed,
@@ -73,5 +93,5 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
             checkpoint_every=sweep.checkpoint_every,
             noise_every=sweep.noise_every,
         )
-        configs.append(config)
-    return configs
+        for point, rule in plan.runs
+    ]

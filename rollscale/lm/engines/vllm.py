@@ -145,7 +145,7 @@ class VLLMEngine(SamplingEngine):
             model=str(self.workdir / "base"), dtype=dtype, max_model_len=max_model_len, seed=0,
             generation_config="vllm", logprobs_mode="processed_logprobs", enable_prefix_caching=True,
             # the trainer's tokenizer renders and decodes; vLLM sees token ids only
-            skip_tokenizer_init=True, enforce_eager=config.eager,
+            skip_tokenizer_init=True, enforce_eager=config.eager, use_tqdm_on_load=False,
         )
         if self.on_gpu:
             kwargs.update(gpu_memory_utilization=config.gpu_memory_fraction, enable_sleep_mode=config.enable_sleep)

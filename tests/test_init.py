@@ -1,0 +1,148 @@
+"""`rollscale init`: params from a model's files and a sample of the data (issue: a real user's
+first study). The SmolLM2 GGUF end to end is in tests/test_smoke_study.py; here a tiny model
+folder keeps it to seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollscale.config import load_params
+from rollscale.pipeline.init_values import Machine, full_finetune_gb, render, suggest
+from rollscale.core import power
+from rollscale.core.data_sample import count_rows, inspect_rows, read_sample
+from rollscale.lm.model_info import ModelInfo, inspect_model, resolve_model
+from rollscale.pipeline import cli
+from rollscale.pipeline.check import known_data, study_findings
+from tests.verl_data import write_verl_table
+
+LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def model(n_params: float, vocab: int = 151936, template: str | None = "{{ messages }}") -> ModelInfo:
+    return ModelInfo("org/model", None, "qwen3", int(n_params), True, 1024, 28, vocab, 40960, template, LINEAR)
+
+
+@pytest.fixture
+def verl(tmp_path) -> Path:
+    return write_verl_table(tmp_path / "data" / "arith.parquet", rows=120)
+
+
+@pytest.fixture
+def tiny_folder(tmp_path) -> Path:
+    from rollscale.lm.models import char_tokenizer, tiny_llama
+
+    tok = char_tokenizer()
+    folder = tmp_path / "tiny"
+    tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_inspect_rows_reads_verl_trl_gsm8k_and_math_layouts(verl):
+    v = inspect_rows(read_sample(str(verl)))
+    assert (v.prompt, v.prompt_kind, v.answer, v.answer_format, v.reward) == \
+        ("prompt", "messages", "reward_model.ground_truth", "raw", "numeric")
+    assert v.solution_tokens == [] and v.rows == 120
+    gsm = inspect_rows([{"question": "Q?", "answer": "She has 3 + 4 = 7 apples.\n#### 7"}] * 3)
+    assert (gsm.prompt, gsm.prompt_kind, gsm.answer_format, gsm.reward, gsm.solution_column) == \
+        ("question", "string", "gsm8k", "numeric", "answer")
+    boxed = inspect_rows([{"problem": "x?", "solution": "We find " + "x " * 60 + "so \\boxed{\\frac{1}{2}}."}])
+    assert (boxed.prompt, boxed.answer, boxed.answer_format, boxed.reward) == ("problem", "solution", "boxed", "math")
+    # a short expression answer with a worked solution beside it: math verifier, lengths from the solution
+    both = inspect_rows([{"problem": "x?", "answer": "\\frac{1}{2}", "solution": "Since " + "y " * 60}])
+    assert (both.answer, both.answer_format, both.reward, both.solution_column) == ("answer", "raw", "math", "solution")
+    assert both.solution_tokens == [round(len("Since " + "y " * 60) / 4)]
+    with pytest.raises(ValueError, match=r"no answer column: .*\(the table has prompt, text\)"):
+        inspect_rows([{"prompt": "p", "text": "a long text " * 20}])
+    with pytest.raises(ValueError, match="no prompt column"):
+        inspect_rows([{"body": "p", "answer": "1"}])
+
+
+def test_gsm8k_and_math500_files(shared_data):
+    gsm = inspect_rows(read_sample(str(shared_data / "gsm8k" / "test.jsonl")))
+    assert (gsm.answer_format, gsm.reward) == ("gsm8k", "numeric") and len(gsm.solution_tokens) == 200
+    math500 = inspect_rows(read_sample(str(shared_data / "math500" / "test.jsonl")))
+    assert math500.prompt == "problem" and math500.reward == "math" and math500.solution_column == "solution"
+
+
+def test_count_rows_without_parsing(verl, tmp_path):
+    assert count_rows(verl) == 120
+    (tmp_path / "a.jsonl").write_text('{"q": 1}\n\n{"q": 2}\n')
+    (tmp_path / "a.csv").write_text("q,a\n1,2\n3,4\n")
+    assert count_rows(tmp_path / "a.jsonl") == 2 and count_rows(tmp_path / "a.csv") == 2
+    assert count_rows(tmp_path / "missing.parquet") is None
+
+
+def test_lora_and_its_learning_rate_follow_the_model_size_and_machine(verl):
+    sample = inspect_rows(read_sample(str(verl)))
+    h100 = Machine("H100", 80, 16)
+    small, _ = suggest(model(0.6e9), sample, str(verl), 120, h100)
+    large, why = suggest(model(8e9), sample, str(verl), 120, h100)
+    # docs/gpu.md: 0.6B trains in full on one H100, 8B with LoRA
+    assert small["model.lora.enabled"] is False and small["sweep.train.lr_base"] == 1e-6
+    assert large["model.lora.enabled"] is True and large["sweep.train.lr_base"] == 1e-5
+    assert "LoRA" in why["model.lora.enabled"] and "10 x" in why["sweep.train.lr_base"]
+    assert full_finetune_gb(int(8e9), "bfloat16", 16384, 151936) > 40 > full_finetune_gb(int(6e8), "bfloat16", 16384, 151936)
+    assert (small["sampling.backend"], small["workers"], small["model.dtype"]) == ("vllm", 1, "bfloat16")
+    cpu, _ = suggest(model(0.6e9), sample, str(verl), 120, Machine(None, 24, 2))
+    assert (cpu["sampling.backend"], cpu["model.dtype"], cpu["profile.k_extreme"]) == ("hf", "float32", 0)
+    assert cpu["bucket.extremely_hard"] is False
+    for v in (small, cpu):  # the widest batch of the grid still gets the evaluations a fit needs
+        b = max(v["sweep.n"]) * v["sweep.b_problem"][0]
+        steps = power.steps_per_run(v["sweep.c_max"], b)
+        assert power.evaluations_per_run(steps, v["sweep.eval_every"]) >= power.EVALS_COMFORTABLE
+    thinking, why = suggest(model(0.6e9, template="{% if enable_thinking %}"), sample, str(verl), 120, h100)
+    assert thinking["sampling.chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_max_new_tokens_from_reference_solutions():
+    rows = [{"question": "Q?", "answer": "w " * n + "\n#### 7"} for n in range(10, 410, 4)]
+    sample = inspect_rows(rows)
+    values, why = suggest(model(0.6e9), sample, "x.jsonl", 100, Machine(None, 24, 2))
+    p95 = sorted(sample.solution_tokens)[94]
+    assert values["sampling.max_new_tokens"] >= 2 * p95 and values["sampling.max_new_tokens"] % 64 == 0
+    assert "95th percentile of the reference solutions" in why["sampling.max_new_tokens"]
+
+
+def test_render_writes_every_section_with_reasons(verl, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    values, why = suggest(model(0.135e9, vocab=49152), inspect_rows(read_sample(str(verl))), "data/arith.parquet", 120,
+                          Machine(None, 24, 2))
+    text = render(values, why, ["header"])
+    raw = yaml.safe_load(text)
+    assert set(raw) >= {"data", "model", "base", "sampling", "profile", "bucket", "measure", "sweep", "fit", "report"}
+    assert raw["sweep"]["train"]["lr_base"] == 1e-6 and raw["model"]["lora"]["enabled"] is False
+    lines = text.splitlines()
+    i = lines.index("  backend: hf")
+    assert lines[i - 1].startswith("  # transformers generate on CPU")
+
+
+def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_folder, verl, tmp_path,
+                                                                          monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model(str(tiny_folder)) == (str(tiny_folder), None)
+    info = inspect_model(str(tiny_folder))
+    assert info.n_params_exact and info.chat_template is None and info.num_layers == 2
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("init: wrote params.yaml") and "0 error(s)" in out
+    params = load_params("params.yaml")
+    assert params.model.chat_template is False  # the tiny tokenizer has no template
+    assert str(params.data.tables[0].path) == "data/arith.parquet"  # relative to the project folder
+    assert not [f for f in study_findings(params, known_data(params, None)) if f.level == "error"]
+    before = Path("params.yaml").read_text()
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 2
+    assert "params.yaml exists: pass --force" in capsys.readouterr().err
+    assert Path("params.yaml").read_text() == before
+    # a template with a thinking switch, and --force
+    cfg = tiny_folder / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "chat_template": "{{ enable_thinking }}"}))
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--gpu", "H100", "--force"]) == 0
+    params = load_params("params.yaml")
+    assert params.sampling.backend == "vllm" and params.sampling.chat_template_kwargs == {"enable_thinking": False}
+    assert cli.main(["init", "--model", "not/a/model/path", "--data", str(verl), "--out", "x.yaml"]) == 1
+    assert "neither a model folder" in capsys.readouterr().err
