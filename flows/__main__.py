@@ -14,12 +14,11 @@ import argparse
 import logging
 import os
 import sys
-import time
+from pathlib import Path
 
 from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
 EPHEMERAL_TIMEOUT_S = "180"  # Prefect's 20 s default fails on a busy machine
-STARTUP_RETRIES = 1
 
 
 def prefect_env(debug: bool) -> None:
@@ -29,32 +28,34 @@ def prefect_env(debug: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_TIMEOUT_S)
 
 
-def with_startup_retry(call):
-    """Call again when Prefect's temporary server did not come up (nothing ran yet)."""
-    for attempt in range(STARTUP_RETRIES + 1):
-        try:
-            return call()
-        except RuntimeError as err:
-            if "ephemeral Prefect API server" not in str(err) or attempt == STARTUP_RETRIES:
-                raise
-            print("flows: the Prefect server did not start in time; trying once more", file=sys.stderr)
-            time.sleep(5)
+def keep_our_signal_handlers(flow):
+    """``flow`` with a hook that puts the interrupt handlers back once it runs: Prefect's flow
+    engine installs its own SIGTERM handler, which a second SIGTERM would re-raise mid clean-up."""
+    from rollscale.pipeline import interrupts
+
+    return flow.with_options(on_running=[*flow.on_running_hooks, lambda *_: interrupts.reassert()])
 
 
 def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     import importlib
 
     from rollscale.config import load_params
-    from rollscale.pipeline.stages import stage_lock
+    from rollscale.pipeline.stage_record import fingerprint, started_by, write_record
+    from rollscale.pipeline.stages import load_stage_specs, now, project_root, stage_lock, upstream
     from tasks.common import quiet_prefect
 
     study = load_params(params)  # bad config fails before any work or Prefect start-up
-    with stage_lock(stage, artifacts):
+    specs = load_stage_specs()
+    # what this run runs on, taken before its code is imported (rollscale.pipeline.stage_record)
+    ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params,
+                         upstream(specs[stage], specs))
+    with stage_lock(stage, artifacts) as info:
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it
             sys.modules["torch"].set_num_threads(study.torch_threads)
         quiet_prefect(debug)
-        with_startup_retry(lambda: flow(params_path=params, artifacts=artifacts))
+        keep_our_signal_handlers(flow)(params_path=params, artifacts=artifacts)
+        write_record(Path(artifacts) / stage, stage, info, ran_on, now(), started_by(stage))
 
 
 def setup(debug: bool) -> None:
@@ -67,6 +68,8 @@ def setup(debug: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rollscale.pipeline import interrupts
+
     parser = argparse.ArgumentParser(prog="python -m flows", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", help="a stage of dvc.yaml")
@@ -75,16 +78,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     debug = debug_enabled(args.debug)
+
+    def interrupted_line(signum: int) -> str:
+        from rollscale.pipeline.stage_record import started_by
+        from rollscale.pipeline.status import interrupted_line as line
+
+        return line(args.stage, args.artifacts, signum, started_by(args.stage))
+
+    interrupts.install(interrupted_line)  # first: Ctrl-C during start-up ends it cleanly too
     setup(debug)
 
     def go() -> None:
         from rollscale.pipeline.stages import load_stage_specs
+        from tasks.server import prefect_api
 
         if args.stage not in load_stage_specs():
             raise ValueError(f"unknown stage {args.stage!r} (dvc.yaml has: {', '.join(load_stage_specs())})")
-        run_stage(args.stage, args.params, args.artifacts, debug)
+        with prefect_api():
+            try:
+                run_stage(args.stage, args.params, args.artifacts, debug)
+            except KeyboardInterrupt as err:
+                interrupts.say(interrupted_line(interrupts.signal_of(err)))
+                raise
 
-    return run_guarded(go, debug, prog="rollscale")
+    code = run_guarded(go, debug, prog="rollscale")
+    if interrupts.received():  # do not wait for work still ending in a thread: nothing of it is committed
+        interrupts.exit_now(code)
+    return code
 
 
 if __name__ == "__main__":

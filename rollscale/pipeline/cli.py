@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,15 +18,27 @@ from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 STAGES = ("base", "profile", "bucket", "measure", "sweep", "fit", "report")
 
 
-def spawn_flows(args: list[str], debug: bool, module: str = "flows") -> int:
-    """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors)."""
+def spawn_flows(args: list[str], debug: bool, module: str = "flows", command: str = "") -> int:
+    """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors).
+    Ctrl-C and SIGTERM are passed on to it, and it says what it kept (``command`` is how a person
+    started it: the stage record keeps it, and an interrupted stage tells to run it again)."""
+    from rollscale.pipeline.interrupts import run_forwarding
+    from rollscale.pipeline.stage_record import COMMAND_ENV
     from rollscale.pipeline.stages import project_root
 
     root = project_root()
-    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {})}
+    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {}), **({COMMAND_ENV: command} if command else {})}
     # the project folder first on the path: flows/ and tasks/ are run from there, not installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env).returncode
+    return run_forwarding([sys.executable, "-m", module, *args], cwd=root, env=env)
+
+
+def typed(args: argparse.Namespace, *words: str) -> str:
+    """The command line a person typed, without the options left at their defaults."""
+    out = ["rollscale", *(["--artifacts", args.artifacts] if args.artifacts != "artifacts" else []), *words]
+    if getattr(args, "params", "params.yaml") != "params.yaml":
+        out += ["--params", args.params]
+    return " ".join(out)
 
 
 def print_status(artifacts: str, as_json: bool) -> None:
@@ -91,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         # bad params fail here, before a process and Prefect start
         if code := run_guarded(lambda: load_params(args.params), debug):
             return code
-        return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug)
+        return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
+                           command=typed(args, "run", args.stage))
     if args.command == "study":
         if Path(args.artifacts).resolve() != Path("artifacts").resolve():
             print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
@@ -99,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         stages = ["--stages", args.stages] if args.stages else []
         return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
-                           debug, "flows.study")
+                           debug, "flows.study", typed(args, "study"))
     if args.command == "serve":
-        return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study")
+        return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study", typed(args, "serve"))
     if args.command == "sql":
         return run_guarded(lambda: print_query(args.query, args.artifacts), debug)
     if args.command == "tables":
