@@ -245,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 keep_our_signal_handlers(study_flow)(params_path=args.params, stages=args.stages, force=args.force)
             except KeyboardInterrupt as err:
-                if not getattr(err, "reported", False):
-                    interrupts.say(interrupted_line(interrupts.signal_of(err), STUDY_OUTCOME, command))
+                if getattr(err, "reported", False):
+                    interrupts.said_by_child()
+                interrupts.say(interrupted_line(interrupts.signal_of(err), STUDY_OUTCOME, command))
                 raise
 
     code = run_guarded(serve if args.what == "serve" else study, debug)

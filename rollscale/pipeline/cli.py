@@ -92,6 +92,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return command(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a stage started (a running one is stopped by its own process)
+        print("rollscale: interrupted before anything ran", file=sys.stderr)
+        return 130
+
+
+def command(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     debug = debug_enabled(args.debug)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

@@ -125,6 +125,11 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def said_by_child() -> None:
+    """The process this one waited on printed the line: this one prints none."""
+    _printed.set()
+
+
 def exit_now(code: int) -> None:
     """End the process at once with ``code`` (threads still working are not waited for)."""
     for stream in (sys.stdout, sys.stderr):
@@ -141,17 +146,25 @@ def run_forwarding(cmd: Sequence[str], **popen_kwargs) -> int:
     The caller does not stop on a signal itself: the child ends its work (and prints what it
     kept) and its exit status, 130 or 143, becomes the caller's. When the signal came to the
     whole process group the child gets it twice, which :func:`install`'s handlers allow."""
-    proc = subprocess.Popen(list(cmd), **popen_kwargs)
+    got: list[int] = []
+    child: list[subprocess.Popen] = []
 
     def forward(signum: int, frame) -> None:
-        try:
-            proc.send_signal(signum)
-        except OSError:
-            pass
+        got.append(signum)
+        for proc in child:
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
 
     previous = {signum: signal.signal(signum, forward) for signum in SIGNALS}
     try:
-        return proc.wait()
+        if got:  # before the child started: nothing to stop
+            return exit_code(got[0])
+        child.append(subprocess.Popen(list(cmd), **popen_kwargs))
+        if got:  # while it was being started
+            forward(got[0], None)
+        return child[0].wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
