@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = debug_enabled(args.debug)
 
     def interrupted_line(signum: int) -> str:
-        from rollscale.pipeline.stage_record import started_by
+        from rollscale.pipeline.stage_record import resume_command
         from rollscale.pipeline.status import interrupted_line as line
 
-        return line(args.stage, args.artifacts, signum, started_by(args.stage))
+        return line(args.stage, args.artifacts, signum, resume_command(args.stage))
 
     interrupts.install(interrupted_line)  # first: Ctrl-C during start-up ends it cleanly too
     setup(debug)

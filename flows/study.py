@@ -29,6 +29,7 @@ from prefect.exceptions import TerminationSignal
 
 from rollscale.config import load_params
 from rollscale.pipeline import interrupts
+from rollscale.pipeline.errors import debug_enabled
 from rollscale.pipeline.interrupts import Interrupted
 from rollscale.pipeline.stage_record import COMMAND_ENV
 from rollscale.pipeline.stages import (
@@ -116,6 +117,9 @@ def reproduce(stage: str, root: str, force: bool) -> None:
 def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None, force: bool = False,
                project: str | None = None) -> dict[str, str]:
     """Run the chosen stages (default all) in order; returns stage -> "ran" | "skipped"."""
+    from tasks.common import quiet_prefect
+
+    quiet_prefect(debug_enabled())  # in a served run's own process too: the stages print their errors
     root = project_root(project)
     load_params(Path(root) / params_path if not Path(params_path).is_absolute() else params_path)
     chosen = select_stages(load_stage_specs(root), stages)
@@ -140,10 +144,8 @@ def study_runner(name: str):
     from prefect.runner import Runner
 
     class StudyRunner(Runner):
-        def handle_sigterm(self, *args, **kwargs) -> None:
-            if interrupts.note(signal.SIGTERM):
-                self.stop()
-                raise Interrupted(signal.SIGTERM)
+        def handle_sigterm(self, *args, **kwargs) -> None:  # as on Ctrl-C (serve_study)
+            interrupts.handle(signal.SIGTERM)
 
     return StudyRunner(name=name, pause_on_shutdown=True)
 
@@ -185,7 +187,35 @@ def serve_study(params_path: str = "params.yaml") -> None:
     )
     print(f"serve: deployment study/{sched.deployment}, {when}, stages {stages or 'all'}; a run now: "
           f"`prefect deployment run 'study/{sched.deployment}'`", flush=True)
-    asyncio.run(runner.start())
+
+    async def serve() -> None:
+        # Ctrl-C or SIGTERM: the runner stops as Prefect stops it (a run in progress is cancelled,
+        # its process sent SIGTERM), from inside its loop
+        loop = asyncio.get_running_loop()
+        interrupts.stop_with(lambda signum: loop.call_soon_threadsafe(lambda: loop.create_task(runner.astop())))
+        await runner.start()
+
+    asyncio.run(serve())
+    if interrupts.received():
+        raise ServeStopped(interrupts.received(), wait_for_stages(root / "artifacts", interrupts.GRACE_S))
+
+
+class ServeStopped(Interrupted):
+    """``rollscale serve`` stopped by a signal; ``run_stopped``: a run of the study was in progress."""
+
+    def __init__(self, signum: int, run_stopped: bool) -> None:
+        super().__init__(signum)
+        self.run_stopped = run_stopped
+
+
+def wait_for_stages(artifacts: Path, seconds: float) -> bool:
+    """Wait until no stage holds its lock (a cancelled run's stage ends its work), at most
+    ``seconds``; whether one held it."""
+    deadline, held = time.monotonic() + seconds, False
+    while time.monotonic() < deadline and any(stage_running(artifacts, s) for s in load_stage_specs()):
+        held = True
+        time.sleep(0.1)
+    return held
 
 
 def up_to_date(stages: list[str] | None) -> bool:
@@ -205,7 +235,7 @@ def interrupted_line(signum: int, ran: dict[str, str], command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from flows.__main__ import keep_our_signal_handlers, setup
-    from rollscale.pipeline.errors import debug_enabled, run_guarded
+    from rollscale.pipeline.errors import run_guarded
     from tasks.common import quiet_prefect
     from tasks.server import prefect_api
 
@@ -219,9 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     command = os.environ.get(COMMAND_ENV) or f"rollscale {args.what}"
     os.environ[COMMAND_ENV] = command  # the stages DVC starts for it record it, and say it to resume
 
-    def final_line(signum: int) -> str:
+    def final_line(signum: int, run_stopped: bool = False) -> str:
         if args.what == "serve":
-            return f"serve: stopped ({signal.Signals(signum).name}); the deployment is served again by `{command}`"
+            run = "; the run in progress was stopped (its stage says above what it kept)" if run_stopped else ""
+            return f"serve: stopped ({signal.Signals(signum).name}){run}; `{command}` serves the deployment again"
         return interrupted_line(signum, STUDY_OUTCOME, command)
 
     interrupts.install(final_line, interrupts.STUDY_GRACE_S)
@@ -234,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 serve_study(args.params)
             except KeyboardInterrupt as err:
-                interrupts.say(final_line(interrupts.signal_of(err)))
+                interrupts.say(final_line(interrupts.signal_of(err), getattr(err, "run_stopped", False)))
                 raise
 
     def study() -> None:

@@ -32,7 +32,7 @@ STUDY_GRACE_S = 8.5
 _lock = threading.Lock()
 _received: list[int] = []  # the first signal's number, once one arrived
 # what the watchdog prints when it has to end the process, and after how long
-_watch: dict = {"line": None, "grace_s": GRACE_S}
+_watch: dict = {"line": None, "grace_s": GRACE_S, "on_signal": None}
 _printed = threading.Event()
 
 
@@ -83,10 +83,20 @@ def note(signum: int) -> bool:
     return first
 
 
-def _handler(signum: int, frame) -> None:
+def handle(signum: int, frame=None) -> None:
+    """The SIGINT and SIGTERM handler :func:`install` sets (callable by a library's own handler)."""
     if note(signum):
+        if _watch["on_signal"] is not None:  # an event loop's owner stops it its own way
+            _watch["on_signal"](signum)
+            return
         raise Interrupted(signum)
     # else the same request again (terminal and forwarded copies): the first one is being handled
+
+
+def stop_with(on_signal: Callable[[int], None] | None) -> None:
+    """Call ``on_signal(signum)`` on the first signal instead of raising :class:`Interrupted`
+    (an asyncio loop must be stopped from within, not broken by an exception); None: raise again."""
+    _watch["on_signal"] = on_signal
 
 
 def _watchdog(signum: int) -> None:
@@ -115,7 +125,7 @@ def reassert() -> None:
     SIGTERM handler for the duration of a flow run). Only the main thread can."""
     if threading.current_thread() is threading.main_thread():
         for signum in SIGNALS:
-            signal.signal(signum, _handler)
+            signal.signal(signum, handle)
 
 
 def say(line: str) -> None:

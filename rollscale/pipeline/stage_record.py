@@ -43,6 +43,14 @@ def started_by(stage: str, env: Mapping[str, str] | None = None) -> str:
     return f"dvc repro {stage}" if env.get("DVC_STAGE") else f"python -m flows {stage}"
 
 
+def resume_command(stage: str, env: Mapping[str, str] | None = None) -> str:
+    """What to run to go on after an interrupt: the command that started the stage, but
+    ``rollscale study`` for a run of the served deployment (serving again only waits for its
+    schedule)."""
+    command = started_by(stage, env)
+    return "rollscale study" if command.startswith("rollscale") and " serve" in command else command
+
+
 def _param(raw: Any, dotted: str) -> Any:
     for key in dotted.split("."):
         raw = raw.get(key) if isinstance(raw, dict) else None
