@@ -19,6 +19,8 @@ from pathlib import Path
 from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
 EPHEMERAL_TIMEOUT_S = "180"  # Prefect's 20 s default fails on a busy machine
+# an interrupted stage without a kept_work of its own: its files are written atomically
+GENERIC_KEPT = "every file it wrote is whole, nothing partial was kept"
 
 
 def prefect_env(debug: bool) -> None:
@@ -80,10 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     debug = debug_enabled(args.debug)
 
     def interrupted_line(signum: int) -> str:
+        """What the stage kept (its flow module's ``kept_work``, when it has one) and how to go on."""
         from rollscale.pipeline.stage_record import resume_command
-        from rollscale.pipeline.status import interrupted_line as line
 
-        return line(args.stage, args.artifacts, signum, resume_command(args.stage))
+        kept_work = getattr(sys.modules.get(f"flows.{args.stage}"), "kept_work", None)
+        try:
+            kept = kept_work(Path(args.artifacts)) if kept_work else GENERIC_KEPT
+        except (OSError, ValueError) as err:
+            kept = f"what it kept could not be read ({err})"
+        return interrupts.interrupted_line(args.stage, signum, kept, resume_command(args.stage))
 
     interrupts.install(interrupted_line)  # first: Ctrl-C during start-up ends it cleanly too
     setup(debug)

@@ -226,7 +226,7 @@ def up_to_date(stages: list[str] | None) -> bool:
     return not any(name in stale for name in select_stages(load_stage_specs(root), stages))
 
 
-def interrupted_line(signum: int, ran: dict[str, str], command: str) -> str:
+def between_stages_line(signum: int, ran: dict[str, str], command: str) -> str:
     """The study's one line after a signal that came between stages."""
     done = ", ".join(name for name, how in ran.items() if how == "ran") or "none"
     return (f"study: interrupted ({signal.Signals(signum).name}) between stages; stages it ran: {done} "
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "serve":
             run = "; the run in progress was stopped (its stage says above what it kept)" if run_stopped else ""
             return f"serve: stopped ({signal.Signals(signum).name}){run}; `{command}` serves the deployment again"
-        return interrupted_line(signum, STUDY_OUTCOME, command)
+        return between_stages_line(signum, STUDY_OUTCOME, command)
 
     interrupts.install(final_line, interrupts.STUDY_GRACE_S)
     debug = debug_enabled(args.debug)
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt as err:
                 if getattr(err, "reported", False):
                     interrupts.said_by_child()
-                interrupts.say(interrupted_line(interrupts.signal_of(err), STUDY_OUTCOME, command))
+                interrupts.say(between_stages_line(interrupts.signal_of(err), STUDY_OUTCOME, command))
                 raise
 
     code = run_guarded(serve if args.what == "serve" else study, debug)

@@ -24,6 +24,7 @@ from rollscale.core.problems import Problem
 from rollscale.core.profiling import problems_from_profile
 from rollscale.train.sweep import run_configs
 from rollscale.train.trainer import RunConfig, config_hash
+from rollscale.pipeline.status import runs_kept, sweep_progress
 from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
@@ -65,6 +66,11 @@ def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict]) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(run_dir), dest)
         print(f"sweep: archived {run_dir.name} (not in this sweep's grid, or its config changed) to {dest}")
+
+
+def kept_work(artifacts: Path) -> str:
+    """What an interrupted sweep kept: finished runs, and the checkpoints the others resume from."""
+    return runs_kept(sweep_progress(artifacts, sweep_running=False))
 
 
 @flow(name="sweep")

@@ -60,6 +60,11 @@ def signal_of(err: BaseException) -> int:
     return getattr(err, "signum", None) or received() or signal.SIGINT
 
 
+def interrupted_line(stage: str, signum: int, kept: str, command: str) -> str:
+    """The one line an interrupted stage ends with: what it kept and how to go on."""
+    return f"{stage}: interrupted ({signal.Signals(signum).name}); {kept}: rerun `{command}` to go on"
+
+
 def received() -> int | None:
     """The first signal this process received, or None."""
     return _received[0] if _received else None

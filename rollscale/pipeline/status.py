@@ -66,10 +66,11 @@ def _in_lock(root: Path, stage: str) -> bool:
 def _interrupted(name: str, info: dict, artifacts: Path) -> StageStatus:
     """A run record without a lock holder: stopped by a signal (it says which), or killed."""
     where = f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started_at')}"
+    runs = sweep_progress(artifacts, sweep_running=False) if name == "sweep" else []
+    kept = f"; {runs_kept(runs)}" if runs else ""
     if info.get("signal"):
-        return StageStatus(name, "interrupted", f"by {info['signal']} at {info.get('interrupted_at')} ({where}); "
-                                                f"{kept_work(artifacts, name)}")
-    return StageStatus(name, "interrupted", f"stopped without finishing ({where})")
+        return StageStatus(name, "interrupted", f"by {info['signal']} at {info.get('interrupted_at')} ({where}){kept}")
+    return StageStatus(name, "interrupted", f"stopped without finishing ({where}){kept}")
 
 
 def _recorded(root: Path, artifacts: Path, name: str, spec: StageSpec, specs: dict[str, StageSpec],
@@ -234,43 +235,20 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
     return progress
 
 
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
-def kept_work(artifacts: str | os.PathLike[str], stage: str) -> str:
-    """What an interrupted stage kept, in words: the sweep's runs by state (science §1), the
-    profile's stored chunks; for other stages, that every file it wrote is whole."""
-    artifacts = Path(artifacts)
-    if stage == "sweep" and (runs := sweep_progress(artifacts, sweep_running=False)):
-        finished = sum(r.status == "finished" for r in runs)
-        failed = sum(r.status == "failed" for r in runs)
-        resume = sum(r.status not in ("finished", "failed") and r.step is not None for r in runs)
-        fresh = len(runs) - finished - failed - resume
-        parts = [f"{finished} of {_count(len(runs), 'run', 'runs')} finished"]
-        if resume:
-            parts.append(f"{resume} {'resumes from its' if resume == 1 else 'resume from their'} last checkpoint")
-        if fresh:
-            parts.append(f"{fresh} {'starts' if fresh == 1 else 'start'} from the beginning")
-        if failed:
-            parts.append(f"{failed} failed")
-        return ", ".join(parts)
-    if stage == "profile":
-        chunks = list((artifacts / "profile" / "chunks").glob("*/chunk-*.parquet"))
-        if chunks:
-            return f"{_count(len(chunks), 'finished chunk is', 'finished chunks are')} kept"
-    return "every file it wrote is whole, nothing partial was kept"
-
-
-def interrupted_line(stage: str, artifacts: str | os.PathLike[str], signum: int, command: str) -> str:
-    """The one line an interrupted stage ends with: what was kept and how to go on."""
-    import signal
-
-    try:
-        kept = kept_work(artifacts, stage)
-    except (OSError, ValueError) as err:
-        kept = f"what it kept could not be read ({err})"
-    return f"{stage}: interrupted ({signal.Signals(signum).name}); {kept}: rerun `{command}` to go on"
+def runs_kept(runs: list[RunProgress]) -> str:
+    """What an interrupted sweep kept, in words: its runs by state (science §1)."""
+    finished = sum(r.status == "finished" for r in runs)
+    failed = sum(r.status == "failed" for r in runs)
+    resume = sum(r.status not in ("finished", "failed") and r.step is not None for r in runs)
+    fresh = len(runs) - finished - failed - resume
+    parts = [f"{finished} of {len(runs)} {'run' if len(runs) == 1 else 'runs'} finished"]
+    if resume:
+        parts.append(f"{resume} {'resumes from its' if resume == 1 else 'resume from their'} last checkpoint")
+    if fresh:
+        parts.append(f"{fresh} {'starts' if fresh == 1 else 'start'} from the beginning")
+    if failed:
+        parts.append(f"{failed} failed")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
