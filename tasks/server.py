@@ -49,12 +49,9 @@ def _healthy(url: str) -> bool:
 
 def start_server(timeout_s: float) -> tuple[subprocess.Popen, str]:
     """Start the server on a free loopback port and wait until it answers; (process, API URL)."""
-    from prefect.settings import get_current_settings
-
     root = Path(__file__).resolve().parents[1]
     port = free_port()
-    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-           "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen([sys.executable, "-m", "tasks.server", str(os.getpid()), str(port)], cwd=root, env=env,
                             start_new_session=True)
@@ -101,13 +98,16 @@ def prefect_api() -> Iterator[str]:
             if attempt == STARTUP_TRIES - 1:
                 raise
             print("the Prefect server did not start in time; trying once more", file=sys.stderr)
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.context import refresh_global_settings_context
 
     os.environ["PREFECT_API_URL"] = url  # for the processes this command starts
+    # and for this one, whose Prefect read its settings at import: in every thread (a context
+    # manager's settings would not reach the threads Prefect runs its clients in, which would
+    # then start a temporary server of their own)
+    refresh_global_settings_context()
     atexit.register(stop_server, proc)  # registered before Prefect's: runs after them
     try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):  # this process read its settings already
-            yield url
+        yield url
     except KeyboardInterrupt:
         stop_server(proc)
         raise

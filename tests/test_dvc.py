@@ -223,7 +223,7 @@ def test_status_knows_a_stage_run_outside_dvc_and_says_dvc_lock_is_behind(clone,
         return {s["stage"]: s for s in json.loads(r.stdout)["stages"]}
 
     params = merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)
-    params["fit"]["bin_width"] = params["fit"].get("bin_width", 0.1) / 2
+    params["fit"]["bin_width"] = 0.037  # a value no other test ran fit with
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert states()["fit"]["state"] == "stale"
     r = cli(root, env, "run", "fit")
@@ -243,7 +243,7 @@ def test_status_knows_a_stage_run_outside_dvc_and_says_dvc_lock_is_behind(clone,
     assert r.returncode == 0, r.stderr
     assert states()["fit"] == {"stage": "fit", "state": "done", "detail": "up to date with dvc.lock"}
 
-    params["fit"]["bin_width"] /= 2  # the run no longer matches params.yaml
+    params["fit"]["bin_width"] = 0.041  # the run no longer matches params.yaml
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     fit = states()["fit"]
     assert fit["state"] == "stale" and "param fit (params.yaml): modified" in fit["detail"], fit
