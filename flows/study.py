@@ -34,7 +34,7 @@ from rollscale.pipeline.interrupts import Interrupted
 from rollscale.pipeline.stage_record import COMMAND_ENV
 from rollscale.pipeline.stages import (
     RUN_INFO,
-    StageBusyError,
+    busy_error,
     dvc_changes,
     load_stage_specs,
     project_root,
@@ -95,9 +95,7 @@ def reproduce(stage: str, root: str, force: bool) -> None:
     Refuses at once, in one line, when the stage is already running."""
     artifacts = Path(root) / "artifacts"
     if stage_running(artifacts, stage):  # else the stage's own refusal would come wrapped in DVC's error
-        held = read_json(artifacts / stage / RUN_INFO) or {}
-        raise StageBusyError(f"stage {stage!r} is already running (pid {held.get('pid')} on {held.get('host')}, "
-                             f"since {held.get('started_at')}); wait for it or stop that process first")
+        raise busy_error(stage, artifacts)
     env = dict(os.environ)
     url = _api_url()
     if url and url.startswith("http"):

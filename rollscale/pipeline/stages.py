@@ -188,6 +188,13 @@ def stage_running(artifacts: str | os.PathLike[str], stage: str) -> bool:
     return False
 
 
+def busy_error(stage: str, artifacts: str | os.PathLike[str]) -> StageBusyError:
+    """The one-line refusal of a stage that a live process runs now (its run record says which)."""
+    held = read_json(Path(artifacts) / stage / RUN_INFO) or {}
+    return StageBusyError(f"stage {stage!r} is already running (pid {held.get('pid')} on {held.get('host')}, "
+                          f"since {held.get('started_at')}); wait for it or stop that process first")
+
+
 def _not_writable(folder: Path, stage: str, err: OSError) -> ArtifactsNotWritableError:
     return ArtifactsNotWritableError(
         err.errno or errno.EIO,
@@ -215,9 +222,7 @@ def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
         lock = FileLock(folder / LOCK)
         lock.acquire(timeout=0)
     except Timeout:
-        held = read_json(folder / RUN_INFO) or {}
-        raise StageBusyError(f"stage {stage!r} is already running (pid {held.get('pid')} on {held.get('host')}, "
-                             f"since {held.get('started_at')}); wait for it or stop that process first") from None
+        raise busy_error(stage, artifacts) from None
     except OSError as err:
         raise _not_writable(folder, stage, err) from err
     try:
