@@ -44,9 +44,9 @@ from pathlib import Path
 import torch
 
 from rollscale.lm.models import ModelRef, char_tokenizer, load_model, render_prompt, tiny_llama
-from rollscale.core.problems import reasoning_gym_problems
+from rollscale.core.problem_sets import reasoning_gym_problems
 from rollscale.lm.engines import EngineConfig, HFSampler, make_engine
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_SPEEDUP = 5.0

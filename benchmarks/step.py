@@ -41,8 +41,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollscale.core.grpo import AGG_MODES, LossConfig, token_logprobs_and_entropy
+from rollscale.config import TrainParams
+from rollscale.core.logprobs import token_logprobs_and_entropy
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama
+from rollscale.registry import LOSS_AGGREGATIONS
 from rollscale.train.step import StepSettings, TrainBatch, policy_update
 
 TINY_ARCH = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, max_positions=64)
@@ -74,15 +76,16 @@ def _grad_rel_err(model, batch: TrainBatch, micro_batch_tokens: int, ref) -> flo
     """max over aggregation modes of max|g_micro - g_full| / max|g_full| (KL and entropy on)."""
     params = [p for p in model.parameters() if p.requires_grad]
     worst = 0.0
-    for mode in AGG_MODES:
+    for mode in LOSS_AGGREGATIONS.names():
         grads = []
         for budget in (10**9, micro_batch_tokens):
             opt = torch.optim.SGD(params, lr=0.0)
             seen = []
             opt.register_step_pre_hook(lambda *_: seen.append([p.grad.detach().clone() for p in params]))
-            loss = LossConfig(agg_mode=mode, kl_coef=0.05, entropy_coef=0.01, zero_var_filter=True,
-                              max_new_tokens=max(map(len, batch.completion_ids)))
-            policy_update(model, opt, params, batch, StepSettings(loss, 1.0, budget, grad_clip=0.0), 0, ref)
+            train = TrainParams(agg_mode=mode, kl_coef=0.05, entropy_coef=0.01, zero_var_filter=True,
+                                micro_batch_tokens=budget, grad_clip=0.0)
+            settings = StepSettings(train, 1.0, max_new_tokens=max(map(len, batch.completion_ids)))
+            policy_update(model, opt, params, batch, settings, 0, ref)
             grads.append(seen[0])
         scale = max(float(g.abs().max()) for g in grads[0])
         worst = max(worst, max(float((a - b).abs().max()) for a, b in zip(*grads)) / scale)
@@ -110,9 +113,10 @@ def _smol_folder() -> Path | None:
 def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
     from tokenizers import decoders
 
-    from rollscale.core.problems import reasoning_gym_problems
-    from rollscale.lm.sampling import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     torch.manual_seed(0)
     tok = char_tokenizer()
@@ -160,7 +164,8 @@ def run_smol(folder: str, b: int, micro_batch_tokens: int, equivalence: bool) ->
         return {"grad_max_rel_err": _grad_rel_err(model, batch, micro_batch_tokens, _lora_ref(model))}
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5)
-    settings = StepSettings(LossConfig(kl_coef=0.001, entropy_coef=0.001), 1.0, micro_batch_tokens)
+    settings = StepSettings(TrainParams(kl_coef=0.001, entropy_coef=0.001, zero_var_filter=False,
+                                        micro_batch_tokens=micro_batch_tokens), 1.0)
     t0 = time.perf_counter()
     out = policy_update(model, opt, params, batch, settings, tok.pad_token_id, _lora_ref(model))
     step_s = time.perf_counter() - t0
@@ -171,9 +176,10 @@ def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batc
     """One full GRPO step of a random-initialised Qwen3 shape on CUDA (no weights needed)."""
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from rollscale.core.problems import reasoning_gym_problems
-    from rollscale.lm.sampling import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     cfg_model = Qwen3Config(**QWEN3_SHAPES[shape], max_position_embeddings=4096, eos_token_id=None)
     model = Qwen3ForCausalLM(cfg_model).to("cuda", torch.bfloat16)

@@ -25,9 +25,10 @@ import torch
 from tokenizers import decoders
 
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama, train_supervised
-from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.rollouts import SamplingConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.trainer import GRPOTrainer
 
 TINY_ARCH = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, max_positions=64)
 CHAIN_SUM = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
@@ -36,13 +37,13 @@ CHAIN_SUM = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
 # (Pilot-Commit 240), but they train on different numbers.
 TINY_RUNS = [
     ("uniform 32x8", dict(rule="uniform", b_problem=32, n=8)),
-    ("dynamic 32x8 (cap 64)", dict(rule="dynamic", b_problem=32, n=8, max_draws=64)),
-    ("PODS 16x16 -> m=8", dict(rule="pods", b_problem=16, n=16, m=8)),
-    ("pilot 24x8 (pool 48 x 2)", dict(rule="pilot", b_problem=24, n=8, n_pilot=2, pool_factor=2.0)),
+    ("dynamic 32x8 (cap 64)", dict(rule="dynamic", b_problem=32, n=8, rule_args=dict(max_draws=64))),
+    ("PODS 16x16 -> m=8", dict(rule="pods", b_problem=16, n=16, rule_args=dict(m=8))),
+    ("pilot 24x8 (pool 48 x 2)", dict(rule="pilot", b_problem=24, n=8, rule_args=dict(n_pilot=2, pool_factor=2.0))),
 ]
 SMOL_RUNS = [
     ("uniform 2x4", dict(rule="uniform", b_problem=2, n=4)),
-    ("PODS 1x8 -> m=4", dict(rule="pods", b_problem=1, n=8, m=4)),
+    ("PODS 1x8 -> m=4", dict(rule="pods", b_problem=1, n=8, rule_args=dict(m=4))),
 ]
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -36,7 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollscale.pipeline.cli import STAGES  # noqa: E402
+from rollscale.pipeline.stages import load_stage_specs  # noqa: E402
 
 
 def set_key(params: dict, dotted: str, value: str) -> None:
@@ -99,7 +99,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--stages", nargs="*", default=list(STAGES))
+    ap.add_argument("--stages", nargs="*", default=list(load_stage_specs(ROOT)))
     ap.add_argument("--compare-workers", nargs="*", type=int, default=[])
     ap.add_argument("--keep", help="artifacts folder to keep (default: a temporary one, removed); with --fresh-clone, "
                     "a folder that gets the clone's artifacts/ and dvc.lock")

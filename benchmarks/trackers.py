@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 
 from rollscale.config import TrackingParams
-from rollscale.core.problems import reasoning_gym_problems
+from rollscale.core.problem_sets import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, tracker_targets
 from rollscale.train.checkpoint import RunStore
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.trainer import GRPOTrainer
 
 TINY_ARCH = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, max_positions=64)
 

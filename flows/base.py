@@ -18,7 +18,7 @@ from prefect import flow
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rollscale.lm.models import ModelRef, char_tokenizer, fingerprint_files
-from rollscale.pipeline.storage import write_text_atomic
+from rollscale.files import write_text_atomic
 from tasks.base import train_tiny_model
 from tasks.common import ARTIFACTS, model_ref_path, read_params
 from tasks.problems import problem_pool

@@ -13,7 +13,7 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.core.buckets import assign_buckets, bucket_counts, make_splits, splits_table
-from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, retried_task, read_params, refresh_duckdb
 
 

@@ -38,7 +38,7 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.core.analysis import DESIGNS
-from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_params, refresh_duckdb
 from tasks.fit import (
     crs_prediction,

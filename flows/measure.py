@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 from rollscale.train.sweep import run_configs
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise
@@ -34,10 +34,10 @@ def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
     m = params.measure
     train, val = bucket_problems(root, m.bucket)
     # the same GRPO step as the sweep (its train settings), uniform allocation, noise every step
-    design = params.sweep.model_copy(update={
+    design = type(params.sweep).model_validate({**params.sweep.model_dump(), **{
         "bucket": m.bucket, "design": "rollout_axis", "n": m.n, "b_problem": [m.b_problem], "rules": ["uniform"],
         "seeds": [m.seed], "b_max": max(m.n) * m.b_problem, "c_max": 10**12, "noise_every": 1,
-    })
+    }})
     configs = run_configs(design, sampling_config(params.sampling))
     for config in configs:
         print(f"measure: n = {config.n}, B_problem = {config.b_problem}, {m.steps} steps on {m.bucket!r}")

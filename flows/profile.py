@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.lm.engines import derive_seed
+from rollscale.core.seeds import derive_seed
 from rollscale.pipeline.progress import Progress
-from rollscale.pipeline.storage import write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import close_engines
 from tasks.parallel import local_runner, raise_first_error, run_all

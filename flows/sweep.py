@@ -23,7 +23,7 @@ from prefect import flow
 from rollscale.core.problems import Problem
 from rollscale.core.profiling import problems_from_profile
 from rollscale.train.sweep import run_configs
-from rollscale.train.trainer import RunConfig, config_hash
+from rollscale.train.run_config import RunConfig, config_hash
 from rollscale.pipeline.status import runs_kept, sweep_progress
 from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb

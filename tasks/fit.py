@@ -13,7 +13,8 @@ import pandas as pd
 from rollscale.config import FitParams
 from rollscale.core import analysis
 from rollscale.core.bootstrap import Bootstrap
-from rollscale.pipeline.storage import TABLES, available_tables, query
+from rollscale.pipeline.storage import available_tables, query
+from rollscale.tables import TABLES
 from tasks.common import retried_task
 
 

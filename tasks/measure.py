@@ -8,7 +8,8 @@ from rollscale.config import LoraParams, SamplingParams
 from rollscale.lm.models import ModelRef
 from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.trainer import GRPOTrainer
 from tasks.common import retried_task
 from tasks.models import training_model
 

@@ -12,7 +12,7 @@ from rollscale.config import LoraParams, SamplingParams
 from rollscale.lm.engines import EngineConfig, SamplingEngine, make_engine
 from rollscale.lm.engines.base import free_accelerator_memory
 from rollscale.lm.models import ModelRef, add_lora, load_model, render_prompt
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 
 
 def resolve_device(device: str) -> str:

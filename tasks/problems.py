@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rollscale.config import DataParams
 from rollscale.core.problem_sources import mix_problems, table_problems
-from rollscale.core.problems import Problem, gsm8k_problems, math_problems, reasoning_gym_problems
+from rollscale.core.problem_sets import gsm8k_problems, math_problems, reasoning_gym_problems
+from rollscale.core.problems import Problem
 from tasks.common import retried_task
 
 log = logging.getLogger("rollscale")

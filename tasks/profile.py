@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from rollscale.config import SamplingParams
-from rollscale.lm.engines import derive_seed
+from rollscale.core.seeds import derive_seed
 from rollscale.lm.models import ModelRef
 from rollscale.core.problems import Problem
 from rollscale.core.profiling import count_correct, profile_problems

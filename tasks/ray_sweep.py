@@ -22,7 +22,7 @@ import os
 from typing import Any, Callable
 
 from rollscale.config import SweepParams
-from rollscale.train.trainer import RunResult
+from rollscale.train.run_config import RunResult
 from tasks.parallel import flow_api_url, run_all, worker_env
 from tasks.sweep import train_run_in_worker
 

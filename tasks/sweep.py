@@ -24,8 +24,9 @@ from rollscale.core.problems import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
 from rollscale.pipeline.status import record_attempt
-from rollscale.pipeline.storage import write_parquet_atomic
-from rollscale.train.trainer import GRPOTrainer, RunConfig, RunResult
+from rollscale.files import write_parquet_atomic
+from rollscale.train.run_config import RunConfig, RunResult
+from rollscale.train.trainer import GRPOTrainer
 from tasks.common import transient
 from tasks.models import training_model
 

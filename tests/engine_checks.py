@@ -6,7 +6,7 @@ import torch
 
 from rollscale.lm.engines.base import prompt_ids
 from rollscale.lm.models import char_tokenizer, render_prompt, tiny_llama
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 
 PROMPT_TEXTS = ["1+2=", "33*4=", "(7-5)*9="]
 SAMPLED = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=6)
@@ -115,7 +115,7 @@ def odd_problems():
     """(train, val) arithmetic problems scored by :func:`odd_length`."""
     import dataclasses
 
-    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.core.problem_sets import reasoning_gym_problems
 
     problems = reasoning_gym_problems("chain_sum", 60, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
                                       prompt_style="expression")
@@ -135,7 +135,7 @@ def run_setup(tmp_path):
 
 
 def run_config(**train):
-    from rollscale.train.trainer import RunConfig
+    from rollscale.train.run_config import RunConfig
 
     """Three steps of 4 prompts x 8 rollouts, every group trained (the filters off), a large rate."""
     return RunConfig(n=8, b_problem=4, c_max=96, sampling=SamplingConfig(temperature=1.0, max_new_tokens=8),

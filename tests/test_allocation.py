@@ -6,15 +6,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from rollscale.core.allocation import (
-    PODS,
-    DynamicSampling,
-    PilotCommit,
-    Uniform,
-    allocate,
-    max_variance_subset,
-    pilot_scores,
-)
+from rollscale.train.run_config import RunConfig
+
+from rollscale.core.allocation import RuleNotApplicable, allocate
+from rollscale.core.rules.dynamic import DynamicSampling
+from rollscale.core.rules.pilot import PilotCommit, pilot_scores
+from rollscale.core.rules.pods import PODS, max_variance_subset
+from rollscale.core.rules.uniform import Uniform
+from rollscale.core.rules.variance import VarianceAllocation, VarianceParams, largest_remainder
 
 # ---------------------------------------------------------------- max-variance subset
 
@@ -258,3 +257,76 @@ def test_callback_contracts_are_checked():
         rule.allocate(DataOrder(), lambda problems, n: [])
     with pytest.raises(ValueError, match="rule"):
         allocate("uniform", DataOrder(), FakeSampler(mixed))
+
+
+# ---------------------------------------------------------------- variance-proportional allocation
+
+
+def test_largest_remainder():
+    counts = largest_remainder([0.25, 0.25, 0.25], 12, 2)
+    assert counts.tolist() == [4, 4, 4]
+    # spare 6 over weights 5/36, 1/4, 5/36: quotas 1.58, 2.84, 1.58 -> 1, 2, 1 and 2 left by remainder,
+    # the tie of 0.58 going to the earlier position
+    assert largest_remainder([5 / 36, 1 / 4, 5 / 36], 12, 2).tolist() == [4, 5, 3]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        k = int(rng.integers(1, 20))
+        w = rng.random(k) * (rng.random(k) > 0.3)
+        total = int(rng.integers(2 * k, 20 * k))
+        c = largest_remainder(w, total, 2)
+        assert c.sum() == total and c.min() >= 2
+        quota = 2 + (total - 2 * k) * (w / w.sum() if w.sum() > 0 else np.full(k, 1 / k))
+        assert np.all(np.abs(c - quota) < 1)  # each within one of its exact share
+    assert largest_remainder([0.0, 0.0], 7, 2).tolist() == [4, 3]
+    for bad in ([], [-1.0, 1.0], [float("nan")]):
+        with pytest.raises(ValueError):
+            largest_remainder(bad, 8, 2)
+    with pytest.raises(ValueError, match="below"):
+        largest_remainder([1.0, 1.0], 3, 2)
+
+
+def test_variance_rule_spends_uniforms_budget_by_predicted_variance():
+    script = {0: [1] * 32, 1: [1, 0] * 16, 2: [0] * 32}
+    sampler, same_prompts = FakeSampler(lambda p: script[p]), lambda k: [0, 1, 2][:k]
+    rule = VarianceAllocation(b_problem=3, n=4)
+    first = allocate(rule, same_prompts, sampler)
+    # never seen: all predicted p = 1/2, so uniform's 4 each, generated in one call of one rollout per entry
+    assert [len(g.rollouts) for g in first.groups] == [4, 4, 4]
+    assert sampler.calls == [([0] * 4 + [1] * 4 + [2] * 4, 1)]
+    assert first.rollouts_generated == first.rollouts_trained == 12 and first.draws == 3
+    assert first.zero_variance_draws == 2 and first.discarded_rollouts == 0
+    # second visit: q = 5/6, 1/2, 1/6 (Beta(1,1) on 4/4, 2/4, 0/4): the mixed prompt gets the most
+    second = allocate(rule, same_prompts, sampler)
+    assert [len(g.rollouts) for g in second.groups] == [4, 5, 3]
+    assert second.rollouts_generated == second.rollouts_trained == 12
+    assert [r.index for r in second.groups[1].rollouts] == [4, 5, 6, 7, 8]  # fresh rollouts, in order
+    # older visits count half (decay 0.5): problem 1 saw 2 of 4, then 3 of 5 (1, 0, 1, 0, 1)
+    assert rule.stats[1] == (0.5 * 2 + 3, 0.5 * 4 + 5)
+    assert rule.trained_per_step == 12 and not rule.equal_groups
+
+
+def test_variance_rule_state_survives_a_checkpoint():
+    import json
+
+    sampler = FakeSampler(lambda p: [1, 0, 0] * 8)
+    rule = VarianceAllocation(b_problem=2, n=5, prior=0.5, decay=0.0)
+    rule.allocate(DataOrder(), sampler)
+    restored = VarianceAllocation(b_problem=2, n=5, prior=0.5, decay=0.0)
+    restored.load_state_dict(json.loads(json.dumps(rule.state_dict())))  # state.json holds it
+    assert restored.stats == rule.stats and restored.scores([0, 1, 7]).tolist() == rule.scores([0, 1, 7]).tolist()
+    with pytest.raises(ValueError, match="keeps no state"):
+        Uniform(b_problem=2, n=4).load_state_dict(rule.state_dict())
+
+
+def test_variance_rule_settings_and_grid():
+    assert VarianceAllocation.for_grid_point(VarianceParams(decay=0.9), 8, 16).run_id_parts() == ["a1", "dc0.9"]
+    with pytest.raises(RuleNotApplicable, match="n=2"):
+        VarianceAllocation.for_grid_point(VarianceParams(), 2, 16)
+    for bad in (dict(prior=0.0), dict(decay=1.5), dict(decay=True)):
+        with pytest.raises(ValueError):
+            VarianceAllocation(b_problem=2, n=4, **bad)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        VarianceAllocation(b_problem=1, n=4).allocate(DataOrder(), FakeSampler(lambda p: [2.0] * 8))
+    with pytest.raises(ValueError, match="equal size"):  # its groups differ: no gradient-noise measurement
+        RunConfig(n=8, b_problem=4, c_max=100, rule="variance", noise_every=1)
+    assert RunConfig(n=8, b_problem=16, c_max=100, rule="variance").run_id == "np16_nr8_variance_a1_dc0.5_s0"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rollscale.train.checkpoint as checkpoint_module
+import rollscale.train.manifest as manifest_module
 from rollscale.train.checkpoint import RunStore
 
 
@@ -251,6 +252,6 @@ def test_manifest_commits_every_part_so_far(tmp_path):
     store = RunStore(tmp_path / "run")
     for step, start in ((2, 1), (4, 3), (6, 5)):
         _save(store, step, start)
-    parts, problem = checkpoint_module.committed_parts(tmp_path / "run")
+    parts, problem = manifest_module.committed_parts(tmp_path / "run")
     assert problem is None
     assert parts == [f"{k}-{s:06d}.parquet" for k in ("evals", "steps") for s in (2, 4, 6)]

@@ -6,11 +6,12 @@ import torch
 from tokenizers import decoders
 
 from rollscale.config import parse_params
-from rollscale.core.problems import reasoning_gym_problems
+from rollscale.core.problem_sets import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.checkpoint import RunStore
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.trainer import GRPOTrainer
 from tasks.models import resolve_device
 from tasks.ray_sweep import gpus_per_run, worker_env
 

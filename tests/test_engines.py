@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from rollscale.config import SamplingParams
-from rollscale.lm.engines import EngineConfig, HFSampler, SamplingEngine, derive_seed, make_engine
+from rollscale.core.seeds import derive_seed
+from rollscale.lm.engines import EngineConfig, HFSampler, SamplingEngine, make_engine
 from rollscale.lm.engines.base import prompt_ids
 from rollscale.lm.engines.hf import SeededSampling
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, render_prompt
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 from tests.engine_checks import (
     GREEDY,
     SAMPLED,

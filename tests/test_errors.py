@@ -52,6 +52,10 @@ def test_params_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
          str(root / "params.yaml")], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "Traceback" in err and "profile.k" in "\n".join(err.splitlines()[-3:])
+    # the stages are dvc.yaml's: an unknown one is refused naming them, before any process starts
+    proc = rollscale(case(tmp_path / "stage", {}), "run", "bukket")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "unknown stage(s) ['bukket'] (dvc.yaml has: base, profile, bucket," in err
 
 
 @pytest.mark.slow

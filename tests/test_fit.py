@@ -12,16 +12,13 @@ from scipy.optimize import brentq
 
 from rollscale.core.fit import (
     SigmoidFit,
-    epochs_at_transitions,
-    fit_n_star,
     fit_sigmoid,
     fit_steps_to_target,
-    frontier,
-    log_grid,
     predicted_vs_observed_best_n,
     record_breaking_points,
     steps_to_target,
 )
+from rollscale.core.frontier import epochs_at_transitions, fit_n_star, frontier, log_grid
 
 # --------------------------------------------------------------------------
 # record-breaking points

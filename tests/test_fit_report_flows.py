@@ -11,7 +11,8 @@ import yaml
 
 from flows.fit import fit_flow
 from flows.report import report_flow
-from rollscale.pipeline.storage import query, write_parquet_atomic
+from rollscale.files import write_parquet_atomic
+from rollscale.pipeline.storage import query
 from rollscale.train.checkpoint import RunStore
 
 D = 200

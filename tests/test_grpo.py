@@ -6,21 +6,20 @@ import numpy as np
 import pytest
 import torch
 
-from rollscale.core.grpo import (
-    LossConfig,
-    group_advantages,
-    grpo_loss,
-    k3_kl,
-    nonzero_variance_mask,
-    overlong_filter_mask,
-    overlong_penalty,
-    sqrt_scaled_lr,
-    token_logprobs_and_entropy,
-    warmup_factor,
-)
-from rollscale.core.logprobs import token_logprobs
+from rollscale.config import TrainParams
+from rollscale.core.grpo import grpo_loss
+from rollscale.core.logprobs import token_logprobs, token_logprobs_and_entropy
+from rollscale.core.losses.advantages import group_advantages, nonzero_variance_mask
+from rollscale.core.losses.aggregation import loss_normalizers
+from rollscale.core.losses.regularizers import k3_kl
+from rollscale.core.shaping import overlong_filter_mask, overlong_penalty, sqrt_scaled_lr, warmup_factor
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def _loss(**settings) -> TrainParams:
+    """The loss settings (``TrainParams``) with the regularisers and their filter off unless given."""
+    return TrainParams(**{"kl_coef": 0.0, "entropy_coef": 0.0, "zero_var_filter": False, **settings})
 
 
 # ---------------------------------------------------------------- advantages
@@ -86,19 +85,26 @@ def test_nonzero_variance_mask():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"clip_low": -0.1},
-        {"clip_low": 1.0},
-        {"clip_high": -0.2},
         {"agg_mode": "sum"},
+        {"policy_loss": "gspo"},
+        {"advantage_scale": "std"},
         {"kl_coef": -1.0},
         {"entropy_coef": float("nan")},
-        {"agg_mode": "seq-mean-token-sum-norm"},  # needs max_new_tokens
-        {"max_new_tokens": 0},
+        {"tis_cap": -1.0},
     ],
 )
-def test_loss_config_validation(kwargs):
+def test_loss_settings_validation(kwargs):
+    # the loss reads the validated TrainParams: its bounds and names are checked there, once
     with pytest.raises(ValueError):
-        LossConfig(**kwargs)
+        _loss(**kwargs)
+
+
+def test_token_sum_norm_needs_max_new_tokens():
+    new, old = _on_policy_batch()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        grpo_loss(new, old, ADV, MASK, _loss(agg_mode="seq-mean-token-sum-norm"))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        loss_normalizers(MASK, max_new_tokens=0)
 
 
 # ---------------------------------------------------------------- aggregation
@@ -139,7 +145,7 @@ HAND_WEIGHTS = {
 @pytest.mark.parametrize("mode", MODES)
 def test_aggregation_modes_hand_computed(mode):
     new, old = _on_policy_batch()
-    out = grpo_loss(new, old, ADV, MASK, LossConfig(agg_mode=mode, max_new_tokens=4))
+    out = grpo_loss(new, old, ADV, MASK, _loss(agg_mode=mode), max_new_tokens=4)
     assert out.loss.item() == pytest.approx(HAND_LOSS[mode], abs=1e-6)
     np.testing.assert_allclose(out.per_rollout.detach().numpy(), HAND_PER_ROLLOUT[mode], atol=1e-6)
     assert out.policy_loss == pytest.approx(HAND_LOSS[mode], abs=1e-6)
@@ -151,7 +157,7 @@ def test_aggregation_modes_hand_computed(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_gradient_at_ratio_one_is_policy_gradient(mode):
     new, old = _on_policy_batch()
-    out = grpo_loss(new, old, ADV, MASK, LossConfig(agg_mode=mode, max_new_tokens=4))
+    out = grpo_loss(new, old, ADV, MASK, _loss(agg_mode=mode), max_new_tokens=4)
     out.loss.backward()
     # d/d logp of -A * exp(logp - old) at logp = old is -A: the aggregated -A_i * grad logp.
     expected = -ADV[:, None] * torch.tensor(HAND_WEIGHTS[mode])
@@ -161,10 +167,10 @@ def test_gradient_at_ratio_one_is_policy_gradient(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_masked_out_rollout_contributes_nothing(mode):
     new, old = _on_policy_batch()
-    cfg = LossConfig(agg_mode=mode, max_new_tokens=4, kl_coef=0.1, entropy_coef=0.01)
+    cfg = _loss(agg_mode=mode, kl_coef=0.1, entropy_coef=0.01)
     ref = old - 0.3
     ent = torch.ones(3, 3)
-    base = grpo_loss(new, old, ADV, MASK, cfg, logp_ref=ref, entropy=ent)
+    base = grpo_loss(new, old, ADV, MASK, cfg, logp_ref=ref, entropy=ent, max_new_tokens=4)
     # change everything about the masked-out row 2
     new2 = new.detach().clone()
     new2[2] = torch.tensor([-5.0, -0.1, -2.0])
@@ -173,7 +179,7 @@ def test_masked_out_rollout_contributes_nothing(mode):
     adv2[2] = -7.0
     ent2 = ent.clone()
     ent2[2] = 9.0
-    other = grpo_loss(new2, old, adv2, MASK, cfg, logp_ref=ref, entropy=ent2)
+    other = grpo_loss(new2, old, adv2, MASK, cfg, logp_ref=ref, entropy=ent2, max_new_tokens=4)
     assert other.loss.item() == pytest.approx(base.loss.item(), abs=1e-7)
     assert other.per_rollout[2].item() == 0.0
     other.loss.backward()
@@ -186,7 +192,7 @@ def test_non_finite_values_on_masked_tokens_are_harmless():
     ref = torch.tensor([[-0.7, float("inf")], [-1.0, -2.0]])
     ent = torch.tensor([[0.3, float("nan")], [0.2, 0.1]], requires_grad=True)
     mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    cfg = LossConfig(kl_coef=0.1, entropy_coef=0.01)
+    cfg = _loss(kl_coef=0.1, entropy_coef=0.01)
     out = grpo_loss(new, old, torch.tensor([1.0, -1.0]), mask, cfg, logp_ref=ref, entropy=ent)
     assert torch.isfinite(out.loss) and math.isfinite(out.kl) and math.isfinite(out.entropy)
     out.loss.backward()
@@ -200,7 +206,7 @@ def test_overlong_filter_mask_feeds_the_loss_mask():
     assert keep.dtype == bool
     token_mask = torch.ones(3, 3) * torch.from_numpy(keep).float()[:, None]
     new, old = _on_policy_batch()
-    out = grpo_loss(new, old, ADV, token_mask, LossConfig())
+    out = grpo_loss(new, old, ADV, token_mask, _loss())
     # rows 0 and 1 have 3 tokens each: (-1 * 3 + 2 * 3) / 6
     assert out.loss.item() == pytest.approx(0.5, abs=1e-6)
     assert out.per_rollout[2].item() == 0.0
@@ -221,10 +227,9 @@ def test_per_rollout_sums_to_loss_random(mode):
     adv = torch.randn(n, generator=g)
     mask = (torch.rand(n, t, generator=g) > 0.3).float()
     mask[3] = 0.0
-    cfg = LossConfig(agg_mode=mode, max_new_tokens=t, kl_coef=0.2, entropy_coef=0.05, clip_high=0.28,
-                     zero_var_filter=True)
+    cfg = _loss(agg_mode=mode, kl_coef=0.2, entropy_coef=0.05, clip_higher=True, zero_var_filter=True)
     reg = torch.tensor([True, False, True, True, False, True, True])
-    out = grpo_loss(new, old, adv, mask, cfg, logp_ref=ref, entropy=ent, regularize=reg)
+    out = grpo_loss(new, old, adv, mask, cfg, logp_ref=ref, entropy=ent, regularize=reg, max_new_tokens=t)
     assert out.per_rollout.shape == (n,)
     assert out.per_rollout.sum().item() == out.loss.item()
     # each rollout's term depends only on that rollout's tokens
@@ -236,7 +241,7 @@ def test_per_rollout_sums_to_loss_random(mode):
 # ---------------------------------------------------------------- clipping
 
 
-def _single_token(ratio: float, adv: float, cfg: LossConfig):
+def _single_token(ratio: float, adv: float, cfg: TrainParams):
     old = torch.tensor([[math.log(0.4)]])
     new = (old + math.log(ratio)).clone().requires_grad_(True)
     out = grpo_loss(new, old, torch.tensor([adv]), torch.ones(1, 1), cfg)
@@ -246,28 +251,28 @@ def _single_token(ratio: float, adv: float, cfg: LossConfig):
 
 def test_clip_higher_leaves_ratio_below_1_28_unclipped():
     # ratio 1.25 with a positive advantage: clipped at 1.2 by symmetric clipping ...
-    out, grad = _single_token(1.25, 1.0, LossConfig(clip_low=0.2, clip_high=0.2))
+    out, grad = _single_token(1.25, 1.0, _loss())
     assert out.loss.item() == pytest.approx(-1.2, abs=1e-6)
     assert out.clip_frac == 1.0
     assert grad == 0.0
     # ... but not with clip-higher's 1.28: loss -ratio * A, gradient -A * ratio
-    out, grad = _single_token(1.25, 1.0, LossConfig(clip_low=0.2, clip_high=0.28))
+    out, grad = _single_token(1.25, 1.0, _loss(clip_higher=True))
     assert out.loss.item() == pytest.approx(-1.25, abs=1e-6)
     assert out.clip_frac == 0.0
     assert grad == pytest.approx(-1.25, abs=1e-6)
     # above 1.28 it is clipped again
-    out, _ = _single_token(1.3, 1.0, LossConfig(clip_low=0.2, clip_high=0.28))
+    out, _ = _single_token(1.3, 1.0, _loss(clip_higher=True))
     assert out.loss.item() == pytest.approx(-1.28, abs=1e-6)
 
 
 def test_clip_low_with_negative_advantage():
     # ratio 0.75, A = -1: -min(-0.75, -0.8) = 0.8 (the clipped term is active)
-    out, grad = _single_token(0.75, -1.0, LossConfig(clip_low=0.2, clip_high=0.28))
+    out, grad = _single_token(0.75, -1.0, _loss(clip_higher=True))
     assert out.loss.item() == pytest.approx(0.8, abs=1e-6)
     assert out.clip_frac == 1.0
     assert grad == 0.0
     # ratio 0.75 with positive advantage is never clipped (pessimistic min keeps ratio * A)
-    out, _ = _single_token(0.75, 1.0, LossConfig())
+    out, _ = _single_token(0.75, 1.0, _loss())
     assert out.loss.item() == pytest.approx(-0.75, abs=1e-6)
     assert out.clip_frac == 0.0
 
@@ -292,23 +297,23 @@ def test_k3_matches_formula_and_is_nonnegative():
 def test_kl_requires_reference_and_entropy_requires_entropy():
     new, old = _on_policy_batch()
     with pytest.raises(ValueError, match="logp_ref"):
-        grpo_loss(new, old, ADV, MASK, LossConfig(kl_coef=0.1))
+        grpo_loss(new, old, ADV, MASK, _loss(kl_coef=0.1))
     with pytest.raises(ValueError, match="entropy"):
-        grpo_loss(new, old, ADV, MASK, LossConfig(entropy_coef=0.1))
+        grpo_loss(new, old, ADV, MASK, _loss(entropy_coef=0.1))
     with pytest.raises(ValueError, match="regularize"):
-        grpo_loss(new, old, ADV, MASK, LossConfig(kl_coef=0.1, zero_var_filter=True), logp_ref=old)
+        grpo_loss(new, old, ADV, MASK, _loss(kl_coef=0.1, zero_var_filter=True), logp_ref=old)
 
 
 def test_bad_shapes_rejected():
     new, old = _on_policy_batch()
     with pytest.raises(ValueError, match="advantages"):
-        grpo_loss(new, old, ADV[:2], MASK, LossConfig())
+        grpo_loss(new, old, ADV[:2], MASK, _loss())
     with pytest.raises(ValueError, match="mask"):
-        grpo_loss(new, old, ADV, MASK[:, :2], LossConfig())
+        grpo_loss(new, old, ADV, MASK[:, :2], _loss())
     with pytest.raises(ValueError, match="mask"):
-        grpo_loss(new, old, ADV, MASK * 2, LossConfig())
+        grpo_loss(new, old, ADV, MASK * 2, _loss())
     with pytest.raises(ValueError, match="logp_new"):
-        grpo_loss(new[0], old, ADV, MASK, LossConfig())
+        grpo_loss(new[0], old, ADV, MASK, _loss())
 
 
 def test_zero_variance_filter_on_regularizers():
@@ -319,7 +324,7 @@ def test_zero_variance_filter_on_regularizers():
     adv = torch.zeros(2)
     mask = torch.ones(2, 2)
     k3 = 0.5 + math.log(2) - 1  # per token, ref - new = log 0.5
-    cfg = LossConfig(kl_coef=0.5, entropy_coef=0.1, zero_var_filter=True)
+    cfg = _loss(kl_coef=0.5, entropy_coef=0.1, zero_var_filter=True)
     out = grpo_loss(new, new, adv, mask, cfg, logp_ref=ref, entropy=ent, regularize=torch.tensor([True, False]))
     # token-mean over all 4 tokens, regularizers only on rollout 0
     expected = (0.5 * k3 * 2 - 0.1 * (1.0 + 2.0)) / 4
@@ -329,7 +334,7 @@ def test_zero_variance_filter_on_regularizers():
     assert out.kl == pytest.approx(k3, abs=1e-6)
     assert out.entropy == pytest.approx(2.5, abs=1e-6)
     # filter off: both rollouts regularized (the flags are ignored)
-    cfg_off = LossConfig(kl_coef=0.5, entropy_coef=0.1, zero_var_filter=False)
+    cfg_off = _loss(kl_coef=0.5, entropy_coef=0.1, zero_var_filter=False)
     out_off = grpo_loss(new, new, adv, mask, cfg_off, logp_ref=ref, entropy=ent, regularize=torch.tensor([True, False]))
     expected_off = (0.5 * k3 * 4 - 0.1 * (1.0 + 2.0 + 3.0 + 4.0)) / 4
     assert out_off.loss.item() == pytest.approx(expected_off, abs=1e-6)
@@ -338,14 +343,14 @@ def test_zero_variance_filter_on_regularizers():
 def test_entropy_bonus_gradient_flows():
     ent = torch.tensor([[1.0, 2.0]], requires_grad=True)
     new = torch.zeros(1, 2)
-    out = grpo_loss(new, new, torch.zeros(1), torch.ones(1, 2), LossConfig(entropy_coef=0.1), entropy=ent)
+    out = grpo_loss(new, new, torch.zeros(1), torch.ones(1, 2), _loss(entropy_coef=0.1), entropy=ent)
     out.loss.backward()
     torch.testing.assert_close(ent.grad, torch.tensor([[-0.05, -0.05]]))
 
 
 def test_empty_mask_gives_zero_loss():
     new = torch.zeros(2, 3, requires_grad=True)
-    out = grpo_loss(new, new.detach(), torch.ones(2), torch.zeros(2, 3), LossConfig(agg_mode="seq-mean-token-mean"))
+    out = grpo_loss(new, new.detach(), torch.ones(2), torch.zeros(2, 3), _loss(agg_mode="seq-mean-token-mean"))
     assert out.loss.item() == 0.0 and out.n_tokens == 0
     out.loss.backward()
     assert torch.all(new.grad == 0)

@@ -10,11 +10,12 @@ import torch
 
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
-from rollscale.core.noise import k_sat_null
+from rollscale.core.noise_correlation import k_sat_null
 from rollscale.core.noise_ema import EmaNoiseScale
-from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
-from rollscale.train.trainer import GRPOTrainer, RunConfig
+from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.rollouts import SamplingConfig
+from rollscale.train.run_config import RunConfig
+from rollscale.train.trainer import GRPOTrainer
 
 ARCH = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
 NOISE_COLUMNS = ["b_simple", "b_simple_ema", "b_naive", "prompt_noise", "rollout_noise", "rho_icc", "k_sat_icc", "k_crit", "crs"]

@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rollscale.config import ParamsError, parse_params
-from rollscale.core.problem_sources import TableSource, mix_problems, table_problems
-from rollscale.core.problems import DataRowError, compute_problem_id, gsm8k_problems, math_problems
+from rollscale.config import ParamsError, TableParams, parse_params
+from rollscale.core.problem_sources import mix_problems, table_problems
+from rollscale.core.problem_sets import gsm8k_problems, math_problems
+from rollscale.core.problems import DataRowError, compute_problem_id
 from rollscale.core.rewards import reward_fn
 from tasks.problems import load_pool
 
@@ -54,7 +55,7 @@ def test_trl_conversational_parquet_and_jsonl_agree(tmp_path: Path) -> None:
     _write_jsonl(tmp_path / "trl.jsonl", rows)
     got = {}
     for suffix in ("parquet", "jsonl"):
-        src = TableSource(path=tmp_path / f"trl.{suffix}", name="toy", answer="solution", reward="numeric")
+        src = TableParams(path=tmp_path / f"trl.{suffix}", name="toy", answer="solution", reward="numeric")
         got[suffix] = table_problems(src)
     assert got["parquet"] == got["jsonl"] and len(got["jsonl"]) == 5
     first = got["jsonl"][0]
@@ -65,7 +66,7 @@ def test_trl_conversational_parquet_and_jsonl_agree(tmp_path: Path) -> None:
 
 def test_verl_layout_nested_ground_truth_and_system_prompt(tmp_path: Path) -> None:
     pd.DataFrame(_verl_rows(4)).to_parquet(tmp_path / "verl_train.parquet")
-    src = TableSource(path=tmp_path / "verl_train.parquet", answer="reward_model.ground_truth",
+    src = TableParams(path=tmp_path / "verl_train.parquet", answer="reward_model.ground_truth",
                       system_prompt="Think step by step.", reward="math")
     problems = table_problems(src)
     assert [p.answer for p in problems] == ["3", "6", "9", "12"]
@@ -76,11 +77,11 @@ def test_verl_layout_nested_ground_truth_and_system_prompt(tmp_path: Path) -> No
 def test_csv_strings_exact_verifier_and_user_verifier(tmp_path: Path) -> None:
     pd.DataFrame({"question": ["Capital of France?", "Capital of Italy?"], "label": ["Paris", "Rome"]}).to_csv(
         tmp_path / "caps.csv", index=False)
-    exact = table_problems(TableSource(path=tmp_path / "caps.csv", prompt="question", answer="label", reward="exact"))
+    exact = table_problems(TableParams(path=tmp_path / "caps.csv", prompt="question", answer="label", reward="exact"))
     assert [p.answer for p in exact] == ["Paris", "Rome"]
     assert reward_fn("exact")("\\boxed{ Paris }", "Paris") == 1.0 and reward_fn("exact")("Paris, France", "Paris") == 0.0
     name = "tests.test_problem_sources:user_verifier"
-    mine = table_problems(TableSource(path=tmp_path / "caps.csv", prompt="question", answer="label", reward=name))
+    mine = table_problems(TableParams(path=tmp_path / "caps.csv", prompt="question", answer="label", reward=name))
     assert mine[0].reward == name and reward_fn(name)("It is Paris.", "Paris") == 1.0
 
 
@@ -88,10 +89,10 @@ def test_ids_stable_across_reordering_and_mix_is_order_free(tmp_path: Path) -> N
     rows = _verl_rows(30)
     shuffled = rows[:]
     random.Random(0).shuffle(shuffled)
-    a = table_problems(TableSource(path=_write_jsonl(tmp_path / "a.jsonl", rows), name="s", answer="reward_model.ground_truth"))
-    b = table_problems(TableSource(path=_write_jsonl(tmp_path / "b.jsonl", shuffled), name="s", answer="reward_model.ground_truth"))
+    a = table_problems(TableParams(path=_write_jsonl(tmp_path / "a.jsonl", rows), name="s", answer="reward_model.ground_truth"))
+    b = table_problems(TableParams(path=_write_jsonl(tmp_path / "b.jsonl", shuffled), name="s", answer="reward_model.ground_truth"))
     assert {p.problem_id for p in a} == {p.problem_id for p in b}
-    other = table_problems(TableSource(path=_write_jsonl(tmp_path / "t.jsonl", _trl_rows(10)), answer="solution"))
+    other = table_problems(TableParams(path=_write_jsonl(tmp_path / "t.jsonl", _trl_rows(10)), answer="solution"))
     mix_a = mix_problems([("s", a, 3.0), ("t", other, 1.0)], 12, seed=7)
     mix_b = mix_problems([("s", b, 3.0), ("t", other, 1.0)], 12, seed=7)
     assert {p.problem_id for p in mix_a} == {p.problem_id for p in mix_b} and len(mix_a) == 12
@@ -113,7 +114,7 @@ def test_ids_stable_across_reordering_and_mix_is_order_free(tmp_path: Path) -> N
 def test_malformed_rows_name_file_and_line_or_are_skipped(tmp_path: Path, bad: str, reason: str) -> None:
     rows = [json.dumps(r) for r in _verl_rows(2)] + [bad] + [json.dumps(r) for r in _verl_rows(4)[2:]]
     path = _write_jsonl(tmp_path / "bad.jsonl", rows)
-    src = TableSource(path=path, answer="reward_model.ground_truth", reward="numeric")
+    src = TableParams(path=path, answer="reward_model.ground_truth", reward="numeric")
     with pytest.raises(DataRowError) as info:
         table_problems(src)
     assert "bad.jsonl line 3:" in str(info.value) and reason in str(info.value)
@@ -123,13 +124,13 @@ def test_malformed_rows_name_file_and_line_or_are_skipped(tmp_path: Path, bad: s
 def test_parquet_malformed_row_is_named(tmp_path: Path) -> None:
     pd.DataFrame({"prompt": ["a?", "b?", ""], "answer": ["1", "2", "3"]}).to_parquet(tmp_path / "p.parquet")
     with pytest.raises(DataRowError, match=r"p.parquet row 3: field 'prompt' is empty"):
-        table_problems(TableSource(path=tmp_path / "p.parquet"))
+        table_problems(TableParams(path=tmp_path / "p.parquet"))
 
 
 def test_gsm8k_through_the_table_source_equals_the_dedicated_source() -> None:
     path = _shared("gsm8k/test.jsonl")
     dedicated = gsm8k_problems(path, limit=200)
-    table = table_problems(TableSource(path=path, name="gsm8k", prompt="question", answer="answer",
+    table = table_problems(TableParams(path=path, name="gsm8k", prompt="question", answer="answer",
                                        answer_format="gsm8k", reward="numeric"), limit=200)
     assert table == dedicated
     verify = reward_fn("numeric")
@@ -141,9 +142,9 @@ def test_gsm8k_through_the_table_source_equals_the_dedicated_source() -> None:
 def test_math500_through_the_table_source_equals_the_dedicated_source() -> None:
     path = _shared("math500/test.jsonl")
     dedicated = math_problems(path)
-    table = table_problems(TableSource(path=path, name="math", prompt="problem", answer="answer", reward="math"))
+    table = table_problems(TableParams(path=path, name="math", prompt="problem", answer="answer", reward="math"))
     assert table == dedicated and len(table) == 500
-    boxed = table_problems(TableSource(path=path, name="math", prompt="problem", answer="solution",
+    boxed = table_problems(TableParams(path=path, name="math", prompt="problem", answer="solution",
                                        answer_format="boxed", reward="math"))
     assert [p.problem_id for p in boxed] == [p.problem_id for p in dedicated]
     # same (answer, verifier) per problem id, so every completion gets the same reward
@@ -158,14 +159,17 @@ def test_params_table_source_and_key_path_errors(tmp_path: Path) -> None:
         {"path": str(tmp_path / "trl.jsonl"), "answer": "solution", "reward": "numeric"}]}})
     pool = load_pool(params.data)
     assert [p.source for p in pool].count("train") == 4 and len(pool) == 6
-    with pytest.raises(ParamsError, match=r"data.tables.0: .*path: file not found"):
+    with pytest.raises(ParamsError, match=r"data.tables.0.path: .*file not found"):
         parse_params({"data": {"source": "table", "tables": [{"path": str(tmp_path / "none.parquet")}]}})
-    with pytest.raises(ParamsError, match=r"data.tables.0: .*cannot import"):
+    with pytest.raises(ParamsError, match=r"data.tables.0.reward: .*cannot import verifier 'nope.mod:fn'"):
         parse_params({"data": {"source": "table", "tables": [{"hub_id": "x/y", "reward": "nope.mod:fn"}]}})
     with pytest.raises(ParamsError, match=r"data.tables.0: .*exactly one of path"):
         parse_params({"data": {"source": "table", "tables": [{"answer": "a"}]}})
-    with pytest.raises(ParamsError, match=r"data.tables.0.colum: Unexpected keyword"):
-        parse_params({"data": {"source": "table", "tables": [{"hub_id": "x/y", "colum": "a"}]}})
+    with pytest.raises(ParamsError, match=r"data.tables.0.answr: unknown key; did you mean 'data.tables.0.answer'\? \(valid keys here: answer,"):
+        parse_params({"data": {"source": "table", "tables": [{"hub_id": "x/y", "answr": "a"}]}})
+    typo = parse_params({"data": {"source": "table", "tables": [{"path": str(tmp_path / "trl.jsonl"), "reward": "numerc"}]}})
+    with pytest.raises(ValueError, match=r"table trl: reward_fn: name must be one of numeric, math, exact"):
+        load_pool(typo.data)
     with pytest.raises(ParamsError, match=r"data: .*needs at least one table"):
         parse_params({"data": {"source": "table"}})
 
@@ -193,7 +197,7 @@ def test_hub_table_with_config_and_split(monkeypatch: pytest.MonkeyPatch) -> Non
         return _verl_rows(2) + [{"prompt": [{"role": "user", "content": "x"}]}]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    src = TableSource(hub_id="me/rl-set", hub_config="default", split="validation", answer="reward_model.ground_truth")
+    src = TableParams(hub_id="me/rl-set", hub_config="default", split="validation", answer="reward_model.ground_truth")
     with pytest.raises(DataRowError, match=r"me/rl-set \(default\) split validation row 3: missing field"):
         table_problems(src)
     assert calls[-1] == ("me/rl-set", "default", "validation")

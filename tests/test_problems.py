@@ -1,4 +1,4 @@
-"""Tests for rollscale.core.problems: problem sources with stable ids (science §2)."""
+"""Tests for rollscale.core.problems and problem_sets: problem sources with stable ids (science §2)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rollscale.core.problems import (
-    DataRowError,
-    Problem,
-    compute_problem_id,
-    disjoint,
-    gsm8k_problems,
-    math_problems,
-    reasoning_gym_problems,
-)
+from rollscale.core.problem_sets import gsm8k_problems, math_problems, reasoning_gym_problems
+from rollscale.core.problems import DataRowError, Problem, compute_problem_id, disjoint
 from rollscale.core.rewards import math_reward, numeric_reward
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -20,9 +20,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollscale.lm.models import ModelRef, load_model, render_prompt
-from rollscale.core.problems import gsm8k_problems
+from rollscale.core.problem_sets import gsm8k_problems
 from rollscale.core.profiling import PROFILE_COLUMNS, profile_problems
-from rollscale.lm.sampling import HFSampler, Rollout, SamplingConfig
+from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.lm.engines.hf import HFSampler
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core import fit
+from rollscale.core import fit, frontier
 from rollscale.report import (
     TABLE_NAMES,
     ChartSpec,
@@ -126,9 +126,9 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
         f = fit.fit_sigmoid(g["c"], g["avg_at_k"])
         curves[int(n_run)] = f
         fit_rows.append({"kind": "sigmoid_n", "key": int(n_run), **f.to_dict()})
-    grid = fit.log_grid(200, 25600, 25)
-    fr = fit.frontier(curves, grid)
-    ns = fit.fit_n_star(np.log10(fr["c"]), fr["best_key"].astype(float))
+    grid = frontier.log_grid(200, 25600, 25)
+    fr = frontier.frontier(curves, grid)
+    ns = frontier.fit_n_star(np.log10(fr["c"]), fr["best_key"].astype(float))
     fit_rows.append({"kind": "n_star", "key": None, **ns.to_dict()})
     fr["design"] = "n"
     fr["n_star_fit"] = ns.predict(np.log10(fr["c"])) if ns.ok else np.nan
@@ -147,7 +147,7 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
     for b, crs_value, rewards in ((64, 7.0, {4: 0.50, 8: 0.55, 16: 0.52}), (128, 20.0, {4: 0.5, 8: 0.58, 16: 0.57}),
                                   (256, math.inf, {8: 0.6, 16: 0.63, 32: 0.61})):
         crs_rows.append({"b": b, **fit.predicted_vs_observed_best_n(crs_value, rewards).to_dict()})
-    transitions = fit.epochs_at_transitions(fr, lambda key, c: c / (key * 8 * 200 / 8))
+    transitions = frontier.epochs_at_transitions(fr, lambda key, c: c / (key * 8 * 200 / 8))
     transitions.insert(0, "design", "n")
     return {
         "profile": profile,

@@ -1,15 +1,12 @@
-"""Every stage's dvc.yaml deps cover every project file the stage imports (issue: DVC is the
-only judge of what reruns, so a code change it cannot see would leave a stale result).
+"""dvc.yaml's code deps are what `rollscale deps` computes (rollscale.pipeline.stage_deps): DVC is the
+only judge of what reruns, so a code change it cannot see would leave a stale result.
 
-A stage's files are those its entry point (``python -m flows <stage>``: flows/__main__.py and
-flows/<stage>.py) imports, followed through the project's source, at module level and inside
-functions (which load only when the code runs). One test imports every entry point in a fresh
-interpreter and checks that the project files in ``sys.modules`` are all among them, so the
-source reading misses nothing Python actually loads."""
+One test imports every entry point in a fresh interpreter and checks that the project files in
+``sys.modules`` are all among the files the source reading finds, so it misses nothing Python
+actually loads."""
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -17,6 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from rollscale.pipeline.stage_deps import code_deps, deps_diff, render_dvc_yaml, stage_files
+from rollscale.registry import PLUGIN_PACKAGES
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
@@ -29,48 +29,14 @@ print(json.dumps(sorted({m.__file__ for m in list(sys.modules.values()) if getat
 """
 
 
-def project_file(name: str) -> Path | None:
-    """The file of project module ``name`` (a package's __init__.py), or None when not the project's."""
-    base = REPO.joinpath(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def imported_by(path: Path) -> set[Path]:
-    """Project files that ``path`` imports anywhere in its source (module level or in functions)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            for i in range(1, len(parts) + 1):  # a package import also runs its __init__
-                file = project_file(".".join(parts[:i]))
-                if file:
-                    found.add(file)
-    return found
-
-
-def stage_files(stage: str) -> set[Path]:
-    """The project files stage ``stage`` runs: its entry point and what they import, transitively."""
-    todo = {REPO / "flows" / "__main__.py", REPO / "flows" / "__init__.py", REPO / "flows" / f"{stage}.py"}
-    seen: set[Path] = set()
-    while todo:
-        f = todo.pop()
-        seen.add(f)
-        todo |= imported_by(f) - seen
-    return seen
+def test_dvc_yaml_deps_are_the_computed_ones():
+    assert deps_diff(REPO) == "", "dvc.yaml deps are stale: run `rollscale deps --write`"
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_stage_deps_cover_every_project_file_it_imports(stage):
     deps = [REPO / d for d in STAGES[stage].get("deps", []) if not str(d).startswith("artifacts")]
-    files = stage_files(stage)
+    files = stage_files(REPO, stage)
     assert REPO / "rollscale" / "config.py" in files and REPO / "rollscale" / "pipeline" / "stages.py" in files
     uncovered = sorted(str(f.relative_to(REPO)) for f in files
                        if not any(f == d or f.is_relative_to(d) for d in deps))
@@ -78,10 +44,74 @@ def test_stage_deps_cover_every_project_file_it_imports(stage):
 
 
 def test_stages_that_read_the_problem_pool_watch_the_data_folder():
-    readers = [s for s in STAGES if REPO / "tasks" / "problems.py" in stage_files(s)]
+    readers = [s for s in STAGES if REPO / "tasks" / "problems.py" in stage_files(REPO, s)]
     assert "base" in readers and "profile" in readers
     assert all("data" in STAGES[s]["deps"] for s in readers)
     assert (REPO / "data").is_dir()  # DVC fails a stage whose dep is missing
+
+
+def _project(tmp_path: Path, deps: list[str]) -> Path:
+    """A project with one stage whose flow imports a plugin package (modules found at run time)."""
+    for folder in ("flows", "rollscale", "rollscale/rules"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "flows" / "__main__.py").write_text("import rollscale\n")
+    (tmp_path / "flows" / "train.py").write_text("def run():\n    from rollscale.rules import names\n")
+    (tmp_path / "rollscale" / "rules" / "__init__.py").write_text(
+        "PLUGIN_PACKAGE = True  # its modules register themselves when loaded\n"
+        "def names():\n    import importlib, pkgutil\n    return [m.name for m in pkgutil.iter_modules(__path__)]\n")
+    (tmp_path / "rollscale" / "rules" / "uniform.py").write_text("from rollscale import checks\n")
+    (tmp_path / "rollscale" / "checks.py").write_text("")
+    (tmp_path / "dvc.yaml").write_text("# the study\nstages:\n  train:\n    cmd: python -m flows train\n    deps:\n"
+                                       + "".join(f"      - {d}\n" for d in deps) + "    outs:\n      - artifacts/train\n")
+    return tmp_path
+
+
+def test_a_plugin_package_is_one_folder_dep_and_its_modules_imports_are_followed(tmp_path):
+    root = _project(tmp_path, ["data", "artifacts/base", "flows/old.py"])
+    assert code_deps(root, "train") == ["flows/__init__.py", "flows/__main__.py", "flows/train.py",
+                                        "rollscale/__init__.py", "rollscale/checks.py", "rollscale/rules"]
+    text = render_dvc_yaml(root)
+    # the data-flow deps stay first and as written, the stale code dep is gone, comments survive
+    assert text.startswith("# the study\n") and "flows/old.py" not in text
+    assert yaml.safe_load(text)["stages"]["train"]["deps"][:3] == ["data", "artifacts/base", "flows/__init__.py"]
+    assert deps_diff(root) != ""
+    (root / "dvc.yaml").write_text(text)
+    assert deps_diff(root) == ""
+    (root / "rollscale" / "rules" / "pods.py").write_text("")  # a new rule: no dvc.yaml edit
+    assert deps_diff(root) == ""
+
+
+def test_a_module_that_names_plugin_packages_loads_them(tmp_path):
+    """rollscale/registry.py imports its plugin packages by name: its PLUGIN_PACKAGES literal
+    counts as an import, so every stage that loads it depends on their folders."""
+    root = _project(tmp_path, ["data"])
+    (root / "flows" / "train.py").write_text("def run():\n    from rollscale import registry\n")
+    (root / "rollscale" / "registry.py").write_text('PLUGIN_PACKAGES = ("rollscale.rules",)\n')
+    assert code_deps(root, "train") == ["flows/__init__.py", "flows/__main__.py", "flows/train.py",
+                                        "rollscale/__init__.py", "rollscale/checks.py", "rollscale/registry.py",
+                                        "rollscale/rules"]
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_the_registries_plugin_packages_are_folder_deps(stage):
+    """A new rule, loss or engine is a new module of its package: every stage that validates
+    params lists the package's folder, and .dvcignore keeps __pycache__ out of the folder's hash."""
+    assert REPO / "rollscale" / "registry.py" in stage_files(REPO, stage)
+    for package in PLUGIN_PACKAGES:
+        assert package.replace(".", "/") in STAGES[stage]["deps"]
+    assert "__pycache__" in (REPO / ".dvcignore").read_text().split()
+
+
+def test_rollscale_deps_exits_1_when_stale_and_write_fixes_it(tmp_path):
+    root = _project(tmp_path, ["data"])
+    env = {"PATH": "", "PYTHONPATH": str(REPO)}
+    run = [str(Path(sys.executable).parent / "rollscale"), "deps"]  # not -m: the folder's own rollscale/ would shadow
+    stale = subprocess.run(run, cwd=root, env=env, text=True, capture_output=True, timeout=120)
+    assert stale.returncode == 1 and "+      - rollscale/rules" in stale.stdout and "--write" in stale.stdout
+    assert subprocess.run([*run, "--write"], cwd=root, env=env, capture_output=True, timeout=120).returncode == 0
+    fresh = subprocess.run(run, cwd=root, env=env, text=True, capture_output=True, timeout=120)
+    assert fresh.returncode == 0 and "rollscale/rules" in (root / "dvc.yaml").read_text()
 
 
 @pytest.mark.slow
@@ -92,11 +122,5 @@ def test_source_reading_finds_every_project_file_python_loads():
     assert r.returncode == 0, r.stderr[-2000:]
     loaded = {Path(f) for f in json.loads(r.stdout) if Path(f).is_absolute() and Path(f).is_relative_to(REPO)}
     loaded = {f for f in loaded if ".venv" not in f.parts}
-    read = set().union(*(stage_files(s) for s in STAGES))
+    read = set().union(*(stage_files(REPO, s) for s in STAGES))
     assert loaded and not loaded - read, sorted(str(f) for f in loaded - read)
-
-
-def test_no_library_module_imports_flows_or_tasks():
-    for path in (REPO / "rollscale").rglob("*.py"):
-        bad = {f for f in imported_by(path) if f.relative_to(REPO).parts[0] in ("flows", "tasks")}
-        assert not bad, f"{path.relative_to(REPO)} imports {sorted(str(b) for b in bad)}"

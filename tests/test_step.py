@@ -13,13 +13,24 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from rollscale.core.grpo import AGG_MODES, LossConfig, token_logprobs_and_entropy
+from rollscale.config import TrainParams
+from rollscale.core.logprobs import token_logprobs_and_entropy
 from rollscale.lm.engines import SamplingEngine
 from rollscale.lm.models import add_lora, tiny_llama
-from rollscale.lm.sampling import HFSampler
-from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update
+from rollscale.core.losses.advantages import group_advantages
+from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.lm.engines.hf import HFSampler
+from rollscale.train.run_config import RunConfig
+from rollscale.train.step import StepSettings, TrainBatch, micro_batch, pack_micro_batches, policy_update, train_batch
 
 VOCAB = 40
+AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def _settings(temperature: float, max_new_tokens: int | None = None, **train) -> StepSettings:
+    """Step settings with the regularisers and their filter off unless given."""
+    train = TrainParams(**{"kl_coef": 0.0, "entropy_coef": 0.0, "zero_var_filter": False, **train})
+    return StepSettings(train=train, temperature=temperature, max_new_tokens=max_new_tokens)
 
 
 @pytest.fixture(autouse=True)
@@ -77,8 +88,8 @@ def _gradient(model, batch, mode: str, micro_batch_tokens: int, lora: bool) -> l
     opt = torch.optim.SGD(params, lr=0.0)
     seen = []
     opt.register_step_pre_hook(lambda *_: seen.append([p.grad.detach().clone() for p in params]))
-    loss = LossConfig(agg_mode=mode, kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True, max_new_tokens=7)
-    settings = StepSettings(loss=loss, temperature=0.9, micro_batch_tokens=micro_batch_tokens, grad_clip=0.0)
+    settings = _settings(0.9, max_new_tokens=7, agg_mode=mode, kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True,
+                         micro_batch_tokens=micro_batch_tokens, grad_clip=0.0)
     policy_update(model, opt, params, batch, settings, pad_id=0, ref_logprobs=_ref_fn(model, lora))
     return seen[0]
 
@@ -97,6 +108,23 @@ def test_micro_batched_gradient_equals_full_batch(mode, lora):
     assert err <= 1e-5
 
 
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_train_batch_with_groups_of_different_sizes(scale):
+    """Rules that allocate per prompt train groups of different sizes: each group's advantages
+    and zero-variance flags are its own, and equal groups give what the [groups, n] array gives."""
+    rewards = [[1, 0], [1, 1, 1], [0, 1, 1, 0, 1]]
+    groups = [[Rollout(str(r), [3, 4], 2, False, float(r)) for r in g] for g in rewards]
+    cfg = RunConfig(n=4, b_problem=3, c_max=12, sampling=SamplingConfig(max_new_tokens=4),
+                    train=TrainParams(advantage_scale=scale, overlong_penalty_cache=0))
+    shaped, batch = train_batch(groups, [[1, 2]] * 3, cfg)
+    assert [list(r) for r in shaped] == rewards and len(batch) == 10
+    np.testing.assert_array_equal(batch.advantages, np.concatenate([group_advantages(r, scale) for r in rewards]))
+    assert batch.regularize.tolist() == [True] * 2 + [False] * 3 + [True] * 5
+    equal = [[Rollout("x", [3], 1, False, float(r)) for r in g] for g in ([1, 0, 0], [0, 1, 1])]
+    _, batch = train_batch(equal, [[1]] * 2, cfg)
+    np.testing.assert_array_equal(batch.advantages, group_advantages([[1, 0, 0], [0, 1, 1]], scale).reshape(-1))
+
+
 def test_pack_micro_batches_respects_the_budget_and_order():
     prompts, comps = [3, 5, 2, 4, 6], [4, 1, 7, 2, 2]
     packs = pack_micro_batches(prompts, comps, 20)
@@ -112,7 +140,7 @@ def test_pack_micro_batches_respects_the_budget_and_order():
 def _update(model, batch, ppo_epochs: int, lr: float = 0.05) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
-    settings = StepSettings(loss=LossConfig(), temperature=1.0, micro_batch_tokens=40, ppo_epochs=ppo_epochs)
+    settings = _settings(1.0, micro_batch_tokens=40, ppo_epochs=ppo_epochs)
     return policy_update(model, opt, params, batch, settings, pad_id=0)
 
 
@@ -180,10 +208,11 @@ class _PerturbedEngine(SamplingEngine):
 def test_trainer_uses_the_engine_and_logs_the_mismatch():
     from tokenizers import decoders
 
-    from rollscale.core.problems import reasoning_gym_problems
+    from rollscale.core.problem_sets import reasoning_gym_problems
     from rollscale.lm.models import char_tokenizer
-    from rollscale.lm.sampling import SamplingConfig
-    from rollscale.train.trainer import GRPOTrainer, RunConfig
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
 
     tok = char_tokenizer()
     tok.backend_tokenizer.decoder = decoders.Fuse()
@@ -238,7 +267,7 @@ def test_peak_memory_is_flat_in_b_at_a_fixed_micro_batch():
         batch = TrainBatch([rng.integers(3, vocab, width).tolist() for _ in range(b)],
                            [rng.integers(3, vocab, width).tolist() for _ in range(b)],
                            rng.normal(size=b), np.ones(b, bool), np.ones(b, bool))
-        settings = StepSettings(loss=LossConfig(entropy_coef=0.01), temperature=1.0, micro_batch_tokens=budget)
+        settings = _settings(1.0, entropy_coef=0.01, micro_batch_tokens=budget)
         with _PeakTensorBytes() as tracked:
             policy_update(model, opt, params, batch, settings, pad_id=0)
         return tracked.peak
@@ -265,8 +294,8 @@ def test_micro_batched_gram_equals_naive_per_rollout_gradients(lora, monkeypatch
         return real(model, fn, n, chunk_size=chunk_size, **kw)
 
     monkeypatch.setattr(online_noise, "gram_matrix", spy)
-    loss = LossConfig(agg_mode="seq-mean-token-mean", kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True)
-    settings = StepSettings(loss=loss, temperature=1.0, micro_batch_tokens=40)
+    settings = _settings(1.0, agg_mode="seq-mean-token-mean", kl_coef=0.1, entropy_coef=0.05, zero_var_filter=True,
+                         micro_batch_tokens=40)
     gram = online_noise.batch_gram(model, batch, settings, pad_id=0, ref_logprobs=_ref_fn(model, lora))
     assert seen["chunk"] < len(batch)  # several chunks
     scale = np.abs(seen["naive"]).max()

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from rollscale.pipeline.storage import DamagedResultError, QueryError, query, write_duckdb, write_parquet_atomic
+from rollscale.files import write_parquet_atomic
+from rollscale.pipeline.storage import DamagedResultError, QueryError, query, write_duckdb
 from rollscale.train.checkpoint import RunStore
 
 

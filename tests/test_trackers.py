@@ -12,9 +12,9 @@ pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip ins
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from rollscale.config import TrackingParams  # noqa: E402
-from rollscale.core.problems import reasoning_gym_problems  # noqa: E402
+from rollscale.core.problem_sets import reasoning_gym_problems  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama  # noqa: E402
-from rollscale.lm.sampling import SamplingConfig  # noqa: E402
+from rollscale.core.rollouts import SamplingConfig  # noqa: E402
 from rollscale.pipeline.trackers import (  # noqa: E402
     ExportingRunStore,
     RunExporter,
@@ -22,7 +22,8 @@ from rollscale.pipeline.trackers import (  # noqa: E402
     tracker_targets,
 )
 from rollscale.train.checkpoint import RunStore  # noqa: E402
-from rollscale.train.trainer import GRPOTrainer, RunConfig  # noqa: E402
+from rollscale.train.run_config import RunConfig  # noqa: E402
+from rollscale.train.trainer import GRPOTrainer  # noqa: E402
 
 ARCH = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
 

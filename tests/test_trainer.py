@@ -15,10 +15,12 @@ from tokenizers import decoders
 import rollscale.train.step as step_module
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
-from rollscale.core.problems import reasoning_gym_problems
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.config import TrainParams
-from rollscale.train.trainer import GRPOTrainer, NonFiniteLossError, RunConfig, config_hash, readable_run_id
+from rollscale.train.run_config import RunConfig, config_hash, readable_run_id
+from rollscale.train.step import NonFiniteLossError
+from rollscale.train.trainer import GRPOTrainer
 
 ARCH = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_positions=32)
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=4)  # answers have at most 2 characters + EOS
@@ -63,12 +65,14 @@ TRAIN = dict(lr_base=1e-3, b_base=16, warmup_steps=0, kl_coef=0.0, entropy_coef=
 
 
 def _config(**overrides) -> RunConfig:
-    """A RunConfig; overrides of ``sweep.train`` settings (TrainParams fields) go into ``train``."""
+    """A RunConfig; overrides of ``sweep.train`` settings (TrainParams fields) go into ``train``,
+    and the rule's own arguments (m, n_pilot, ...: not RunConfig fields) into ``rule_args``."""
     train = dict(TRAIN, **{k: v for k, v in overrides.items() if k in TrainParams.model_fields})
     base = dict(n=4, b_problem=4, c_max=16 * 6, sampling=SAMPLING, eval_every=2, eval_k=4, checkpoint_every=3,
                 train=train)
-    base.update({k: v for k, v in overrides.items() if k not in TrainParams.model_fields})
-    return RunConfig(**base)
+    base.update({k: v for k, v in overrides.items() if k in RunConfig.model_fields})
+    rule_args = {k: v for k, v in overrides.items() if k not in TrainParams.model_fields | RunConfig.model_fields}
+    return RunConfig(**base, rule_args=rule_args)
 
 
 def _trainer(warm, config, model=None, lora=False, train=None):
@@ -175,6 +179,7 @@ def test_reward_rises_on_a_fixed_problem_set(warm):
     ("pilot", dict(n_pilot=2, pool_factor=2.0), 6, lambda r: 6 * 2 + 3 * (6 - 2)),
     ("pods", dict(m=3), 8, lambda r: 3 * 8),
     ("dynamic", dict(max_draws=9), 4, lambda r: r["draws"] * 4),
+    ("variance", {}, 4, lambda r: 3 * 4),
 ])
 def test_compute_accounting_per_rule(warm, tmp_path, rule, extra, n, increment):
     cfg = _config(rule=rule, n=n, b_problem=3, c_max=50, eval_every=100, checkpoint_every=100, **extra)
@@ -202,6 +207,8 @@ def test_compute_accounting_per_rule(warm, tmp_path, rule, extra, n, increment):
         assert all(r["draws"] == 6 and r["pilot_rollouts"] == 12 and r["rollouts_trained"] == 18 for r in rows)
     if rule == "pods":
         assert all(r["rollouts_trained"] == 3 * 3 and r["m"] == 3 for r in rows)
+    if rule == "variance":  # uniform's budget, all trained, in groups of at least 2
+        assert all(r["draws"] == 3 and r["rollouts_trained"] == 12 and r["groups_trained"] == 3 for r in rows)
     if rule == "dynamic":
         assert all(r["draws"] >= 3 and r["c"] for r in rows)
         assert all(r["rollouts_trained"] == 4 * r["groups_trained"] for r in rows)
@@ -282,6 +289,8 @@ def _assert_same_run(straight_store, resumed_store, straight_model, resumed_mode
 @pytest.mark.parametrize("rule, extra", [
     ("uniform", dict(kl_coef=0.05, entropy_coef=0.01, warmup_steps=3)),
     ("pilot", dict(n_pilot=2, c_max=(8 * 2 + 4 * 2) * 6)),
+    # its per-prompt counts are checkpointed state: 60 draws of 40 problems, revisits in steps 5 and 6
+    ("variance", dict(decay=0.9, b_problem=10, c_max=40 * 6)),
 ])
 def test_resume_equals_straight_run(warm, tmp_path, rule, extra):
     cfg = _config(rule=rule, **extra)  # 6 steps, checkpoints at 3 and 6, evals at 0, 2, 4, 6

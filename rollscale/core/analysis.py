@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core import fit
+from rollscale.core import fit, frontier
 from rollscale.core.bootstrap import Bootstrap, interval, interval_note, seeds_per_stratum, sigmoid_refits
 from rollscale.core.common import CONFIG, EVAL_COLUMNS, FAMILY, RUN_COLUMNS, families, fit_row, fits_frame, require
 from rollscale.core.targets import (
@@ -220,8 +220,8 @@ def _resolved_start(curves: dict[int, fit.SigmoidFit], x_lo: float, x_hi: float,
     """The lowest x where F has risen by ``min_gain`` above F(x_lo); None if it never does."""
     if min_gain <= 0:
         return x_lo
-    fine = fit.log_grid(x_lo, x_hi, 400)
-    f = fit.frontier(curves, fine)["frontier_reward"].to_numpy(float)
+    fine = frontier.log_grid(x_lo, x_hi, 400)
+    f = frontier.frontier(curves, fine)["frontier_reward"].to_numpy(float)
     risen = np.flatnonzero(f - f[0] >= min_gain)
     return float(fine[risen[0]]) if len(risen) else None
 
@@ -301,13 +301,13 @@ def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: 
 
     start = _resolved_start(usable, x_lo, x_hi, min_gain)
     resolved = start is not None and start < x_hi
-    grid = fit.log_grid(start if resolved else x_lo, x_hi, grid_points)
-    fr = fit.frontier(usable, grid)
+    grid = frontier.log_grid(start if resolved else x_lo, x_hi, grid_points)
+    fr = frontier.frontier(usable, grid)
     log10_x = np.log10(fr["c"].to_numpy(float))
     if resolved:
-        ns = fit.fit_n_star(log10_x, fr["best_key"].astype(float).to_numpy())
+        ns = frontier.fit_n_star(log10_x, fr["best_key"].astype(float).to_numpy())
         fit_rows.append(fit_row(n_star_kind, *ids, None, **ns.to_dict()))
-        transitions = fit.epochs_at_transitions(fr, _epochs_lookup(group))
+        transitions = frontier.epochs_at_transitions(fr, _epochs_lookup(group))
     else:
         # every curve is still at its base reward: which one is highest is fit noise, not a best key
         ns = None

@@ -10,7 +10,7 @@ giving one flat table row. A fit that cannot be made is not an exception: it
 comes back with NaN parameters and the reason. The least-squares SEs treat
 pooled record points as independent and understate the error; the intervals
 to quote are the bootstrap's over seeds (:mod:`rollscale.core.bootstrap`).
-The frontier and n*(C) live in :mod:`rollscale.core.frontier` (re-exported).
+The frontier and n*(C) live in :mod:`rollscale.core.frontier`.
 """
 
 from __future__ import annotations
@@ -25,19 +25,13 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 
 from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few, vector
-from rollscale.core.frontier import NStarFit, epochs_at_transitions, fit_n_star, frontier, log_grid
 
 __all__ = [
     "CrsPrediction",
-    "NStarFit",
     "SigmoidFit",
     "StepsToTargetFit",
-    "epochs_at_transitions",
-    "fit_n_star",
     "fit_sigmoid",
     "fit_steps_to_target",
-    "frontier",
-    "log_grid",
     "predicted_vs_observed_best_n",
     "record_breaking_points",
     "sigmoid_model",

@@ -4,8 +4,9 @@ Every estimator takes the Gram matrix ``K_ij = <g_i, g_j>`` of one step's
 per-rollout gradients (science §6.1; see :mod:`rollscale.core.gram`) and returns
 numbers: the signal and noise powers in :mod:`rollscale.core.noise_signal`
 (§6.2), the within-group correlation in :mod:`rollscale.core.noise_correlation`
-(§6.3), all of one step at once in :func:`decompose` here; this module is the
-public face and re-exports them. No model code lives here, and nothing needs the gradients themselves:
+(§6.3), their smoothing over steps in :mod:`rollscale.core.noise_ema` and
+summaries in :mod:`rollscale.core.noise_summary`; all of one step at once is
+:func:`decompose` here. No model code lives here, and nothing needs the gradients themselves:
 all inner products between sums of gradients are sums of entries of ``K``.
 
 Conventions used throughout:
@@ -25,61 +26,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollscale.core.noise_correlation import (
-    IccResult,
-    crs,
-    icc_components,
-    icc_rho,
-    k_crit,
-    k_sat,
-    k_sat_null,
-    split_half_rho,
-)
-from rollscale.core.noise_ema import EmaNoiseScale
+from rollscale.core.noise_correlation import crs, icc_components, k_crit
 from rollscale.core.noise_signal import (
-    _as_gram,
-    _between,
-    _block_means,
-    _group_order,
-    _ratio,
-    _within_sums,
+    as_gram,
     b_naive,
-    b_simple,
-    g_norm2,
+    between_mean,
+    block_means,
     g_norm2_all_pairs,
-    prompt_axis_b_noise,
-    prompt_noise_power,
-    rollout_axis_noise,
-    rollout_noise_power,
-    trace_sigma,
+    group_order,
+    noise_ratio,
+    within_sums,
 )
-from rollscale.core.noise_summary import iqr_filter, quintile_table, summary_stats
 
-__all__ = [
-    "EmaNoiseScale",
-    "IccResult",
-    "NoiseDecomposition",
-    "b_naive",
-    "b_simple",
-    "crs",
-    "decompose",
-    "g_norm2",
-    "g_norm2_all_pairs",
-    "icc_components",
-    "icc_rho",
-    "iqr_filter",
-    "k_crit",
-    "k_sat",
-    "k_sat_null",
-    "prompt_axis_b_noise",
-    "prompt_noise_power",
-    "quintile_table",
-    "rollout_axis_noise",
-    "rollout_noise_power",
-    "split_half_rho",
-    "summary_stats",
-    "trace_sigma",
-]
+__all__ = ["NoiseDecomposition", "decompose"]
 
 
 # ---------------------------------------------------------------------------
@@ -125,13 +84,13 @@ def decompose(gram: np.ndarray, groups: np.ndarray) -> NoiseDecomposition:
     ``b_naive`` takes the prompt groups as its mini-batches (K = P batches of
     b = n), the layout of a GRPO batch stored group by group.
     """
-    k = _as_gram(gram)
-    order, p, n = _group_order(groups, k.shape[0], 2)
-    m = _block_means(k, order, p, n)
-    g2 = _between(m)
+    k = as_gram(gram)
+    order, p, n = group_order(groups, k.shape[0], 2)
+    m = block_means(k, order, p, n)
+    g2 = between_mean(m)
     s = float(np.mean(np.diag(k))) - g2
     s_p = float(np.mean(np.diag(m))) - g2
-    w = float(_within_sums(k, order, p, n, m).mean()) / (n - 1)
+    w = float(within_sums(k, order, p, n, m).mean()) / (n - 1)
     icc = icc_components(k, groups)
     kc = k_crit(icc.rho, max(s, 0.0), g2)
     return NoiseDecomposition(
@@ -141,12 +100,12 @@ def decompose(gram: np.ndarray, groups: np.ndarray) -> NoiseDecomposition:
         trace_sigma=s,
         g_norm2=g2,
         g_norm2_all_pairs=g_norm2_all_pairs(k),
-        b_simple=_ratio(s, g2),
+        b_simple=noise_ratio(s, g2),
         b_naive=b_naive(k[np.ix_(order, order)], p),
         prompt_noise_power=s_p,
-        prompt_noise=_ratio(s_p, g2),
+        prompt_noise=noise_ratio(s_p, g2),
         rollout_noise_power=w,
-        rollout_noise=_ratio(w, g2),
+        rollout_noise=noise_ratio(w, g2),
         rho_icc=icc.rho,
         k_sat_icc=icc.k_sat,
         k_crit=kc,

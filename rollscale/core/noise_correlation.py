@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollscale.core.noise_signal import _as_gram, _block_means, _group_order, _within_sums
+from rollscale.core.noise_signal import as_gram, block_means, group_order, within_sums
 
 
 def split_half_rho(gram: np.ndarray, rng: np.random.Generator) -> float:
@@ -30,7 +30,7 @@ def split_half_rho(gram: np.ndarray, rng: np.random.Generator) -> float:
     For exchangeable rollouts E[X] / E[P] = 1 / (|R| + 1) whatever the data,
     so compare with :func:`k_sat_null`.
     """
-    k = _as_gram(gram, min_size=3)
+    k = as_gram(gram, min_size=3)
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     n = k.shape[0]
@@ -101,10 +101,10 @@ def icc_components(gram: np.ndarray, groups: np.ndarray) -> IccResult:
     ``rho_icc = tb / (tb + MSW)`` (0 when tb <= 0). Needs P >= 2 prompts of
     equal size n >= 2.
     """
-    k = _as_gram(gram)
-    order, p, n = _group_order(groups, k.shape[0])
-    m = _block_means(k, order, p, n)
-    within = _within_sums(k, order, p, n, m)
+    k = as_gram(gram)
+    order, p, n = group_order(groups, k.shape[0])
+    m = block_means(k, order, p, n)
+    within = within_sums(k, order, p, n, m)
     msw = float(within.sum()) / (p * (n - 1))
     between = np.diag(m) - 2.0 * m.mean(axis=1) + m.mean()  # |gbar_p - gbar|^2
     msb = n * float(between.sum()) / (p - 1)

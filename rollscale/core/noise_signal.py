@@ -1,6 +1,6 @@
 """The between-prompt signal and the noise powers of one step's Gram matrix (science §6.2).
 
-Input checks shared by every estimator of :mod:`rollscale.core.noise` (a
+Input checks shared by every estimator of §6 (a
 symmetric finite Gram matrix, equal-sized prompt groups), then ``|G|^2_hat``
 from between-prompt pairs only, the per-rollout, prompt-axis and rollout-axis
 noise powers, and the noise scales they give: B_simple, the biased B_naive
@@ -18,7 +18,8 @@ import numpy as np
 # input checks
 
 
-def _as_gram(gram: np.ndarray, min_size: int = 2, name: str = "gram") -> np.ndarray:
+def as_gram(gram: np.ndarray, min_size: int = 2, name: str = "gram") -> np.ndarray:
+    """``gram`` as a float64 array, checked: square, at least ``min_size`` rows, finite, symmetric."""
     k = np.asarray(gram, dtype=np.float64)
     if k.ndim != 2 or k.shape[0] != k.shape[1]:
         raise ValueError(f"{name}: expected a square 2-D Gram matrix, got shape {k.shape}")
@@ -33,7 +34,7 @@ def _as_gram(gram: np.ndarray, min_size: int = 2, name: str = "gram") -> np.ndar
     return k
 
 
-def _group_order(groups: np.ndarray, n_rows: int, min_n: int = 2) -> tuple[np.ndarray, int, int]:
+def group_order(groups: np.ndarray, n_rows: int, min_n: int = 2) -> tuple[np.ndarray, int, int]:
     """Row order that puts each prompt's rows together: (order, P, n)."""
     labels = np.asarray(groups)
     if labels.ndim != 1 or labels.shape[0] != n_rows:
@@ -58,17 +59,18 @@ def _group_order(groups: np.ndarray, n_rows: int, min_n: int = 2) -> tuple[np.nd
     return order, int(counts.size), n
 
 
-def _block_means(k: np.ndarray, order: np.ndarray, n_blocks: int, size: int) -> np.ndarray:
+def block_means(k: np.ndarray, order: np.ndarray, n_blocks: int, size: int) -> np.ndarray:
     """Gram matrix of block-mean gradients: M_pq = <gbar_p, gbar_q>."""
     kk = k[np.ix_(order, order)].reshape(n_blocks, size, n_blocks, size)
     return kk.mean(axis=(1, 3))
 
 
-def _ratio(num: float, den: float) -> float:
+def noise_ratio(num: float, den: float) -> float:
+    """A noise power over the signal ``|G|^2_hat``; infinite when the signal estimate is not positive."""
     return math.inf if den <= 0.0 else num / den
 
 
-def _within_sums(
+def within_sums(
     k: np.ndarray, order: np.ndarray, p: int, n: int, m: np.ndarray
 ) -> np.ndarray:
     """Per prompt ``sum_i |g_pi - gbar_p|^2 = sum_i K_ii - n |gbar_p|^2``."""
@@ -84,12 +86,13 @@ def _within_sums(
 
 def _block_gram(gram: np.ndarray, groups: np.ndarray, min_n: int = 1) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(K, M, P, n): the checked Gram matrix and the Gram of prompt means ``M_pq``."""
-    k = _as_gram(gram)
-    order, p, n = _group_order(groups, k.shape[0], min_n)
-    return k, _block_means(k, order, p, n), p, n
+    k = as_gram(gram)
+    order, p, n = group_order(groups, k.shape[0], min_n)
+    return k, block_means(k, order, p, n), p, n
 
 
-def _between(m: np.ndarray) -> float:
+def between_mean(m: np.ndarray) -> float:
+    """Mean off-diagonal entry of the prompt-mean Gram ``M``: ``|G|^2_hat`` (between-prompt pairs only)."""
     p = m.shape[0]
     return float((m.sum() - np.trace(m)) / (p * (p - 1)))
 
@@ -103,7 +106,7 @@ def g_norm2(gram: np.ndarray, groups: np.ndarray) -> float:
     (``groups = arange(N)``): it is then the all-pairs form.
     """
     _, m, _, _ = _block_gram(gram, groups)
-    return _between(m)
+    return between_mean(m)
 
 
 def g_norm2_all_pairs(gram: np.ndarray) -> float:
@@ -112,7 +115,7 @@ def g_norm2_all_pairs(gram: np.ndarray) -> float:
     It counts two rollouts of one prompt as independent samples, so it is
     biased upward by the within-prompt covariance.
     """
-    k = _as_gram(gram)
+    k = as_gram(gram)
     n = k.shape[0]
     return float((k.sum() - np.trace(k)) / (n * (n - 1)))
 
@@ -120,7 +123,7 @@ def g_norm2_all_pairs(gram: np.ndarray) -> float:
 def trace_sigma(gram: np.ndarray, groups: np.ndarray) -> float:
     """Per-rollout noise power ``s_hat = mean_i K_ii - |G|^2_hat`` (science §6.2)."""
     k, m, _, _ = _block_gram(gram, groups)
-    return float(np.mean(np.diag(k))) - _between(m)
+    return float(np.mean(np.diag(k))) - between_mean(m)
 
 
 def b_simple(gram: np.ndarray, groups: np.ndarray) -> float:
@@ -128,7 +131,7 @@ def b_simple(gram: np.ndarray, groups: np.ndarray) -> float:
 
     Infinite when ``|G|^2_hat <= 0``. No smoothing here: see :class:`EmaNoiseScale`.
     """
-    return _ratio(trace_sigma(gram, groups), g_norm2(gram, groups))
+    return noise_ratio(trace_sigma(gram, groups), g_norm2(gram, groups))
 
 
 def b_naive(gram: np.ndarray, n_batches: int) -> float:
@@ -141,7 +144,7 @@ def b_naive(gram: np.ndarray, n_batches: int) -> float:
     ``|gbar|^2`` carries ``tr(Sigma) / N``; upward when mini-batches cut
     across prompt groups). Infinite when ``|gbar|^2 <= 0``.
     """
-    k = _as_gram(gram)
+    k = as_gram(gram)
     n = k.shape[0]
     if isinstance(n_batches, bool) or not isinstance(n_batches, (int, np.integer)):
         raise ValueError(f"n_batches: expected an int, got {n_batches!r}")
@@ -150,31 +153,31 @@ def b_naive(gram: np.ndarray, n_batches: int) -> float:
     if n % n_batches != 0:
         raise ValueError(f"n_batches: {n_batches} does not divide the {n} rows of gram")
     b = n // n_batches
-    m = _block_means(k, np.arange(n), int(n_batches), b)
+    m = block_means(k, np.arange(n), int(n_batches), b)
     gbar2 = float(m.mean())
     spread = np.diag(m) - 2.0 * m.mean(axis=1) + gbar2  # |g_k - gbar|^2
-    return _ratio(b / (n_batches - 1) * float(spread.sum()), gbar2)
+    return noise_ratio(b / (n_batches - 1) * float(spread.sum()), gbar2)
 
 
 def prompt_noise_power(gram: np.ndarray, groups: np.ndarray) -> float:
     """Noise of one prompt's group mean, ``s_P_hat = mean_p M_pp - |G|^2_hat`` (science §6.2)."""
     _, m, _, _ = _block_gram(gram, groups)
-    return float(np.mean(np.diag(m))) - _between(m)
+    return float(np.mean(np.diag(m))) - between_mean(m)
 
 
 def rollout_noise_power(gram: np.ndarray, groups: np.ndarray) -> float:
     """Mean within-group noise ``mean_p w_p``, ``w_p = (sum_{i in p} K_ii - n M_pp) / (n - 1)`` (science §6.2)."""
-    k = _as_gram(gram)
-    order, p, n = _group_order(groups, k.shape[0], 2)
-    m = _block_means(k, order, p, n)
-    return float(_within_sums(k, order, p, n, m).mean()) / (n - 1)
+    k = as_gram(gram)
+    order, p, n = group_order(groups, k.shape[0], 2)
+    m = block_means(k, order, p, n)
+    return float(within_sums(k, order, p, n, m).mean()) / (n - 1)
 
 
 def prompt_axis_b_noise(gram: np.ndarray, groups: np.ndarray) -> float:
     """Prompt-axis B_noise ``s_P_hat / |G|^2_hat``, in prompts at this n (science §6.2)."""
-    return _ratio(prompt_noise_power(gram, groups), g_norm2(gram, groups))
+    return noise_ratio(prompt_noise_power(gram, groups), g_norm2(gram, groups))
 
 
 def rollout_axis_noise(gram: np.ndarray, groups: np.ndarray) -> float:
     """Rollout-axis noise scale ``mean_p w_p / |G|^2_hat`` (science §6.2); inf when ``|G|^2_hat <= 0``."""
-    return _ratio(rollout_noise_power(gram, groups), g_norm2(gram, groups))
+    return noise_ratio(rollout_noise_power(gram, groups), g_norm2(gram, groups))

@@ -9,7 +9,7 @@ import pandas as pd
 
 from rollscale.core.problems import Problem
 from rollscale.core.rewards import reward_fn
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.rollouts import Rollout, SamplingConfig
 
 PROFILE_COLUMNS = ["problem_id", "source", "prompt", "answer", "reward", "k", "n_correct", "avg_at_k", "mean_len", "trunc_rate"]
 

@@ -21,7 +21,6 @@ as a terminating decimal with no trailing zeros when one exists (``"3.5"``,
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import multiprocessing
@@ -32,6 +31,9 @@ import threading
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
+
+from rollscale.plugins import import_reference, is_reference
+from rollscale.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ __all__ = [
     "normalize_number",
     "numeric_reward",
     "reward_fn",
-    "REWARD_NAMES",
+    "VERIFIERS",
 ]
 
 # One number as it appears in prose. A sign counts only when it is not glued to
@@ -158,6 +160,12 @@ def extract_number(text: str) -> str | None:
     return None if value is None else canonical_number(value)
 
 
+RewardFn = Callable[[str, str], float]
+# the built-in verifiers by name (science §2); a user's own is "package.module:function"
+VERIFIERS: Registry = Registry("verifier")
+
+
+@VERIFIERS.register("numeric")
 def numeric_reward(completion: str, gold: str) -> float:
     """1.0 iff the completion's final number equals the gold number exactly, else 0.0.
 
@@ -293,6 +301,7 @@ class TimedWorker:
 _MATH_VERIFY_WORKER = TimedWorker(_import_math_verify)
 
 
+@VERIFIERS.register("math")
 def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float:
     """1.0 iff the completion's final answer is mathematically equal to ``gold``
     according to math-verify, else 0.0. Science §2 (0/1 verifier).
@@ -321,6 +330,7 @@ def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float
     return float(_MATH_VERIFY_WORKER.call(_math_verify_score, (completion, gold, op_timeout_s), timeout_s, 0.0))
 
 
+@VERIFIERS.register("exact")
 def exact_reward(completion: str, gold: str) -> float:
     """1.0 iff the completion's final answer equals ``gold`` as text, else 0.0.
 
@@ -336,34 +346,23 @@ def exact_reward(completion: str, gold: str) -> float:
     return 1.0 if " ".join(answer.split()) == " ".join(gold.split()) else 0.0
 
 
-RewardFn = Callable[[str, str], float]
-
-_REWARD_FNS: dict[str, RewardFn] = {"numeric": numeric_reward, "math": math_reward, "exact": exact_reward}
-REWARD_NAMES: tuple[str, ...] = tuple(_REWARD_FNS)
-# A user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0.
-_USER_REWARD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-
-
 def is_reward_name(name: object) -> bool:
     """True for a built-in verifier name or a ``module:function`` reference
     (not imported here; :func:`reward_fn` imports it)."""
-    return isinstance(name, str) and (name in _REWARD_FNS or _USER_REWARD.fullmatch(name) is not None)
+    return VERIFIERS.is_valid(name) or is_reference(name)
 
 
 def reward_fn(name: str) -> RewardFn:
     """The verifier ``(completion, gold) -> 0.0 | 1.0`` called ``name``:
     "numeric", "math", "exact", or a user's ``module:function``. Science §2."""
-    if isinstance(name, str) and name in _REWARD_FNS:
-        return _REWARD_FNS[name]
+    if VERIFIERS.is_valid(name):
+        return VERIFIERS.get(name)
     if not is_reward_name(name):
         raise ValueError(
-            f"reward_fn: name must be one of {', '.join(REWARD_NAMES)} or 'module:function'; got {name!r}"
+            f"reward_fn: name must be one of {', '.join(VERIFIERS.names())} or 'module:function'; got {name!r}"
         )
-    module_name, attr = name.split(":")
+    # a user's verifier: "package.module:function", a callable (completion, gold) -> 0.0 | 1.0
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward_fn: cannot import verifier {name!r} ({e})") from None
-    if not callable(fn):
-        raise ValueError(f"reward_fn: {name!r} is not callable")
-    return fn
+        return import_reference(name, "verifier")
+    except ValueError as err:
+        raise ValueError(f"reward_fn: {err}") from None

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
-STAGES = ("base", "profile", "bucket", "measure", "sweep", "fit", "report")
-
 
 def spawn_flows(args: list[str], debug: bool, module: str = "flows", command: str = "") -> int:
     """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors).
@@ -59,11 +57,38 @@ def print_query(sql: str, artifacts: str) -> None:
 
 
 def print_tables(artifacts: str) -> None:
-    from rollscale.pipeline.storage import TABLES, available_tables
+    from rollscale.pipeline.storage import available_tables
+    from rollscale.tables import TABLES
 
     have = available_tables(artifacts)
     for name, pattern in TABLES.items():
         print(f"{name:18s} {'ready  ' if name in have else 'missing'}  {Path(artifacts) / pattern}")
+
+
+def check_stage(stage: str) -> None:
+    """``stage`` must be a stage of the project's dvc.yaml (the one list of stages)."""
+    from rollscale.pipeline.stages import load_stage_specs, select_stages
+
+    select_stages(load_stage_specs(), [stage])
+
+
+def deps(write: bool) -> int:
+    """Compare dvc.yaml's code deps with the computed ones: 0 up to date (or written), 1 stale."""
+    from rollscale.files import write_text_atomic
+    from rollscale.pipeline.stage_deps import deps_diff, render_dvc_yaml
+    from rollscale.pipeline.stages import project_root
+
+    root = project_root()
+    diff = deps_diff(root)
+    if not diff:
+        print("dvc.yaml: every stage's deps list the code it runs")
+        return 0
+    if write:
+        write_text_atomic(render_dvc_yaml(root), root / "dvc.yaml")
+        print(diff + "dvc.yaml: deps rewritten")
+        return 0
+    print(diff + "dvc.yaml: deps are stale; `rollscale deps --write` rewrites them")
+    return 1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help=f"show tracebacks (or set {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run one stage's flow (dvc repro <stage> also records it in dvc.lock)")
-    p_run.add_argument("stage", choices=STAGES)
+    p_run.add_argument("stage", help="a stage of dvc.yaml")
     p_run.add_argument("--params", default="params.yaml")
     p_sql = sub.add_parser("sql", help="run a read-only DuckDB SQL query over the study's tables")
     p_sql.add_argument("query")
@@ -88,6 +113,8 @@ def parser() -> argparse.ArgumentParser:
     p_status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sub.add_parser("serve", help="serve the study as a Prefect deployment on params.schedule's cron") \
         .add_argument("--params", default="params.yaml")
+    p_deps = sub.add_parser("deps", help="check dvc.yaml's code deps against the code each stage imports (exit 1: stale)")
+    p_deps.add_argument("--write", action="store_true", help="rewrite the deps in dvc.yaml")
     return p
 
 
@@ -107,8 +134,8 @@ def command(argv: list[str] | None = None) -> int:
     if args.command == "run":
         from rollscale.config import load_params
 
-        # bad params fail here, before a process and Prefect start
-        if code := run_guarded(lambda: load_params(args.params), debug):
+        # bad params or a stage dvc.yaml lacks fail here, before a process and Prefect start
+        if code := run_guarded(lambda: (load_params(args.params), check_stage(args.stage)), debug):
             return code
         return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
                            command=typed(args, "run", args.stage))
@@ -122,6 +149,9 @@ def command(argv: list[str] | None = None) -> int:
                            debug, "flows.study", typed(args, "study"))
     if args.command == "serve":
         return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study", typed(args, "serve"))
+    if args.command == "deps":
+        result = {}
+        return run_guarded(lambda: result.setdefault("code", deps(args.write)), debug) or result["code"]
     if args.command == "sql":
         return run_guarded(lambda: print_query(args.query, args.artifacts), debug)
     if args.command == "tables":

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from rollscale.pipeline.storage import sha256_file, write_json_atomic
+from rollscale.files import sha256_file, write_json_atomic
 
 RECORD = ".stage.record.json"
 # how the process that runs a stage was started: set by `rollscale run`, `rollscale study` and the

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from filelock import FileLock, Timeout
 
-from rollscale.pipeline.storage import write_json_atomic
+from rollscale.files import write_json_atomic
 
 log = logging.getLogger("rollscale.pipeline.stages")
 

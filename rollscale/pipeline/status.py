@@ -154,11 +154,12 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[dict]:
 def latest_checkpoint_state(run_dir: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
     """``state.json`` of the newest checkpoint that passes its quick check, and what is wrong
     with the newer ones (None when the newest is intact)."""
-    from rollscale.train.checkpoint import RunStore, verify_checkpoint
+    from rollscale.train.checkpoint import RunStore
+    from rollscale.train.manifest import verify_checkpoint
 
     store = RunStore(run_dir)
     problem = None
-    for step, path in reversed(store._checkpoint_dirs()):
+    for step, path in reversed(store.checkpoint_dirs()):
         why = verify_checkpoint(store.root, step, path, quick=True)
         if why is None:
             return json.loads((path / "state.json").read_text()), problem

@@ -1,52 +1,29 @@
 """Study tables: atomic files under ``artifacts/`` and read-only DuckDB queries over them.
 
-Every stage writes its files through :func:`write_bytes_atomic` (temporary
-file in the same folder, then rename), so a reader or a crash never sees half
-a file. Queries (:func:`query`, ``rollscale sql``) run in an in-memory DuckDB
+Every stage writes its files through :mod:`rollscale.files` (temporary file
+in the same folder, then rename), so a reader or a crash never sees half a
+file. Queries (:func:`query`, ``rollscale sql``) run in an in-memory DuckDB
 whose tables are Arrow datasets over the study's Parquet files, with DuckDB's
 own ``enable_external_access = false`` and ``lock_configuration = true``: a
 query cannot read, write or attach any file (COPY … TO, EXPORT DATABASE,
 ATTACH, INSTALL/LOAD are refused by DuckDB), and what it creates lives only in
 its throw-away connection. Sweep rows are read only from the part files the
 newest checkpoint of each run commits, after checking their checksums
-(:func:`rollscale.train.checkpoint.committed_parts`), so rows written past the
+(:func:`rollscale.train.manifest.committed_parts`), so rows written past the
 last commit are invisible and a tampered part is an error, never a silent row.
 :func:`write_duckdb` writes a database file of views for other SQL clients.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pandas as pd
 
-# table name -> Parquet glob relative to the artifacts folder (the contract users query).
-# The first path component is the stage that writes the table.
-TABLES: dict[str, str] = {
-    "profile": "profile/profile.parquet",
-    "buckets": "bucket/buckets.parquet",
-    "bucket_counts": "bucket/bucket_counts.parquet",
-    "noise_prompts": "measure/noise_prompts.parquet",
-    "noise_steps": "measure/noise_steps.parquet",
-    "runs": "sweep/runs/*/run.parquet",
-    "steps": "sweep/runs/*/steps-*.parquet",
-    "evals": "sweep/runs/*/evals-*.parquet",
-    "fits": "fit/fits.parquet",
-    "frontier": "fit/frontier.parquet",
-    "steps_to_target": "fit/steps_to_target.parquet",
-    "crs_prediction": "fit/crs_prediction.parquet",
-    "epoch_transitions": "fit/epoch_transitions.parquet",
-    "record_points": "fit/record_points.parquet",
-}
-# tables whose rows are committed by a run's checkpoints (rollscale.train.checkpoint)
-RUN_PART_TABLES = ("steps", "evals")
+from rollscale.files import write_atomic
+from rollscale.tables import RUN_PART_TABLES, TABLES, table_stage
+from rollscale.train.manifest import committed_parts
 
 DB_NAME = "rollscale.duckdb"
 
@@ -59,70 +36,6 @@ class DamagedResultError(RuntimeError):
     """A stored result does not match its checksum (tampered with, or truncated)."""
 
 
-def table_stage(name: str) -> str:
-    """The stage that writes table ``name``."""
-    return TABLES[name].split("/")[0]
-
-
-# ---------------------------------------------------------------------------- atomic writes
-
-
-def write_atomic(path: str | Path, write: Callable[[Path], None], fsync: bool = False) -> Path:
-    """Create ``path`` by ``write(tmp)`` on a temporary file in the same folder, then a rename.
-
-    The one way the project writes a file: a reader or a crash sees the old
-    file or the new one, never half of one. The file is readable by everyone
-    (results are shared); ``fsync`` makes the bytes durable before the rename.
-    An ``OSError`` (full disk, unwritable folder) is raised again naming ``path``;
-    the old file and no temporary file are left.
-    """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-    except OSError as err:
-        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}", str(path)) from err
-    try:
-        write(Path(tmp))
-        if fsync:
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for every reader of the folder
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}", str(path)) from err
-        raise
-    return path
-
-
-def write_bytes_atomic(data: bytes, path: str | Path, fsync: bool = False) -> Path:
-    return write_atomic(path, lambda tmp: tmp.write_bytes(data), fsync)
-
-
-def write_text_atomic(text: str, path: str | Path) -> Path:
-    return write_atomic(path, lambda tmp: tmp.write_text(text))
-
-
-def write_json_atomic(data: Any, path: str | Path) -> Path:
-    return write_text_atomic(json.dumps(data, indent=1), path)
-
-
-def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``df`` to ``path`` as Parquet, atomically (:func:`write_atomic`)."""
-    return write_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------------------- tables
 
 
@@ -131,8 +44,6 @@ def table_files(artifacts: str | Path, name: str) -> list[Path]:
 
     Raises :class:`DamagedResultError` naming the file when a committed part
     does not match its checksum."""
-    from rollscale.train.checkpoint import committed_parts  # the run store owns its manifest
-
     root = Path(artifacts).resolve()
     pattern = TABLES[name]
     if name not in RUN_PART_TABLES:

@@ -38,7 +38,7 @@ from typing import Any
 
 import pandas as pd
 
-from rollscale.pipeline.storage import write_text_atomic
+from rollscale.files import write_text_atomic
 from rollscale.train.checkpoint import RunStore
 
 __all__ = ["ExportingRunStore", "RunExporter", "TrackerTargets", "flatten_params", "log_report", "tracker_targets"]

@@ -12,24 +12,10 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from rollscale.tables import TABLES, table_stage
 
-
-# table -> the pipeline stage that writes it (dvc.yaml)
-TABLE_STAGES: dict[str, str] = {
-    "profile": "profile",
-    "buckets": "bucket",
-    "noise_prompts": "measure",
-    "noise_steps": "measure",
-    "runs": "sweep",
-    "steps": "sweep",
-    "evals": "sweep",
-    "fits": "fit",
-    "frontier": "fit",
-    "steps_to_target": "fit",
-    "crs_prediction": "fit",
-    "epoch_transitions": "fit",
-}
-TABLE_NAMES: tuple[str, ...] = tuple(TABLE_STAGES)
+# the study tables the report may draw on: all of them (rollscale.tables)
+TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
 
 DEFAULT_BUCKET_BOUNDS: dict[str, tuple[float, float]] = {
     "hard": (0.0, 0.0625),
@@ -44,7 +30,7 @@ K_SAT_CAP_PER_N = 4.0
 
 CHART_WIDTH = 520
 CHART_HEIGHT = 280
-_N_SCHEME = alt.Scale(scheme={"name": "viridis", "extent": [0.0, 0.85]})  # no pale yellow end
+N_SCHEME = alt.Scale(scheme={"name": "viridis", "extent": [0.0, 0.85]})  # no pale yellow end
 
 
 # ---------------------------------------------------------------------------
@@ -104,7 +90,7 @@ class ReportPaths:
 # input handling
 
 
-def _check_tables(tables: Mapping[str, pd.DataFrame | None]) -> dict[str, pd.DataFrame | None]:
+def check_tables(tables: Mapping[str, pd.DataFrame | None]) -> dict[str, pd.DataFrame | None]:
     if not isinstance(tables, Mapping):
         raise ValueError(f"tables: expected a mapping of table name -> DataFrame or None, got {type(tables).__name__}")
     unknown = sorted(set(tables) - set(TABLE_NAMES))
@@ -120,19 +106,19 @@ def _check_tables(tables: Mapping[str, pd.DataFrame | None]) -> dict[str, pd.Dat
     return out
 
 
-def _require(df: pd.DataFrame, table: str, columns: Sequence[str]) -> None:
+def require_columns(df: pd.DataFrame, table: str, columns: Sequence[str]) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(f"tables[{table!r}]: missing columns {missing} (has {list(df.columns)})")
 
 
-def _missing_stage(table: str, what: str | None = None) -> str:
-    stage = TABLE_STAGES[table]
+def missing_stage(table: str, what: str | None = None) -> str:
+    stage = table_stage(table)
     what = what or f"`{table}` table"
     return f"No {what} yet: run the `{stage}` stage (dvc repro {stage})."
 
 
-def _params_dict(params: Any) -> dict[str, Any]:
+def params_dict(params: Any) -> dict[str, Any]:
     if params is None:
         return {}
     if hasattr(params, "model_dump"):  # a pydantic StudyParams
@@ -142,7 +128,7 @@ def _params_dict(params: Any) -> dict[str, Any]:
     return dict(params)
 
 
-def _bucket_bounds(params: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+def bucket_bounds(params: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
     section = params.get("bucket") or {}
     if not isinstance(section, Mapping):
         raise ValueError(f"params['bucket']: expected a mapping, got {type(section).__name__}")
@@ -159,7 +145,7 @@ def _bucket_bounds(params: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _k_sat_cap(params: Mapping[str, Any], n_max: float) -> float:
+def k_sat_cap(params: Mapping[str, Any], n_max: float) -> float:
     section = params.get("report") or {}
     cap = section.get("k_sat_cap") if isinstance(section, Mapping) else None
     if cap is None:
@@ -170,11 +156,11 @@ def _k_sat_cap(params: Mapping[str, Any], n_max: float) -> float:
     return cap
 
 
-def _num(series: pd.Series) -> pd.Series:
+def as_numeric(series: pd.Series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce").astype(float)
 
 
-def _records(df: pd.DataFrame) -> alt.InlineData:
+def inline_records(df: pd.DataFrame) -> alt.InlineData:
     """Inline Vega data: NaN and +-inf become null, numpy scalars plain Python."""
     rows = []
     for rec in df.to_dict("records"):
@@ -191,7 +177,7 @@ def _records(df: pd.DataFrame) -> alt.InlineData:
     return alt.InlineData(values=rows)
 
 
-def _finish(chart: alt.TopLevelMixin, title: str) -> alt.TopLevelMixin:
+def finish_chart(chart: alt.TopLevelMixin, title: str) -> alt.TopLevelMixin:
     """Title and shared styling; the PNG then reads on its own."""
     return (
         chart.properties(title=alt.TitleParams(title, anchor="start", fontSize=15, offset=10))
@@ -202,17 +188,17 @@ def _finish(chart: alt.TopLevelMixin, title: str) -> alt.TopLevelMixin:
     )
 
 
-def _log_scale(**kw: Any) -> alt.Scale:
+def log_scale(**kw: Any) -> alt.Scale:
     # no rounding out to whole decades: it leaves most of the plot empty
     return alt.Scale(type="log", nice=False, padding=12, **kw)
 
 
-def _log_axis(**kw: Any) -> alt.Axis:
+def log_axis(**kw: Any) -> alt.Axis:
     # SI labels (2k, 10k) stay short enough not to run into each other
     return alt.Axis(format="~s", labelSeparation=6, labelOverlap="greedy", **kw)
 
 
-def _log2_ticks(values: Sequence[float]) -> list[float]:
+def log2_ticks(values: Sequence[float]) -> list[float]:
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     if not finite:
         return []
@@ -220,7 +206,7 @@ def _log2_ticks(values: Sequence[float]) -> list[float]:
     return [float(2**e) for e in range(lo, hi + 1)]
 
 
-def _fmt(value: Any) -> str:
+def fmt_value(value: Any) -> str:
     """A cell for a report table: 4 significant digits, inf as ∞, missing as —."""
     if value is None or value is pd.NA or value is pd.NaT:
         return "—"
@@ -240,12 +226,12 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _pm(value: Any, se: Any) -> str:
-    v = _fmt(value)
+def plus_minus(value: Any, se: Any) -> str:
+    v = fmt_value(value)
     if v == "—" or se is None or (isinstance(se, float) and math.isnan(se)):
         return v
-    return f"{v} ± {_fmt(se)}"
+    return f"{v} ± {fmt_value(se)}"
 
 
-def _format_frame(df: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({str(c): [_fmt(v) for v in df[c]] for c in df.columns}, columns=[str(c) for c in df.columns])
+def format_frame(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({str(c): [fmt_value(v) for v in df[c]] for c in df.columns}, columns=[str(c) for c in df.columns])

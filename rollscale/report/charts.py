@@ -7,21 +7,21 @@ from typing import Any
 
 import pandas as pd
 
-from rollscale.report.base import ChartSpec, _bucket_bounds, _check_tables, _params_dict
-from rollscale.report.noise_charts import _chart_difficulty, _chart_k_sat, _chart_noise_steps
-from rollscale.report.curve_charts import _chart_best_worst, _chart_frontier, _chart_reward_vs_compute
-from rollscale.report.target_charts import _chart_crs_prediction, _chart_steps_to_target
+from rollscale.report.base import ChartSpec, bucket_bounds, check_tables, params_dict
+from rollscale.report.noise_charts import chart_difficulty, chart_k_sat, chart_noise_steps
+from rollscale.report.curve_charts import chart_best_worst, chart_frontier, chart_reward_vs_compute
+from rollscale.report.target_charts import chart_crs_prediction, chart_steps_to_target
 
 
 _CHART_BUILDERS = (
-    _chart_difficulty,
-    _chart_k_sat,
-    _chart_noise_steps,
-    _chart_reward_vs_compute,
-    _chart_frontier,
-    _chart_best_worst,
-    _chart_steps_to_target,
-    _chart_crs_prediction,
+    chart_difficulty,
+    chart_k_sat,
+    chart_noise_steps,
+    chart_reward_vs_compute,
+    chart_frontier,
+    chart_best_worst,
+    chart_steps_to_target,
+    chart_crs_prediction,
 )
 
 
@@ -45,7 +45,7 @@ def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
     ChartSpec with ``missing`` naming the stage to run; a present table
     lacking the columns a chart needs raises ValueError.
     """
-    t = _check_tables(tables)
-    p = _params_dict(params)
-    _bucket_bounds(p)  # bad bounds fail before any drawing
+    t = check_tables(tables)
+    p = params_dict(params)
+    bucket_bounds(p)  # bad bounds fail before any drawing
     return [builder(t, p) for builder in _CHART_BUILDERS]

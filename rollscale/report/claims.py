@@ -14,20 +14,20 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core.bootstrap import ONE_SEED
-from rollscale.report.base import TableSpec, _fmt, _missing_stage, _num
+from rollscale.report.base import TableSpec, fmt_value, missing_stage, as_numeric
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
 
 
 def interval_text(value: Any, lo: Any, hi: Any) -> str:
     """``v [lo, hi]``, or ``v (1 seed, no interval)`` where the interval is missing."""
-    v = _fmt(value)
+    v = fmt_value(value)
     lo_f, hi_f = (float(pd.to_numeric(x, errors="coerce")) for x in (lo, hi))
     if v == "—":
         return v
     if math.isnan(lo_f) or math.isnan(hi_f):
         return f"{v} ({ONE_SEED})"
-    return f"{v} [{_fmt(lo_f)}, {_fmt(hi_f)}]"
+    return f"{v} [{fmt_value(lo_f)}, {fmt_value(hi_f)}]"
 
 
 def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
@@ -47,8 +47,8 @@ def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
                 verdict = f"n* = {best}: {share:.0%} of refits agree"
             else:
                 verdict = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
-                           f"n in [{_fmt(lo)}, {_fmt(hi)}]")
-            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {_fmt(r['c'])}",
+                           f"n in [{fmt_value(lo)}, {fmt_value(hi)}]")
+            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {fmt_value(r['c'])}",
                          "finding": verdict})
     return rows
 
@@ -64,7 +64,7 @@ def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         else:
             ratio = interval_text(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
             finding = f"{r['rule']} needs {ratio}× the rollouts of uniform: {r.get('verdict')}"
-        where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {_fmt(r.get('target'))}"
+        where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {fmt_value(r.get('target'))}"
         rows.append({"claim": "rule vs uniform (rollouts to target)", "where": where, "at": at, "finding": finding})
         # PODS-like rules train on fewer rollouts than they generate: their claim is about time, not rollouts
         time_ratio = float(pd.to_numeric(r.get("time_ratio_to_uniform"), errors="coerce"))
@@ -82,10 +82,10 @@ def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
         if pd.isna(r.get("observed_best_n")):
             continue
         share = float(pd.to_numeric(r.get("observed_best_share"), errors="coerce"))
-        observed = f"observed best n = {_fmt(r['observed_best_n'])}"
+        observed = f"observed best n = {fmt_value(r['observed_best_n'])}"
         observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
         predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
-            f"CRS {_fmt(r['crs'])} predicts n = {_fmt(r['predicted_n'])}")
+            f"CRS {fmt_value(r['crs'])} predicts n = {fmt_value(r['predicted_n'])}")
         rows.append({"claim": "CRS predicted vs observed best n", "where": f"{r.get('bucket')} / {r.get('rule')}",
                      "at": str(r.get("basis")), "finding": f"{predicted}; {observed}"})
     return rows
@@ -102,7 +102,7 @@ def _unbent_curve_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         variable = str(r["kind"]).removeprefix("sigmoid_")
         rows.append({"claim": "curve not bent within the budget", "where": f"{r.get('bucket')} / {r.get('rule')}",
                      "at": f"{variable} = {r.get('key')}",
-                     "finding": f"{r['at_bound']} at the edge of the fit's range: A ({_fmt(r.get('a'))}) and C_mid "
+                     "finding": f"{r['at_bound']} at the edge of the fit's range: A ({fmt_value(r.get('a'))}) and C_mid "
                                 f"are not identified; the curve is read only within its data"})
     return rows
 
@@ -115,11 +115,11 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
                "'not distinguishable'.")
     rows: list[dict[str, str]] = []
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
-        rows += _best_n_claims(t["frontier"][_num(t["frontier"]["best_key"]).notna()])
+        rows += _best_n_claims(t["frontier"][as_numeric(t["frontier"]["best_key"]).notna()])
     if t.get("fits") is not None and "kind" in t["fits"].columns:
         rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"])
     if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
         rows += _crs_claims(t["crs_prediction"])
     if not rows:
-        return TableSpec(name, title, caption, missing=_missing_stage("fits", "the fitted claims"))
+        return TableSpec(name, title, caption, missing=missing_stage("fits", "the fitted claims"))
     return TableSpec(name, title, caption, frame=pd.DataFrame(rows, columns=["claim", "where", "at", "finding"]))

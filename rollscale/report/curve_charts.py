@@ -15,15 +15,15 @@ from rollscale.report.base import (
     CHART_HEIGHT,
     CHART_WIDTH,
     ChartSpec,
-    _N_SCHEME,
-    _finish,
-    _log2_ticks,
-    _log_axis,
-    _log_scale,
-    _missing_stage,
-    _num,
-    _records,
-    _require,
+    N_SCHEME,
+    finish_chart,
+    log2_ticks,
+    log_axis,
+    log_scale,
+    missing_stage,
+    as_numeric,
+    inline_records,
+    require_columns,
 )
 
 
@@ -31,15 +31,15 @@ def _evals_with_runs(t: dict[str, pd.DataFrame | None], columns: Sequence[str]) 
     """Evals joined with the runs' n, B_problem and bucket; False when runs is missing."""
     ev = t["evals"]
     assert ev is not None
-    _require(ev, "evals", ["run_id", "c", *columns])
+    require_columns(ev, "evals", ["run_id", "c", *columns])
     ev = ev.copy()
-    ev["c"] = _num(ev["c"])
+    ev["c"] = as_numeric(ev["c"])
     for col in columns:
-        ev[col] = _num(ev[col])
+        ev[col] = as_numeric(ev[col])
     runs = t["runs"]
     has_runs = runs is not None
     if has_runs:
-        _require(runs, "runs", ["run_id", "n"])
+        require_columns(runs, "runs", ["run_id", "n"])
         keep = [c for c in ("run_id", "n", "b_problem", "bucket") if c in runs.columns]
         ev = ev.drop(columns=[c for c in keep if c != "run_id" and c in ev.columns]).merge(
             runs[keep], on="run_id", how="left"
@@ -61,22 +61,22 @@ def _facet_buckets(layered: alt.LayerChart, data: pd.DataFrame, **facet: Any) ->
 
 def _run_colour(has_runs: bool) -> alt.Color:
     if has_runs:
-        return alt.Color("n:O", title="n (rollouts per prompt)", scale=_N_SCHEME)
+        return alt.Color("n:O", title="n (rollouts per prompt)", scale=N_SCHEME)
     return alt.Color("run_id:N", title="run (runs table missing)", scale=alt.Scale(scheme="tableau10"))
 
 
-def _chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "reward_vs_compute", "Validation reward against compute, every run"
     caption = (
         "Validation avg@k (science §5) with a ±1 SE band against cumulative compute C in rollouts generated "
         "(science §1, log scale) for every run, coloured by n"
     )
     if t["evals"] is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("evals", "sweep results"))
+        return ChartSpec(name, title, caption + ".", missing=missing_stage("evals", "sweep results"))
     ev, has_runs = _evals_with_runs(t, ["avg_at_k"])
-    has_se = "avg_at_k_se" in ev.columns and _num(ev["avg_at_k_se"]).notna().any()
+    has_se = "avg_at_k_se" in ev.columns and as_numeric(ev["avg_at_k_se"]).notna().any()
     if has_se:
-        ev["avg_at_k_se"] = _num(ev["avg_at_k_se"])
+        ev["avg_at_k_se"] = as_numeric(ev["avg_at_k_se"])
         ev["lo"] = ev["avg_at_k"] - ev["avg_at_k_se"]
         ev["hi"] = ev["avg_at_k"] + ev["avg_at_k_se"]
     n_zero = int((ev["c"] <= 0).sum())
@@ -88,10 +88,10 @@ def _chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[
     data = ev[cols].sort_values(["run_id", "c"])
     colour = _run_colour(has_runs)
     # the band fills through its own legend-less scale: on the colour scale the legend turns pale
-    band_fill = alt.Fill("n:O", scale=_N_SCHEME, legend=None) if has_runs else alt.Fill(
+    band_fill = alt.Fill("n:O", scale=N_SCHEME, legend=None) if has_runs else alt.Fill(
         "run_id:N", scale=alt.Scale(scheme="tableau10"), legend=None
     )
-    x = alt.X("c:Q", title="compute C [rollouts generated]", scale=_log_scale(), axis=_log_axis())
+    x = alt.X("c:Q", title="compute C [rollouts generated]", scale=log_scale(), axis=log_axis())
     tooltip = [c + (":N" if c in ("run_id", "bucket") else ":Q") for c in cols if c not in ("lo", "hi")]
     layers = []
     if has_se:
@@ -110,7 +110,7 @@ def _chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[
         )
     )
     sized = [lyr.properties(width=CHART_WIDTH, height=CHART_HEIGHT) for lyr in layers]
-    layered = alt.layer(*sized, data=_records(data))
+    layered = alt.layer(*sized, data=inline_records(data))
     chart = _facet_buckets(layered, data)
     if n_zero:
         caption += f"; the {n_zero} evaluations at C = 0 are left off the log axis"
@@ -118,7 +118,7 @@ def _chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[
         caption += "; the evals table has no standard errors, so there is no band"
     if not has_runs:
         caption += "; the runs table is missing, so runs are coloured by run id instead of n"
-    return ChartSpec(name, title, caption + ".", chart=_finish(chart, title))
+    return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))
 
 
 _DESIGN_LABELS = {
@@ -162,7 +162,7 @@ def _fit_status(fits: pd.DataFrame | None, kind: str) -> str | None:
 _BAND_COLUMNS = ("frontier_reward_lo", "frontier_reward_hi", "best_key_lo", "best_key_hi", "best_key_share")
 
 
-def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "frontier", "Compute-optimal frontier F(C) coloured by n*, and the fitted n*(C)"
     caption = (
         "Left: the frontier F(C) = max over n of the fitted per-n sigmoids (thin lines) with each grid point "
@@ -171,21 +171,21 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
     )
     fr = t["frontier"]
     if fr is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("frontier", "frontier fit"))
-    _require(fr, "frontier", ["design", "frontier_reward", "best_key"])
+        return ChartSpec(name, title, caption + ".", missing=missing_stage("frontier", "frontier fit"))
+    require_columns(fr, "frontier", ["design", "frontier_reward", "best_key"])
     rows = []
     notes = []
     for design in [d for d in _DESIGN_LABELS if d in set(fr["design"].astype(str))]:
         part = fr[fr["design"].astype(str) == design].copy()
-        xcol = "m" if design == "iso_batch" and "m" in part and _num(part["m"]).notna().any() else "c"
-        _require(part, "frontier", [xcol])
+        xcol = "m" if design == "iso_batch" and "m" in part and as_numeric(part["m"]).notna().any() else "c"
+        require_columns(part, "frontier", [xcol])
         df = pd.DataFrame(
             {
-                "x": _num(part[xcol]),
-                "frontier_reward": _num(part["frontier_reward"]),
-                "key": _num(part["best_key"]),
-                "key_fit": _num(part["n_star_fit"]) if "n_star_fit" in part else np.nan,
-                **{c: _num(part[c]) if c in part else np.nan for c in _BAND_COLUMNS},
+                "x": as_numeric(part[xcol]),
+                "frontier_reward": as_numeric(part["frontier_reward"]),
+                "key": as_numeric(part["best_key"]),
+                "key_fit": as_numeric(part["n_star_fit"]) if "n_star_fit" in part else np.nan,
+                **{c: as_numeric(part[c]) if c in part else np.nan for c in _BAND_COLUMNS},
             }
         )
         df = df[(df["x"] > 0) & df["frontier_reward"].notna()]
@@ -193,32 +193,32 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
             notes.append(f"design {design!r} has no usable frontier points")
             continue
         star, key_title, x_title, y_title = _DESIGN_LABELS[design]
-        x = alt.X("x:Q", title=x_title, scale=_log_scale(), axis=_log_axis())
-        colour = alt.Color("key:O", title=key_title, scale=_N_SCHEME)
+        x = alt.X("x:Q", title=x_title, scale=log_scale(), axis=log_axis())
+        colour = alt.Color("key:O", title=key_title, scale=N_SCHEME)
         curves = _sigmoid_curves(t["fits"], design, float(df["x"].min()), float(df["x"].max()))
         left_layers = []
         if not curves.empty:
             left_layers.append(
-                alt.Chart(_records(curves.rename(columns={"c": "x"})))
+                alt.Chart(inline_records(curves.rename(columns={"c": "x"})))
                 .mark_line(strokeWidth=1.2, opacity=0.55)
                 # own legend-less stroke scale: on the colour scale the legend would turn pale
-                .encode(x=x, y="reward:Q", stroke=alt.Stroke("key:O", scale=_N_SCHEME, legend=None))
+                .encode(x=x, y="reward:Q", stroke=alt.Stroke("key:O", scale=N_SCHEME, legend=None))
             )
         band = df.dropna(subset=["frontier_reward_lo", "frontier_reward_hi"])
         if not band.empty:  # 95 % bootstrap band over seeds (science §7)
             left_layers.append(
-                alt.Chart(_records(band)).mark_area(color="#999", opacity=0.25)
+                alt.Chart(inline_records(band)).mark_area(color="#999", opacity=0.25)
                 .encode(x=x, y="frontier_reward_lo:Q", y2="frontier_reward_hi:Q")
             )
         else:
             notes.append(f"{design} design: 1 seed, no interval")
         left_layers.append(
-            alt.Chart(_records(df))
+            alt.Chart(inline_records(df))
             .mark_line(color="#999", strokeWidth=1)
             .encode(x=x, y=alt.Y("frontier_reward:Q", title="validation reward [fraction correct]"))
         )
         left_layers.append(
-            alt.Chart(_records(df))
+            alt.Chart(inline_records(df))
             .mark_circle(size=45, opacity=0.95)
             .encode(
                 x=x,
@@ -232,17 +232,17 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
         left = alt.layer(*left_layers).properties(
             width=CHART_WIDTH - 140, height=CHART_HEIGHT - 20, title=f"frontier ({design} design)"
         )
-        ticks = _log2_ticks(list(df["key"]) + list(df["key_fit"].dropna()))
+        ticks = log2_ticks(list(df["key"]) + list(df["key_fit"].dropna()))
         y_key = alt.Y("key:Q", title=y_title, scale=alt.Scale(type="log", base=2), axis=alt.Axis(values=ticks))
         right_layers = []
         bars = df.dropna(subset=["best_key_lo", "best_key_hi"])
         if not bars.empty:  # the range of n* over bootstrap refits
             right_layers.append(
-                alt.Chart(_records(bars)).mark_rule(color="#999", opacity=0.6)
+                alt.Chart(inline_records(bars)).mark_rule(color="#999", opacity=0.6)
                 .encode(x=x, y=alt.Y("best_key_lo:Q", scale=alt.Scale(type="log", base=2)), y2="best_key_hi:Q")
             )
         right_layers += [
-            alt.Chart(_records(df))
+            alt.Chart(inline_records(df))
             .mark_circle(size=40)
             .encode(x=x, y=y_key, color=colour, tooltip=[alt.Tooltip("x:Q", format=".4g"), "key:Q"])
         ]
@@ -250,7 +250,7 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
         fit_pts = fit_pts[fit_pts["key_fit"] > 0]
         if not fit_pts.empty:
             right_layers.append(
-                alt.Chart(_records(fit_pts))
+                alt.Chart(inline_records(fit_pts))
                 .mark_line(color="black", strokeDash=[5, 3])
                 .encode(x=x, y=alt.Y("key_fit:Q", scale=alt.Scale(type="log", base=2)))
             )
@@ -268,17 +268,17 @@ def _chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]
     chart = rows[0] if len(rows) == 1 else alt.vconcat(*rows).resolve_scale(color="independent")
     if notes:
         caption += "; " + "; ".join(notes)
-    return ChartSpec(name, title, caption + ".", chart=_finish(chart, title))
+    return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))
 
 
-def _chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "best_worst_at_k", "best@k and worst@k against compute, per n"
     caption = (
         "Coverage best@k and reliability worst@k (science §5) against compute C in rollouts (log scale) for every "
         "run coloured by n, with each run's peak marked by a larger point, the optimum it reached"
     )
     if t["evals"] is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("evals", "sweep results"))
+        return ChartSpec(name, title, caption + ".", missing=missing_stage("evals", "sweep results"))
     ev, has_runs = _evals_with_runs(t, ["best_at_k", "worst_at_k"])
     ev = ev[ev["c"] > 0]
     idv = [c for c in ("run_id", "c", "n", "b_problem", "bucket", "eval_k") if c in ev.columns]
@@ -292,7 +292,7 @@ def _chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     # a run's optimum: the first evaluation (lowest C) reaching its highest value
     long["is_peak"] = long.index.isin(long.groupby(["run_id", "metric"])["value"].idxmax())
     colour = _run_colour(has_runs)
-    x = alt.X("c:Q", title="compute C [rollouts generated]", scale=_log_scale(), axis=_log_axis())
+    x = alt.X("c:Q", title="compute C [rollouts generated]", scale=log_scale(), axis=log_axis())
     y = alt.Y("value:Q", title="fraction of validation problems [0-1]")
     tooltip = ["run_id:N", "metric:N", alt.Tooltip("c:Q", format=".4g"), alt.Tooltip("value:Q", format=".3f")]
     if has_runs:
@@ -307,7 +307,7 @@ def _chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     layered = alt.layer(
         lines.properties(width=CHART_WIDTH - 180, height=CHART_HEIGHT - 40),
         peaks.properties(width=CHART_WIDTH - 180, height=CHART_HEIGHT - 40),
-        data=_records(long),
+        data=inline_records(long),
     )
     facet: dict[str, Any] = {"column": alt.Column("metric:N", title=None)}
     if long["bucket"].nunique() > 1:
@@ -315,4 +315,4 @@ def _chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     chart = layered.facet(**facet)
     if not has_runs:
         caption += "; the runs table is missing, so runs are coloured by run id instead of n"
-    return ChartSpec(name, title, caption + ".", chart=_finish(chart, title))
+    return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))

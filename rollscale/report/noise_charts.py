@@ -9,38 +9,39 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from rollscale.core import noise
+from rollscale.core.noise_correlation import k_sat_null
+from rollscale.core.noise_summary import quintile_table
 from rollscale.report.base import (
     BUCKET_COLOURS,
     CHART_HEIGHT,
     CHART_WIDTH,
     ChartSpec,
-    _bucket_bounds,
-    _finish,
-    _fmt,
-    _k_sat_cap,
-    _log_axis,
-    _log_scale,
-    _missing_stage,
-    _num,
-    _records,
-    _require,
+    bucket_bounds,
+    finish_chart,
+    fmt_value,
+    k_sat_cap,
+    log_axis,
+    log_scale,
+    missing_stage,
+    as_numeric,
+    inline_records,
+    require_columns,
 )
 
 
-def _k_sat_null_by_n(noise_prompts: pd.DataFrame) -> dict[int, float]:
+def k_sat_null_by_n(noise_prompts: pd.DataFrame) -> dict[int, float]:
     out = {}
     for n_value, group in noise_prompts.groupby("n"):
         n_int = int(n_value)
-        nulls = _num(group["k_sat_null"]).dropna() if "k_sat_null" in group else pd.Series(dtype=float)
-        out[n_int] = float(nulls.iloc[0]) if len(nulls) else noise.k_sat_null(n_int)
+        nulls = as_numeric(group["k_sat_null"]).dropna() if "k_sat_null" in group else pd.Series(dtype=float)
+        out[n_int] = float(nulls.iloc[0]) if len(nulls) else k_sat_null(n_int)
     return out
 
 
-def _usable_k_sat(noise_prompts: pd.DataFrame) -> pd.DataFrame:
+def usable_k_sat(noise_prompts: pd.DataFrame) -> pd.DataFrame:
     df = noise_prompts.copy()
-    df["k_sat"] = _num(df["k_sat"])
-    df["pass_rate"] = _num(df["pass_rate"])
+    df["k_sat"] = as_numeric(df["k_sat"])
+    df["pass_rate"] = as_numeric(df["pass_rate"])
     # NaN K_sat: rho undefined (all rollouts of the group equal); nothing to report
     return df[df["k_sat"].notna() & df["pass_rate"].notna()]
 
@@ -48,7 +49,7 @@ def _usable_k_sat(noise_prompts: pd.DataFrame) -> pd.DataFrame:
 def quintile_tables(noise_prompts: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Split-half K_sat by pass-rate quintile, unfiltered and IQR-filtered (science §6.3).
 
-    Uses :func:`rollscale.core.noise.quintile_table` per group size n (prompts of
+    Uses :func:`rollscale.core.noise_summary.quintile_table` per group size n (prompts of
     all measurement steps pooled), with the null value ``k_sat_null =
     |R| + 1`` and ``median_ratio = median / k_sat_null`` beside K_sat as §6.3
     asks. Rows whose K_sat is NaN (rho undefined) are left out. Keys:
@@ -58,16 +59,16 @@ def quintile_tables(noise_prompts: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """
     if not isinstance(noise_prompts, pd.DataFrame):
         raise ValueError(f"noise_prompts: expected a pandas DataFrame, got {type(noise_prompts).__name__}")
-    _require(noise_prompts, "noise_prompts", ["n", "pass_rate", "k_sat"])
-    df = _usable_k_sat(noise_prompts)
+    require_columns(noise_prompts, "noise_prompts", ["n", "pass_rate", "k_sat"])
+    df = usable_k_sat(noise_prompts)
     if df.empty:
         raise ValueError("noise_prompts: expected at least one row with a K_sat and a pass rate")
-    nulls = _k_sat_null_by_n(df)
+    nulls = k_sat_null_by_n(df)
     out: dict[str, pd.DataFrame] = {}
     for key, drop in (("unfiltered", False), ("iqr_filtered", True)):
         parts = []
         for n_value, group in df.groupby("n"):
-            table = noise.quintile_table(group["pass_rate"].to_numpy(), group["k_sat"].to_numpy(), drop_outliers=drop)
+            table = quintile_table(group["pass_rate"].to_numpy(), group["k_sat"].to_numpy(), drop_outliers=drop)
             table = table.reset_index()
             table["pass_rate_quintile"] = table["pass_rate_quintile"].astype(str)
             table.insert(0, "n", int(n_value))
@@ -83,21 +84,21 @@ def quintile_tables(noise_prompts: pd.DataFrame) -> dict[str, pd.DataFrame]:
 # charts
 
 
-def _chart_difficulty(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_difficulty(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "difficulty", "Difficulty profile: avg@k per problem with the bucket bands"
-    bounds = _bucket_bounds(params)
+    bounds = bucket_bounds(params)
     caption = (
         "Histogram of each problem's avg@k (mean 0/1 reward over k samples, science §2) with the "
         "bucket bounds from params shaded behind it."
     )
     prof = t["profile"]
     if prof is None:
-        return ChartSpec(name, title, caption, missing=_missing_stage("profile", "difficulty profile"))
-    _require(prof, "profile", ["avg_at_k"])
-    vals = _num(prof["avg_at_k"]).dropna().to_numpy()
+        return ChartSpec(name, title, caption, missing=missing_stage("profile", "difficulty profile"))
+    require_columns(prof, "profile", ["avg_at_k"])
+    vals = as_numeric(prof["avg_at_k"]).dropna().to_numpy()
     if vals.size == 0:
         return ChartSpec(name, title, caption, missing="The `profile` table has no avg@k values to plot.")
-    ks = _num(prof["k"]).dropna().unique() if "k" in prof else np.array([])
+    ks = as_numeric(prof["k"]).dropna().unique() if "k" in prof else np.array([])
     if len(ks) == 1 and float(ks[0]).is_integer() and 1 <= ks[0] <= 256:
         k = int(ks[0])
         # one bar per attainable value j/k, centred on it
@@ -117,12 +118,12 @@ def _chart_difficulty(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
         scale=alt.Scale(domain=list(bounds), range=[BUCKET_COLOURS[b] for b in bounds]),
     )
     band_layer = (
-        alt.Chart(_records(bands))
+        alt.Chart(inline_records(bands))
         .mark_rect(opacity=0.18)
         .encode(x="lo:Q", x2="hi:Q", color=colour, tooltip=["bucket:N", "range:N"])
     )
     bar_layer = (
-        alt.Chart(_records(bars))
+        alt.Chart(inline_records(bars))
         .mark_rect(color="#4c4c4c", stroke="white", strokeWidth=0.5)
         .encode(
             x=alt.X("lo:Q", title=f"avg@k [fraction of k samples correct, {k_text}]", scale=alt.Scale(domain=[0, 1])),
@@ -138,10 +139,10 @@ def _chart_difficulty(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     chart = alt.layer(band_layer, bar_layer).properties(width=CHART_WIDTH + 120, height=CHART_HEIGHT)
     n_zero = int(np.sum(vals == 0.0))
     caption = caption[:-1] + f" ({len(vals)} problems, {n_zero} with avg@k = 0)."
-    return ChartSpec(name, title, caption, chart=_finish(chart, title))
+    return ChartSpec(name, title, caption, chart=finish_chart(chart, title))
 
 
-def _chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "k_sat", "Split-half K_sat per prompt against pass rate, with the null"
     np_ = t["noise_prompts"]
     base_caption = (
@@ -149,15 +150,15 @@ def _chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -
         "the dashed line is the null |R| + 1 that the estimator returns for exchangeable rollouts whatever the data"
     )
     if np_ is None:
-        return ChartSpec(name, title, base_caption + ".", missing=_missing_stage("noise_prompts", "noise measurements"))
-    _require(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
-    df = _usable_k_sat(np_)
+        return ChartSpec(name, title, base_caption + ".", missing=missing_stage("noise_prompts", "noise measurements"))
+    require_columns(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
+    df = usable_k_sat(np_)
     if df.empty:
         return ChartSpec(
             name, title, base_caption + ".", missing="The `noise_prompts` table has no prompt with a defined K_sat."
         )
-    nulls = _k_sat_null_by_n(df)
-    cap = _k_sat_cap(params, float(df["n"].max()))
+    nulls = k_sat_null_by_n(df)
+    cap = k_sat_cap(params, float(df["n"].max()))
     clipped = (df["k_sat"] > cap) | np.isinf(df["k_sat"])
     n_inf = int(np.isinf(df["k_sat"]).sum())
     clipped_label = f"clipped at cap {cap:g} (K_sat > cap or ∞)"
@@ -165,19 +166,19 @@ def _chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -
         {
             "pass_rate": df["pass_rate"].to_numpy(),
             "k_sat_plot": np.where(clipped, cap, df["k_sat"].to_numpy()),
-            "k_sat": [_fmt(v) for v in df["k_sat"]],
+            "k_sat": [fmt_value(v) for v in df["k_sat"]],
             "clipped": clipped.to_numpy(),
             "status": np.where(clipped, clipped_label, "K_sat (finite)"),
             "problem_id": df["problem_id"].astype(str).to_numpy() if "problem_id" in df else "",
-            "step": _num(df["step"]).to_numpy() if "step" in df else np.nan,
-            "n": _num(df["n"]).to_numpy(),
+            "step": as_numeric(df["step"]).to_numpy() if "step" in df else np.nan,
+            "n": as_numeric(df["n"]).to_numpy(),
         }
     )
     status_domain = ["K_sat (finite)", clipped_label]
     y_min = max(min(float(pts["k_sat_plot"].min()), min(nulls.values())) / 1.3, 0.5)
     y_scale = alt.Scale(type="log", domain=[y_min, cap * 1.3])
     points = (
-        alt.Chart(_records(pts))
+        alt.Chart(inline_records(pts))
         .mark_point(filled=True, opacity=0.7)
         .encode(
             size=alt.condition(alt.datum.clipped, alt.value(90), alt.value(30)),
@@ -199,7 +200,7 @@ def _chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -
     )
     dashes = [null_dashes[i % len(null_dashes)] for i in range(len(nulls))] + [[2, 2]]
     rules = (
-        alt.Chart(_records(lines))
+        alt.Chart(inline_records(lines))
         .mark_rule(strokeWidth=1.5, color="#333")
         .encode(
             y="y:Q",
@@ -217,7 +218,7 @@ def _chart_k_sat(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -
         + f"; K_sat above the cap of {cap:g} rollouts, or infinite (rho <= 0), is drawn at the cap as a red triangle "
         f"({int(clipped.sum())} of {len(df)} prompts, {n_inf} infinite)."
     )
-    return ChartSpec(name, title, caption, chart=_finish(chart, title))
+    return ChartSpec(name, title, caption, chart=finish_chart(chart, title))
 
 
 # line samples in the legend: the default symbol (the line's point) hides the dash
@@ -232,7 +233,7 @@ _NOISE_STEP_QUANTITIES = {
 }
 
 
-def _chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "noise_steps", "Gradient noise over training steps: B_simple, K_crit and rho_icc"
     caption = (
         "Step-level noise (science §6.2, §6.3): B_simple, K_crit and K_sat_icc in rollouts on a log scale (top) and "
@@ -240,22 +241,22 @@ def _chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, A
     )
     ns = t["noise_steps"]
     if ns is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("noise_steps", "noise measurements"))
-    _require(ns, "noise_steps", ["step", "n", "rho_icc", "k_crit", "b_simple"])
+        return ChartSpec(name, title, caption + ".", missing=missing_stage("noise_steps", "noise measurements"))
+    require_columns(ns, "noise_steps", ["step", "n", "rho_icc", "k_crit", "b_simple"])
     quantities = [q for q in _NOISE_STEP_QUANTITIES if q in ns.columns]
     long = ns[["step", "n", *quantities]].melt(id_vars=["step", "n"], var_name="quantity", value_name="value")
-    long["value"] = _num(long["value"])
+    long["value"] = as_numeric(long["value"])
     n_inf = int(np.isinf(long["value"]).sum())
     long = long[np.isfinite(long["value"]) & (long["value"] > 0)].copy()
     long["quantity"] = long["quantity"].map(_NOISE_STEP_QUANTITIES)
-    rho = pd.DataFrame({"step": _num(ns["step"]), "n": _num(ns["n"]), "rho_icc": _num(ns["rho_icc"])}).dropna()
+    rho = pd.DataFrame({"step": as_numeric(ns["step"]), "n": as_numeric(ns["n"]), "rho_icc": as_numeric(ns["rho_icc"])}).dropna()
     if long.empty and rho.empty:
         return ChartSpec(name, title, caption + ".", missing="The `noise_steps` table has no finite values to plot.")
     multi_n = ns["n"].nunique() > 1
     step_x = alt.X("step:Q", title="training step [steps]")
     top_enc: dict[str, Any] = {
         "x": step_x,
-        "y": alt.Y("value:Q", title="noise scale [rollouts]", scale=_log_scale(), axis=_log_axis()),
+        "y": alt.Y("value:Q", title="noise scale [rollouts]", scale=log_scale(), axis=log_axis()),
         "color": alt.Color("quantity:N", title="quantity",
                            scale=alt.Scale(domain=list(_NOISE_STEP_QUANTITIES.values()),
                                            range=["#1f77b4", "#d62728", "#ff7f0e"])),
@@ -264,7 +265,7 @@ def _chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, A
     if multi_n:
         top_enc["strokeDash"] = alt.StrokeDash("n:N", title="n (rollouts per prompt)", legend=_DASH_LEGEND)
         top_enc["detail"] = "n:N"
-    top = alt.Chart(_records(long)).mark_line(point=True).encode(**top_enc)
+    top = alt.Chart(inline_records(long)).mark_line(point=True).encode(**top_enc)
     bottom_enc: dict[str, Any] = {
         "x": step_x,
         "y": alt.Y("rho_icc:Q", title="rho_icc [dimensionless]"),
@@ -273,7 +274,7 @@ def _chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, A
     if multi_n:
         bottom_enc["strokeDash"] = alt.StrokeDash("n:N", title="n (rollouts per prompt)", legend=_DASH_LEGEND)
     bottom = (
-        alt.Chart(_records(rho))
+        alt.Chart(inline_records(rho))
         .mark_line(point=alt.OverlayMarkDef(color="#2ca02c"), color="#2ca02c")
         .encode(**bottom_enc)
     )
@@ -283,4 +284,4 @@ def _chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, A
     )
     if n_inf:
         caption += f"; infinite values (signal below the noise floor; {n_inf} here) leave gaps in the lines"
-    return ChartSpec(name, title, caption + ".", chart=_finish(chart, title))
+    return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))

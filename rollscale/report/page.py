@@ -26,7 +26,6 @@ import io
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,23 +33,10 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from rollscale.pipeline.storage import write_text_atomic
+from rollscale.files import write_bytes_atomic, write_text_atomic
 from rollscale.report.base import ChartSpec, ReportPaths, TableSpec
 from rollscale.report.charts import build_charts
 from rollscale.report.tables import summary_tables
-
-
-def _write_png(data: bytes, path: Path) -> None:
-    """PNG bytes, atomically (storage's writers take text and tables; the page and summary use them)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a report is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -214,7 +200,7 @@ def write_report(
     for c in charts:
         path = chart_dir / f"{c.name}.png"
         if c.chart is not None:
-            _write_png(_png_bytes(c.chart), path)
+            write_bytes_atomic(_png_bytes(c.chart), path)
             pngs[c.name] = path
         elif path.exists():
             path.unlink()

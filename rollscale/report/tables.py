@@ -9,19 +9,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core import noise
+from rollscale.core.noise_summary import summary_stats
 from rollscale.report.claims import headline_table, interval_text
 from rollscale.report.base import (
-    TABLE_STAGES,
     TableSpec,
-    _check_tables,
-    _fmt,
-    _format_frame,
-    _missing_stage,
-    _num,
-    _require,
+    check_tables,
+    fmt_value,
+    format_frame,
+    missing_stage,
+    as_numeric,
+    require_columns,
 )
-from rollscale.report.noise_charts import _k_sat_null_by_n, _usable_k_sat, quintile_tables
+from rollscale.report.noise_charts import k_sat_null_by_n, usable_k_sat, quintile_tables
+from rollscale.tables import table_stage
 
 
 def _table_bucket_counts(t: dict[str, pd.DataFrame | None]) -> TableSpec:
@@ -29,8 +29,8 @@ def _table_bucket_counts(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     caption = "Problems per difficulty bucket and split (science §2), with the avg@k range found in each bucket."
     b = t["buckets"]
     if b is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("buckets", "buckets"))
-    _require(b, "buckets", ["problem_id", "bucket", "split"])
+        return TableSpec(name, title, caption, missing=missing_stage("buckets", "buckets"))
+    require_columns(b, "buckets", ["problem_id", "bucket", "split"])
     counts = pd.crosstab(b["bucket"].astype(str), b["split"].astype(str))
     counts["total"] = counts.sum(axis=1)
     counts = counts.reset_index().rename(columns={"row_0": "bucket"})
@@ -38,11 +38,11 @@ def _table_bucket_counts(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     prof = t["profile"]
     if prof is not None and {"problem_id", "avg_at_k"} <= set(prof.columns):
         merged = b.merge(prof[["problem_id", "avg_at_k"]], on="problem_id", how="left")
-        merged["avg_at_k"] = _num(merged["avg_at_k"])
+        merged["avg_at_k"] = as_numeric(merged["avg_at_k"])
         rng = merged.groupby(merged["bucket"].astype(str))["avg_at_k"].agg(["min", "max"])
         counts["avg@k min"] = counts["bucket"].map(rng["min"])
         counts["avg@k max"] = counts["bucket"].map(rng["max"])
-    return TableSpec(name, title, caption, frame=_format_frame(counts))
+    return TableSpec(name, title, caption, frame=format_frame(counts))
 
 
 def _table_profile(t: dict[str, pd.DataFrame | None]) -> TableSpec:
@@ -50,26 +50,26 @@ def _table_profile(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     caption = "The profiled problem pool by source (science §2): avg@k, length in tokens and truncation rate."
     prof = t["profile"]
     if prof is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("profile", "difficulty profile"))
-    _require(prof, "profile", ["problem_id", "avg_at_k"])
+        return TableSpec(name, title, caption, missing=missing_stage("profile", "difficulty profile"))
+    require_columns(prof, "profile", ["problem_id", "avg_at_k"])
     df = prof.copy()
     df["source"] = df["source"].astype(str) if "source" in df else "all"
-    df["avg_at_k"] = _num(df["avg_at_k"])
+    df["avg_at_k"] = as_numeric(df["avg_at_k"])
     rows = []
     for source, g in [("all", df), *(df.groupby("source") if df["source"].nunique() > 1 else [])]:
         rows.append(
             {
                 "source": source,
                 "problems": len(g),
-                "k": _fmt(_num(g["k"]).max()) if "k" in g else "—",
+                "k": fmt_value(as_numeric(g["k"]).max()) if "k" in g else "—",
                 "mean avg@k": g["avg_at_k"].mean(),
                 "avg@k = 0": int((g["avg_at_k"] == 0).sum()),
                 "avg@k = 1": int((g["avg_at_k"] == 1).sum()),
-                "mean length [tokens]": _num(g["mean_len"]).mean() if "mean_len" in g else math.nan,
-                "truncation rate": _num(g["trunc_rate"]).mean() if "trunc_rate" in g else math.nan,
+                "mean length [tokens]": as_numeric(g["mean_len"]).mean() if "mean_len" in g else math.nan,
+                "truncation rate": as_numeric(g["trunc_rate"]).mean() if "trunc_rate" in g else math.nan,
             }
         )
-    return TableSpec(name, title, caption, frame=_format_frame(pd.DataFrame(rows)))
+    return TableSpec(name, title, caption, frame=format_frame(pd.DataFrame(rows)))
 
 
 def _table_k_sat_summary(t: dict[str, pd.DataFrame | None]) -> TableSpec:
@@ -80,15 +80,15 @@ def _table_k_sat_summary(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     np_ = t["noise_prompts"]
     if np_ is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("noise_prompts", "noise measurements"))
-    _require(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
-    df = _usable_k_sat(np_)
+        return TableSpec(name, title, caption, missing=missing_stage("noise_prompts", "noise measurements"))
+    require_columns(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
+    df = usable_k_sat(np_)
     if df.empty:
         return TableSpec(name, title, caption, missing="The `noise_prompts` table has no prompt with a defined K_sat.")
-    nulls = _k_sat_null_by_n(df)
+    nulls = k_sat_null_by_n(df)
     rows = []
     for n_value, g in df.groupby("n"):
-        stats = noise.summary_stats(g["k_sat"].to_numpy())
+        stats = summary_stats(g["k_sat"].to_numpy())
         null = nulls[int(n_value)]
         n_inf = int(np.isinf(g["k_sat"]).sum())
         for stat in ("count", "mean", "median", "std", "max"):
@@ -105,7 +105,7 @@ def _table_k_sat_summary(t: dict[str, pd.DataFrame | None]) -> TableSpec:
                     "filtered / null": fil / null if ratio else math.nan,
                 }
             )
-    return TableSpec(name, title, caption, frame=_format_frame(pd.DataFrame(rows)))
+    return TableSpec(name, title, caption, frame=format_frame(pd.DataFrame(rows)))
 
 
 def _tables_quintiles(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
@@ -122,10 +122,10 @@ def _tables_quintiles(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
     frames: dict[str, pd.DataFrame] = {}
     missing = None
     if np_ is None:
-        missing = _missing_stage("noise_prompts", "noise measurements")
+        missing = missing_stage("noise_prompts", "noise measurements")
     else:
-        _require(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
-        if _usable_k_sat(np_).empty:
+        require_columns(np_, "noise_prompts", ["n", "pass_rate", "k_sat"])
+        if usable_k_sat(np_).empty:
             missing = "The `noise_prompts` table has no prompt with a defined K_sat."
         else:
             frames = quintile_tables(np_)
@@ -133,7 +133,7 @@ def _tables_quintiles(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
         if missing is not None:
             specs.append(TableSpec(name, title, caption, missing=missing))
         else:
-            specs.append(TableSpec(name, title, caption, frame=_format_frame(frames[key])))
+            specs.append(TableSpec(name, title, caption, frame=format_frame(frames[key])))
     return specs
 
 
@@ -144,10 +144,10 @@ def _table_noise_steps(t: dict[str, pd.DataFrame | None]) -> TableSpec:
                "never read it alone), prompt- and rollout-axis noise, rho_icc, K_crit and CRS.")
     ns = t["noise_steps"]
     if ns is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("noise_steps", "noise measurements"))
+        return TableSpec(name, title, caption, missing=missing_stage("noise_steps", "noise measurements"))
     cols = [c for c in ("step", "n", "g_norm2", "g_norm2_all_pairs", "b_simple", "b_simple_ema", "b_naive",
                         "prompt_noise", "rollout_noise", "rho_icc", "k_sat_icc", "k_crit", "crs") if c in ns.columns]
-    return TableSpec(name, title, caption, frame=_format_frame(ns[cols].sort_values(cols[:2])))
+    return TableSpec(name, title, caption, frame=format_frame(ns[cols].sort_values(cols[:2])))
 
 
 def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
@@ -156,17 +156,17 @@ def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
                "the error, stay in the fits table as <param>_se. R², points used and fit status.")
     fits = t["fits"]
     if fits is None:
-        return [TableSpec("fits", "Fits", caption, missing=_missing_stage("fits", "fits"))]
-    _require(fits, "fits", ["kind"])
+        return [TableSpec("fits", "Fits", caption, missing=missing_stage("fits", "fits"))]
+    require_columns(fits, "fits", ["kind"])
     specs = []
     params_cols = [c for c in fits.columns if f"{c}_lo" in fits.columns or f"{c}_se" in fits.columns]
     for kind, g in fits.groupby(fits["kind"].astype(str), sort=False):
-        present = [c for c in params_cols if _num(g[c]).notna().any()]
+        present = [c for c in params_cols if as_numeric(g[c]).notna().any()]
         rows = []
         for _, r in g.iterrows():
             row: dict[str, Any] = {}
             if "key" in g and g["key"].notna().any():
-                row["key"] = _fmt(r["key"])
+                row["key"] = fmt_value(r["key"])
             for c in ("fixed", "rule"):  # only where the kind's rows differ in them
                 if c in g and g[c].astype(str).nunique() > 1:
                     row[c] = str(r[c])
@@ -174,7 +174,7 @@ def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
                 row[c] = interval_text(r[c], r.get(f"{c}_lo", math.nan), r.get(f"{c}_hi", math.nan))
             for c in ("verdict", "time_verdict", "at_bound", "r2", "n_points", "status"):
                 if c in g and g[c].replace("", np.nan).notna().any():  # at_bound is "" where no bound was hit
-                    row[c] = _fmt(r[c]) if not isinstance(r[c], str) else r[c]
+                    row[c] = fmt_value(r[c]) if not isinstance(r[c], str) else r[c]
             rows.append(row)
         specs.append(TableSpec(f"fits_{kind}", f"Fit: {kind}", caption, frame=pd.DataFrame(rows)))
     return specs
@@ -188,10 +188,10 @@ def _table_steps_to_target(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     st = t["steps_to_target"]
     if st is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("steps_to_target", "steps-to-target results"))
+        return TableSpec(name, title, caption, missing=missing_stage("steps_to_target", "steps-to-target results"))
     cols = [c for c in ("axis", "target", "n", "b_problem", "b", "steps", "e") if c in st.columns]
     order = [c for c in ("axis", "b") if c in cols]
-    return TableSpec(name, title, caption, frame=_format_frame(st[cols].sort_values(order)))
+    return TableSpec(name, title, caption, frame=format_frame(st[cols].sort_values(order)))
 
 
 def _table_crs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
@@ -202,11 +202,11 @@ def _table_crs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     cp = t["crs_prediction"]
     if cp is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("crs_prediction", "CRS prediction check"))
+        return TableSpec(name, title, caption, missing=missing_stage("crs_prediction", "CRS prediction check"))
     wanted = ("b", "crs", "predicted_n", "observed_best_n", "observed_best_reward", "agree", "observed_best_share",
               "predicted_share", "interval")
     cols = [c for c in wanted if c in cp.columns]
-    return TableSpec(name, title, caption, frame=_format_frame(cp[cols]))
+    return TableSpec(name, title, caption, frame=format_frame(cp[cols]))
 
 
 def _table_transitions(t: dict[str, pd.DataFrame | None]) -> TableSpec:
@@ -217,8 +217,8 @@ def _table_transitions(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     et = t["epoch_transitions"]
     if et is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("epoch_transitions", "frontier transitions"))
-    return TableSpec(name, title, caption, frame=_format_frame(et))
+        return TableSpec(name, title, caption, missing=missing_stage("epoch_transitions", "frontier transitions"))
+    return TableSpec(name, title, caption, frame=format_frame(et))
 
 
 def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
@@ -229,8 +229,8 @@ def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     )
     runs = t["runs"]
     if runs is None:
-        return TableSpec(name, title, caption, missing=_missing_stage("runs", "sweep runs"))
-    _require(runs, "runs", ["run_id"])
+        return TableSpec(name, title, caption, missing=missing_stage("runs", "sweep runs"))
+    require_columns(runs, "runs", ["run_id"])
     cols = [c for c in ("run_id", "bucket", "n", "b_problem", "m", "rule", "seed", "c_max", "status", "steps", "c")
             if c in runs.columns]
     df = runs[cols].copy()
@@ -239,7 +239,7 @@ def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     if ev is not None and {"run_id", "c", "avg_at_k"} <= set(ev.columns):
         e = ev[["run_id", "c", "avg_at_k"]].copy()
         e["run_id"] = e["run_id"].astype(str)
-        e["c"], e["avg_at_k"] = _num(e["c"]), _num(e["avg_at_k"])
+        e["c"], e["avg_at_k"] = as_numeric(e["c"]), as_numeric(e["avg_at_k"])
         e = e.dropna().sort_values(["run_id", "c"])
         last = e.groupby("run_id").tail(1).set_index("run_id")
         best = e.loc[e.groupby("run_id")["avg_at_k"].idxmax()].set_index("run_id")
@@ -256,12 +256,12 @@ def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
         if timing:
             total = s[timing].apply(pd.to_numeric, errors="coerce").sum(axis=1).groupby(s["run_id"]).sum()
             df["time [s]"] = df["run_id"].map(total)
-    return TableSpec(name, title, caption, frame=_format_frame(df))
+    return TableSpec(name, title, caption, frame=format_frame(df))
 
 
 def _table_stages(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     rows = [
-        {"table": name, "stage": TABLE_STAGES[name], "rows": "missing" if df is None else str(len(df))}
+        {"table": name, "stage": table_stage(name), "rows": "missing" if df is None else str(len(df))}
         for name, df in t.items()
     ]
     return TableSpec(
@@ -283,7 +283,7 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
     prediction check; runs. A missing table gives a TableSpec saying which
     stage to run.
     """
-    t = _check_tables(tables)
+    t = check_tables(tables)
     return [
         headline_table(t),
         _table_stages(t),

@@ -15,16 +15,16 @@ from rollscale.report.base import (
     CHART_HEIGHT,
     CHART_WIDTH,
     ChartSpec,
-    _finish,
-    _fmt,
-    _log2_ticks,
-    _log_axis,
-    _log_scale,
-    _missing_stage,
-    _num,
-    _pm,
-    _records,
-    _require,
+    finish_chart,
+    fmt_value,
+    log2_ticks,
+    log_axis,
+    log_scale,
+    missing_stage,
+    as_numeric,
+    plus_minus,
+    inline_records,
+    require_columns,
 )
 
 
@@ -35,7 +35,7 @@ def _steps_fit_row(fits: pd.DataFrame | None, axis: str) -> dict[str, Any] | Non
     return None if rows.empty else rows.iloc[0].to_dict()
 
 
-def _chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "steps_to_target", "Steps and rollouts to reach the target reward: S(B) and E(B)"
     caption = (
         "Steps to target S(B) and rollouts trained on E(B) = B·S(B) against the batch size B = B_problem·n "
@@ -44,12 +44,12 @@ def _chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[st
     )
     st = t["steps_to_target"]
     if st is None:
-        missing = _missing_stage("steps_to_target", "steps-to-target results")
+        missing = missing_stage("steps_to_target", "steps-to-target results")
         return ChartSpec(name, title, caption + ".", missing=missing)
-    _require(st, "steps_to_target", ["axis", "b", "steps"])
-    obs = pd.DataFrame({"axis": st["axis"].astype(str), "b": _num(st["b"]), "S": _num(st["steps"])})
+    require_columns(st, "steps_to_target", ["axis", "b", "steps"])
+    obs = pd.DataFrame({"axis": st["axis"].astype(str), "b": as_numeric(st["b"]), "S": as_numeric(st["steps"])})
     for col in ("n", "b_problem", "target"):
-        obs[col] = _num(st[col]) if col in st else np.nan
+        obs[col] = as_numeric(st[col]) if col in st else np.nan
     obs = obs[(obs["b"] > 0) & (obs["S"] > 0)]
     if obs.empty:
         return ChartSpec(name, title, caption + ".",
@@ -75,14 +75,14 @@ def _chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[st
         fit_parts.append(pd.DataFrame({"axis": axis, "b": grid, "S": s_fit, "E": grid * s_fit, "kind": "fit"}))
         b_crit = float(pd.to_numeric(row.get("b_crit"), errors="coerce"))
         b_crit_se = float(pd.to_numeric(row.get("b_crit_se"), errors="coerce"))
-        notes.append(f"{axis} axis B_crit = {_pm(b_crit, b_crit_se)} rollouts")
+        notes.append(f"{axis} axis B_crit = {plus_minus(b_crit, b_crit_se)} rollouts")
     data = pd.concat([obs, *fit_parts], ignore_index=True)
-    x = alt.X("b:Q", title="batch size B [rollouts per step]", scale=_log_scale(), axis=_log_axis())
+    x = alt.X("b:Q", title="batch size B [rollouts per step]", scale=log_scale(), axis=log_axis())
     axis_colour = alt.Color("axis:N", title="axis",
                             scale=alt.Scale(domain=["prompt", "rollout"], range=["#1f77b4", "#d62728"]))
 
     def panel(field_: str, y_title: str) -> alt.TopLevelMixin:
-        y = alt.Y(f"{field_}:Q", title=y_title, scale=_log_scale(), axis=_log_axis())
+        y = alt.Y(f"{field_}:Q", title=y_title, scale=log_scale(), axis=log_axis())
         pts = (
             alt.Chart()
             .mark_point(filled=True, size=55)
@@ -99,7 +99,7 @@ def _chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[st
         return alt.layer(
             pts.properties(width=CHART_WIDTH - 200, height=CHART_HEIGHT - 80),
             line.properties(width=CHART_WIDTH - 200, height=CHART_HEIGHT - 80),
-            data=_records(data),
+            data=inline_records(data),
         ).facet(column=alt.Column("axis:N", title=None, header=alt.Header(labelExpr="datum.value + ' axis'")))
 
     chart = alt.vconcat(
@@ -107,10 +107,10 @@ def _chart_steps_to_target(t: dict[str, pd.DataFrame | None], params: Mapping[st
     )
     if notes:
         caption += "; " + "; ".join(notes)
-    return ChartSpec(name, title, caption + ".", chart=_finish(chart, title))
+    return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))
 
 
-def _chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+def chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     name, title = "crs_prediction", "CRS-predicted against observed best n under a fixed total batch"
     caption = (
         "Each point is one fixed total batch B: the n nearest the measured critical rollout size CRS (science §6.3) "
@@ -118,14 +118,14 @@ def _chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str
     )
     cp = t["crs_prediction"]
     if cp is None:
-        return ChartSpec(name, title, caption + ".", missing=_missing_stage("crs_prediction", "CRS prediction check"))
-    _require(cp, "crs_prediction", ["b", "predicted_n", "observed_best_n"])
+        return ChartSpec(name, title, caption + ".", missing=missing_stage("crs_prediction", "CRS prediction check"))
+    require_columns(cp, "crs_prediction", ["b", "predicted_n", "observed_best_n"])
     df = pd.DataFrame(
         {
-            "b": _num(cp["b"]),
-            "crs": [_fmt(v) for v in _num(cp["crs"])] if "crs" in cp else "—",
-            "predicted_n": _num(cp["predicted_n"]),
-            "observed_best_n": _num(cp["observed_best_n"]),
+            "b": as_numeric(cp["b"]),
+            "crs": [fmt_value(v) for v in as_numeric(cp["crs"])] if "crs" in cp else "—",
+            "predicted_n": as_numeric(cp["predicted_n"]),
+            "observed_best_n": as_numeric(cp["observed_best_n"]),
         }
     )
     n_unmeasured = int(df["predicted_n"].isna().sum())
@@ -135,13 +135,13 @@ def _chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str
         return ChartSpec(name, title, caption + ".",
                          missing="The `crs_prediction` table has no row with both a predicted and an observed best n.")
     df["agree"] = np.where(df["predicted_n"] == df["observed_best_n"], "agree", "disagree")
-    df["label"] = [f"B={_fmt(b)}" for b in df["b"]]
-    ticks = _log2_ticks(list(df["predicted_n"]) + list(df["observed_best_n"]))
+    df["label"] = [f"B={fmt_value(b)}" for b in df["b"]]
+    ticks = log2_ticks(list(df["predicted_n"]) + list(df["observed_best_n"]))
     lo, hi = ticks[0] / 1.5, ticks[-1] * 1.5
     axis_scale = alt.Scale(type="log", base=2, domain=[lo, hi])
     diag = pd.DataFrame({"predicted_n": [lo, hi], "observed_best_n": [lo, hi]})
     line = (
-        alt.Chart(_records(diag))
+        alt.Chart(inline_records(diag))
         .mark_line(color="#777", strokeDash=[5, 3])
         .encode(x=alt.X("predicted_n:Q", scale=axis_scale), y=alt.Y("observed_best_n:Q", scale=axis_scale))
     )
@@ -152,7 +152,7 @@ def _chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str
                    axis=alt.Axis(values=ticks)),
     }
     pts = (
-        alt.Chart(_records(df))
+        alt.Chart(inline_records(df))
         .mark_point(filled=True, size=90, opacity=0.85)
         .encode(
             **pts_enc,
@@ -162,7 +162,7 @@ def _chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str
         )
     )
     labels = (
-        alt.Chart(_records(df))
+        alt.Chart(inline_records(df))
         .mark_text(align="left", dx=8, dy=-6, fontSize=10, color="#333")
         .encode(**pts_enc, text="label:N")
     )
@@ -170,4 +170,4 @@ def _chart_crs_prediction(t: dict[str, pd.DataFrame | None], params: Mapping[str
     caption += f" ({int((df['agree'] == 'agree').sum())} of {len(df)} agree"
     if n_unmeasured:
         caption += f"; {n_unmeasured} batch sizes without a measured CRS are left out"
-    return ChartSpec(name, title, caption + ").", chart=_finish(chart, title))
+    return ChartSpec(name, title, caption + ").", chart=finish_chart(chart, title))

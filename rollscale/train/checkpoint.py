@@ -12,7 +12,7 @@ A checkpoint is written into a temporary directory and moved into place with
 whose manifest is missing or whose files (or any part it commits) do not match
 it is skipped with a warning, and the one before it is used. Rows count only
 when a valid checkpoint commits them: queries read only the parts the newest
-manifest lists (:func:`committed_parts`), a failed save removes the parts it
+manifest lists (:func:`rollscale.train.manifest.committed_parts`), a failed save removes the parts it
 wrote, and resuming from checkpoint ``s`` deletes the parts after ``s``
 (:meth:`RunStore.rollback_to`), so no row is duplicated or lost. A finished run
 whose final checkpoint or parts fail the check is *damaged* (:meth:`RunStore.damage`):
@@ -22,7 +22,6 @@ from its newest good checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -35,13 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from rollscale.pipeline.storage import write_bytes_atomic
+from rollscale.files import sha256_bytes, write_bytes_atomic
 from rollscale.train.manifest import (
     CHECKPOINT_RE,
     MANIFEST,
     MANIFEST_VERSION,
     PART_RE,
-    committed_parts,
     read_manifest,
     verify_checkpoint,
 )
@@ -49,7 +47,7 @@ from rollscale.train.manifest import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Checkpoint", "RunStore", "committed_parts", "verify_checkpoint"]
+__all__ = ["Checkpoint", "RunStore"]
 
 DONE = "done.json"
 ROW_KINDS: tuple[str, ...] = ("steps", "evals")
@@ -75,10 +73,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _torch_bytes(obj: Any) -> bytes:
@@ -116,6 +110,20 @@ class Checkpoint:
 
         return torch.load(self.path / "model.pt", map_location=map_location, weights_only=True)
 
+    def load_weights(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Copy the saved trainable parameters into ``params`` (name -> the live tensor);
+        a ValueError, before any copy, when the names differ (another model)."""
+        import torch
+
+        model_state = self.model_state()
+        if set(model_state) != set(params):
+            missing = sorted(set(params) - set(model_state))[:3]
+            extra = sorted(set(model_state) - set(params))[:3]
+            raise ValueError(f"checkpoint {self.path} does not fit this model (missing {missing}, unexpected {extra})")
+        with torch.no_grad():
+            for name, value in model_state.items():
+                params[name].copy_(value)
+
     def optimizer_state(self, map_location: str | torch.device = "cpu") -> dict:
         """The saved optimizer state_dict."""
         import torch
@@ -142,7 +150,8 @@ class RunStore:
 
     # ------------------------------------------------------------------ listing
 
-    def _checkpoint_dirs(self) -> list[tuple[int, Path]]:
+    def checkpoint_dirs(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every checkpoint folder present, valid or not, oldest first."""
         if not self.root.is_dir():
             return []
         found = []
@@ -166,11 +175,22 @@ class RunStore:
         """Why the checkpoint at ``path`` is not valid, or None if it is (see :func:`verify_checkpoint`)."""
         return verify_checkpoint(self.root, step, path, quick)
 
+    def check_same_run(self, saved: Mapping[str, Any], run_id: str, config_hash: str, data_hash: str) -> None:
+        """Refuse to resume a different run here: ``saved`` (a checkpoint's state or ``done.json``)
+        must carry the same config hash and, when it records one, the same training-data hash."""
+        if saved.get("config_hash") != config_hash:
+            raise ValueError(f"run directory {self.root} holds a run with a different config (config hash "
+                             f"{saved.get('config_hash')} != {config_hash} of run {run_id}); "
+                             "use a new directory or the same config")
+        if "data_hash" in saved and saved["data_hash"] != data_hash:
+            raise ValueError(f"run directory {self.root} holds a run on different training problems "
+                             f"(data hash {saved['data_hash']} != {data_hash})")
+
     def damage(self) -> str | None:
         """Why the run's newest checkpoint (the one ``done.json`` stands on) is not intact, or None.
 
         None also when there is no checkpoint at all (nothing stored to damage)."""
-        dirs = self._checkpoint_dirs()
+        dirs = self.checkpoint_dirs()
         if not dirs:
             return None
         step, path = dirs[-1]
@@ -185,7 +205,7 @@ class RunStore:
         """
         skipped: list[str] = []
         found: Checkpoint | None = None
-        for step, path in reversed(self._checkpoint_dirs()):
+        for step, path in reversed(self.checkpoint_dirs()):
             problem = self._verify(step, path)
             if problem is None:
                 found = Checkpoint(step, path, json.loads((path / "state.json").read_bytes()))
@@ -232,7 +252,7 @@ class RunStore:
         }
         target = self.root / f"ckpt-{step:06d}"
         tmp = self.root / f"{_TMP_PREFIX}ckpt-{step:06d}"
-        earlier = [(s, p) for s, p in self._checkpoint_dirs() if s < step]
+        earlier = [(s, p) for s, p in self.checkpoint_dirs() if s < step]
         earlier_parts = read_manifest(earlier[-1][1]).get("parts", {}) if earlier else {}
         written: list[Path] = []
         try:
@@ -247,10 +267,10 @@ class RunStore:
             manifest = {
                 "step": step,
                 "version": MANIFEST_VERSION,
-                "files": {name: {"sha256": _sha256(d), "bytes": len(d)} for name, d in blobs.items()},
+                "files": {name: {"sha256": sha256_bytes(d), "bytes": len(d)} for name, d in blobs.items()},
                 # every part committed so far: one manifest verifies all the run's rows
                 "parts": {**earlier_parts,
-                          **{name: {"sha256": _sha256(d), "bytes": len(d)} for name, d in parts.items()}},
+                          **{name: {"sha256": sha256_bytes(d), "bytes": len(d)} for name, d in parts.items()}},
             }
             _write_bytes(tmp / MANIFEST, _json_bytes(manifest))
             if target.exists():
@@ -272,7 +292,7 @@ class RunStore:
         return Checkpoint(step, target, dict(state, step=step))
 
     def _prune(self) -> None:
-        for _, path in self._checkpoint_dirs()[: -self.keep]:
+        for _, path in self.checkpoint_dirs()[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
 
     def rollback_to(self, checkpoint: Checkpoint | None) -> None:
@@ -283,7 +303,7 @@ class RunStore:
         appends its rows without duplicates.
         """
         after = -1 if checkpoint is None else checkpoint.step
-        for step, path in self._checkpoint_dirs():
+        for step, path in self.checkpoint_dirs():
             if step > after:
                 shutil.rmtree(path)
         for step, path in self._parts():

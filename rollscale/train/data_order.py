@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rollscale.core.seeds import seeded_rng
+
 
 class DataOrder:
     """Problem indices by position in the run's stream of drawn prompts."""
@@ -19,7 +21,7 @@ class DataOrder:
         for pos in range(position, position + k):
             epoch, i = divmod(pos, self.n_problems)
             if epoch != self._epoch:
-                rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.purpose, epoch]))
+                rng = seeded_rng(self.seed, self.purpose, epoch)
                 self._epoch, self._perm = epoch, rng.permutation(self.n_problems)
             out.append(int(self._perm[i]))
         return out

@@ -10,7 +10,7 @@ import numpy as np
 
 from rollscale.core.metrics import avg_at_k, best_at_k, standard_error, worst_at_k
 from rollscale.core.problems import Problem
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.rollouts import SamplingConfig
 
 
 def evaluate(

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rollscale.pipeline.storage import sha256_file
+from rollscale.files import sha256_file
 
 MANIFEST = "MANIFEST.json"
 # 2: "parts" lists every part committed so far (1: only the checkpoint's own)

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from rollscale.core.gram import gram_matrix
-from rollscale.core.grpo import grpo_loss, loss_normalizers, token_logprobs_and_entropy
-from rollscale.core.noise import EmaNoiseScale, decompose, k_sat, k_sat_null, split_half_rho
-from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_loss_mask, micro_batch
+from rollscale.core.noise import decompose
+from rollscale.core.noise_correlation import k_sat, k_sat_null, split_half_rho
+from rollscale.core.noise_ema import EmaNoiseScale
+from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_normalizers, micro_batch, micro_batch_loss
 
 
 def gram_chunk_size(batch: TrainBatch, micro_batch_tokens: int) -> int:
@@ -50,23 +51,17 @@ def batch_gram(
 ) -> np.ndarray:
     """Gram matrix ``K_ij = <g_i, g_j>`` of the batch's per-rollout loss terms (science §6.1)."""
     device = next(model.parameters()).device
-    cfg = settings.loss
-    norm = loss_normalizers(batch_loss_mask(batch))
+    norm = batch_normalizers(batch, settings.max_new_tokens)
 
     def loss_terms(idx: torch.Tensor) -> torch.Tensor:
+        # float32 forward (no autocast): the Gram's hooks take the activations as they come
         mb = micro_batch(batch, idx.numpy(), pad_id, device)
-        logp, ent = token_logprobs_and_entropy(
-            model, mb.input_ids, mb.attention, mb.completion_mask, settings.temperature,
-            entropy_grad=cfg.entropy_coef > 0,
-        )
-        ref = ref_logprobs(mb.input_ids, mb.attention, mb.completion_mask) if ref_logprobs and cfg.kl_coef > 0 else None
-        out = grpo_loss(logp, logp.detach(), mb.advantages, mb.loss_mask, cfg, logp_ref=ref, entropy=ent,
-                        regularize=mb.regularize, normalizers=norm, logp_sampler=mb.sampler_logp)
-        return out.per_rollout
+        return micro_batch_loss(model, mb, settings, norm, ref_logprobs)[0].per_rollout
 
     model.train()
     with _no_checkpointing(model):
-        return gram_matrix(model, loss_terms, len(batch), chunk_size=gram_chunk_size(batch, settings.micro_batch_tokens))
+        return gram_matrix(model, loss_terms, len(batch),
+                           chunk_size=gram_chunk_size(batch, settings.train.micro_batch_tokens))
 
 
 def noise_figures(

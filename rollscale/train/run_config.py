@@ -5,19 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollscale.config import TrainParams
-from rollscale.core.allocation import PODS, AllocationRule, DynamicSampling, PilotCommit, Uniform
-from rollscale.core.grpo import LossConfig, sqrt_scaled_lr
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.allocation import AllocationRule, make_rule
+from rollscale.core.rollouts import SamplingConfig
+from rollscale.core.shaping import sqrt_scaled_lr
 from rollscale.train.step import StepSettings
 
-RULES: tuple[str, ...] = ("uniform", "dynamic", "pods", "pilot")
 _RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-_CLIP_HIGHER = 0.28  # DAPO's eps_high (science §3)
 
 
 class RunConfig(BaseModel):
@@ -32,12 +30,9 @@ class RunConfig(BaseModel):
         run_id: a name safe in paths; "" gives :func:`readable_run_id`.
         n: rollouts per prompt (the group size generated).
         b_problem: prompts per step (groups trained on).
-        rule: allocation rule (science §4).
-        m: PODS: rollouts kept per group (2 <= m < n); only for "pods".
-        n_pilot: Pilot-Commit: pilot rollouts per pool prompt; only for "pilot".
-        pool_factor: Pilot-Commit: pool size / b_problem (default 2.0); only for "pilot".
-        max_draws: dynamic sampling: cap on prompts drawn per step (default
-            4 * b_problem); only for "dynamic".
+        rule: allocation rule (science §4), a name of :data:`rollscale.registry.ALLOCATION_RULES`.
+        rule_args: the rule's own arguments, e.g. ``{"m": 4}`` for PODS (the fields of its
+            class in :mod:`rollscale.core.rules`); filled in with the rule's defaults.
         c_max: rollout budget; the run stops once cumulative C >= c_max (science §1).
         seed: seeds the data order and all sampling.
         train: the GRPO step's settings (loss, optimizer, micro-batching, science §3).
@@ -57,11 +52,8 @@ class RunConfig(BaseModel):
     run_id: Annotated[str, Field(pattern=_RUN_ID)] | Literal[""] = ""
     n: int = Field(ge=2)
     b_problem: int = Field(ge=1)
-    rule: Literal["uniform", "dynamic", "pods", "pilot"] = "uniform"
-    m: int | None = None
-    n_pilot: int | None = None
-    pool_factor: float | None = None
-    max_draws: int | None = None
+    rule: str = "uniform"
+    rule_args: dict[str, Any] = Field(default_factory=dict)
     c_max: int = Field(ge=1)
     seed: int = Field(0, ge=0)
     train: TrainParams = Field(default_factory=TrainParams)
@@ -75,18 +67,14 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
-        for name, rule in (("m", "pods"), ("n_pilot", "pilot"), ("pool_factor", "pilot"), ("max_draws", "dynamic")):
-            if getattr(self, name) is not None and self.rule != rule:
-                raise ValueError(f"{name} applies only to rule {rule!r}, got it with rule {self.rule!r}")
-        if self.rule == "pods" and self.m is None:
-            raise ValueError("m (rollouts kept per group) is required for rule 'pods'")
-        if self.rule == "pilot" and self.n_pilot is None:
-            raise ValueError("n_pilot (pilot rollouts per prompt) is required for rule 'pilot'")
-        if self.rule == "pilot" and self.pool_factor is None:
-            self.pool_factor = 2.0
-        if self.rule == "dynamic" and self.max_draws is None:
-            self.max_draws = 4 * self.b_problem
-        make_rule(self)  # the rule checks m, n_pilot, pool_factor and max_draws
+        clash = sorted(set(self.rule_args) & set(type(self).model_fields))
+        if clash:  # the config hash puts rule arguments beside the other fields
+            raise ValueError(f"rule_args: {clash[0]!r} is a RunConfig field; a rule argument needs another name")
+        rule = self.allocation_rule()  # the rule checks its arguments
+        self.rule_args = rule.run_args()  # its defaults filled in: they are part of the run
+        if self.noise_every and not rule.equal_groups:
+            raise ValueError(f"noise_every: the gradient-noise measurement needs groups of equal size; "
+                             f"rule {self.rule!r} trains groups of different sizes (set noise_every: 0)")
         if not self.sampling.temperature > 0:
             raise ValueError(f"sampling.temperature must be > 0 for training rollouts "
                              f"(the loss needs their log-probs), got {self.sampling.temperature!r}")
@@ -97,10 +85,14 @@ class RunConfig(BaseModel):
             self.run_id = readable_run_id(self)
         return self
 
+    def allocation_rule(self) -> AllocationRule:
+        """A new instance of the run's allocation rule (science §4; rules may keep state across steps)."""
+        return make_rule(self.rule, self.b_problem, self.n, self.rule_args)
+
     @property
     def trained_group_size(self) -> int:
-        """Rollouts per trained group: m for PODS, n otherwise."""
-        return self.m if self.rule == "pods" else self.n
+        """Rollouts per trained group: m for PODS, n for most rules (the rule says)."""
+        return self.allocation_rule().trained_group_size
 
     @property
     def nominal_steps(self) -> int:
@@ -111,25 +103,11 @@ class RunConfig(BaseModel):
     def lr(self) -> float:
         """Peak learning rate ``lr_base * sqrt(B / b_base)`` (science §3).
 
-        B is the number of rollouts a step trains on, ``b_problem * m`` for PODS
-        and ``b_problem * n`` (science §1's B) otherwise: the batch the gradient
-        averages over.
+        B is the number of rollouts a step trains on (the rule's ``trained_per_step``):
+        ``b_problem * m`` for PODS and ``b_problem * n`` (science §1's B) for most rules,
+        the batch the gradient averages over.
         """
-        return sqrt_scaled_lr(self.train.lr_base, self.b_problem * self.trained_group_size, self.train.b_base)
-
-    @property
-    def loss_config(self) -> LossConfig:
-        """The loss settings of :func:`~rollscale.core.grpo.grpo_loss`, made from ``train``."""
-        t = self.train
-        return LossConfig(
-            clip_high=_CLIP_HIGHER if t.clip_higher else LossConfig.clip_high,
-            agg_mode=t.agg_mode,
-            kl_coef=t.kl_coef,
-            entropy_coef=t.entropy_coef,
-            zero_var_filter=t.zero_var_filter,
-            max_new_tokens=self.sampling.max_new_tokens,
-            tis_cap=t.tis_cap,
-        )
+        return sqrt_scaled_lr(self.train.lr_base, self.allocation_rule().trained_per_step, self.train.b_base)
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
@@ -142,38 +120,33 @@ class RunConfig(BaseModel):
 def readable_run_id(config: RunConfig) -> str:
     """A run name from the allocation shape and seed, e.g. ``np32_nr8_uniform_s0``.
 
-    ``np`` = b_problem, ``nr`` = n; then ``_m4`` for PODS, ``_p2_pf2`` (n_pilot,
-    pool_factor) for Pilot-Commit, ``_d128`` (max_draws) for dynamic sampling.
+    ``np`` = b_problem, ``nr`` = n, the rule's name and what the rule says of its
+    arguments (``_m4`` for PODS, ``_p2_pf2`` for Pilot-Commit, ``_d128`` for dynamic
+    sampling: :meth:`~rollscale.core.allocation.AllocationRule.run_id_parts`).
     Other settings (lr, loss) are not in it: runs that differ only there need
     an explicit ``run_id``.
     """
-    parts = [f"np{config.b_problem}", f"nr{config.n}", config.rule]
-    if config.rule == "pods":
-        parts.append(f"m{config.m}")
-    elif config.rule == "pilot":
-        parts += [f"p{config.n_pilot}", f"pf{config.pool_factor:g}"]
-    elif config.rule == "dynamic":
-        parts.append(f"d{config.max_draws}")
-    parts.append(f"s{config.seed}")
-    return "_".join(parts)
+    rule = config.allocation_rule()
+    return "_".join([f"np{config.b_problem}", f"nr{config.n}", config.rule, *rule.run_id_parts(), f"s{config.seed}"])
+
+
+# The layout config hashes were computed over before rules and losses were registries
+# (issue 21). The sweep resumes a stored run by its hash, so the layout stays: a rule's
+# arguments at the top level beside the four arguments of the first rules (None when
+# unused), and a setting added since hashed only when it is not its default (the value
+# every older run had implicitly). Fixed: a new rule or setting adds nothing here.
+_FIRST_RULE_ARGS = ("m", "n_pilot", "pool_factor", "max_draws")
+_TRAIN_SINCE_HASHING = {"policy_loss": "clip"}
 
 
 def config_hash(config: RunConfig) -> str:
     """sha256 (16 hex chars) of the config's canonical JSON: a resumed run must match it."""
-    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def make_rule(config: RunConfig) -> AllocationRule:
-    """The allocation rule a config names (science §4)."""
-    if config.rule == "uniform":
-        return Uniform(config.b_problem, config.n)
-    if config.rule == "dynamic":
-        return DynamicSampling(config.b_problem, config.n, max_draws=config.max_draws)
-    if config.rule == "pods":
-        return PODS(config.b_problem, config.n, m=config.m)
-    if config.rule == "pilot":
-        return PilotCommit(config.b_problem, config.n, n_pilot=config.n_pilot, pool_factor=config.pool_factor)
-    raise ValueError(f"rule must be one of {RULES}, got {config.rule!r}")
+    data = config.to_dict()
+    data.update(dict.fromkeys(_FIRST_RULE_ARGS), **data.pop("rule_args"))
+    for key, default in _TRAIN_SINCE_HASHING.items():
+        if data["train"].get(key) == default:
+            del data["train"][key]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -190,8 +163,5 @@ class RunResult:
 
 def step_settings(config: RunConfig) -> StepSettings:
     """The update's settings (:func:`~rollscale.train.step.policy_update`) of a run."""
-    return StepSettings(
-        loss=config.loss_config, temperature=config.sampling.temperature,
-        micro_batch_tokens=config.train.micro_batch_tokens, ppo_epochs=config.train.ppo_epochs,
-        grad_clip=config.train.grad_clip, autocast_bf16=config.train.autocast_bf16,
-    )
+    return StepSettings(train=config.train, temperature=config.sampling.temperature,
+                        max_new_tokens=config.sampling.max_new_tokens)

@@ -27,19 +27,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from rollscale.core.grpo import (
-    LossConfig,
-    group_advantages,
-    grpo_loss,
-    loss_normalizers,
-    nonzero_variance_mask,
-    overlong_filter_mask,
-    overlong_penalty,
-    token_logprobs_and_entropy,
-)
-from rollscale.lm.sampling import Rollout
+from rollscale.core.grpo import LossOutput, grpo_loss
+from rollscale.core.logprobs import token_logprobs_and_entropy
+from rollscale.core.losses.advantages import nonzero_variance_mask
+from rollscale.core.losses.aggregation import LossNormalizers, loss_normalizers
+from rollscale.core.rollouts import Rollout
+from rollscale.core.shaping import overlong_filter_mask, overlong_penalty
+from rollscale.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:
+    from rollscale.config import TrainParams
     from rollscale.train.run_config import RunConfig
 
 # the loss columns of a ``steps`` row (NaN on a step that trains nothing)
@@ -95,17 +92,25 @@ class MicroBatch:
     sampler_logp: torch.Tensor | None
 
 
+def _per_group(fn: Callable[[np.ndarray], np.ndarray], rewards: list[np.ndarray]) -> np.ndarray:
+    """``fn`` of the [groups, n] rewards, flattened; groups of different sizes (rules that
+    allocate per prompt) one at a time."""
+    if len({len(r) for r in rewards}) == 1:
+        return fn(np.stack(rewards)).reshape(-1)
+    return np.concatenate([fn(r) for r in rewards])
+
+
 def train_batch(
     groups: Sequence[Sequence[Rollout]], prompt_ids: Sequence[Sequence[int]], cfg: RunConfig
-) -> tuple[np.ndarray, TrainBatch]:
-    """Shaped rewards [groups, n] and the :class:`TrainBatch` of the trained groups (science §3):
-    the DAPO overlong penalty when on, group advantages, the zero-variance flags
-    and the overlong filter."""
+) -> tuple[list[np.ndarray], TrainBatch]:
+    """Shaped rewards (one array per group) and the :class:`TrainBatch` of the trained groups
+    (science §3): the DAPO overlong penalty when on, advantages (``train.advantage_scale``'s
+    estimator), the zero-variance flags and the overlong filter."""
     t = cfg.train
-    rewards = np.array([[r.reward for r in g] for g in groups], dtype=np.float64)
+    rewards = [np.array([r.reward for r in g], dtype=np.float64) for g in groups]
     if t.overlong_penalty_cache:
-        lengths = np.array([[r.n_tokens for r in g] for g in groups])
-        rewards = rewards + overlong_penalty(lengths, cfg.sampling.max_new_tokens, t.overlong_penalty_cache)
+        rewards = [r + overlong_penalty(np.array([x.n_tokens for x in g]), cfg.sampling.max_new_tokens,
+                                        t.overlong_penalty_cache) for r, g in zip(rewards, groups)]
     rollouts = [r for g in groups for r in g]
     keep = np.ones(len(rollouts), dtype=bool)
     if t.overlong_filter:
@@ -114,8 +119,8 @@ def train_batch(
     return rewards, TrainBatch(
         prompt_ids=[p for p, g in zip(prompt_ids, groups) for _ in g],
         completion_ids=[r.token_ids for r in rollouts],
-        advantages=group_advantages(rewards, scale=t.advantage_scale).reshape(-1),
-        regularize=nonzero_variance_mask(rewards).reshape(-1),
+        advantages=_per_group(ADVANTAGE_ESTIMATORS.get(t.advantage_scale), rewards),
+        regularize=_per_group(nonzero_variance_mask, rewards),
         keep=keep,
         sampler_logprobs=None if any(lp is None for lp in logprobs) else logprobs,
     )
@@ -177,27 +182,58 @@ def micro_batch(batch: TrainBatch, rows: np.ndarray, pad_id: int, device: torch.
     )
 
 
-def batch_loss_mask(batch: TrainBatch) -> torch.Tensor:
+def batch_normalizers(batch: TrainBatch, max_new_tokens: int | None) -> LossNormalizers:
+    """The whole batch's aggregation denominators (science §3), so that micro-batch losses
+    add up to the full-batch loss."""
     lens = torch.as_tensor([len(c) for c in batch.completion_ids], dtype=torch.float32)
     width = int(max(lens.max().item(), 1))
     mask = (torch.arange(width)[None, :] < lens[:, None]).float()
-    return mask * torch.as_tensor(batch.keep, dtype=torch.float32)[:, None]
+    return loss_normalizers(mask * torch.as_tensor(batch.keep, dtype=torch.float32)[:, None], max_new_tokens)
 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """How the update runs (science §3): the loss and the memory/epoch settings."""
+    """How the update runs (science §3).
 
-    loss: LossConfig
+    Attributes:
+        train: the run's ``TrainParams``: the loss (its registered pieces and coefficients),
+            micro-batch budget, PPO epochs, gradient clipping, bf16 autocast.
+        temperature: the sampling temperature the log-probs are taken at.
+        max_new_tokens: the generation budget (the ``seq-mean-token-sum-norm`` normaliser).
+    """
+
+    train: TrainParams
     temperature: float
-    micro_batch_tokens: int
-    ppo_epochs: int = 1
-    grad_clip: float = 1.0
-    autocast_bf16: bool = False
+    max_new_tokens: int | None = None
 
 
 def _autocast(device: torch.device, on: bool):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if on else nullcontext()
+
+
+def micro_batch_loss(
+    model: torch.nn.Module, mb: MicroBatch, settings: StepSettings, norm: LossNormalizers,
+    ref_logprobs: RefLogprobs | None = None, logp_old: torch.Tensor | None = None,
+    logp_ref: torch.Tensor | None = None, autocast: bool = False,
+) -> tuple[LossOutput, torch.Tensor, torch.Tensor | None]:
+    """The loss of one micro-batch, as its exact share of the full batch's (``norm``; science §3).
+
+    One forward pass (under bf16 autocast when asked), the KL reference's log-probs when
+    ``logp_ref`` is not given (from ``ref_logprobs``, when the KL term is on), then
+    :func:`~rollscale.core.grpo.grpo_loss`; ``logp_old`` None is on-policy (this forward's
+    log-probs, detached). Returns the loss, the log-probs and the reference's log-probs.
+    """
+    with _autocast(mb.input_ids.device, autocast):
+        logp, entropy = token_logprobs_and_entropy(
+            model, mb.input_ids, mb.attention, mb.completion_mask, settings.temperature,
+            entropy_grad=settings.train.entropy_coef > 0,
+        )
+    if logp_ref is None and ref_logprobs is not None and settings.train.kl_coef > 0:
+        logp_ref = ref_logprobs(mb.input_ids, mb.attention, mb.completion_mask)
+    out = grpo_loss(logp, logp.detach() if logp_old is None else logp_old, mb.advantages, mb.loss_mask,
+                    settings.train, logp_ref=logp_ref, entropy=entropy, regularize=mb.regularize,
+                    normalizers=norm, logp_sampler=mb.sampler_logp)
+    return out, logp, logp_ref
 
 
 def _weighted(stats: list[tuple[float, int]]) -> float:
@@ -228,33 +264,27 @@ def policy_update(
     gradient norm is not finite (earlier epochs' steps stay applied).
     """
     device = next(model.parameters()).device
-    cfg = settings.loss
-    norm = loss_normalizers(batch_loss_mask(batch))
-    micro = pack_micro_batches(*batch.widths(), settings.micro_batch_tokens)
+    t = settings.train
+    norm = batch_normalizers(batch, settings.max_new_tokens)
+    micro = pack_micro_batches(*batch.widths(), t.micro_batch_tokens)
     logp_old: list[torch.Tensor] = []
     logp_ref: list[torch.Tensor | None] = []
     clip: list[tuple[float, int]] = []
     first: dict = {}
     model.train()
-    for epoch in range(settings.ppo_epochs):
+    for epoch in range(t.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         loss_sum = policy_sum = 0.0
         kl, ent, mismatch, skl, tis = [], [], [], [], []
         for i, rows in enumerate(micro):
             mb = micro_batch(batch, rows, pad_id, device)
-            with _autocast(device, settings.autocast_bf16):
-                logp, entropy = token_logprobs_and_entropy(
-                    model, mb.input_ids, mb.attention, mb.completion_mask, settings.temperature,
-                    entropy_grad=cfg.entropy_coef > 0,
-                )
-            if epoch == 0:
+            if epoch == 0:  # on-policy; its log-probs and the reference's are kept for later epochs
+                out, logp, ref = micro_batch_loss(model, mb, settings, norm, ref_logprobs, autocast=t.autocast_bf16)
                 logp_old.append(logp.detach())
-                logp_ref.append(ref_logprobs(mb.input_ids, mb.attention, mb.completion_mask)
-                                if ref_logprobs is not None and cfg.kl_coef > 0 else None)
-            out = grpo_loss(
-                logp, logp_old[i], mb.advantages, mb.loss_mask, cfg, logp_ref=logp_ref[i], entropy=entropy,
-                regularize=mb.regularize, normalizers=norm, logp_sampler=mb.sampler_logp,
-            )
+                logp_ref.append(ref)
+            else:
+                out, _, _ = micro_batch_loss(model, mb, settings, norm, logp_old=logp_old[i], logp_ref=logp_ref[i],
+                                             autocast=t.autocast_bf16)
             out.loss.backward()
             loss_sum += float(out.loss.detach())
             policy_sum += out.policy_loss
@@ -262,13 +292,13 @@ def policy_update(
             for acc, value in ((kl, out.kl), (ent, out.entropy), (mismatch, out.logp_mismatch),
                                (skl, out.sampler_kl), (tis, out.tis_frac)):
                 acc.append((value, out.n_tokens))
-        max_norm = settings.grad_clip if settings.grad_clip > 0 else math.inf
+        max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
         if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
                 f"non-finite loss or gradient norm (loss={loss_sum}, grad_norm={grad_norm}, "
-                f"epoch {epoch + 1} of {settings.ppo_epochs}); the update was not applied"
+                f"epoch {epoch + 1} of {t.ppo_epochs}); the update was not applied"
             )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

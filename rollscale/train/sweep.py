@@ -12,7 +12,8 @@ import logging
 from dataclasses import dataclass
 
 from rollscale.config import SweepParams
-from rollscale.lm.sampling import SamplingConfig
+from rollscale.core.allocation import RuleNotApplicable, RuleParams, rule_class
+from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.run_config import RunConfig
 
 log = logging.getLogger("rollscale.train.sweep")
@@ -21,7 +22,7 @@ log = logging.getLogger("rollscale.train.sweep")
 class GridPoint:
     n: int
     b_problem: int
-    rule: str
+    rule: RuleParams  # the rule's entry of sweep.rules: its name (``rule``) and hyperparameters
     seed: int
 
 
@@ -51,25 +52,17 @@ def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]
     train = sweep.train.for_bucket(sweep.bucket)  # the validated section itself, recipe resolved
     configs = []
     for point in grid_points(sweep):
-        rule_args: dict = {}
-        if point.rule == "pods":
-            m = max(2, round(sweep.pods_keep * point.n))
-            if m >= point.n:
-                log.warning("sweep: skipping PODS at n=%d: keeps m=%d, not fewer than n", point.n, m)
-                continue
-            rule_args["m"] = m
-        elif point.rule == "pilot":
-            if sweep.n_pilot >= point.n:
-                log.warning("sweep: skipping Pilot-Commit at n=%d: n_pilot=%d is not below n", point.n, sweep.n_pilot)
-                continue
-            rule_args.update(n_pilot=sweep.n_pilot, pool_factor=sweep.pool_factor)
-        elif point.rule == "dynamic":
-            rule_args["max_draws"] = sweep.max_draws_factor * point.b_problem
+        name = point.rule.rule
+        try:
+            rule = rule_class(name).for_grid_point(point.rule, point.n, point.b_problem)
+        except RuleNotApplicable as why:
+            log.warning("sweep: skipping rule %r at n=%d, B_problem=%d: %s", name, point.n, point.b_problem, why)
+            continue
         config = RunConfig(
             n=point.n,
             b_problem=point.b_problem,
-            rule=point.rule,
-            **rule_args,
+            rule=name,
+            rule_args=rule.run_args(),
             c_max=sweep.c_max,
             seed=point.seed,
             train=train,

@@ -19,6 +19,7 @@ samples exactly what the uninterrupted run would have (bit-identical on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
@@ -33,27 +34,20 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rollscale.core.allocation import allocate
-from rollscale.core.grpo import warmup_factor
+from rollscale.core.shaping import warmup_factor
 from rollscale.core.logprobs import token_logprobs
-from rollscale.core.noise import EmaNoiseScale
+from rollscale.core.noise_ema import EmaNoiseScale
 from rollscale.core.problems import Problem
 from rollscale.core.rewards import reward_fn
+from rollscale.core.seeds import derive_seed
 from rollscale.lm.models import render_prompt
-from rollscale.lm.sampling import HFSampler, Rollout
+from rollscale.core.rollouts import Rollout
+from rollscale.lm.engines.hf import HFSampler
 from rollscale.train.checkpoint import Checkpoint, RunStore
 from rollscale.train.evaluate import evaluate
 from rollscale.train.online_noise import batch_gram, noise_figures
-from rollscale.train.run_loop import run
 from rollscale.train.rng_state import rng_state, set_rng_state
-from rollscale.train.run_config import (  # noqa: F401  (re-exported: the run's config lives with the trainer's API)
-    RULES,
-    RunConfig,
-    RunResult,
-    config_hash,
-    make_rule,
-    readable_run_id,
-    step_settings,
-)
+from rollscale.train.run_config import RunConfig, RunResult, config_hash, step_settings
 from rollscale.train.data_order import DataOrder
 from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, TrainBatch, policy_update, train_batch
 
@@ -115,15 +109,14 @@ class GRPOTrainer:
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs a pad token (set tokenizer.pad_token, e.g. to its EOS token)")
         is_peft = hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
-        if lora and not is_peft:
-            raise ValueError("lora=True needs a peft model (see rollscale.lm.models.add_lora)")
-        if is_peft and not lora:
-            raise ValueError("model is a peft model: pass lora=True so only adapters are trained and saved")
+        if lora != is_peft:
+            raise ValueError("lora=True needs a peft model (see rollscale.lm.models.add_lora)" if lora else
+                             "model is a peft model: pass lora=True so only adapters are trained and saved")
         self.model, self.tokenizer, self.config, self.lora = model, tokenizer, config, lora
         self.train_problems, self.val_problems = list(train_problems), list(val_problems)
         self.device = next(model.parameters()).device
         self.engine = engine if engine is not None else HFSampler(model, tokenizer, batch_size=sample_batch_size)
-        self.rule = make_rule(config)
+        self.rule = config.allocation_rule()
         self.step_settings = step_settings(config)
         self.config_hash = config_hash(config)
         self.data_hash = hashlib.sha256("\n".join(p.problem_id for p in self.train_problems).encode()).hexdigest()[:16]
@@ -145,12 +138,9 @@ class GRPOTrainer:
         self._train_prompts = [render(p.prompt) for p in self.train_problems]
         self._val_prompts = [render(p.prompt) for p in self.val_problems]
         self._prompt_ids: dict[str, list[int]] = {}
-        self._data_order = DataOrder(len(self.train_problems), config.seed, _DATA)
+        self.data_order = DataOrder(len(self.train_problems), config.seed, _DATA)
         # Run progress: everything a checkpoint must hold besides weights and optimizer.
-        self.step = 0
-        self.c = 0
-        self.c_tokens = 0
-        self.prompts_drawn = 0
+        self.step = self.c = self.c_tokens = self.prompts_drawn = 0
         self.last_eval_step = -1
         # gradient noise (science §6), measured every noise_every steps
         self.noise_ema = EmaNoiseScale(config.noise_ema)
@@ -159,11 +149,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ data order and seeds
 
     def _seed(self, purpose: int, step: int, call: int) -> int:
-        return int(np.random.SeedSequence([self.config.seed, purpose, step, call]).generate_state(1)[0])
-
-    def data_order(self, position: int, k: int) -> list[int]:
-        """Train-problem indices at positions ``position .. position + k - 1`` of the run's data order."""
-        return self._data_order.indices(position, k)
+        return derive_seed(self.config.seed, purpose, step, call, bits=32)
 
     @property
     def epochs(self) -> float:
@@ -213,7 +199,7 @@ class GRPOTrainer:
 
         def next_prompts(k: int) -> list[int]:
             nonlocal drawn
-            indices = self.data_order(drawn, k)
+            indices = self.data_order.indices(drawn, k)
             drawn += k
             return indices
 
@@ -264,7 +250,7 @@ class GRPOTrainer:
                                        self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs)
             except NonFiniteLossError as err:
                 raise NonFiniteLossError(f"run {cfg.run_id}: step {step}: {err}") from None
-            row_loss = {**update, "zero_var_frac_trained": float(np.mean(np.ptp(rewards, axis=1) == 0))}
+            row_loss = {**update, "zero_var_frac_trained": float(np.mean([np.ptp(r) == 0 for r in rewards]))}
             self.engine.sync_weights(self.model)
         t_train = time.perf_counter() - t_start_train
 
@@ -276,33 +262,20 @@ class GRPOTrainer:
         self.c += alloc.rollouts_generated
         self.c_tokens += sum(r.n_tokens for r in generated)
         self.prompts_drawn = drawn
-        return {
-            "run_id": cfg.run_id,
-            "step": step,
-            "c": self.c,
-            "c_tokens": self.c_tokens,
-            "epochs": self.epochs,
-            "b_problem": cfg.b_problem,
-            "n": cfg.n,
-            "m": cfg.trained_group_size,
-            **allocation_columns(alloc, generated),
-            "lr": lr,
-            **row_loss,
-            **row_noise,
-            "t_generate": t_generate,
-            "t_score": t_score,
-            "t_train": t_train,
-        }
+        return {"run_id": cfg.run_id, "step": step, "c": self.c, "c_tokens": self.c_tokens, "epochs": self.epochs,
+                "b_problem": cfg.b_problem, "n": cfg.n, "m": cfg.trained_group_size,
+                **allocation_columns(alloc, generated), "lr": lr, **row_loss, **row_noise,
+                "t_generate": t_generate, "t_score": t_score, "t_train": t_train}
 
     # ------------------------------------------------------------------ gradient noise
 
-    def _measure_noise(self, step: int, alloc, rewards: np.ndarray, batch: TrainBatch) -> dict:
+    def _measure_noise(self, step: int, alloc, rewards: list[np.ndarray], batch: TrainBatch) -> dict:
         """Gradient-noise figures of this step's batch before its update (science §6): the
         step-level numbers for the ``steps`` row; per-prompt rows in ``last_noise_prompts``."""
         t0 = time.perf_counter()
         gram = batch_gram(self.model, batch, self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs)
-        figures, prompt_rows = noise_figures(
-            gram, rewards, self.noise_ema, lambda gi: np.random.default_rng(self._seed(_NOISE, step, gi))
+        figures, prompt_rows = noise_figures(  # groups of equal size (RunConfig checks the rule)
+            gram, np.stack(rewards), self.noise_ema, lambda gi: np.random.default_rng(self._seed(_NOISE, step, gi))
         )
         self.last_noise_prompts = [
             {"run_id": self.config.run_id, "step": step,
@@ -329,23 +302,13 @@ class GRPOTrainer:
 
     def _state(self) -> dict:
         d = len(self.train_problems)
-        return {
-            "run_id": self.config.run_id,
-            "step": self.step,
-            "c": self.c,
-            "c_tokens": self.c_tokens,
-            "prompts_drawn": self.prompts_drawn,
-            "data_epoch": self.prompts_drawn // d,
-            "data_position": self.prompts_drawn % d,
-            "data_seed": self.config.seed,
-            "n_train_problems": d,
-            "data_hash": self.data_hash,
-            "last_eval_step": self.last_eval_step,
-            "noise_ema": vars(self.noise_ema).copy(),
-            "config_hash": self.config_hash,
-            "config": self.config.to_dict(),
-            "rng": rng_state(cuda=self.device.type == "cuda"),
-        }
+        return {"run_id": self.config.run_id, "step": self.step, "c": self.c, "c_tokens": self.c_tokens,
+                "prompts_drawn": self.prompts_drawn, "data_epoch": self.prompts_drawn // d,
+                "data_position": self.prompts_drawn % d, "data_seed": self.config.seed, "n_train_problems": d,
+                "data_hash": self.data_hash, "last_eval_step": self.last_eval_step,
+                "noise_ema": vars(self.noise_ema).copy(), "rule_state": self.rule.state_dict(),
+                "config_hash": self.config_hash, "config": self.config.to_dict(),
+                "rng": rng_state(cuda=self.device.type == "cuda")}
 
     def _save(self, store: RunStore, step_rows: list, eval_rows: list) -> Checkpoint:
         model_state = {name: p.detach().cpu().clone() for name, p in self.trainable.items()}
@@ -354,29 +317,9 @@ class GRPOTrainer:
         eval_rows.clear()
         return ckpt
 
-    def _check_same_run(self, saved: dict, store: RunStore) -> None:
-        if saved.get("config_hash") != self.config_hash:
-            raise ValueError(
-                f"run directory {store.root} holds a run with a different config "
-                f"(config hash {saved.get('config_hash')} != {self.config_hash} of run {self.config.run_id}); "
-                "use a new directory or the same config"
-            )
-        if "data_hash" in saved and saved["data_hash"] != self.data_hash:
-            raise ValueError(
-                f"run directory {store.root} holds a run on different training problems "
-                f"(data hash {saved['data_hash']} != {self.data_hash})"
-            )
-
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         """Restore weights (trainable parameters), optimizer, progress and RNG states."""
-        model_state = ckpt.model_state()
-        if set(model_state) != set(self.trainable):
-            missing = sorted(set(self.trainable) - set(model_state))[:3]
-            extra = sorted(set(model_state) - set(self.trainable))[:3]
-            raise ValueError(f"checkpoint {ckpt.path} does not fit this model (missing {missing}, unexpected {extra})")
-        with torch.no_grad():
-            for name, value in model_state.items():
-                self.trainable[name].copy_(value)
+        ckpt.load_weights(self.trainable)
         self.optimizer.load_state_dict(ckpt.optimizer_state())
         s = ckpt.state
         # the schedule resumes at the checkpoint's step (its rate follows from the step alone)
@@ -387,13 +330,70 @@ class GRPOTrainer:
         self.prompts_drawn, self.last_eval_step = s["prompts_drawn"], s["last_eval_step"]
         if "noise_ema" in s:
             vars(self.noise_ema).update(s["noise_ema"])
+        self.rule.load_state_dict(s.get("rule_state", {}))
         set_rng_state(s["rng"], cuda=self.device.type == "cuda")
 
     def _result(self, status: str, error: str | None) -> RunResult:
         return RunResult(self.config.run_id, status, error, self.step, self.c, self.c_tokens)
 
+    # ------------------------------------------------------------------ the run
+
     def run(self, store: RunStore, on_step: Callable[[dict], None] | None = None,
             on_eval: Callable[[dict], None] | None = None,
             progress: Callable[[int, int], None] | None = None) -> RunResult:
-        """Train until cumulative C >= c_max, resuming from ``store`` (:func:`rollscale.train.run_loop.run`; science §1, §5)."""
-        return run(self, store, on_step, on_eval, progress)
+        """Train until cumulative C >= c_max (science §1), resuming from ``store``; evaluate at step 0,
+        every ``eval_every`` steps and at the end (§5); checkpoint every ``checkpoint_every`` steps and
+        at the end. A finished run (``done.json``) is loaded, not trained again; a failed one resumes
+        from its newest valid checkpoint. ``on_step`` / ``on_eval`` get each row, ``progress`` gets
+        ``(c, c_max)`` after each step. A non-finite loss ends the run as "failed" (the good steps
+        checkpointed, the error in ``done.json``); any other exception is recorded and raised again."""
+        cfg = self.config
+        done = store.done()
+        if done is not None and done.get("status") == "finished":
+            store.check_same_run(done, self.config.run_id, self.config_hash, self.data_hash)
+            if (ckpt := store.latest()) is not None:
+                self.load_checkpoint(ckpt)
+            return self._result("finished", None)
+        if (ckpt := store.latest()) is not None:
+            store.check_same_run(ckpt.state, self.config.run_id, self.config_hash, self.data_hash)
+            self.load_checkpoint(ckpt)
+        store.rollback_to(ckpt)
+
+        step_rows: list[dict] = []  # rows since the last checkpoint, committed by the next one
+        eval_rows: list[dict] = []
+
+        def log_eval() -> None:
+            eval_rows.append(self.evaluate())
+            if on_eval is not None:
+                on_eval(eval_rows[-1])
+
+        ended = {"run_id": cfg.run_id, "config_hash": self.config_hash}
+        try:
+            if self.last_eval_step < 0:
+                log_eval()  # step 0: before training
+            while self.c < cfg.c_max:
+                step_rows.append(self.train_step())
+                if on_step is not None:
+                    on_step(step_rows[-1])
+                if progress is not None:
+                    progress(self.c, cfg.c_max)
+                if self.step % cfg.eval_every == 0:
+                    log_eval()
+                if self.step % cfg.checkpoint_every == 0:
+                    self._save(store, step_rows, eval_rows)
+            if self.last_eval_step != self.step:
+                log_eval()
+            if step_rows or eval_rows:
+                self._save(store, step_rows, eval_rows)
+        except NonFiniteLossError as err:
+            if step_rows or eval_rows:
+                self._save(store, step_rows, eval_rows)
+            store.mark_done("failed", error=str(err), steps=self.step, c=self.c, c_tokens=self.c_tokens, **ended)
+            return self._result("failed", str(err))
+        except Exception as err:
+            with contextlib.suppress(OSError):  # the store itself failing: the original error says why
+                store.mark_done("failed", error=f"{type(err).__name__}: {err}", steps=self.step, c=self.c,
+                                c_tokens=self.c_tokens, **ended)
+            raise
+        store.mark_done("finished", steps=self.step, c=self.c, c_tokens=self.c_tokens, **ended)
+        return self._result("finished", None)

@@ -19,30 +19,20 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.rollouts import Rollout, SamplingConfig
 
-Backend = Literal["hf", "hf-paged", "vllm"]
 Prompt = str | Sequence[int]
 OnBatch = Callable[[int], None]
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integer key parts (e.g. run seed, step, prompt, sample).
-
-    numpy's SeedSequence hashes the parts, so neighbouring keys give unrelated
-    streams (``seed + 1`` would collide across steps and prompts)."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0] >> 1)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """How an engine is built (the ``sampling`` section of params, minus the per-call settings)."""
 
-    backend: Backend = "hf"
+    backend: str = "hf"  # a name of rollscale.registry.SAMPLING_ENGINES
     # sequences per HF generate call
     batch_size: int = 512
     # engine weights' dtype: "auto" = the training model's; another dtype makes the sampler
@@ -101,9 +91,16 @@ def check_call(prompts: Sequence[Prompt], n: int) -> None:
 
 class SamplingEngine(ABC):
     """One engine per stage: ``sample`` many times, ``sync_weights`` after each optimizer step,
-    ``close`` at the end."""
+    ``close`` at the end. An engine is a module of :mod:`rollscale.lm.engines` whose class is
+    registered with ``@SAMPLING_ENGINES.register(<the module's name, "_" as "-">)``."""
 
     tokenizer: PreTrainedTokenizerBase
+
+    @classmethod
+    def from_config(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                    config: EngineConfig) -> "SamplingEngine":
+        """The engine for ``model`` built from the stage's ``config`` (what ``make_engine`` calls)."""
+        return cls(model, tokenizer)
 
     @abstractmethod
     def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,

@@ -26,16 +26,18 @@ from transformers import (
 )
 
 from rollscale.lm.engines.base import (
+    EngineConfig,
     OnBatch,
     Prompt,
     TrainingModelEngine,
     check_call,
-    derive_seed,
     eos_ids,
     make_rollout,
     prompt_ids,
 )
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.seeds import derive_seed
+from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.registry import SAMPLING_ENGINES
 
 
 class SeededSampling(LogitsProcessor):
@@ -71,7 +73,7 @@ class SeededSampling(LogitsProcessor):
 
 
 @contextmanager
-def _blank_generation_config(model: PreTrainedModel):
+def blank_generation_config(model: PreTrainedModel):
     """transformers fills unset generation fields from the model's generation_config (e.g. a
     repetition penalty); swap in a blank one so only the settings given here apply."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
@@ -83,6 +85,7 @@ def _blank_generation_config(model: PreTrainedModel):
         inner.generation_config = saved
 
 
+@SAMPLING_ENGINES.register("hf")
 class HFSampler(TrainingModelEngine):
     """Batched ``model.generate`` with left padding and the KV cache, on the training model itself.
 
@@ -95,6 +98,13 @@ class HFSampler(TrainingModelEngine):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.tokenizer.padding_side = "left"
         self.eos_ids = eos_ids(model, tokenizer)
+
+    @classmethod
+    def from_config(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: EngineConfig) -> HFSampler:
+        if config.dtype != "auto":
+            raise ValueError("sampling.engine_dtype: the 'hf' engine samples with the training model itself; "
+                             "use 'auto' (another dtype needs the 'vllm' engine)")
+        return cls(model, tokenizer, batch_size=config.batch_size)
 
     @torch.no_grad()
     def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,
@@ -121,7 +131,7 @@ class HFSampler(TrainingModelEngine):
                     max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=1,
                     pad_token_id=pad, eos_token_id=self.eos_ids,
                 )
-                with _blank_generation_config(self.model):
+                with blank_generation_config(self.model):
                     gen = self.model.generate(
                         input_ids=input_ids.to(device), attention_mask=attention.to(device),
                         generation_config=generation, logits_processor=LogitsProcessorList([sampling]),

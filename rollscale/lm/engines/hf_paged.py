@@ -22,15 +22,17 @@ from rollscale.lm.engines.base import (
     Prompt,
     TrainingModelEngine,
     check_call,
-    derive_seed,
     eos_ids,
     make_rollout,
     prompt_ids,
 )
-from rollscale.lm.engines.hf import _blank_generation_config
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.lm.engines.hf import blank_generation_config
+from rollscale.core.seeds import derive_seed
+from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.registry import SAMPLING_ENGINES
 
 
+@SAMPLING_ENGINES.register("hf-paged")
 class HFPagedEngine(TrainingModelEngine):
     """``model.generate_batch`` on the training model itself (``sync_weights`` is a no-op)."""
 
@@ -59,7 +61,7 @@ class HFPagedEngine(TrainingModelEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with _blank_generation_config(self.model):
+            with blank_generation_config(self.model):
                 results = self.model.generate_batch(
                     inputs=flat, generation_config=self.generation_config(config),
                     continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, seed=derive_seed(seed)),

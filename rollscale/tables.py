@@ -1,0 +1,36 @@
+"""The study's tables: where each one's Parquet files live under ``artifacts/``, and
+which stage writes it (the contract users query with ``rollscale sql``).
+
+A leaf module (it imports nothing from rollscale): the pipeline queries these
+tables, the report reads them, and both take the list from here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RUN_PART_TABLES", "TABLES", "table_stage"]
+
+# table name -> Parquet glob relative to the artifacts folder.
+# The first path component is the stage that writes the table.
+TABLES: dict[str, str] = {
+    "profile": "profile/profile.parquet",
+    "buckets": "bucket/buckets.parquet",
+    "bucket_counts": "bucket/bucket_counts.parquet",
+    "noise_prompts": "measure/noise_prompts.parquet",
+    "noise_steps": "measure/noise_steps.parquet",
+    "runs": "sweep/runs/*/run.parquet",
+    "steps": "sweep/runs/*/steps-*.parquet",
+    "evals": "sweep/runs/*/evals-*.parquet",
+    "fits": "fit/fits.parquet",
+    "frontier": "fit/frontier.parquet",
+    "steps_to_target": "fit/steps_to_target.parquet",
+    "crs_prediction": "fit/crs_prediction.parquet",
+    "epoch_transitions": "fit/epoch_transitions.parquet",
+    "record_points": "fit/record_points.parquet",
+}
+# tables whose rows are committed by a run's checkpoints (rollscale.train.checkpoint)
+RUN_PART_TABLES = ("steps", "evals")
+
+
+def table_stage(name: str) -> str:
+    """The stage that writes table ``name``."""
+    return TABLES[name].split("/")[0]

@@ -1,0 +1,113 @@
+"""The layers of docs/architecture.md, checked: the import contract of pyproject.toml
+([tool.importlinter], run with import-linter), no module using another's private names, and
+no library module over 400 lines."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LIBRARY = REPO / "rollscale"
+MAX_LINES = 400
+# modules allowed over the limit for now; the test fails once one is not, so an entry cannot outlive its fix
+OVER_LIMIT: set[str] = set()
+# attributes of other libraries that have no public accessor, with why
+FOREIGN_PRIVATE = {
+    ("rollscale/integrations/trl.py", "_metrics"),  # TRL's GRPOTrainer keeps the metrics it logs only there
+    ("rollscale/pipeline/interrupts.py", "_exit"),  # os._exit: the one way to end without waiting on threads
+}
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "lint-imports"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(exe), "--no-cache", "--no-logo", "--config", str(root / "pyproject.toml")], cwd=root,
+                          env=env, text=True, capture_output=True, timeout=120)
+
+
+def test_import_contract_holds():
+    r = lint_imports(REPO)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "3 kept, 0 broken" in r.stdout
+
+
+def _copy_project(dest: Path) -> Path:
+    for folder in ("rollscale", "tasks", "flows"):
+        shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+LATE = "\n\ndef _late():\n    {}\n"  # an import inside a function counts like one at the top
+
+
+@pytest.mark.parametrize("edits, broken", [
+    # up the layers: core may not reach the pipeline
+    ({"rollscale/core/checks.py": LATE.format("from rollscale.pipeline import storage")}, "The library's layers"),
+    # config imports no library layer
+    ({"rollscale/config_sections.py": "\nfrom rollscale.core import checks\n"}, "The library's layers"),
+    # independent siblings: the report never imports the trainer
+    ({"rollscale/report/base.py": "\nimport rollscale.train.checkpoint\n"}, "The library's layers"),
+    # the library never imports tasks or flows
+    ({"rollscale/train/sweep.py": LATE.format("import tasks.sweep")}, "flows > tasks > the library"),
+    # a circle between two modules of one package
+    ({"rollscale/core/gram.py": LATE.format("from rollscale.core import noise_ema"),
+      "rollscale/core/noise_ema.py": LATE.format("from rollscale.core import gram")}, "No import cycle"),
+])
+def test_the_contract_breaks_on_an_import_against_the_layers(tmp_path, edits, broken):
+    root = _copy_project(tmp_path)
+    for module, text in edits.items():
+        (root / module).write_text((root / module).read_text() + text)
+    r = lint_imports(root)
+    assert r.returncode != 0 and f"{broken}" in r.stdout and "BROKEN" in r.stdout, r.stdout[-3000:]
+
+
+def _private_uses(path: Path, root: Path = REPO) -> list[str]:
+    """Private names of other rollscale modules that ``path`` imports or reads (``x._name``,
+    ``x`` not self or cls)."""
+    rel = path.relative_to(root).as_posix()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rollscale"):
+            found += [f"{rel}:{node.lineno}: imports {node.module}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")) and (rel, node.attr) not in FOREIGN_PRIVATE:
+                found.append(f"{rel}:{node.lineno}: reads {ast.unparse(owner)}.{node.attr}")
+    return found
+
+
+def test_no_library_module_uses_another_modules_private_names():
+    found = [use for path in sorted(LIBRARY.rglob("*.py")) for use in _private_uses(path)]
+    assert not found, "make the name public where it is defined:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_sees_imports_and_attributes(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text("from rollscale.core.noise_signal import _block_gram\n\n\ndef f(store, self):\n"
+                    "    return store._parts(), self._fine\n")
+    assert [u.split(": ", 1)[1] for u in _private_uses(path, tmp_path)] == [
+        "imports rollscale.core.noise_signal._block_gram", "reads store._parts"]
+
+
+def test_no_library_module_is_over_400_lines():
+    long = {p.relative_to(REPO).as_posix(): n for p in LIBRARY.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not set(long) - OVER_LIMIT, f"split these by concern: {long}"
+    assert not OVER_LIMIT - set(long), f"no longer over {MAX_LINES} lines: remove {OVER_LIMIT - set(long)} from OVER_LIMIT"
+
+
+def test_loading_the_run_store_loads_no_query_engine():
+    # the run store writes through rollscale.files, not the pipeline's storage module (which holds DuckDB)
+    probe = "import sys, rollscale.train.checkpoint; print('duckdb' in sys.modules, 'rollscale.pipeline' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       text=True, capture_output=True, timeout=120)
+    assert r.stdout.split() == ["False", "False"], r.stderr[-2000:]

@@ -1,0 +1,189 @@
+"""The registries (rollscale/registry.py): lookups that name the closest valid name, discovery of
+plugin modules, params validation built from them, and the run ids and config hashes of the
+rules as they were before they were plugins (stored studies resume by them)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rollscale.config import ParamsError, SweepParams, TrainParams, parse_params
+from rollscale.core.allocation import make_rule
+from rollscale.core.rollouts import SamplingConfig
+from rollscale.registry import (
+    ADVANTAGE_ESTIMATORS,
+    ALLOCATION_RULES,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    SAMPLING_ENGINES,
+    Registry,
+    RegistryError,
+)
+from rollscale.train.run_config import RunConfig, config_hash
+from rollscale.train.sweep import run_configs
+
+from tests.conftest import REPO
+
+
+def test_lookup_error_names_the_closest_valid_name():
+    with pytest.raises(RegistryError, match=r"unknown allocation rule 'podz'; did you mean 'pods'\?"):
+        ALLOCATION_RULES.get("podz")
+    with pytest.raises(RegistryError, match=r"did you mean 'token-mean'\?.*seq-mean-token-sum-norm"):
+        LOSS_AGGREGATIONS.get("tokenmean")
+    with pytest.raises(RegistryError, match=r"sampling engine 'vlm'; did you mean 'vllm'"):
+        SAMPLING_ENGINES.get("vlm")
+    with pytest.raises(RegistryError, match=r"expected one of: clip\)"):
+        POLICY_LOSSES.get("zzz")  # nothing close: no suggestion, the valid names
+
+
+def test_registered_names():
+    assert set(ALLOCATION_RULES.names()) >= {"uniform", "dynamic", "pods", "pilot"}
+    assert list(LOSS_AGGREGATIONS.names()) == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                               "seq-mean-token-sum-norm"]
+    assert set(ADVANTAGE_ESTIMATORS.names()) == {"group", "none"} and "clip" in POLICY_LOSSES.names()
+    assert list(SAMPLING_ENGINES.names()) == ["hf", "hf-paged", "vllm"]  # module names, "_" read as "-"
+
+
+def test_a_name_is_registered_once():
+    reg = Registry("thing")
+    reg.register("a")(len)
+    reg.register("a")(len)  # the same object again (a module imported twice) is fine
+    with pytest.raises(RegistryError, match="registered twice"):
+        reg.register("a")(max)
+
+
+def _plugin_package(tmp_path, monkeypatch, name: str, modules: dict[str, str]) -> None:
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module, source in modules.items():
+        (package / f"{module}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+RULE_MODULE = """
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from pydantic import Field
+
+    from rollscale.core.allocation import AllocationRule, Group, RuleParams, StepAllocation, draw, sample_groups
+    from tmp_registry_holder import REG
+
+
+    class FirstKParams(RuleParams):
+        share: float = Field(0.5, gt=0, le=1)
+
+
+    @REG.register("first_k")
+    @dataclass
+    class FirstK(AllocationRule):
+        k: int = 2
+        name: ClassVar[str] = "first_k"
+        Params: ClassVar[type[RuleParams]] = FirstKParams
+
+        def allocate(self, next_prompts, sample_fn):
+            problems = draw(next_prompts, self.b_problem)
+            groups = [Group(p, rs[: self.k]) for p, rs in zip(problems, sample_groups(sample_fn, problems, self.n))]
+            return StepAllocation(groups, self.b_problem * self.n, self.b_problem,
+                                  discarded_rollouts=self.b_problem * (self.n - self.k))
+"""
+
+
+def test_a_new_rule_module_is_discovered(tmp_path, monkeypatch):
+    """Adding a rule is adding a module to a plugin package: nothing else lists it."""
+    holder = type(sys)("tmp_registry_holder")
+    holder.REG = Registry("allocation rule", plugins=["tmp_rules_pkg"])
+    monkeypatch.setitem(sys.modules, "tmp_registry_holder", holder)
+    _plugin_package(tmp_path, monkeypatch, "tmp_rules_pkg",
+                    {"first_k": RULE_MODULE, "_shared": "raise RuntimeError('private modules are not plugins')"})
+    assert holder.REG.names() == ("first_k",)
+    rule = holder.REG.get("first_k")(b_problem=2, n=4)
+    out = rule.allocate(lambda k: list(range(k)), lambda problems, n: [[type("R", (), {"reward": 1.0})()] * n
+                                                                        for _ in problems])
+    assert out.rollouts_generated == 8 and out.rollouts_trained == 4 and rule.run_args() == {"k": 2}
+    assert rule.Params(share=0.25).share == 0.25
+
+
+def test_sweep_rules_accept_names_and_mappings():
+    sweep = SweepParams(rules=["uniform", {"rule": "pods", "keep": 0.25}, "pilot"])
+    assert [r.rule for r in sweep.rules] == ["uniform", "pods", "pilot"]
+    assert sweep.rules[1].keep == 0.25 and sweep.rules[2].n_pilot == 2
+    assert [r.rule for r in SweepParams().rules] == ["uniform"]
+
+
+@pytest.mark.parametrize("rules, message", [
+    (["uniform", "podz"], r"sweep.rules.1: .*unknown allocation rule 'podz'; did you mean 'pods'"),
+    ([{"rule": "pods", "kep": 0.5}], r"sweep.rules.0.pods.kep: unknown key; did you mean 'sweep.rules.0.pods.keep'"),
+    ([{"rule": "pods", "keep": "half"}], r"sweep.rules.0.pods.keep: Input should be a valid number"),
+    ([{"rule": "pilot", "n_pilot": 0}], r"sweep.rules.0.pilot.n_pilot: Input should be greater than or equal to 1"),
+    ([{"keep": 0.5}], r"sweep.rules.0: Unable to extract tag using discriminator 'rule'"),
+    (["pods", {"rule": "pods", "keep": 0.25}], r"sweep.rules: .*rule 'pods' is listed more than once"),
+])
+def test_bad_rule_entries_name_the_key(rules, message):
+    with pytest.raises(ParamsError, match=message):
+        parse_params({"sweep": {"rules": rules}})
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("agg_mode", "token-sum", r"sweep.train.agg_mode: .*unknown loss aggregation 'token-sum'; did you mean"),
+    ("policy_loss", "clipped", r"sweep.train.policy_loss: .*did you mean 'clip'"),
+    ("advantage_scale", "grup", r"sweep.train.advantage_scale: .*did you mean 'group'"),
+])
+def test_loss_names_come_from_the_registries(key, value, message):
+    with pytest.raises(ParamsError, match=message):
+        parse_params({"sweep": {"train": {key: value}}})
+    with pytest.raises(ParamsError, match=r"sampling.backend: .*did you mean 'hf-paged'"):
+        parse_params({"sampling": {"backend": "hf_paged"}})
+
+
+# Run ids and config hashes of these runs as the code before issue 21 computed them: a stored
+# study's runs resume by them (flows/sweep.py archives a run whose identity changed).
+BEFORE = {
+    "np16_nr2_uniform_s0": "d5ab170805a2b08f",
+    "np16_nr2_dynamic_d64_s0": "a4855b6e91fa4faf",
+    "np16_nr4_pods_m2_s0": "6b2ce0876c7ab233",
+    "np16_nr4_pilot_p2_pf2_s0": "40ecbf4f8914911d",
+    "np16_nr8_uniform_s1": "e34413040dd86bb3",
+    "np16_nr8_dynamic_d64_s0": "0a07a1288464df95",
+    "np16_nr8_pods_m4_s0": "8502788c0d5a7488",
+    "np16_nr8_pilot_p2_pf2_s1": "63de05425d99970d",
+}
+
+
+def test_run_ids_and_config_hashes_of_stored_studies_are_unchanged(caplog):
+    sweep = SweepParams(n=[2, 4, 8], rules=["uniform", "dynamic", "pods", "pilot"], seeds=[0, 1],
+                        train=TrainParams(agg_mode="seq-mean-token-sum-norm", clip_higher=True))
+    configs = {c.run_id: c for c in run_configs(sweep, SamplingConfig())}
+    # n = 2: PODS would keep m = 2 of 2 and Pilot-Commit's 2 pilot rollouts are not below n
+    assert len(configs) == 2 * (2 + 4 + 4)
+    assert "skipping rule 'pods' at n=2" in caplog.text and "skipping rule 'pilot' at n=2" in caplog.text
+    assert {run_id: config_hash(configs[run_id]) for run_id in BEFORE} == BEFORE
+    # a setting added since (policy_loss) changes the hash only when set away from its default
+    pods = configs["np16_nr8_pods_m4_s0"]
+    other = pods.model_copy(update={"train": pods.train.model_copy(update={"policy_loss": "clip"})})
+    assert config_hash(other) == BEFORE["np16_nr8_pods_m4_s0"]
+
+
+def test_run_config_rule_arguments():
+    cfg = RunConfig(n=8, b_problem=4, c_max=100, rule="dynamic")
+    assert cfg.rule_args == {"max_draws": 16}  # the rule's default, filled in: part of the run
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"takes no argument 'mm'; did you mean 'm'"):
+        make_rule("pods", 4, 8, {"mm": 4})
+    with pytest.raises(ValueError, match="'seed' is a RunConfig field"):
+        RunConfig(n=8, b_problem=4, c_max=100, rule="uniform", rule_args={"seed": 1})
+
+
+def test_validating_params_loads_no_torch_and_no_engine():
+    """params.yaml is validated before a stage's process starts (`rollscale run`): the plugin
+    modules it imports for names stay light, and no engine module loads."""
+    probe = ("import sys, json; from rollscale.config import load_params; load_params('params.yaml'); "
+             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm') "
+             "or m.startswith('rollscale.lm.engines.'))))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == []
