@@ -190,20 +190,21 @@ def test_a_new_seed_or_n_trains_only_its_runs(clone, tmp_path):
 
 
 def test_study_refused_by_a_running_stage_says_so_in_one_line(clone):
+    """As `rollscale run` does (tests/test_study.py), not as DVC's failure wrapped in an internal error."""
     root, env = clone
     art = root / "artifacts"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(art)], stdout=subprocess.PIPE, text=True,
-                              env={"PYTHONPATH": str(REPO), "PATH": ""})
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.replace('"bucket"', '"sweep"'), str(art)],
+                              stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})
     try:
         assert holder.stdout.readline().strip() == "held"
-        r = cli(root, env, "study", "--stages", "bucket", "--force")
+        r = cli(root, env, "study", "--stages", "sweep", "--force")
     finally:
         holder.kill()
         holder.wait()
-        (art / "bucket" / RUN_INFO).unlink(missing_ok=True)  # the shared study stays as it was
+        (art / "sweep" / RUN_INFO).unlink(missing_ok=True)  # the shared study stays as it was
     assert r.returncode == 1, r.stderr
     [line] = r.stderr.strip().splitlines()
-    assert line.startswith(f"rollscale: stage 'bucket' is already running (pid {holder.pid} on "), line
+    assert line.startswith(f"rollscale: stage 'sweep' is already running (pid {holder.pid} on "), line
     assert line.endswith("wait for it or stop that process first"), line
 
 

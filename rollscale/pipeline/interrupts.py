@@ -29,7 +29,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 7.0
 STUDY_GRACE_S = 8.5
 
-_lock = threading.Lock()
+# Python runs signal handlers in the main thread, one at a time: no lock guards this state
 _received: list[int] = []  # the first signal's number, once one arrived
 # what the watchdog prints when it has to end the process, and after how long
 _watch: dict = {"line": None, "grace_s": GRACE_S, "on_signal": None}
@@ -43,10 +43,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int = signal.SIGINT) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return exit_code(self.signum)
 
 
 def exit_code(signum: int) -> int:
@@ -79,10 +75,9 @@ def check() -> None:
 
 def note(signum: int) -> bool:
     """Record that ``signum`` arrived; True the first time (the watchdog then starts)."""
-    with _lock:
-        first = not _received
-        if first:
-            _received.append(signum)
+    first = not _received
+    if first:
+        _received.append(signum)
     if first and _watch["line"] is not None:
         threading.Thread(target=_watchdog, args=(signum,), name="interrupt-watchdog", daemon=True).start()
     return first
