@@ -42,21 +42,25 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     import importlib
 
     from rollscale.config import load_params
+
+    study = load_params(params)  # bad config fails before any work, and before Prefect is even imported
+    from rollscale.pipeline.outputs import clear_outputs_manifest, write_outputs_manifest
     from rollscale.pipeline.stage_record import fingerprint, started_by, write_record
     from rollscale.pipeline.stages import load_stage_specs, now, project_root, stage_lock, upstream
     from tasks.common import quiet_prefect
 
-    study = load_params(params)  # bad config fails before any work or Prefect start-up
     specs = load_stage_specs()
     # what this run runs on, taken before its code is imported (rollscale.pipeline.stage_record)
     ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params,
                          upstream(specs[stage], specs))
     with stage_lock(stage, artifacts) as info:
+        clear_outputs_manifest(artifacts, stage)  # the record describes a finished run's files only
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it
             sys.modules["torch"].set_num_threads(study.torch_threads)
         quiet_prefect(debug)
         keep_our_signal_handlers(flow)(params_path=params, artifacts=artifacts)
+        write_outputs_manifest(artifacts, stage)
         write_record(Path(artifacts) / stage, stage, info, ran_on, now(), started_by(stage))
 
 

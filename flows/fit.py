@@ -10,7 +10,11 @@ maximum of these curves on a log grid of C, n*(C) its argmax, and a logistic
 in log10 C is fitted to log2 n*. The same is done with B_problem as the free
 variable among runs with the same n, and with n among runs sharing a total
 batch B (iso-batch, against optimizer steps M). Where n* changes, we report
-the epochs the new best run had completed there.
+the epochs the new best run had completed there. Validation avg@k is a mean of
+0/1 rewards, so no curve's asymptote exceeds 1; a curve is used up to
+``sweep.search.eta`` times past its last evaluation (a run the frontier
+search stopped early), and the frontier marks budgets decided beyond that;
+along the rollout axis a row says whether n* falls with budget (science §8).
 
 For the critical batch size, each run's S(B) is the first step whose
 validation reward reaches a target R* (``fit.target``; by default the step-0
@@ -71,7 +75,7 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     used = evals["run_id"].nunique()
     print(f"fit: {used} of {len(study['runs'])} runs have status in {params.fit.run_status} and evaluations")
     points = record_points(evals, params.fit)
-    fronts = {design: frontier(points, design, params.fit) for design in DESIGNS}
+    fronts = {design: frontier(points, design, params.fit, params.sweep.search.eta) for design in DESIGNS}
     stepped = steps_to_target(evals, params.fit)
     rules = rule_comparison(evals, study["steps"], params.fit)
     crs = crs_prediction(evals, study["noise_steps"], params.fit)

@@ -31,6 +31,7 @@ from rollscale.config import load_params
 from rollscale.pipeline import interrupts
 from rollscale.pipeline.errors import debug_enabled
 from rollscale.pipeline.interrupts import Interrupted
+from rollscale.pipeline.outputs import outputs_problem
 from rollscale.pipeline.stage_record import COMMAND_ENV
 from rollscale.pipeline.stages import (
     RUN_INFO,
@@ -125,12 +126,15 @@ def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None
     outcome.clear()
     for name in chosen:
         changed = dvc_changes(root, name).get(name)  # asked again each time: an upstream stage may just have run
-        if not changed and not force:
+        # a file changed under an unchanged size and mtime: DVC trusts its cached hash, the stage's record does not
+        damaged = outputs_problem(Path(root) / "artifacts", name)
+        if not changed and not damaged and not force:
             print(f"study: {name}: up to date with dvc.lock, skipped")
             outcome[name] = "skipped"
             continue
-        print(f"study: {name}: running ({'forced' if force else 'changed: ' + _first(changed, name)})")
-        reproduce(name, str(root), force)
+        why = "forced" if force else f"damaged: {damaged}" if damaged else "changed: " + _first(changed, name)
+        print(f"study: {name}: running ({why})")
+        reproduce(name, str(root), force or bool(damaged))
         outcome[name] = "ran"
     print("study: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
     return outcome
@@ -217,11 +221,12 @@ def wait_for_stages(artifacts: Path, seconds: float) -> bool:
 
 
 def up_to_date(stages: list[str] | None) -> bool:
-    """Whether DVC finds none of the chosen stages stale: then a second study starts no
+    """Whether DVC finds none of the chosen stages stale (nor damaged): then a second study starts no
     Prefect server (measured: 3.9 s instead of ~15)."""
     root = project_root()
     stale = dvc_changes(root)
-    return not any(name in stale for name in select_stages(load_stage_specs(root), stages))
+    return not any(name in stale or outputs_problem(root / "artifacts", name)
+                   for name in select_stages(load_stage_specs(root), stages))
 
 
 def between_stages_line(signum: int, ran: dict[str, str], command: str) -> str:

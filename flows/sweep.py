@@ -13,6 +13,7 @@ as failed while the others go on.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from rollscale.core.problems import Problem
 from rollscale.core.profiling import problems_from_profile
 from rollscale.train.sweep import run_configs
 from rollscale.train.run_config import RunConfig, config_hash
+from rollscale.pipeline.stages import ARCHIVE_STALE_ENV
 from rollscale.pipeline.status import runs_kept, sweep_progress
 from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
@@ -53,19 +55,36 @@ def run_identity(config: RunConfig, bucket: str, train: list[Problem]) -> dict:
             "train_first": train[0].problem_id, "train_last": train[-1].problem_id}
 
 
-def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict]) -> None:
-    """Move run folders of other configs out of the ``runs`` tables (kept under archive/)."""
+def stale_run_dirs(runs_dir: Path, wanted: dict[str, dict]) -> list[Path]:
+    """Run folders of other configs: not in this sweep's grid, or their identity changed."""
     if not runs_dir.exists():
-        return
+        return []
+    stale = []
     for run_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
         ident_file = run_dir / "identity.json"
         ident = json.loads(ident_file.read_text()) if ident_file.exists() else None
-        if run_dir.name in wanted and ident == wanted[run_dir.name]:
-            continue
+        if not (run_dir.name in wanted and ident == wanted[run_dir.name]):
+            stale.append(run_dir)
+    return stale
+
+
+def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict], allowed: bool) -> None:
+    """Move run folders of other configs out of the ``runs`` tables (kept under archive/).
+
+    Params alone never take ended runs (done.json: finished or failed) out of the tables: that
+    needs ``allowed`` (``rollscale run sweep --archive-stale``), else a ValueError names them."""
+    stale = stale_run_dirs(runs_dir, wanted)
+    ended = [d.name for d in stale if (d / "done.json").exists()]
+    if ended and not allowed:
+        shown = ", ".join(ended[:4]) + (f" and {len(ended) - 4} more" if len(ended) > 4 else "")
+        raise ValueError(f"sweep: this grid would move {len(ended)} ended runs out of the runs/steps/evals tables "
+                         f"(not in the grid, or their config changed): {shown}; to archive them run `rollscale run "
+                         "sweep --archive-stale` (or `rollscale study --archive-stale`), to keep them restore the grid")
+    for run_dir in stale:
         dest = runs_dir.parent / "archive" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         dest.parent.mkdir(parents=True, exist_ok=True)
+        print(f"sweep: archiving {run_dir.name} (not in this sweep's grid, or its config changed) to {dest}")
         shutil.move(str(run_dir), dest)
-        print(f"sweep: archived {run_dir.name} (not in this sweep's grid, or its config changed) to {dest}")
 
 
 def kept_work(artifacts: Path) -> str:
@@ -84,7 +103,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     runs_dir = root / "sweep" / "runs"
     trackers = tracker_targets(params.tracking, root / "trackers")
     wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
-    archive_stale_runs(runs_dir, wanted)
+    archive_stale_runs(runs_dir, wanted, os.environ.get(ARCHIVE_STALE_ENV, "") == "1")
     print(f"sweep: {sweep.design} on bucket {sweep.bucket!r} ({len(train)} train / {len(val)} val problems), "
           f"{len(configs)} runs of C_max = {sweep.c_max:,} rollouts: {', '.join(c.run_id for c in configs)}")
     for config in configs:  # folders and what makes them valid exist before any worker starts

@@ -17,15 +17,17 @@ from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from rollscale.config_checks import model_path_problem, read_params_yaml
 from rollscale.config_data import DataParams, TableParams
 from rollscale.config_keys import model_at
 from rollscale.config_sections import (
     FitParams,
     MeasureParams,
+    QueryParams,
     ReportParams,
+    SearchParams,
     Section,
     SweepParams,
     TrainParams,
@@ -34,8 +36,8 @@ from rollscale.registry import SAMPLING_ENGINES
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
-    "ParamsError", "ProfileParams", "ReportParams", "SamplingParams", "ScheduleParams", "StudyParams",
-    "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
+    "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "SamplingParams", "ScheduleParams", "SearchParams",
+    "StudyParams", "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 
 
@@ -48,7 +50,7 @@ class LoraParams(Section):
     r: int = Field(16, ge=1)
     alpha: int = Field(32, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
 
 
 class ModelParams(Section):
@@ -73,6 +75,8 @@ class ModelParams(Section):
     def _hf_needs_name(self) -> "ModelParams":
         if self.kind == "hf" and not self.name_or_path:
             raise ValueError("model.name_or_path is required when model.kind is 'hf' (a hub id or a local folder)")
+        if self.kind == "hf" and (problem := model_path_problem(self.name_or_path, self.gguf_file)):
+            raise ValueError(f"model.name_or_path: {problem}")
         return self
 
 
@@ -287,6 +291,7 @@ class StudyParams(Section):
     report: ReportParams = Field(default_factory=ReportParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
+    query: QueryParams = Field(default_factory=QueryParams)
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":
@@ -336,14 +341,13 @@ def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Stu
 
 
 def load_params(path: str | Path = "params.yaml") -> StudyParams:
-    """Read and validate ``params.yaml``; a missing file is an error (a study needs its params)."""
+    """Read and validate ``params.yaml``; a missing or empty file, or a key given twice, is an
+    error (a study needs its params; :func:`rollscale.config_checks.read_params_yaml`)."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: file not found (expected the study's params.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ParamsError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+        raw = read_params_yaml(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ParamsError(f"{path}: {err}") from None
     return parse_params(raw, str(path))

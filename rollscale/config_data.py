@@ -59,6 +59,8 @@ class TableParams(Section):
                 raise ValueError(f"expected a {', '.join(TABLE_SUFFIXES)} file, got {os.fspath(v)}")
             if not v.is_file():
                 raise ValueError(f"file not found: {os.fspath(v)}")
+            if v.stat().st_size == 0:
+                raise ValueError(f"data file {os.fspath(v)} is empty")
         return v
 
     @field_validator("reward")
@@ -113,6 +115,8 @@ class DataParams(Section):
     def _path_exists(cls, v: Path | None) -> Path | None:
         if v is not None and not Path(v).is_file():
             raise ValueError(f"file not found: {v} (expected an existing JSONL file or null for the hub)")
+        if v is not None and Path(v).stat().st_size == 0:
+            raise ValueError(f"data file {v} is empty (expected one JSON problem per line)")
         return v
 
     @model_validator(mode="after")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
+from rollscale.config_checks import bool_for_number
 from rollscale.registry import ADVANTAGE_ESTIMATORS, ALLOCATION_RULES, LOSS_AGGREGATIONS, POLICY_LOSSES, closest_hint
 
 
@@ -20,6 +21,16 @@ class Section(BaseModel):
     """Base of every params.yaml section: an unknown key is an error, and so is a bad value set later."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads `c_max: true` as 1: every number field of every section refuses booleans
+        where = bool_for_number(cls.model_fields[info.field_name].annotation, value)
+        if where is not None:
+            at = f" at item {where[1:]}" if where else ""
+            raise ValueError(f"expected a number, got a boolean{at} (YAML reads true/false/yes/no/on/off as booleans)")
+        return value
 
 
 # buckets where the healthy recipe (science §3) turns KL and entropy on
@@ -80,6 +91,31 @@ class TrainParams(Section):
         return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
+class SearchParams(Section):
+    """How the sweep spends its rollouts (science §8): every run to C_max, or the frontier search.
+
+    The frontier search advances runs in rungs c_1 < ... < c_R = C_max spaced
+    by ``eta``, refits the §7 sigmoids and their bootstrap after each rung,
+    stops keys that cannot be best at any budget still to come, adds the key
+    beyond a grid edge that wins, and adds seeds where the answer is undecided.
+    """
+
+    method: Literal["grid", "frontier"] = "grid"
+    # rung factor c_(r+1) = eta c_r, and A3: a fit is trusted at most eta times past the largest C it saw
+    eta: float = Field(2.0, gt=1)
+    # bounds behind a stop are one-sided 1 - alpha bootstrap bounds (expanded percentile: with 3 seeds near the
+    # seeds' range); 0.4 with eta 2 saved most while agreeing with the grid >= 97 % (docs/benchmarks.md)
+    alpha: float = Field(0.4, gt=0, lt=0.5)
+    # the first rung: <= 1 is a fraction of C_max, > 1 a number of rollouts (rungs go down from C_max by eta)
+    first_rung: float = Field(0.0625, gt=0)
+    # seeds beyond sweep.seeds a key may get where the last rung's answer is undecided; 0 = none
+    extra_seeds: int = Field(0, ge=0)
+    # bracket limits: the smallest / largest key the bracket may add; null = n >= 2 (B_problem >= 1),
+    # and up to b_max / B_problem (b_max / n; iso-batch: B)
+    key_min: int | None = Field(None, ge=1)
+    key_max: int | None = Field(None, ge=1)
+
+
 def _rule_entry(value: Any) -> Any:
     """A ``sweep.rules`` entry: a bare name is the rule with its default hyperparameters; an
     unknown name fails here, naming the closest (before the union's own message)."""
@@ -113,10 +149,11 @@ class SweepParams(Section):
     b_problem: list[int] = Field(default_factory=lambda: [16])
     b_total: int = Field(128, ge=2)
     # allocation rules (science §4): names, or mappings with the rule's hyperparameters,
-    # e.g. [uniform, {rule: pods, keep: 0.5}] (each rule's Params in rollscale/core/rules)
-    rules: list[_rule_spec()] = Field(default_factory=lambda: ["uniform"], validate_default=True)
+    # e.g. [uniform, {rule: pods, keep: 0.5}] (each rule's Params in rollscale/core/rules);
+    # min_length 1 (here and for seeds): an empty list would make an empty grid, not a smaller one
+    rules: list[_rule_spec()] = Field(default_factory=lambda: ["uniform"], validate_default=True, min_length=1)
     # three seeds per grid point: the fit's bootstrap resamples seeds (science §7)
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
     train: TrainParams = Field(default_factory=TrainParams)
@@ -134,6 +171,8 @@ class SweepParams(Section):
     ray_cpus_per_run: float = Field(1.0, gt=0)
     # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
     ray_gpus_per_run: float | None = Field(None, ge=0)
+    # grid (every run to c_max) or frontier search (science §8; rollscale.core.search)
+    search: SearchParams = Field(default_factory=SearchParams)
 
     @field_validator("rules")
     @classmethod
@@ -172,7 +211,7 @@ class FitParams(Section):
     target: float | None = Field(None, ge=0, le=1)
     target_gain: float = Field(0.5, gt=0, le=1)
     # runs whose curves are analysed (a diverged or interrupted run would bias the fits)
-    run_status: list[Literal["finished", "failed", "running"]] = Field(default_factory=lambda: ["finished"])
+    run_status: list[Literal["finished", "failed", "running"]] = Field(default_factory=lambda: ["finished"], min_length=1)
     # 95 % intervals: resample runs (seeds) with replacement this many times and refit; 0 = none (science §7)
     bootstrap_resamples: int = Field(200, ge=0)
     bootstrap_seed: int = 0
@@ -197,6 +236,15 @@ class MeasureParams(Section):
     @field_validator("n")
     @classmethod
     def _n(cls, v: list[int]) -> list[int]:
-        if not v or any(x < 3 for x in v):
+        if not v:
+            raise ValueError("expected a non-empty list of group sizes")
+        if any(x < 3 for x in v):
             raise ValueError(f"split-half rho needs n >= 3 rollouts per prompt, got {v}")
         return v
+
+
+class QueryParams(Section):
+    """``rollscale sql`` and :func:`rollscale.pipeline.storage.query` (no stage reads it)."""
+
+    # a query still running after this many seconds is stopped (`rollscale sql --timeout` overrides it)
+    timeout_s: float = Field(60.0, gt=0)

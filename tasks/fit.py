@@ -42,10 +42,12 @@ def record_points(evals: pd.DataFrame, fit_params: FitParams) -> pd.DataFrame:
 
 
 @retried_task(name="frontier")
-def frontier(points: pd.DataFrame, design: str, fit_params: FitParams) -> analysis.FrontierTables:
-    # the frontier starts where it has risen by one record bin: below, every n is at the base reward
+def frontier(points: pd.DataFrame, design: str, fit_params: FitParams,
+             reach_factor: float = 2.0) -> analysis.FrontierTables:
+    # the frontier starts where it has risen by one record bin: below, every n is at the base reward;
+    # a curve is trusted reach_factor (the search's eta, science §8 A3) times past its last evaluation
     return analysis.frontier_analysis(points, design, fit_params.grid_points, min_gain=fit_params.bin_width,
-                                      boot=_boot(fit_params))
+                                      boot=_boot(fit_params), reach_factor=reach_factor)
 
 
 @retried_task(name="steps-to-target")

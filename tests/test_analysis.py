@@ -379,3 +379,76 @@ def test_steps_to_target_intervals_from_seeds():
     for q, truth in (("s_min", 400.0), ("b_crit", 48.0), ("e_min", 400.0 * 48)):
         assert row[f"{q}_lo"] < row[q] < row[f"{q}_hi"]
         assert row[f"{q}_lo"] * 0.9 < truth < row[f"{q}_hi"] * 1.1
+
+
+# ---------------------------------------------------------------------------
+# what the fit saw (science §8, A1-A3)
+
+
+def _truncated(points, n, c_stop):
+    """The study as a search that stopped n's runs at C = c_stop left it."""
+    keep = (points["n"] != n) | (points["c"] <= c_stop)
+    return analysis.record_points(points[keep].drop(columns="is_record"), bin_width=0.01)
+
+
+def test_a_grid_study_is_not_touched_by_the_reach_and_says_so():
+    from rollscale.core.bootstrap import Bootstrap
+
+    pts = _noisy_seeds_study((0, 1, 2))
+    near = analysis.frontier_analysis(pts, "n", grid_points=30, boot=Bootstrap(50, 0), reach_factor=1.0)
+    far = analysis.frontier_analysis(pts, "n", grid_points=30, boot=Bootstrap(50, 0), reach_factor=100.0)
+    pd.testing.assert_frame_equal(near.frontier, far.frontier)
+    assert not near.frontier["extrapolated"].any() and (near.frontier["extrapolated_keys"] == "").all()
+    ns = near.fits.set_index("kind").loc["n_star"]
+    assert math.isnan(ns["extrapolated_from"])
+    (a2,) = near.fits[near.fits["kind"] == "a2_check"].to_dict("records")
+    assert a2["a2_holds"] is True and a2["status"].startswith("A2 holds")
+
+
+def test_a_stopped_key_is_used_within_its_reach_and_beyond_only_where_it_could_still_win():
+    from rollscale.core.bootstrap import Bootstrap
+
+    pts = _noisy_seeds_study((0, 1, 2))
+    boot = Bootstrap(50, 0)
+    # n = 8 wins late but was stopped at 30,000 before it bent: beyond 60,000 only its A bound (up to 1) speaks
+    t = analysis.frontier_analysis(_truncated(pts, 8, 30_000), "n", grid_points=30, boot=boot)
+    fr = t.frontier
+    beyond = fr["c"] > 60_000 * 1.0001
+    assert fr.loc[beyond, "extrapolated"].all() and (fr.loc[beyond, "extrapolated_keys"] == "8").all()
+    assert not fr.loc[~beyond, "extrapolated"].any()
+    ns = t.fits.set_index("kind").loc["n_star"]
+    assert ns["extrapolated_from"] == pytest.approx(fr.loc[beyond, "c"].min())
+    # n = 2 bent early at a low asymptote: beyond its reach it cannot win, so it leaves the max unmarked
+    t2 = analysis.frontier_analysis(_truncated(pts, 2, 20_000), "n", grid_points=30, boot=boot)
+    assert not t2.frontier["extrapolated"].any()
+    assert set(t2.frontier.loc[t2.frontier["c"] > 40_000, "best_key"].astype(int)) <= {4, 8}
+
+
+def test_asymptotes_of_mean_rewards_are_bounded_by_one():
+    # curves that have not bent within the data: a free fit runs A past 1, a mean of 0/1 rewards cannot
+    runs = [_run(f"nr{n}", n, 8, np.unique(np.geomspace(1000 / (8 * n), 40_000 / (8 * n), 30).astype(int)),
+                 lambda s, c, k=k, n=n: 0.45 + k * np.log10(c / 1000.0)
+                 + np.random.default_rng(n).normal(0, 0.003, len(c))) for n, k in ((2, 0.15), (4, 0.13))]
+    pts = analysis.record_points(analysis.run_evals(*_study(runs)), bin_width=0.01)
+    sig = analysis.frontier_analysis(pts, "n").fits.set_index("kind").loc["sigmoid_n"]
+    assert (sig["a"] <= 1.0 + 1e-9).all() and sig["at_bound"].str.contains("a").any()
+    scaled = pts.assign(avg_at_k=pts["avg_at_k"] * 3)  # a reward that is no mean of 0/1 rewards: no bound
+    assert (analysis.frontier_analysis(scaled, "n").fits.set_index("kind").loc["sigmoid_n", "a"] > 3.0).any()
+
+
+def test_a_falling_n_star_fails_the_a2_check():
+    falling = {2: (0.1, 0.75, 20_000.0, 2.0), 4: (0.1, 0.6, 6_000.0, 2.0), 8: (0.1, 0.45, 2_000.0, 2.0)}
+    rng = np.random.default_rng(1)
+    out = []
+    for n, (r0, a, c_mid, beta) in falling.items():
+        steps = np.unique(np.r_[0, np.geomspace(1, C_MAX // (n * 8), 40).astype(int)])
+        for seed in range(3):
+            theta = (r0, a + rng.normal(0, 0.01), c_mid, beta)
+            out.append(_run(f"nr{n}_s{seed}", n, 8, steps, lambda s, c, t=theta: _sigmoid(c, *t), seed=seed,
+                            c_max=C_MAX))
+    pts = analysis.record_points(analysis.run_evals(*_study(out)), bin_width=0.01)
+    from rollscale.core.bootstrap import Bootstrap
+
+    (row,) = analysis.frontier_analysis(pts, "n", boot=Bootstrap(50, 0)).fits.query("kind == 'a2_check'").to_dict(
+        "records")
+    assert row["a2_holds"] is False and row["status"].startswith("A2 violated: n* falls from 8")

@@ -118,3 +118,48 @@ def test_steps_refits_match_the_least_squares_fit():
     s_min, e_min = bs.linear_inverse_b_refits(b, s, np.ones((1, b.size)))[0]
     assert (s_min, e_min) == pytest.approx((f.s_min, f.e_min))
     assert np.isnan(bs.linear_inverse_b_refits(b, s, [[1, 1, 0, 0, 0, 0, 0]])).all()
+
+
+def test_refits_keep_a_below_a_max_and_fit_duplicates_once():
+    c = np.logspace(3, 4.6, 16)
+    rng = np.random.default_rng(0)
+    y = 0.45 + 0.15 * np.log10(c / 1e3) + rng.normal(0, 0.005, 16)
+    x = np.log10(c)
+    lo, hi = bounds(x)
+    w = rng.integers(0, 3, (40, x.size)).astype(float)
+    w[20:] = w[:20]  # every row twice
+    free = bs.sigmoid_refits(x, y, w, [0.45, 0.3, 4.0, 1.0], lo, hi)
+    bound = bs.sigmoid_refits(x, y, w, [0.45, 0.3, 4.0, 1.0], lo, hi, a_max=1.0)
+    assert (free[:, 0] + free[:, 1] > 1.0).any()
+    assert (bound[:, 0] + bound[:, 1] <= 1.0 + 1e-9).all() and (bound[:, 1] >= 0).all()
+    assert np.array_equal(bound[:20], bound[20:])
+    assert np.array_equal(bs.sigmoid_refits(x, y, w, [0.45, 0.3, 4.0, 1.0], lo, hi, a_max=1.0, dedupe=False), bound)
+
+
+def test_a_refit_does_not_depend_on_the_rows_beside_it():
+    # a curve's refit is the same bits alone or batched with longer curves (the search relies on it)
+    rng = np.random.default_rng(2)
+    x, y, _ = record_points(rng, 8, 3)
+    lo, hi = bounds(x)
+    alone = bs.sigmoid_refits(x, y, np.ones((1, x.size)), [0.1, 0.5, 3.6, 1.5], lo, hi)
+    width = x.size + 30
+    xx, yy, ww = np.zeros((2, width)), np.zeros((2, width)), np.zeros((2, width))
+    xx[0, : x.size], yy[0, : x.size], ww[0, : x.size] = x, y, 1.0
+    x2, y2, _ = record_points(rng, 16, 6)
+    xx[1, : x2.size], yy[1, : x2.size], ww[1, : x2.size] = x2[:width], y2[:width], 1.0
+    batched = bs.sigmoid_refits(xx, yy, ww, [0.1, 0.5, 3.6, 1.5], lo, hi)
+    assert np.array_equal(alone[0], batched[0])
+
+
+def test_interval_matches_nanpercentile_with_missing_refits():
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(200, 3, 7))
+    a[rng.random(200) < 0.1] = np.nan  # failed refits: whole rows
+    a[rng.random(a.shape) < 0.02] = np.nan  # and scattered cells
+    a[:, 1, 2] = np.nan  # an all-failed column
+    for level in (0.95, 0.9):
+        tail = 100 * bs.norm.cdf(-math.sqrt(3 / 2) * bs.student_t.ppf(0.5 + level / 2, 2))
+        lo, hi = bs.interval(a, 3, axis=0, level=level)
+        with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+            ref = np.nanpercentile(a, [tail, 100 - tail], axis=0)
+        assert np.array_equal(lo, ref[0], equal_nan=True) and np.array_equal(hi, ref[1], equal_nan=True)

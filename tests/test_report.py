@@ -450,3 +450,15 @@ def test_headline_states_intervals_and_what_cannot_be_told_apart():
     assert list(time_rows["where"]) == ["easy / pods"]  # pilot has no finite time ratio: no time claim
     assert "CRS 7 predicts n = 8; observed best n = 16 (60% of seed resamples agree)" in findings
     assert headline_table({"frontier": None, "fits": None, "crs_prediction": None}).missing
+
+
+def test_headline_warns_where_n_star_falls_with_budget():
+    from rollscale.report.claims import headline_table
+
+    fits = pd.DataFrame({"kind": "a2_check", "bucket": "easy", "rule": ["uniform", "pods"], "fixed": "all",
+                         "a2_holds": [False, True],
+                         "status": ["A2 violated: n* falls from 8 at C = 3,000 to 2 at C = 30,000", "A2 holds: ..."]})
+    frame = headline_table({"frontier": None, "fits": fits, "crs_prediction": None}).frame
+    (row,) = frame.to_dict("records")
+    assert row["claim"] == "warning: A2 (n* does not fall with budget)" and row["where"] == "easy / uniform"
+    assert row["finding"].startswith("A2 violated: n* falls from 8")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -238,14 +240,35 @@ def test_timed_worker_kills_an_overrunning_call_and_restarts() -> None:
     worker = rewards.TimedWorker()
     try:
         assert worker.call(time.sleep, (0.0,), timeout_s=10, default="timed out") is None
-        first = worker._pool
+        first = worker._proc
         start = time.monotonic()
         assert worker.call(time.sleep, (30,), timeout_s=0.5, default="timed out") == "timed out"
-        assert time.monotonic() - start < 5 and worker._pool is None  # killed, not left computing
+        assert time.monotonic() - start < 5 and worker._proc is None  # killed, not left computing
+        assert first.poll() is not None
         assert worker.call(time.sleep, (0.0,), timeout_s=10, default="timed out") is None  # a fresh worker
-        assert worker._pool is not first
+        assert worker._proc is not first
+        # a call that raises scores the default; a function the worker cannot import is refused at once
+        assert worker.call(int, ("x",), timeout_s=10, default=-1) == -1
+        with pytest.raises(ValueError, match="cannot be sent to the worker process"):
+            worker.call(lambda: 1, (), timeout_s=10, default=-1)
+        assert worker.call(time.sleep, (0.0,), timeout_s=10, default="timed out") is None
     finally:
         worker.stop()
+
+
+def test_math_reward_from_a_script_without_a_main_guard(tmp_path) -> None:
+    """Issue 23: a plain reward script (no `if __name__ == "__main__":`, as most TRL scripts are)
+    hung 120 s, then "worker process did not start": the spawned worker re-imported the script."""
+    script = tmp_path / "score.py"
+    script.write_text("from rollscale.core.rewards import math_reward\n"
+                      "print(math_reward(r'\\boxed{\\frac{1}{2}}', '0.5'), math_reward(r'\\boxed{3}', '4'))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(rewards.__file__).parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=90)
+    assert r.returncode == 0 and r.stdout.split() == ["1.0", "0.0"], r.stderr[-2000:]
+    assert time.monotonic() - start < 60
 
 
 # --- reward_fn -------------------------------------------------------------

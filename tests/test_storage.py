@@ -4,6 +4,7 @@ DuckDB views that never lock readers out."""
 import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -70,20 +71,26 @@ HOSTILE = [
     "select * from glob('{art}/*')",
     "set enable_external_access = true",
     "set lock_configuration = false",
+    # DuckDB's spill folder (.tmp in the working directory) was writable with file access off
+    "copy (select 1 as x) to '.tmp/evil.csv'",
+    "copy (select 1 as x) to '{tmp}/evil.csv'",
+    "set temp_directory = '{art}'",
 ]
 
 
 @pytest.mark.parametrize("sql", HOSTILE)
-def test_queries_cannot_write_attach_or_read_files(tmp_path, sql):
+def test_queries_cannot_write_attach_or_read_files(tmp_path, sql, monkeypatch):
     art, outside = tmp_path / "artifacts", tmp_path / "outside"
     outside.mkdir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").symlink_to(art)  # the spill folder, linked into the results
     store = RunStore(art / "sweep/runs/r1")
     save(store, 5, [{"run_id": "r1", "step": 5}])
     save(store, 10, [{"run_id": "r1", "step": 10}])
     write_duckdb(art)
     before = _hashes(tmp_path)
     with pytest.raises(QueryError, match="refused: queries are read-only"):
-        query(sql.format(run=store.root, art=art, outside=outside), art)
+        query(sql.format(run=store.root, art=art, outside=outside, tmp=tmp_path / ".tmp"), art)
     assert _hashes(tmp_path) == before
 
 
@@ -126,3 +133,48 @@ def test_duckdb_file_readable_while_rewritten(tmp_path):
     out = subprocess.run([sys.executable, "-c", f"import duckdb; print(duckdb.connect({str(db)!r}, read_only=True).execute('select sum(x) from profile').fetchone()[0])"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "6"
+
+
+def test_stage_record_covers_its_files_and_names_what_changed(tmp_path):
+    from rollscale.pipeline.outputs import outputs_problem, stage_output_files, write_outputs_manifest
+
+    store = RunStore(tmp_path / "sweep/runs/r1")
+    save(store, 5, [{"run_id": "r1", "step": 5}])
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "c": [5]}), store.root / "run.parquet")
+    (store.root / "done.json").write_text("{}")
+    (tmp_path / "sweep/.stage.lock").write_text("")
+    (tmp_path / "sweep/archive/old").mkdir(parents=True)
+    (tmp_path / "sweep/archive/old/run.parquet").write_text("moved out of the tables")
+    # checkpoints and their row parts have manifests of their own; locks and archive/ are not outputs
+    assert [str(p) for p in stage_output_files(tmp_path, "sweep")] == ["runs/r1/done.json", "runs/r1/run.parquet"]
+    assert outputs_problem(tmp_path, "sweep") is None  # no record yet: not checked
+    write_outputs_manifest(tmp_path, "sweep")
+    assert outputs_problem(tmp_path, "sweep") is None
+    (store.root / "done.json").write_text("{ }")
+    assert "done.json has 3 bytes, the manifest says 2" in outputs_problem(tmp_path, "sweep")
+    (store.root / "done.json").write_text("[]")
+    assert "done.json does not match its sha256" in outputs_problem(tmp_path, "sweep")
+    assert outputs_problem(tmp_path, "sweep", files=[store.root / "run.parquet"]) is None
+    (store.root / "done.json").write_text("{}")
+    (tmp_path / "sweep/runs/r2").mkdir()
+    (tmp_path / "sweep/runs/r2/run.parquet").write_text("added later")
+    assert "r2/run.parquet was not written by the stage's last finished run" in outputs_problem(tmp_path, "sweep")
+    (tmp_path / "sweep/runs/r2/run.parquet").unlink()
+    (store.root / "run.parquet").unlink()
+    assert "run.parquet is missing" in outputs_problem(tmp_path, "sweep")
+
+
+def test_query_time_limit_and_bad_text(tmp_path):
+    from rollscale.pipeline.storage import QueryTimeout
+
+    write_parquet_atomic(pd.DataFrame({"x": range(3000)}), tmp_path / "profile" / "profile.parquet")
+    slow = "select count(*) from profile a, profile b, profile c where a.x + b.x + c.x = 7777"
+    start = time.monotonic()
+    with pytest.raises(QueryTimeout, match="time limit of 0.5 s"):
+        query(slow, tmp_path, timeout_s=0.5)
+    assert time.monotonic() - start < 10
+    assert query("select count(*) as n from profile", tmp_path, timeout_s=30)["n"].tolist() == [3000]
+    for bad, why in (("select '\udcff'", "not UTF-8 text"), ("  ", "the query is empty"), ("-- x", "empty")):
+        with pytest.raises(QueryError, match=why):
+            query(bad, tmp_path)
+    assert query("create table t as select 1 as x", tmp_path).columns.tolist() == ["Count"]

@@ -1,5 +1,7 @@
 """Frontier analysis fits (science §7): record points, the sigmoid per n, S(B), the CRS check.
 
+The sigmoid lives in :mod:`rollscale.core.sigmoid` (re-exported here).
+
 Pure functions on numpy / pandas; bounded fits use ``scipy.optimize.curve_fit``
 (:mod:`rollscale.core.fitting`). Every fit returns a small frozen dataclass
 with the parameters, their least-squares standard errors (``_se``: curve_fit's
@@ -21,12 +23,24 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import expit
 
 from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few, vector
+from rollscale.core.sigmoid import (
+    SIGMOID_MIN_POINTS,
+    SigmoidFit,
+    fit_sigmoid,
+    sigmoid_bounds,
+    sigmoid_model,
+    sigmoid_starts,
+    to_delta,
+    to_u,
+    u_jacobian,
+)
 
 __all__ = [
+    "SIGMOID_MIN_POINTS",
     "CrsPrediction",
     "SigmoidFit",
     "StepsToTargetFit",
@@ -34,21 +48,46 @@ __all__ = [
     "fit_steps_to_target",
     "predicted_vs_observed_best_n",
     "record_breaking_points",
+    "record_flags",
+    "reward_bins",
+    "sigmoid_bounds",
     "sigmoid_model",
+    "sigmoid_starts",
     "steps_to_target",
+    "to_delta",
+    "to_u",
+    "u_jacobian",
 ]
 
-_LN10 = math.log(10.0)
 # Relative tolerance under which reward / bin_width counts as sitting exactly on
 # a bin edge: 0.3 / 0.1 == 2.9999999999999996 must land in bin 3, not bin 2.
 _BIN_EDGE_RTOL = 1e-9
 
-SIGMOID_MIN_POINTS = 4  # four parameters: R0, A, C_mid, beta
 STEPS_MIN_DISTINCT_B = 3  # two parameters, plus one degree of freedom
 
 
 # ---------------------------------------------------------------------------
 # record-breaking points
+
+
+def reward_bins(reward: ArrayLike, bin_width: float) -> NDArray[np.float64]:
+    """``floor(reward / bin_width)``, with a ratio within a relative 1e-9 of an integer taken as that integer."""
+    ratio = np.asarray(reward, float) / bin_width
+    nearest = np.rint(ratio)
+    on_edge = np.isclose(ratio, nearest, rtol=_BIN_EDGE_RTOL, atol=_BIN_EDGE_RTOL)
+    return np.where(on_edge, nearest, np.floor(ratio))
+
+
+def record_flags(runs: ArrayLike, reward: ArrayLike, bin_width: float) -> NDArray[np.bool_]:
+    """Record-breaking rows of many runs at once (science §7; :func:`record_breaking_points` per run).
+
+    Rows are grouped by ``runs`` (each run's rows in increasing compute, runs
+    in any order); a row is a record when its reward bin is higher than every
+    earlier row's of its run.
+    """
+    bins = pd.Series(reward_bins(reward, bin_width))
+    earlier = bins.groupby(np.asarray(runs), sort=False).cummax().groupby(np.asarray(runs), sort=False).shift(1)
+    return (earlier.isna() | (bins > earlier)).to_numpy(bool)
 
 
 def record_breaking_points(compute: ArrayLike, reward: ArrayLike, bin_width: float) -> list[int]:
@@ -70,145 +109,7 @@ def record_breaking_points(compute: ArrayLike, reward: ArrayLike, bin_width: flo
         raise ValueError(f"bin_width: expected a positive finite number, got {bin_width!r}")
     if np.any(np.diff(c) < 0):
         raise ValueError("compute: expected the evaluations in non-decreasing compute order")
-    ratio = r / bin_width
-    nearest = np.rint(ratio)
-    on_edge = np.isclose(ratio, nearest, rtol=_BIN_EDGE_RTOL, atol=_BIN_EDGE_RTOL)
-    bins = np.where(on_edge, nearest, np.floor(ratio))
-    keep: list[int] = []
-    best = -math.inf
-    for i, b in enumerate(bins):
-        if b > best:
-            keep.append(i)
-            best = b
-    return keep
-
-
-# ---------------------------------------------------------------------------
-# monotonic sigmoid per n
-
-
-@dataclass(frozen=True)
-class SigmoidFit:
-    """``R(C) = R0 + (A - R0) / (1 + (C_mid / C)^beta)`` (science §7).
-
-    ``c_mid_se`` is propagated from the fitted ``log10_c_mid``; ``a_se`` from
-    ``R0`` and ``A - R0``. Non-"ok" fits carry NaN parameters. ``at_bound``
-    names the parameters the fit left at a bound of its range (e.g.
-    ``log10_c_mid`` three decades past the data when the curve has not bent
-    within the budget): the data do not identify them, nor A with them, though
-    the curve still describes the data it was fitted on.
-    """
-
-    r0: float
-    a: float
-    c_mid: float
-    beta: float
-    r0_se: float
-    a_se: float
-    c_mid_se: float
-    beta_se: float
-    log10_c_mid: float
-    log10_c_mid_se: float
-    r2: float
-    n_points: int
-    status: str
-    at_bound: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def predict(self, compute: ArrayLike) -> Any:
-        """Predicted reward at compute C (scalar in, float out; array in, array out)."""
-        c = np.asarray(compute, dtype=float)
-        if np.any(c < 0):
-            raise ValueError("compute: expected non-negative numbers")
-        with np.errstate(divide="ignore"):
-            x = np.log10(c)
-        out = sigmoid_model(np.array([self.r0, self.a - self.r0, self.log10_c_mid, self.beta]), x)
-        return float(out) if out.ndim == 0 else out
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def sigmoid_model(theta: NDArray[np.float64], x: ArrayLike) -> NDArray[np.float64]:
-    """R at ``x = log10 C`` for ``theta = (R0, A - R0, log10 C_mid, beta)``, any leading shape (science §7)."""
-    r0, delta, m, beta = theta
-    # (C_mid / C)^beta = 10^(beta (m - x)), so the fraction is expit(beta ln10 (x - m))
-    return r0 + delta * expit(beta * _LN10 * (np.asarray(x, float) - m))
-
-
-def _sigmoid_jacobian(theta: NDArray[np.float64], x: NDArray[np.float64]) -> NDArray[np.float64]:
-    _, delta, m, beta = theta
-    s = expit(beta * _LN10 * (x - m))
-    ds = delta * s * (1.0 - s) * _LN10
-    return np.column_stack([np.ones_like(x), s, -ds * beta, ds * (x - m)])
-
-
-def _nan_sigmoid(n: int, status: str) -> SigmoidFit:
-    nan = math.nan
-    return SigmoidFit(nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, n, status)
-
-
-def fit_sigmoid(compute: ArrayLike, reward: ArrayLike) -> SigmoidFit:
-    """Fit the monotonic sigmoid of reward in compute (science §7).
-
-    Least squares over ``x = log10 C`` (residuals in reward) with bounded
-    parameters ``(R0, delta = A - R0 >= 0, log10 C_mid, beta > 0)``;
-    ``log10 C_mid`` is kept within three decades of the data and
-    ``beta`` in [1e-3, 50]. Several starting points; the converged one with the
-    least squared error wins. Needs at least 4 points at 4 distinct C.
-    """
-    c = vector("compute", compute)
-    y = vector("reward", reward)
-    same_length(compute=c, reward=y)
-    positive("compute", c)
-    n = len(y)
-    if n < SIGMOID_MIN_POINTS:
-        return _nan_sigmoid(n, too_few(n, SIGMOID_MIN_POINTS))
-    x = np.log10(c)
-    n_c = len(np.unique(x))
-    if n_c < SIGMOID_MIN_POINTS:
-        return _nan_sigmoid(n, too_few(n_c, SIGMOID_MIN_POINTS, "distinct compute values"))
-
-    lower = [-np.inf, 0.0, x.min() - 3.0, 1e-3]
-    upper = [np.inf, np.inf, x.max() + 3.0, 50.0]
-    span = max(float(y.max() - y.min()), 1e-6)
-    starts = [
-        [float(y.min()), span, float(m0), b0]
-        for m0 in np.quantile(x, [0.25, 0.5, 0.75])
-        for b0 in (0.5, 1.0, 2.0)
-    ]
-    best = best_curve_fit(sigmoid_model, _sigmoid_jacobian, x, y, starts, lower, upper)
-    if best is None:
-        return _nan_sigmoid(n, "fit did not converge")
-    theta, cov, resid = best
-    r0, delta, m, beta = (float(v) for v in theta)
-    # A = R0 + delta: var(A) = var(R0) + var(delta) + 2 cov(R0, delta)
-    var_a = cov[0, 0] + cov[1, 1] + 2.0 * cov[0, 1]
-    a_se = math.sqrt(var_a) if var_a >= 0 else math.nan
-    m_se = se(cov, 2)
-    c_mid = 10.0**m
-    # within 1e-3 of a bound's scale: least squares stops at the bound, not exactly on it
-    at_bound = [name for name, v, lo, hi in (("log10_c_mid", m, lower[2], upper[2]), ("beta", beta, lower[3], upper[3]))
-                if min(abs(v - lo), abs(v - hi)) <= 1e-3 * max(1.0, abs(v))]
-    return SigmoidFit(
-        r0=r0,
-        a=r0 + delta,
-        c_mid=c_mid,
-        beta=beta,
-        r0_se=se(cov, 0),
-        a_se=a_se,
-        c_mid_se=c_mid * _LN10 * m_se,  # delta method on C_mid = 10^m
-        beta_se=se(cov, 3),
-        log10_c_mid=m,
-        log10_c_mid_se=m_se,
-        r2=r2(y, resid),
-        n_points=n,
-        status="ok",
-        at_bound=", ".join(at_bound),
-    )
+    return np.flatnonzero(record_flags(np.zeros(len(r)), r, bin_width)).tolist()
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import OptimizeWarning, curve_fit
 
-__all__ = ["best_curve_fit", "positive", "r2", "same_length", "se", "too_few", "vector"]
+__all__ = ["best_curve_fit", "positive", "r2", "same_length", "se", "too_few", "too_few_points", "vector"]
 
 
 def vector(name: str, values: ArrayLike) -> NDArray[np.float64]:
@@ -96,5 +96,14 @@ def se(cov: NDArray[np.float64], i: int) -> float:
 
 def too_few(n: int, needed: int, what: str = "points") -> str:
     return f"too few {what} ({n} < {needed})"
+
+
+def too_few_points(x: NDArray[np.float64], needed: int) -> str | None:
+    """Why a fit of ``needed`` parameters cannot be made on points at ``x`` (too few, or at too few distinct
+    compute values), or None when it can."""
+    if len(x) < needed:
+        return too_few(len(x), needed)
+    distinct = len(np.unique(x))
+    return too_few(distinct, needed, "distinct compute values") if distinct < needed else None
 
 

@@ -1,4 +1,10 @@
-"""The frontier F(C) = max_n R_n(C), its argmax n*(C) and the logistic fit of n* (science §7)."""
+"""The frontier F(C) = max_n R_n(C), its argmax n*(C) and the logistic fit of n* (science §7).
+
+Also what the frontier may use of each curve (science §8, A3: a fit is trusted
+at most eta times beyond the largest C it saw, :func:`reach_mask`), the
+argmax under bootstrap refits (:func:`refit_argmax`), and the check of A2,
+n* does not fall with budget (:func:`a2_check`).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,15 @@ import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 
-from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few, vector
+from rollscale.core.bootstrap import interval
+from rollscale.core.fitting import best_curve_fit, positive, r2, same_length, se, too_few_points, vector
 
 if TYPE_CHECKING:
     from rollscale.core.fit import SigmoidFit
 
-__all__ = ["N_STAR_MIN_POINTS", "NStarFit", "epochs_at_transitions", "fit_n_star", "frontier", "log_grid"]
+__all__ = ["N_STAR_MIN_POINTS", "A2Check", "NStarFit", "a2_check", "epochs_at_transitions", "fit_n_star", "frontier",
+           "asymptote_upper", "log_grid", "pairwise_beats", "reach_mask", "refit_argmax",
+           "resolved_start"]
 
 N_STAR_MIN_POINTS = 4  # four parameters: lo, hi, k, c0
 
@@ -33,13 +42,15 @@ def log_grid(c_min: float, c_max: float, points: int) -> NDArray[np.float64]:
     return np.logspace(math.log10(c_min), math.log10(c_max), int(points))
 
 
-def frontier(curves: Mapping[Hashable, SigmoidFit], c_grid: ArrayLike) -> pd.DataFrame:
+def frontier(curves: Mapping[Hashable, SigmoidFit], c_grid: ArrayLike,
+             allowed: NDArray[np.bool_] | None = None) -> pd.DataFrame:
     """The frontier ``F(C) = max_key R_key(C)`` and its argmax on a grid (science §7).
 
     ``curves`` maps a key (n, or B_problem) to its fitted sigmoid; fits whose
     status is not "ok" are ignored. Ties go to the key listed first. With no
-    usable fit, ``frontier_reward`` is NaN and ``best_key`` None.
-    Columns: ``c``, ``frontier_reward``, ``best_key``.
+    usable fit, ``frontier_reward`` is NaN and ``best_key`` None. ``allowed``
+    (usable keys x grid, from :func:`reach_mask`) leaves a key out of the max
+    where it is False. Columns: ``c``, ``frontier_reward``, ``best_key``.
     """
     c = vector("c_grid", c_grid)
     positive("c_grid", c)
@@ -50,6 +61,8 @@ def frontier(curves: Mapping[Hashable, SigmoidFit], c_grid: ArrayLike) -> pd.Dat
         )
     keys = [k for k, _ in usable]
     preds = np.vstack([np.atleast_1d(f.predict(c)) for _, f in usable])
+    if allowed is not None:
+        preds = np.where(allowed, preds, -np.inf)
     best = np.argmax(preds, axis=0)  # first maximum: ties go to the earlier key
     return pd.DataFrame(
         {
@@ -83,6 +96,142 @@ def epochs_at_transitions(
             rows.append({"c": float(c), "from_key": prev, "to_key": key, "epochs": float(epochs_lookup(key, float(c)))})
         prev = key
     return pd.DataFrame(rows, columns=["c", "from_key", "to_key", "epochs"])
+
+
+def resolved_start(c_grid: ArrayLike, frontier_reward: ArrayLike, min_gain: float) -> float | None:
+    """The lowest budget where the frontier has risen by ``min_gain`` above its first value; None if never.
+
+    Below it every curve is still at the base reward, and which is highest is
+    fit noise, not a best key (science §7 as the fit stage applies it).
+    """
+    c, f = np.asarray(c_grid, float), np.asarray(frontier_reward, float)
+    risen = np.flatnonzero(f - f[0] >= min_gain)
+    return float(c[risen[0]]) if len(risen) else None
+
+
+def reach_mask(c_grid: ArrayLike, reach: ArrayLike, preds: NDArray[np.float64],
+               a_hi: ArrayLike) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Which keys the frontier may use at each budget: ``(allowed, extrapolated)``, keys x budgets (science §8, A3).
+
+    ``reach`` is how far each key's curve is trusted: eta times the largest C
+    its points saw. Within reach a key competes with its curve ``preds``
+    (keys x budgets). Beyond it, only its asymptote's upper bound ``a_hi``
+    speaks: the key stays in the max (``extrapolated``) only where ``a_hi``
+    reaches the best curve within reach there, that is where it could still
+    be best; else it is left out. A key with no ``a_hi`` (NaN: one seed, no
+    bootstrap) could be anything and stays. A budget no key reaches keeps
+    every key. A grid study (every key trained to C_max) has every key within
+    reach everywhere, so nothing changes there.
+    """
+    c = np.asarray(c_grid, float)
+    within = c[None, :] <= np.asarray(reach, float)[:, None] * (1.0 + 1e-9)
+    best_within = np.max(np.where(within, preds, -np.inf), axis=0)
+    with np.errstate(invalid="ignore"):
+        below = np.asarray(a_hi, float)[:, None] < best_within[None, :]
+    allowed = within | ~below
+    return allowed, allowed & ~within
+
+
+def asymptote_upper(refits: NDArray[np.float64], c_seen: ArrayLike, seeds: ArrayLike, level: float,
+                    a_max: float | None, eta: float = 1.0) -> NDArray[np.float64]:
+    """Upper bound of each key's asymptote A where the data can speak for it (science §8, A3).
+
+    ``refits`` is keys x refits x (R0, A - R0, log10 C_mid, beta). A refit whose
+    midpoint C_mid lies beyond 1 / ``eta`` of the largest C the key saw
+    (``c_seen``) has not shown its bend within its data: its A is an
+    extrapolation and counts as ``a_max`` (infinite without one). The bound is the upper end of the ``level``
+    expanded-percentile interval over ``seeds`` (NaN with fewer than 2).
+    """
+    a = refits[..., 0] + refits[..., 1]
+    unbent = refits[..., 2] > np.log10(np.asarray(c_seen, float) / eta)[:, None]
+    a = np.where(unbent, np.inf if a_max is None else a_max, a)
+    seeds = np.asarray(seeds, int)
+    out = np.full(a.shape[0], np.nan)
+    for k in np.unique(seeds):  # the interval's width depends on the seeds
+        out[seeds == k] = interval(a[seeds == k].T, int(k), level=level)[1]
+    return out
+
+
+def refit_argmax(preds: NDArray[np.float64], allowed: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray]:
+    """Argmax key index and frontier reward under each bootstrap refit (science §7).
+
+    ``preds`` is keys x refits x budgets, ``allowed`` keys x budgets
+    (:func:`reach_mask`). A refit in which an allowed key's fit failed (NaN)
+    has index -1 and reward NaN there; ties go to the first key.
+    """
+    masked = np.where(allowed[:, None, :], preds, -np.inf)
+    failed = (np.isnan(preds) & allowed[:, None, :]).any(axis=0)
+    clean = np.nan_to_num(masked, nan=-np.inf)
+    picked = np.where(failed, -1, np.argmax(clean, axis=0))
+    return picked, np.where(failed, np.nan, np.max(clean, axis=0))
+
+
+@dataclass(frozen=True)
+class A2Check:
+    """Whether the best n falls with budget along a frontier (science §8, A2), and where."""
+
+    holds: bool
+    c_from: float
+    c_to: float
+    from_key: float
+    to_key: float
+    status: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pairwise_beats(preds: NDArray[np.float64], allowed: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """``beats[i, j, g]``: the share of refits in which key i's curve is above key j's at budget g.
+
+    ``preds`` is keys x refits x budgets (one refit: the point fit, shares 0
+    or 1); NaN where either key is not ``allowed`` there or no refit of both
+    succeeded.
+    """
+    a, b = preds[:, None], preds[None, :]
+    ok = np.isfinite(a) & np.isfinite(b)
+    with np.errstate(invalid="ignore"):
+        out = (ok & (a > b)).sum(axis=2) / ok.sum(axis=2)
+    both = allowed[:, None, :] & allowed[None, :, :]
+    return np.where(both, out, np.nan)
+
+
+def a2_check(c: ArrayLike, keys: ArrayLike, best: ArrayLike, beats: NDArray[np.float64], level: float = 0.95,
+             note: str = "") -> A2Check:
+    """A2 of science §8: n*(C) does not fall with budget C, checked on a final frontier.
+
+    ``c`` are the frontier's budgets, ``keys`` its n values, ``best`` the
+    index of n* at each budget and ``beats`` :func:`pairwise_beats`. A2 fails
+    where n* falls confidently: an earlier budget's n* n1 is above a later
+    budget's n* n2, n1 beats n2 at the earlier budget and n2 beats n1 at the
+    later one, each in at least ``level`` of refits (pairwise, so a third key
+    sharing the argmax does not hide it). The largest such fall is reported.
+    The rollout axis's stop rule (a) assumes A2: a failure means the search
+    may have stopped an n too early. ``note`` is added to the status (e.g.
+    "1 seed": the shares are then the point fit's, 0 or 1).
+    """
+    cc, kk, bb = np.asarray(c, float), np.asarray(keys, float), np.asarray(best, int)
+    nan = math.nan
+    suffix = f" ({note})" if note else ""
+    worst: tuple[float, int, int] | None = None
+    for g1 in range(len(cc)):
+        i = bb[g1]
+        for g2 in range(g1 + 1, len(cc)):
+            j = bb[g2]
+            if kk[j] >= kk[i] or not (beats[i, j, g1] >= level and beats[j, i, g2] >= level):
+                continue
+            fall = math.log2(kk[i] / kk[j])
+            if worst is None or fall > worst[0]:
+                worst = (fall, g1, g2)
+    if worst is None:
+        return A2Check(True, nan, nan, nan, nan,
+                       f"A2 holds: n* does not fall with budget in >= {level:.0%} of refits{suffix}")
+    _, g1, g2 = worst
+    i, j = bb[g1], bb[g2]
+    return A2Check(False, float(cc[g1]), float(cc[g2]), float(kk[i]), float(kk[j]),
+                   f"A2 violated: n* falls from {kk[i]:g} at C = {cc[g1]:,.0f} to {kk[j]:g} at C = {cc[g2]:,.0f} "
+                   f"(each beats the other there in {beats[i, j, g1]:.0%} and {beats[j, i, g2]:.0%} of refits)"
+                   f"{suffix}: the search's stop rule (a) may have stopped an n too early")
 
 
 @dataclass(frozen=True)
@@ -154,11 +303,8 @@ def fit_n_star(log10_c: ArrayLike, n_star: ArrayLike) -> NStarFit:
     same_length(log10_c=x, n_star=n_arr)
     positive("n_star", n_arr)
     n = len(x)
-    if n < N_STAR_MIN_POINTS:
-        return _nan_n_star(n, too_few(n, N_STAR_MIN_POINTS))
-    n_c = len(np.unique(x))
-    if n_c < N_STAR_MIN_POINTS:
-        return _nan_n_star(n, too_few(n_c, N_STAR_MIN_POINTS, "distinct compute values"))
+    if (why := too_few_points(x, N_STAR_MIN_POINTS)) is not None:
+        return _nan_n_star(n, why)
     y = np.log2(n_arr)
     if np.all(y == y[0]):
         return _nan_n_star(n, f"n* constant ({float(n_arr[0]):g}): no transition to fit")

@@ -121,6 +121,8 @@ def collect(
         logger.warning(
             "%s: skipped %d malformed rows (first: %s)", label, len(skipped), "; ".join(skipped[:_LOGGED_LINES])
         )
+    if not problems:  # an empty pool would fail stages later, naming nothing
+        raise ValueError(f"{label}: no problems ({f'all {len(skipped)} rows are malformed' if skipped else 'no rows'})")
     if duplicates:
         logger.info("%s: dropped %d duplicate problems (same prompt)", label, duplicates)
     return problems

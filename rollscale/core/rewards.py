@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
-import multiprocessing.pool
-import os
 import re
-import threading
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from rollscale.core.timed_worker import TimedWorker
 from rollscale.plugins import import_reference, is_reference
 from rollscale.registry import Registry
 
@@ -247,57 +244,6 @@ def _import_math_verify() -> None:
     import math_verify  # noqa: F401  (the worker pays the ~1 s import once, at start)
 
 
-class TimedWorker:
-    """One worker process that runs a function with a wall-clock bound on each call,
-    killed and replaced when a call overruns (a :class:`multiprocessing.pool.Pool` of one).
-
-    Why math_reward needs it: math-verify bounds its work with signal.alarm,
-    which works only in a process's main thread. Prefect runs tasks in worker
-    threads, where that timeout must be off, and a pathological answer such as
-    ``10^{10^{10}}`` then computes forever while holding the GIL, freezing
-    every thread (measured). In the worker the check runs in the main thread
-    with math-verify's own timeouts, and the parent kills the worker when even
-    those fail. ``Pool.terminate`` is the public way to kill a worker that
-    overruns (``concurrent.futures`` has none before Python 3.14). The worker
-    is spawned, not forked: forking a process with threads can deadlock. One
-    worker serves all threads, one call at a time (a check takes milliseconds).
-    """
-
-    def __init__(self, initializer: Callable[[], None] | None = None, start_timeout_s: float = 120.0) -> None:
-        self._initializer = initializer
-        self._start_timeout_s = start_timeout_s
-        self._lock = threading.Lock()
-        self._pool: multiprocessing.pool.Pool | None = None
-        self._owner_pid: int | None = None
-
-    def stop(self) -> None:
-        if self._pool is not None and self._owner_pid == os.getpid():
-            self._pool.terminate()
-            self._pool.join()
-        self._pool = None
-
-    def call(self, fn: Callable[..., Any], args: tuple, timeout_s: float, default: Any) -> Any:
-        """``fn(*args)`` in the worker; ``default`` if it takes longer than ``timeout_s`` seconds
-        or the worker dies (a fresh worker is started for the next call)."""
-        with self._lock:
-            if self._pool is None or self._owner_pid != os.getpid():  # not started, or inherited through fork
-                self._pool = multiprocessing.get_context("spawn").Pool(1, initializer=self._initializer)
-                self._owner_pid = os.getpid()
-                try:  # started (and initialized) before the first call's own bound counts
-                    self._pool.apply_async(os.getpid).get(self._start_timeout_s)
-                except multiprocessing.TimeoutError:
-                    self.stop()
-                    raise RuntimeError(f"worker process did not start in {self._start_timeout_s:.0f} s") from None
-            try:
-                return self._pool.apply_async(fn, args).get(timeout_s)
-            except multiprocessing.TimeoutError:
-                logger.warning("worker call exceeded %.1f s; restarting the worker", timeout_s)
-            except Exception as e:  # noqa: BLE001 - the worker died or could not return: score the default
-                logger.warning("worker failed (%s); restarting it", e)
-            self.stop()
-            return default
-
-
 _MATH_VERIFY_WORKER = TimedWorker(_import_math_verify)
 
 
@@ -312,9 +258,9 @@ def math_reward(completion: str, gold: str, *, timeout_s: float = 15.0) -> float
     contain ``\\boxed{}`` (its last one is used). Any math-verify error, and any
     check taking longer than ``timeout_s`` seconds, scores 0.0.
 
-    Safe to call from any thread: the check runs in a worker process (started
-    on first use, about two seconds) that is killed when it overruns; see
-    :class:`TimedWorker`.
+    Safe to call from any thread, and from a script without a main guard: the
+    check runs in a worker process (started on first use, about two seconds)
+    that is killed when it overruns; see :class:`rollscale.core.timed_worker.TimedWorker`.
     """
     if not isinstance(completion, str):
         raise ValueError(f"math_reward: completion must be a str, got {type(completion).__name__}")

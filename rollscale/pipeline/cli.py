@@ -15,17 +15,22 @@ from pathlib import Path
 
 from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
+ARCHIVE_HELP = ("sweep: move ended runs that the grid no longer has (or whose config changed) to "
+                "artifacts/sweep/archive/; without it the sweep refuses and names them")
 
-def spawn_flows(args: list[str], debug: bool, module: str = "flows", command: str = "") -> int:
+
+def spawn_flows(args: list[str], debug: bool, module: str = "flows", archive_stale: bool = False,
+                command: str = "") -> int:
     """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors).
     Ctrl-C and SIGTERM are passed on to it, and it says what it kept (``command`` is how a person
     started it: the stage record keeps it, and an interrupted stage tells to run it again)."""
     from rollscale.pipeline.interrupts import run_forwarding
     from rollscale.pipeline.stage_record import COMMAND_ENV
-    from rollscale.pipeline.stages import project_root
+    from rollscale.pipeline.stages import ARCHIVE_STALE_ENV, project_root
 
     root = project_root()
-    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {}), **({COMMAND_ENV: command} if command else {})}
+    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {}), **({ARCHIVE_STALE_ENV: "1"} if archive_stale else {}),
+           **({COMMAND_ENV: command} if command else {})}
     # the project folder first on the path: flows/ and tasks/ are run from there, not installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     return run_forwarding([sys.executable, "-m", module, *args], cwd=root, env=env)
@@ -46,12 +51,23 @@ def print_status(artifacts: str, as_json: bool) -> None:
     print(status.to_json() if as_json else format_status(status))
 
 
-def print_query(sql: str, artifacts: str) -> None:
+def query_timeout(timeout: float | None, params: str) -> float:
+    """``--timeout``, else params.yaml's ``query.timeout_s`` when the file exists, else its default."""
+    from rollscale.config import QueryParams, load_params
+
+    if timeout is not None:
+        if not timeout > 0:
+            raise ValueError(f"--timeout: expected seconds > 0, got {timeout:g}")
+        return timeout
+    return (load_params(params).query if Path(params).exists() else QueryParams()).timeout_s
+
+
+def print_query(sql: str, artifacts: str, timeout: float | None = None, params: str = "params.yaml") -> None:
     import pandas as pd
 
     from rollscale.pipeline.storage import query
 
-    df = query(sql, artifacts)
+    df = query(sql, artifacts, query_timeout(timeout, params))
     with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
         print(df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
 
@@ -100,8 +116,12 @@ def parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="run one stage's flow (dvc repro <stage> also records it in dvc.lock)")
     p_run.add_argument("stage", help="a stage of dvc.yaml")
     p_run.add_argument("--params", default="params.yaml")
+    p_run.add_argument("--archive-stale", action="store_true", help=ARCHIVE_HELP)
     p_sql = sub.add_parser("sql", help="run a read-only DuckDB SQL query over the study's tables")
     p_sql.add_argument("query")
+    p_sql.add_argument("--timeout", type=float, default=None,
+                       help="stop the query after this many seconds (default: query.timeout_s in params.yaml, 60)")
+    p_sql.add_argument("--params", default="params.yaml")
     sub.add_parser("tables", help="list the tables that exist now")
     p_check = sub.add_parser("check", help="validate params.yaml and print the resolved parameters")
     p_check.add_argument("--params", default="params.yaml")
@@ -109,6 +129,7 @@ def parser() -> argparse.ArgumentParser:
     p_study.add_argument("--params", default="params.yaml")
     p_study.add_argument("--stages", default="", help="comma-separated stages to run, in study order (default: all)")
     p_study.add_argument("--force", action="store_true", help="recompute the stages even when unchanged")
+    p_study.add_argument("--archive-stale", action="store_true", help=ARCHIVE_HELP)
     p_status = sub.add_parser("status", help="which stages are done, stale or running, and each sweep run's progress")
     p_status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sub.add_parser("serve", help="serve the study as a Prefect deployment on params.schedule's cron") \
@@ -138,7 +159,7 @@ def command(argv: list[str] | None = None) -> int:
         if code := run_guarded(lambda: (load_params(args.params), check_stage(args.stage)), debug):
             return code
         return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
-                           command=typed(args, "run", args.stage))
+                           archive_stale=args.archive_stale, command=typed(args, "run", args.stage))
     if args.command == "study":
         if Path(args.artifacts).resolve() != Path("artifacts").resolve():
             print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
@@ -146,14 +167,14 @@ def command(argv: list[str] | None = None) -> int:
             return 2
         stages = ["--stages", args.stages] if args.stages else []
         return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
-                           debug, "flows.study", typed(args, "study"))
+                           debug, "flows.study", archive_stale=args.archive_stale, command=typed(args, "study"))
     if args.command == "serve":
-        return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study", typed(args, "serve"))
+        return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study", command=typed(args, "serve"))
     if args.command == "deps":
         result = {}
         return run_guarded(lambda: result.setdefault("code", deps(args.write)), debug) or result["code"]
     if args.command == "sql":
-        return run_guarded(lambda: print_query(args.query, args.artifacts), debug)
+        return run_guarded(lambda: print_query(args.query, args.artifacts, args.timeout, args.params), debug)
     if args.command == "tables":
         return run_guarded(lambda: print_tables(args.artifacts), debug)
     if args.command == "check":

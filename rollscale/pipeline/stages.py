@@ -37,6 +37,9 @@ log = logging.getLogger("rollscale.pipeline.stages")
 LOCK = ".stage.lock"
 RUN_INFO = ".stage.run.json"
 FAILED = ".stage.failed.json"
+# set to "1" by `rollscale run sweep --archive-stale` / `rollscale study --archive-stale`: a DVC stage
+# command takes no flags, so the consent to archive ended sweep runs reaches the stage this way
+ARCHIVE_STALE_ENV = "ROLLSCALE_ARCHIVE_STALE"
 
 
 class StageBusyError(RuntimeError):

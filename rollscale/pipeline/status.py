@@ -42,7 +42,7 @@ from rollscale.pipeline.stages import (
 )
 
 ATTEMPTS = "attempts.jsonl"
-STATES: tuple[str, ...] = ("done", "stale", "running", "interrupted", "failed", "not run", "unknown")
+STATES: tuple[str, ...] = ("done", "stale", "running", "interrupted", "failed", "damaged", "not run", "unknown")
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,23 @@ def stage_statuses(root: str | os.PathLike[str] | None = None,
             ups = [u for u in upstream(spec, specs) if state.get(u) not in ("done", None)]
             if ups:
                 status = StageStatus(name, "stale", "after " + ", ".join(f"{u} ({state[u]})" for u in ups))
+        status = _with_damage(status, artifacts)
         state[name] = status.state
         out.append(status)
     return out
+
+
+def _with_damage(status: StageStatus, artifacts: Path) -> StageStatus:
+    """A finished stage ("done" or "stale") whose files no longer match its record of checksums
+    is "damaged", naming the file (:mod:`rollscale.pipeline.outputs`)."""
+    from rollscale.pipeline.outputs import outputs_problem
+
+    if status.state not in ("done", "stale"):
+        return status
+    problem = outputs_problem(artifacts, status.stage, quick=True)
+    if problem is None:
+        return status
+    return StageStatus(status.stage, "damaged", f"{problem}; `rollscale study` runs it again")
 
 
 # ---------------------------------------------------------------------------- sweep runs

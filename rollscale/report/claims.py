@@ -107,6 +107,16 @@ def _unbent_curve_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
     return rows
 
 
+def _a2_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
+    """Warning rows where the rollout axis's n* falls with budget (science §8, A2: the search assumes it does not)."""
+    if "a2_holds" not in fits.columns:
+        return []
+    checks = fits[fits["kind"].astype(str) == "a2_check"]
+    bad = checks[~checks["a2_holds"].astype("boolean").fillna(True)]
+    return [{"claim": "warning: A2 (n* does not fall with budget)", "where": f"{r.get('bucket')} / {r.get('rule')}",
+             "at": str(r.get("fixed")), "finding": str(r["status"])} for _, r in bad.iterrows()]
+
+
 def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     """Best n per budget with the share of refits that agree; rules against uniform; the CRS check."""
     name, title = "headline", "Claims the data supports"
@@ -117,7 +127,7 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
         rows += _best_n_claims(t["frontier"][as_numeric(t["frontier"]["best_key"]).notna()])
     if t.get("fits") is not None and "kind" in t["fits"].columns:
-        rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"])
+        rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"]) + _a2_claims(t["fits"])
     if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
         rows += _crs_claims(t["crs_prediction"])
     if not rows:

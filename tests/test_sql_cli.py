@@ -1,0 +1,145 @@
+"""`rollscale sql` as a hostile or careless user runs it (issue 23, parts 3 and 4): a time limit and
+Ctrl-C stop a query at once, no query writes anywhere (not even DuckDB's spill folder), bad bytes
+and empty queries get one line, and a damaged table file is named while the others stay queryable."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from rollscale.pipeline.outputs import write_outputs_manifest
+from rollscale.files import write_parquet_atomic
+from rollscale.train.checkpoint import RunStore
+
+REPO = Path(__file__).resolve().parents[1]
+# a 3-way self-join of 3,000 rows: 2.7e10 combinations, minutes of work
+SLOW = "select count(*) from profile a, profile b, profile c where a.x + b.x + c.x = 7777"
+
+
+def sql_cmd(root: Path, *args: str | bytes) -> list:
+    return [sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(root / "artifacts"), "sql", *args]
+
+
+def sql(root: Path, *args: str | bytes, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(sql_cmd(root, *args), cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    return r.stderr.strip()
+
+
+def hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def study(tmp_path) -> Path:
+    """Tables as finished stages leave them: files plus each stage's record of checksums."""
+    art = tmp_path / "artifacts"
+    write_parquet_atomic(pd.DataFrame({"x": np.arange(3000)}), art / "profile" / "profile.parquet")
+    write_parquet_atomic(pd.DataFrame({"problem_id": ["a", "b"], "bucket": ["easy", "hard"], "split": ["train", "val"]}),
+                         art / "bucket" / "buckets.parquet")
+    write_parquet_atomic(pd.DataFrame({"bucket": ["easy", "hard"], "n": [1, 1]}), art / "bucket" / "bucket_counts.parquet")
+    for run in ("r1", "r2"):
+        store = RunStore(art / "sweep" / "runs" / run)
+        for step in (5, 10):
+            store.save(step, {"w": torch.zeros(2)}, {}, {"c": step}, step_rows=[{"run_id": run, "step": step}])
+        write_parquet_atomic(pd.DataFrame({"run_id": [run], "status": ["finished"], "c": [100]}),
+                             store.root / "run.parquet")
+    for stage in ("profile", "bucket", "sweep"):
+        write_outputs_manifest(art, stage)
+    return tmp_path
+
+
+def test_no_query_writes_through_duckdb_spill_folder(study):
+    """Issue 23: DuckDB allowed writes to its temp folder `.tmp/`; with `.tmp` a link into artifacts/
+    `COPY ... TO '.tmp/evil.csv'` wrote a file among the results."""
+    os.symlink(study / "artifacts" / "bucket", study / ".tmp")
+    before = hashes(study / "artifacts")
+    for target in (".tmp/evil.csv", str(study / ".tmp" / "evil.csv")):
+        r = sql(study, f"copy (select 1 as x) to '{target}'")
+        assert r.returncode == 2 and "refused: queries are read-only" in one_line(r)
+    assert hashes(study / "artifacts") == before
+
+
+@pytest.mark.parametrize("text", [b"select \xff", b"", b"   \n\t", b"-- nothing", b";;"])
+def test_bad_bytes_and_empty_queries_are_one_line_exit_2(study, text):
+    """Issue 23: these ended as "internal error" (std::bad_cast, 'NoneType' ... 'df'), exit 3."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(sql_cmd(study, text), cwd=study, env=env, capture_output=True, text=True, timeout=120)
+    message = one_line(r)
+    assert r.returncode == 2, r.stderr
+    assert ("not UTF-8 text (byte 0xff" in message) if b"\xff" in text else ("the query is empty" in message)
+
+
+def test_a_query_stops_at_its_time_limit(study):
+    t0 = time.monotonic()
+    r = sql(study, "--timeout", "2", SLOW)
+    assert r.returncode == 2 and "stopped at its time limit of 2 s" in one_line(r)
+    assert time.monotonic() - t0 < 30
+    (study / "params.yaml").write_text("query: {timeout_s: 1.5}\n")
+    r = sql(study, SLOW)
+    assert r.returncode == 2 and "time limit of 1.5 s" in one_line(r) and "query.timeout_s" in r.stderr
+    r = sql(study, "--timeout", "0", "select 1")
+    assert r.returncode == 2 and "--timeout" in one_line(r)
+
+
+def test_ctrl_c_stops_a_query_at_once(study):
+    """Issue 23: a 4-way self-join ran on after SIGINT (DuckDB does not check for Ctrl-C while it
+    scans the Arrow datasets); only SIGTERM stopped it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(sql_cmd(study, "--timeout", "600", SLOW), cwd=study, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(6)  # the command has started and the join is running (it runs for minutes)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the query ran on after Ctrl-C")
+    assert time.monotonic() - t0 < 5 and proc.returncode == 130, err
+    assert "Traceback" not in err and "terminate called" not in err
+
+
+def test_a_damaged_table_is_named_and_the_others_stay_queryable(study):
+    """Issue 23: a flipped byte in bucket/buckets.parquet gave "internal error SystemError" naming
+    no file; one damaged sweep part made every table unqueryable; an edited `runs` value was served."""
+    art = study / "artifacts"
+    buckets = art / "bucket" / "buckets.parquet"
+    data = bytearray(buckets.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # same size: only the checksum can tell
+    buckets.write_bytes(bytes(data))
+    r = sql(study, "select * from buckets")
+    assert r.returncode == 1 and f"{buckets} does not match its sha256 checksum" in one_line(r)
+    assert "rollscale run bucket" in r.stderr
+    for table, rows in (("bucket_counts", 2), ("profile", 3000), ("runs", 2), ("steps", 4)):
+        r = sql(study, f"select count(*) as n from {table}")
+        assert r.returncode == 0 and r.stdout.split()[-1] == str(rows), (table, r.stderr)
+
+    part = art / "sweep" / "runs" / "r2" / "steps-000005.parquet"
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r2"], "step": [99]}), part)
+    r = sql(study, "select count(*) from steps")
+    assert r.returncode == 1 and "steps-000005.parquet" in one_line(r)
+    r = sql(study, "select count(*) as n from profile")
+    assert r.returncode == 0 and r.stdout.split()[-1] == "3000"
+
+    run_row = art / "sweep" / "runs" / "r1" / "run.parquet"
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["finished"], "c": [999]}), run_row)
+    r = sql(study, "select sum(c) from runs")
+    assert r.returncode == 1 and f"{run_row} does not match its sha256 checksum" in one_line(r)
