@@ -14,12 +14,13 @@ import argparse
 import logging
 import os
 import sys
-import time
+from pathlib import Path
 
 from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
 EPHEMERAL_TIMEOUT_S = "180"  # Prefect's 20 s default fails on a busy machine
-STARTUP_RETRIES = 1
+# an interrupted stage without a kept_work of its own: its files are written atomically
+GENERIC_KEPT = "every file it wrote is whole, nothing partial was kept"
 
 
 def prefect_env(debug: bool) -> None:
@@ -29,16 +30,12 @@ def prefect_env(debug: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_TIMEOUT_S)
 
 
-def with_startup_retry(call):
-    """Call again when Prefect's temporary server did not come up (nothing ran yet)."""
-    for attempt in range(STARTUP_RETRIES + 1):
-        try:
-            return call()
-        except RuntimeError as err:
-            if "ephemeral Prefect API server" not in str(err) or attempt == STARTUP_RETRIES:
-                raise
-            print("flows: the Prefect server did not start in time; trying once more", file=sys.stderr)
-            time.sleep(5)
+def keep_our_signal_handlers(flow):
+    """``flow`` with a hook that puts the interrupt handlers back once it runs: Prefect's flow
+    engine installs its own SIGTERM handler, which a second SIGTERM would re-raise mid clean-up."""
+    from rollscale.pipeline import interrupts
+
+    return flow.with_options(on_running=[*flow.on_running_hooks, lambda *_: interrupts.reassert()])
 
 
 def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
@@ -48,17 +45,23 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
 
     study = load_params(params)  # bad config fails before any work, and before Prefect is even imported
     from rollscale.pipeline.outputs import clear_outputs_manifest, write_outputs_manifest
-    from rollscale.pipeline.stages import stage_lock
+    from rollscale.pipeline.stage_record import fingerprint, started_by, write_record
+    from rollscale.pipeline.stages import load_stage_specs, now, project_root, stage_lock, upstream
     from tasks.common import quiet_prefect
 
-    with stage_lock(stage, artifacts):
+    specs = load_stage_specs()
+    # what this run runs on, taken before its code is imported (rollscale.pipeline.stage_record)
+    ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params,
+                         upstream(specs[stage], specs))
+    with stage_lock(stage, artifacts) as info:
         clear_outputs_manifest(artifacts, stage)  # the record describes a finished run's files only
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it
             sys.modules["torch"].set_num_threads(study.torch_threads)
         quiet_prefect(debug)
-        with_startup_retry(lambda: flow(params_path=params, artifacts=artifacts))
+        keep_our_signal_handlers(flow)(params_path=params, artifacts=artifacts)
         write_outputs_manifest(artifacts, stage)
+        write_record(Path(artifacts) / stage, stage, info, ran_on, now(), started_by(stage))
 
 
 def setup(debug: bool) -> None:
@@ -74,6 +77,8 @@ def setup(debug: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rollscale.pipeline import interrupts
+
     parser = argparse.ArgumentParser(prog="python -m flows", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", help="a stage of dvc.yaml")
@@ -82,16 +87,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     debug = debug_enabled(args.debug)
+
+    def interrupted_line(signum: int) -> str:
+        """What the stage kept (its flow module's ``kept_work``, when it has one) and how to go on."""
+        from rollscale.pipeline.stage_record import resume_command
+
+        kept_work = getattr(sys.modules.get(f"flows.{args.stage}"), "kept_work", None)
+        try:
+            kept = kept_work(Path(args.artifacts)) if kept_work else GENERIC_KEPT
+        except (OSError, ValueError) as err:
+            kept = f"what it kept could not be read ({err})"
+        return interrupts.interrupted_line(args.stage, signum, kept, resume_command(args.stage))
+
+    interrupts.install(interrupted_line)  # first: Ctrl-C during start-up ends it cleanly too
     setup(debug)
 
     def go() -> None:
         from rollscale.pipeline.stages import load_stage_specs
+        from tasks.server import prefect_api
 
         if args.stage not in load_stage_specs():
             raise ValueError(f"unknown stage {args.stage!r} (dvc.yaml has: {', '.join(load_stage_specs())})")
-        run_stage(args.stage, args.params, args.artifacts, debug)
+        with prefect_api():
+            try:
+                run_stage(args.stage, args.params, args.artifacts, debug)
+            except KeyboardInterrupt as err:
+                interrupts.say(interrupted_line(interrupts.signal_of(err)))
+                raise
 
-    return run_guarded(go, debug, prog="rollscale")
+    code = run_guarded(go, debug, prog="rollscale")
+    if interrupts.received():  # do not wait for work still ending in a thread: nothing of it is committed
+        interrupts.exit_now(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ def chunk_dir(out: Path, fingerprint_parts: list[str]) -> Path:
     return out / "chunks" / key
 
 
+def kept_work(artifacts: Path) -> str:
+    """What an interrupted profile kept: its finished chunks, which are not profiled again."""
+    n = len(list((artifacts / "profile" / "chunks").glob("*/chunk-*.parquet")))
+    return f"{n} finished {'chunk is' if n == 1 else 'chunks are'} kept"
+
+
 @flow(name="profile")
 def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> pd.DataFrame:
     params = read_params(params_path)

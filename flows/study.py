@@ -15,16 +15,37 @@ serve`` serves this flow as a Prefect deployment on the cron schedule of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from prefect import flow, task
+from prefect.exceptions import TerminationSignal
 
 from rollscale.config import load_params
+from rollscale.pipeline import interrupts
+from rollscale.pipeline.errors import debug_enabled
+from rollscale.pipeline.interrupts import Interrupted
 from rollscale.pipeline.outputs import outputs_problem
-from rollscale.pipeline.stages import dvc_changes, load_stage_specs, project_root, select_stages
+from rollscale.pipeline.stage_record import COMMAND_ENV
+from rollscale.pipeline.stages import (
+    RUN_INFO,
+    busy_error,
+    dvc_changes,
+    load_stage_specs,
+    project_root,
+    read_json,
+    select_stages,
+    stage_running,
+)
+
+# stage -> "ran" | "skipped" as the study goes (what an interrupted study says it kept)
+STUDY_OUTCOME: dict[str, str] = {}
 
 
 def _api_url() -> str | None:
@@ -41,27 +62,68 @@ def _first(reasons: list[str], stage: str, shown: int = 3) -> str:
     return "; ".join(reasons[:shown]) + (f"; and {more} more: `dvc status {stage}`" if more > 0 else "")
 
 
+class StageInterrupted(Interrupted):
+    """The study stopped by a signal while ``stage`` ran; ``reported``: the stage said what it kept."""
+
+    def __init__(self, signum: int, stage: str, reported: bool) -> None:
+        super().__init__(signum)
+        self.stage, self.reported = stage, reported
+
+
+def stop_stage(dvc: subprocess.Popen, stage: str, artifacts: Path, signum: int) -> bool:
+    """After a signal: pass it to the running stage (it may have come to this process alone), end
+    ``dvc repro`` quietly while the stage still runs (it would only add "failed to reproduce";
+    it never writes dvc.lock for an interrupted stage), and wait until the stage has released its
+    lock. Whether the stage recorded the interrupt, i.e. printed what it kept."""
+    deadline = time.monotonic() + interrupts.GRACE_S + 1
+    info = read_json(artifacts / stage / RUN_INFO) or {}
+    if stage_running(artifacts, stage) and info.get("host") == socket.gethostname() and info.get("pid"):
+        with contextlib.suppress(OSError):
+            os.kill(int(info["pid"]), signum)
+    while time.monotonic() < deadline:
+        if stage_running(artifacts, stage):
+            if dvc.poll() is None:
+                dvc.terminate()
+        elif dvc.poll() is not None:
+            break
+        time.sleep(0.1)
+    return bool((read_json(artifacts / stage / RUN_INFO) or {}).get("signal"))
+
+
 @task(name="reproduce-stage")
 def reproduce(stage: str, root: str, force: bool) -> None:
-    """``dvc repro --single-item <stage>`` in the project folder; raises if the stage failed."""
+    """``dvc repro --single-item <stage>`` in the project folder; raises if the stage failed.
+    Refuses at once, in one line, when the stage is already running."""
+    artifacts = Path(root) / "artifacts"
+    if stage_running(artifacts, stage):  # else the stage's own refusal would come wrapped in DVC's error
+        raise busy_error(stage, artifacts)
     env = dict(os.environ)
     url = _api_url()
     if url and url.startswith("http"):
         env["PREFECT_API_URL"] = url
     cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", *(["--force"] if force else []), stage]
-    done = subprocess.run(cmd, cwd=root, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"stage {stage!r} failed (dvc repro exit {done.returncode}); its error is printed above")
+    dvc = subprocess.Popen(cmd, cwd=root, env=env)
+    try:
+        code = dvc.wait()
+    except (KeyboardInterrupt, TerminationSignal) as err:  # TerminationSignal: Prefect's, in a served run
+        signum = getattr(err, "signal", None) or interrupts.signal_of(err)
+        raise StageInterrupted(signum, stage, stop_stage(dvc, stage, artifacts, signum)) from None
+    if code != 0:
+        raise RuntimeError(f"stage {stage!r} failed (dvc repro exit {code}); its error is printed above")
 
 
 @flow(name="study")
 def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None, force: bool = False,
                project: str | None = None) -> dict[str, str]:
     """Run the chosen stages (default all) in order; returns stage -> "ran" | "skipped"."""
+    from tasks.common import quiet_prefect
+
+    quiet_prefect(debug_enabled())  # in a served run's own process too: the stages print their errors
     root = project_root(project)
     load_params(Path(root) / params_path if not Path(params_path).is_absolute() else params_path)
     chosen = select_stages(load_stage_specs(root), stages)
-    outcome: dict[str, str] = {}
+    outcome = STUDY_OUTCOME
+    outcome.clear()
     for name in chosen:
         changed = dvc_changes(root, name).get(name)  # asked again each time: an upstream stage may just have run
         # a file changed under an unchanged size and mtime: DVC trusts its cached hash, the stage's record does not
@@ -78,14 +140,29 @@ def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None
     return outcome
 
 
+def study_runner(name: str):
+    """Prefect's runner (what ``Flow.serve`` uses), ending on SIGTERM as the other commands do:
+    with exit status 143 and one line, not Prefect's exit 0."""
+    from prefect.runner import Runner
+
+    class StudyRunner(Runner):
+        def handle_sigterm(self, *args, **kwargs) -> None:  # as on Ctrl-C (serve_study)
+            interrupts.handle(signal.SIGTERM)
+
+    return StudyRunner(name=name, pause_on_shutdown=True)
+
+
 def serve_study(params_path: str = "params.yaml") -> None:
     """Serve :func:`study_flow` as the deployment of ``params.schedule`` (blocks until stopped).
 
     Runs use ``schedule.stages`` and ``schedule.force`` and the absolute path of
     the project folder, so they do not depend on where the server's runner
     starts them. Needs a Prefect API (``PREFECT_API_URL``) for runs to be
-    started from elsewhere.
+    started from elsewhere. Ctrl-C or SIGTERM stops serving (the schedule is
+    paused meanwhile) and stops a run in progress, whose stage says what it kept.
     """
+    import asyncio
+
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
@@ -99,8 +176,9 @@ def serve_study(params_path: str = "params.yaml") -> None:
     parameters = {"params_path": str(Path(params_path).resolve()), "project": str(root),
                   "stages": stages, "force": sched.force}
     when = f"cron {sched.cron!r} ({sched.timezone})" if sched.cron else "no schedule (runs started by hand)"
-    print(f"serve: deployment study/{sched.deployment}, {when}, stages {stages or 'all'}")
-    study_flow.serve(
+    runner = study_runner(sched.deployment)
+    runner.add_flow(
+        study_flow,
         name=sched.deployment,
         schedules=[Cron(sched.cron, timezone=sched.timezone)] if sched.cron else None,
         parameters=parameters,
@@ -109,6 +187,37 @@ def serve_study(params_path: str = "params.yaml") -> None:
         # loaded by module path in each run's process: the runner's working directory is the project
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
+    print(f"serve: deployment study/{sched.deployment}, {when}, stages {stages or 'all'}; a run now: "
+          f"`prefect deployment run 'study/{sched.deployment}'`", flush=True)
+
+    async def serve() -> None:
+        # Ctrl-C or SIGTERM: the runner stops as Prefect stops it (a run in progress is cancelled,
+        # its process sent SIGTERM), from inside its loop
+        loop = asyncio.get_running_loop()
+        interrupts.stop_with(lambda signum: loop.call_soon_threadsafe(lambda: loop.create_task(runner.astop())))
+        await runner.start()
+
+    asyncio.run(serve())
+    if interrupts.received():
+        raise ServeStopped(interrupts.received(), wait_for_stages(root / "artifacts", interrupts.GRACE_S))
+
+
+class ServeStopped(Interrupted):
+    """``rollscale serve`` stopped by a signal; ``run_stopped``: a run of the study was in progress."""
+
+    def __init__(self, signum: int, run_stopped: bool) -> None:
+        super().__init__(signum)
+        self.run_stopped = run_stopped
+
+
+def wait_for_stages(artifacts: Path, seconds: float) -> bool:
+    """Wait until no stage holds its lock (a cancelled run's stage ends its work), at most
+    ``seconds``; whether one held it."""
+    deadline, held = time.monotonic() + seconds, False
+    while time.monotonic() < deadline and any(stage_running(artifacts, s) for s in load_stage_specs()):
+        held = True
+        time.sleep(0.1)
+    return held
 
 
 def up_to_date(stages: list[str] | None) -> bool:
@@ -120,10 +229,18 @@ def up_to_date(stages: list[str] | None) -> bool:
                    for name in select_stages(load_stage_specs(root), stages))
 
 
+def between_stages_line(signum: int, ran: dict[str, str], command: str) -> str:
+    """The study's one line after a signal that came between stages."""
+    done = ", ".join(name for name, how in ran.items() if how == "ran") or "none"
+    return (f"study: interrupted ({signal.Signals(signum).name}) between stages; stages it ran: {done} "
+            f"(recorded in dvc.lock): rerun `{command}` to go on")
+
+
 def main(argv: list[str] | None = None) -> int:
-    from flows.__main__ import setup, with_startup_retry
+    from flows.__main__ import keep_our_signal_handlers, setup
+    from rollscale.pipeline.errors import run_guarded
     from tasks.common import quiet_prefect
-    from rollscale.pipeline.errors import debug_enabled, run_guarded
+    from tasks.server import prefect_api
 
     parser = argparse.ArgumentParser(prog="python -m flows.study")
     parser.add_argument("what", choices=("study", "serve"))
@@ -132,19 +249,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--debug", action="store_true")
     args = parser.parse_args(argv)
+    command = os.environ.get(COMMAND_ENV) or f"rollscale {args.what}"
+    os.environ[COMMAND_ENV] = command  # the stages DVC starts for it record it, and say it to resume
+
+    def final_line(signum: int, run_stopped: bool = False) -> str:
+        if args.what == "serve":
+            run = "; the run in progress was stopped (its stage says above what it kept)" if run_stopped else ""
+            return f"serve: stopped ({signal.Signals(signum).name}){run}; `{command}` serves the deployment again"
+        return between_stages_line(signum, STUDY_OUTCOME, command)
+
+    interrupts.install(final_line, interrupts.STUDY_GRACE_S)
     debug = debug_enabled(args.debug)
     setup(debug)
     quiet_prefect(debug)
-    if args.what == "serve":
-        return run_guarded(lambda: serve_study(args.params), debug)
+
+    def serve() -> None:
+        with prefect_api():
+            try:
+                serve_study(args.params)
+            except KeyboardInterrupt as err:
+                interrupts.say(final_line(interrupts.signal_of(err), getattr(err, "run_stopped", False)))
+                raise
 
     def study() -> None:
         if not args.force and up_to_date(args.stages):
             print("study: every stage is up to date with dvc.lock; nothing to run")
             return
-        with_startup_retry(lambda: study_flow(params_path=args.params, stages=args.stages, force=args.force))
+        with prefect_api():
+            try:
+                keep_our_signal_handlers(study_flow)(params_path=args.params, stages=args.stages, force=args.force)
+            except KeyboardInterrupt as err:
+                if getattr(err, "reported", False):
+                    interrupts.said_by_child()
+                interrupts.say(between_stages_line(interrupts.signal_of(err), STUDY_OUTCOME, command))
+                raise
 
-    return run_guarded(study, debug)
+    code = run_guarded(serve if args.what == "serve" else study, debug)
+    if interrupts.received():
+        interrupts.exit_now(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from rollscale.core.profiling import problems_from_profile
 from rollscale.train.sweep import run_configs
 from rollscale.train.run_config import RunConfig, config_hash
 from rollscale.pipeline.stages import ARCHIVE_STALE_ENV
+from rollscale.pipeline.status import runs_kept, sweep_progress
 from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
@@ -84,6 +85,11 @@ def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict], allowed: bool) -
         dest.parent.mkdir(parents=True, exist_ok=True)
         print(f"sweep: archiving {run_dir.name} (not in this sweep's grid, or its config changed) to {dest}")
         shutil.move(str(run_dir), dest)
+
+
+def kept_work(artifacts: Path) -> str:
+    """What an interrupted sweep kept: finished runs, and the checkpoints the others resume from."""
+    return runs_kept(sweep_progress(artifacts, sweep_running=False))
 
 
 @flow(name="sweep")

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterator
 
 from prefect.futures import PrefectFuture, as_completed
@@ -49,7 +52,10 @@ def flow_api_url() -> str:
 
 def init_worker(torch_threads: int, env: dict[str, str]) -> None:
     """Run once in every worker process, before its first task: the flow's Prefect API,
-    the torch thread count, and Prefect's own failure tracebacks off (the stage prints one line)."""
+    the torch thread count, and Prefect's own failure tracebacks off (the stage prints one line).
+    Ctrl-C is for the flow's process to act on: it ends the workers (:func:`stop_units`), so a
+    worker ignores SIGINT instead of printing a traceback and taking the next unit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
     from tasks.common import quiet_prefect
 
@@ -64,6 +70,9 @@ def local_runner(workers: int, torch_threads: int) -> TaskRunner:
     Call inside a flow: the workers report to its API."""
     if workers <= 1:
         return ThreadPoolTaskRunner(max_workers=1)
+    # after an interrupt the stage exits without closing the pool (stop_units), and the process
+    # multiprocessing keeps to free its locks would warn that they were left: it frees them silently
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:resource_tracker:UserWarning")
     return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker,
                                  initargs=(torch_threads, worker_env(flow_api_url())))
 
@@ -92,8 +101,11 @@ def run_all(
     raised (each logged as it happens). ``on_result(index, result)`` is called in the flow's
     process as each unit finishes."""
     results, errors = {}, []
-    with runner:
-        for i, result, err in completed(submit_all(runner, task, params)):
+    runner.__enter__()
+    futures = []
+    try:
+        futures = submit_all(runner, task, params)
+        for i, result, err in completed(futures):
             if err is not None:
                 log.error("%s failed: %s: %s", labels[i], type(err).__name__, err)
                 errors.append((labels[i], err))
@@ -101,7 +113,49 @@ def run_all(
             results[i] = result
             if on_result is not None:
                 on_result(i, result)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (rollscale.pipeline.interrupts): stop, do not finish
+        stop_units(runner, futures)
+        raise
+    except BaseException:
+        runner.__exit__(*sys.exc_info())
+        raise
+    runner.__exit__(None, None, None)
     return results, errors
+
+
+def stop_units(runner: TaskRunner, futures: list[PrefectFuture]) -> None:
+    """Stop every unit at once: queued ones never start, running ones end where they are.
+
+    Each unit commits its results atomically (a sweep run's checkpoint is whole or absent, a
+    profile chunk is one file), so ending it mid-way loses only the work since its last commit.
+    Pool processes get SIGTERM, Ray tasks are cancelled (their worker processes killed); a unit
+    running in a thread of this process stops at its next progress update
+    (:class:`rollscale.pipeline.progress.Progress`), which the runner's exit waits for.
+    """
+    executor = getattr(runner, "_executor", None)  # Prefect's process pool has no public handle to it
+    if isinstance(executor, ProcessPoolExecutor):
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=3)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        # the pool itself is not closed: a worker may have died holding its queues' locks, so
+        # closing would wait forever; the stage's process exits next (rollscale.pipeline.interrupts)
+        return
+    refs = [f.wrapped_future for f in futures if type(f).__name__ == "PrefectRayFuture"]
+    if refs:
+        import ray
+
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception as err:  # noqa: BLE001 - a finished task cannot be cancelled; go on with the rest
+                log.debug("ray.cancel: %s", err)
+    runner.__exit__(None, None, None)  # waits for a unit in a thread to stop; stops a Ray this sweep started
 
 
 def raise_first_error(what: str, errors: list[tuple[str, BaseException]]) -> None:

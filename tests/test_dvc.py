@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from rollscale.pipeline.stages import RUN_INFO, stage_running
 from tests.test_pipeline import SMALL
+from tests.test_study import HOLD
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -231,3 +234,95 @@ def test_a_damaged_output_is_named_stale_and_rerun(clone, tmp_path):
     assert "study: bucket: running (damaged: " in r.stdout and "study: measure: up to date" in r.stdout, r.stdout
     assert buckets.read_bytes() == good
     assert {s["state"] for s in states().values()} == {"done"}
+
+
+def test_study_refused_by_a_running_stage_says_so_in_one_line(clone):
+    """As `rollscale run` does (tests/test_study.py), not as DVC's failure wrapped in an internal error."""
+    root, env = clone
+    art = root / "artifacts"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.replace('"bucket"', '"sweep"'), str(art)],
+                              stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = cli(root, env, "study", "--stages", "sweep", "--force")
+    finally:
+        holder.kill()
+        holder.wait()
+        (art / "sweep" / RUN_INFO).unlink(missing_ok=True)  # the shared study stays as it was
+    assert r.returncode == 1, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"rollscale: stage 'sweep' is already running (pid {holder.pid} on "), line
+    assert line.endswith("wait for it or stop that process first"), line
+
+
+def test_status_knows_a_stage_run_outside_dvc_and_says_dvc_lock_is_behind(clone, tmp_path):
+    """Every stage records its run (tests/test_study.py: the record itself), whichever command ran
+    it; `rollscale status` reads it, so a stage run with `rollscale run` is done, not stale or
+    "not run", and says what dvc.lock lacks until `dvc commit` records it."""
+    root = tmp_path / "study"
+    shutil.copytree(clone[0], root, symlinks=True)
+    env = clone[1]
+    record = json.loads((root / "artifacts" / "base" / ".stage.record.json").read_text())
+    assert (record["command"], record["status"]) == ("dvc repro base", "finished")  # run by build_study
+
+    def states():
+        r = cli(root, env, "status", "--json")
+        assert r.returncode == 0, r.stderr
+        return {s["stage"]: s for s in json.loads(r.stdout)["stages"]}
+
+    params = merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)
+    params["fit"]["bin_width"] = 0.037  # a value no other test ran fit with
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    assert states()["fit"]["state"] == "stale"
+    r = cli(root, env, "run", "fit")
+    assert r.returncode == 0, r.stderr[-2000:]
+    fit = states()["fit"]
+    assert fit["state"] == "done", fit
+    assert fit["detail"].startswith("ran by `rollscale run fit`, ended "), fit
+    assert fit["detail"].endswith("dvc.lock records an older run: `dvc commit -f fit` records it, "
+                                  "or `rollscale study`"), fit
+
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    del lock["stages"]["fit"]  # a stage dvc.lock has never recorded
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock))
+    assert states()["fit"]["detail"].endswith("not recorded in dvc.lock: `dvc commit -f fit` records it, "
+                                              "or `rollscale study`")
+    r = run(["dvc", "commit", "-f", "fit"], root, env)
+    assert r.returncode == 0, r.stderr
+    assert states()["fit"] == {"stage": "fit", "state": "done", "detail": "up to date with dvc.lock"}
+
+    params["fit"]["bin_width"] = 0.041  # the run no longer matches params.yaml
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    fit = states()["fit"]
+    assert fit["state"] == "stale" and "param fit (params.yaml): modified" in fit["detail"], fit
+
+
+def test_ctrl_c_stops_the_study_in_one_line_and_the_next_study_resumes(clone, tmp_path):
+    """Ctrl-C to `rollscale study` while its sweep trains (the study's own Prefect server, which
+    the stage under `dvc repro` reports to): exit 130 within 10 s with the stage's one line, the
+    lock released, dvc.lock not claiming the sweep; the next study resumes and records it."""
+    from tests.test_faults import check_complete_rows, committed_checkpoints, interrupt, said
+
+    root = tmp_path / "study"
+    shutil.copytree(clone[0], root, symlinks=True)
+    env = {k: v for k, v in clone[1].items() if k != "PREFECT_API_URL"}
+    params = merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)
+    params["sweep"].update(c_max=160, eval_every=8)  # n = 2: 40 steps, a checkpoint every 2
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    runs = root / "artifacts" / "sweep" / "runs"
+    shutil.rmtree(runs)  # so the first checkpoint waited for is one of this sweep
+    rc, seconds, after, _ = interrupt(["study", "--stages", "sweep"], signal.SIGINT,
+                                      lambda: committed_checkpoints(runs / "np4_nr2_uniform_s0"),
+                                      "a checkpoint of the new sweep", tmp_path / "study.log", env, root)
+    assert rc == 130 and seconds < 10, (rc, seconds, after)
+    [line] = said(after)
+    assert re.fullmatch(r"sweep: interrupted \(SIGINT\); 0 of 2 runs finished, 1 resumes from its last checkpoint, "
+                        r"1 starts from the beginning: rerun `rollscale study` to go on", line), after
+    assert not stage_running(root / "artifacts", "sweep")
+    assert "sweep:" in run(["dvc", "status", "sweep"], root, env).stdout  # not recorded as done
+
+    r = cli(root, clone[1], "study", "--stages", "sweep")  # the tests' Prefect server: no start-up to wait for
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for run_dir in sorted(runs.glob("*")):
+        check_complete_rows(run_dir, 160, 8)
+    assert "sweep:" not in run(["dvc", "status", "sweep"], root, env).stdout

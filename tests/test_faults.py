@@ -1,5 +1,5 @@
 """Faults a long study meets: a sweep killed mid-run (and read meanwhile), a corrupt
-checkpoint, a full disk, an unwritable artifacts folder."""
+checkpoint, a full disk, an unwritable artifacts folder, Ctrl-C and SIGTERM."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import rollscale.train.checkpoint as checkpoint_module
 from flows.report import report_flow
 from flows.sweep import sweep_flow
 from rollscale.train.checkpoint import RunStore
+from rollscale.pipeline.stages import RUN_INFO, stage_running
 from rollscale.pipeline.status import study_status
-from tests.test_study import copy_study, prepared_study, write_params
+from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -223,3 +224,140 @@ def test_full_or_read_only_artifacts_folder_fails_before_any_work(prepared, smal
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"rollscale: artifacts folder {art / 'sweep'} is not writable (Read-only file system)" in r.stderr
     assert results(art) == before
+
+
+# ---------------------------------------------------------------------------- Ctrl-C and SIGTERM
+
+# runs long enough for a signal to land mid-run: n = 4 ends at 40 steps while n = 2 is still at work
+INTERRUPTED_SWEEP = {"n": [2, 4], "b_problem": [4], "c_max": 640, "eval_every": 8, "checkpoint_every": 4}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prepared, tmp_path_factory):
+    """The sweep's steps and evals tables when nothing stops it."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    art = copy_study(prepared, root)
+    sweep_flow(params_path=str(write_params(root, sweep=INTERRUPTED_SWEEP)), artifacts=str(art))
+    return {kind: sweep_rows(art, kind) for kind in ("steps", "evals")}
+
+
+def live_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that are still running (zombies left to init are not)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def interrupt(args: list[str], signum: int, when, what: str, log: Path, env: dict | None = None, cwd: Path = REPO):
+    """Start ``rollscale ARGS`` in a process group of its own, send ``signum`` to the whole group
+    (as a terminal's Ctrl-C does) once ``when()`` holds; (exit status, seconds to exit, the output
+    written after the signal, what ``when()`` returned)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rollscale.pipeline.cli", *args], cwd=cwd, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            stage_pid = wait_for(when, what, timeout=300, proc=proc)
+            before = log.stat().st_size
+            t0 = time.monotonic()
+            os.killpg(proc.pid, signum)
+            proc.wait(timeout=30)
+            seconds = time.monotonic() - t0
+            print(f"rollscale {' '.join(args[-4:])}: {signal.Signals(signum).name} -> exit {proc.returncode} "
+                  f"in {seconds:.2f} s")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    deadline = time.monotonic() + 3  # multiprocessing's resource tracker ends once its pipe closes
+    while (left := live_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"outlived the command: {[Path(f'/proc/{p}/cmdline').read_bytes()[:200] for p in left]}"
+    return proc.returncode, seconds, log.read_bytes()[before:].decode(), stage_pid
+
+
+def said(after: str, prefixes=("np4_",)) -> list[str]:
+    """The lines printed after the signal, without the runs' own progress lines."""
+    return [line for line in after.splitlines() if line.strip() and not line.startswith(prefixes)]
+
+
+def no_own_server_left(stage_pid: int) -> bool:
+    """The Prefect server a command started for itself (tasks/server.py) ended with it."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if f"tasks.server\0{stage_pid}\0".encode() in cmdline.read_bytes():
+                return False
+        except OSError:
+            continue  # ended meanwhile
+    return True
+
+
+def test_ctrl_c_stops_a_sweep_within_seconds_and_the_rerun_completes_it(prepared, uninterrupted, tmp_path):
+    """Ctrl-C (SIGINT to the group) while one run has finished and the other trains, two worker
+    processes, and the stage's own Prefect server (no PREFECT_API_URL: the server Ctrl-C used to
+    kill first). Exit 130 within 10 s in one line, the lock released, the workers gone, the
+    finished run untouched; the rerun resumes and ends with the tables of an uninterrupted sweep."""
+    art = copy_study(prepared, tmp_path)
+    params = write_params(tmp_path, workers=2, sweep=INTERRUPTED_SWEEP)
+    runs = art / "sweep" / "runs"
+    finished, training = runs / "np4_nr4_uniform_s0", runs / "np4_nr2_uniform_s0"
+
+    def one_finished_one_training():
+        if (finished / "done.json").exists() and committed_checkpoints(training):
+            assert not (training / "done.json").exists(), "the sweep ended before the signal: make runs longer"
+            return json.loads((art / "sweep" / RUN_INFO).read_text())["pid"]
+        return None
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    rc, seconds, after, stage_pid = interrupt(
+        ["--artifacts", str(art), "run", "sweep", "--params", str(params)], signal.SIGINT,
+        one_finished_one_training, "a finished run beside a training one", tmp_path / "sweep.log", env)
+    command = f"rollscale --artifacts {art} run sweep --params {params}"
+    assert rc == 130 and seconds < 10, (rc, seconds, after)
+    assert said(after) == [f"sweep: interrupted (SIGINT); 1 of 2 runs finished, 1 resumes from its last "
+                           f"checkpoint: rerun `{command}` to go on"], after
+    assert not stage_running(art, "sweep") and no_own_server_left(stage_pid)
+    kept = {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()  # its checkpoints and rows
+            and p.name not in ("attempts.jsonl", "run.parquet")}
+
+    status = study_status(REPO, art)
+    sweep = {s.stage: s for s in status.stages}["sweep"]
+    assert sweep.state == "interrupted" and sweep.detail.startswith("by SIGINT at "), sweep
+    runs_now = {r.run_id: r for r in status.runs}
+    assert runs_now[finished.name].status == "finished"
+    last = committed_checkpoints(training)[-1]
+    assert (runs_now[training.name].status, runs_now[training.name].step) == ("interrupted", int(last.name[5:]))
+
+    sweep_flow(params_path=str(params), artifacts=str(art))  # the rerun (in this process: seconds less)
+    assert {p: p.read_bytes() for p in kept} == kept, "the finished run was trained again"
+    for kind in ("steps", "evals"):
+        pd.testing.assert_frame_equal(sweep_rows(art, kind), uninterrupted[kind])
+    assert {r.status for r in study_status(REPO, art).runs} == {"finished"}
+
+
+def test_sigterm_stops_a_sweep_training_in_the_stage_process(prepared, uninterrupted, tmp_path):
+    """SIGTERM (a service manager's stop) to the group while the one in-process worker (a thread
+    of the stage's process) trains: exit 143 within 10 s in one line; the resumed sweep equals an
+    uninterrupted one."""
+    art = copy_study(prepared, tmp_path)
+    params = write_params(tmp_path, sweep=INTERRUPTED_SWEEP)
+    first = art / "sweep" / "runs" / "np4_nr2_uniform_s0"  # the longest run goes first
+
+    def training():
+        return committed_checkpoints(first) and json.loads((art / "sweep" / RUN_INFO).read_text())["pid"]
+
+    rc, seconds, after, _ = interrupt(["--artifacts", str(art), "run", "sweep", "--params", str(params)],
+                                      signal.SIGTERM, training, "a first checkpoint", tmp_path / "sweep.log")
+    assert rc == 143 and seconds < 10, (rc, seconds, after)
+    assert said(after) == [f"sweep: interrupted (SIGTERM); 0 of 2 runs finished, 1 resumes from its last "
+                           f"checkpoint, 1 starts from the beginning: rerun `rollscale --artifacts {art} run sweep "
+                           f"--params {params}` to go on"], after
+    assert not stage_running(art, "sweep")
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    for kind in ("steps", "evals"):
+        pd.testing.assert_frame_equal(sweep_rows(art, kind), uninterrupted[kind])

@@ -21,6 +21,7 @@ OVER_LIMIT: set[str] = set()
 # attributes of other libraries that have no public accessor, with why
 FOREIGN_PRIVATE = {
     ("rollscale/integrations/trl.py", "_metrics"),  # TRL's GRPOTrainer keeps the metrics it logs only there
+    ("rollscale/pipeline/interrupts.py", "_exit"),  # os._exit: the one way to end without waiting on threads
 }
 
 

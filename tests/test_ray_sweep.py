@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from prefect import flow, task
 
 from flows.sweep import sweep_flow
 from rollscale.config import parse_params
@@ -118,3 +119,41 @@ def test_cluster_address_and_worker_settings(monkeypatch):
     monkeypatch.setenv("PREFECT_LOGGING_LEVEL", "DEBUG")
     env = worker_env("http://10.0.0.1:4200/api")
     assert env["PREFECT_API_URL"] == "http://10.0.0.1:4200/api" and env["PREFECT_LOGGING_LEVEL"] == "DEBUG"
+
+
+@task
+def nap_then_write(path: str, seconds: float) -> str:
+    time.sleep(seconds)
+    Path(path).write_text("the unit ran to its end")
+    return path
+
+
+def test_an_interrupt_cancels_the_ray_tasks_on_a_cluster_it_did_not_start(tmp_path):
+    """Ctrl-C in a sweep on a Ray cluster (tasks.parallel.stop_units): its tasks are cancelled,
+    not left to finish, and the cluster, which the sweep did not start, is left running.
+    (~15 s: a local Ray stands for the cluster; the sweep on it is tested above.)"""
+    import ray
+    from prefect_ray import RayTaskRunner
+    from ray.exceptions import TaskCancelledError
+
+    from tasks.parallel import stop_units, submit_all
+
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        @flow
+        def interrupted_sweep() -> tuple[float, bool]:
+            runner = RayTaskRunner(address="auto")  # Ray is up: the runner joins it, does not own it
+            runner.__enter__()
+            [future] = submit_all(runner, nap_then_write, [{"path": str(tmp_path / "done"), "seconds": 6}])
+            time.sleep(2)  # started
+            t0 = time.monotonic()
+            stop_units(runner, [future])
+            with pytest.raises(TaskCancelledError):
+                ray.get(future.wrapped_future, timeout=10)
+            return time.monotonic() - t0, ray.is_initialized()
+
+        seconds, cluster_up = interrupted_sweep()
+        time.sleep(6)
+        assert seconds < 5 and cluster_up and not (tmp_path / "done").exists()
+    finally:
+        ray.shutdown()

@@ -136,6 +136,19 @@ def test_served_deployment_runs_on_request_and_carries_the_cron_schedule(dvc_stu
         r = subprocess.run([sys.executable, "-m", "dvc", "status", "bucket"], cwd=root, env=env, capture_output=True,
                            text=True)
         assert "bucket:" not in r.stdout, r.stdout  # DVC agrees: the served run recorded it in dvc.lock
+        served = f"rollscale --artifacts {art} serve --params {params}"
+        record = json.loads((art / "bucket" / ".stage.record.json").read_text())
+        assert record["command"] == served and record["status"] == "finished", record
+
+        # SIGTERM (a service manager's stop) to the group: exit 143 within 10 s, in one line
+        t0 = time.monotonic()
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=30)
+        seconds = time.monotonic() - t0
+        print(f"rollscale serve: SIGTERM -> exit {serve.returncode} in {seconds:.2f} s")
+        assert serve.returncode == 143 and seconds < 10, (serve.returncode, seconds)
+        last = logs["serve"].read_text().strip().splitlines()[-1]
+        assert last == f"serve: stopped (SIGTERM); `{served}` serves the deployment again", last
     finally:
         params.write_text(original)
         for proc in (serve, server):

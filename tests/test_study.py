@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from rollscale.pipeline.interrupts import Interrupted
 from rollscale.pipeline.stages import (
     FAILED,
     RUN_INFO,
@@ -139,6 +141,42 @@ def test_stage_lock_running_interrupted_failed(tmp_path):
     with stage_lock("fit", art):
         pass
     assert not (art / "fit" / FAILED).exists()
+
+
+def test_a_stage_stopped_by_a_signal_is_reported_interrupted_not_failed(tmp_path):
+    art = tmp_path / "artifacts"
+    with pytest.raises(Interrupted), stage_lock("fit", art):
+        raise Interrupted(signal.SIGTERM)
+    info = json.loads((art / "fit" / RUN_INFO).read_text())
+    assert info["signal"] == "SIGTERM" and info["interrupted_at"] and not (art / "fit" / FAILED).exists()
+    fit = {s.stage: s for s in stage_statuses(REPO, art)}["fit"]
+    assert fit.state == "interrupted" and fit.detail.startswith(f"by SIGTERM at {info['interrupted_at']} (pid ")
+    assert not stage_running(art, "fit")
+    with stage_lock("fit", art):  # the next run takes over
+        pass
+    assert not (art / "fit" / RUN_INFO).exists()
+
+
+FORWARDED = """
+import signal, sys, time
+from rollscale.pipeline.interrupts import run_forwarding
+sys.exit(run_forwarding([sys.executable, "-c", sys.argv[1]]))
+"""
+CHILD = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+print("child ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_command_passes_a_signal_on_to_the_stage_and_exits_with_its_status():
+    """`kill <pid of rollscale>` alone (not the group): the stage process gets it and says 143."""
+    proc = subprocess.Popen([sys.executable, "-c", FORWARDED, CHILD], stdout=subprocess.PIPE, text=True,
+                            env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert proc.stdout.readline().strip() == "child ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
 
 
 def test_run_progress_is_verified_and_damage_is_reported(tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,15 +19,29 @@ ARCHIVE_HELP = ("sweep: move ended runs that the grid no longer has (or whose co
                 "artifacts/sweep/archive/; without it the sweep refuses and names them")
 
 
-def spawn_flows(args: list[str], debug: bool, module: str = "flows", archive_stale: bool = False) -> int:
-    """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors)."""
+def spawn_flows(args: list[str], debug: bool, module: str = "flows", archive_stale: bool = False,
+                command: str = "") -> int:
+    """``python -m MODULE ARGS`` in the project folder; its exit status (it prints its own errors).
+    Ctrl-C and SIGTERM are passed on to it, and it says what it kept (``command`` is how a person
+    started it: the stage record keeps it, and an interrupted stage tells to run it again)."""
+    from rollscale.pipeline.interrupts import run_forwarding
+    from rollscale.pipeline.stage_record import COMMAND_ENV
     from rollscale.pipeline.stages import ARCHIVE_STALE_ENV, project_root
 
     root = project_root()
-    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {}), **({ARCHIVE_STALE_ENV: "1"} if archive_stale else {})}
+    env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {}), **({ARCHIVE_STALE_ENV: "1"} if archive_stale else {}),
+           **({COMMAND_ENV: command} if command else {})}
     # the project folder first on the path: flows/ and tasks/ are run from there, not installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env).returncode
+    return run_forwarding([sys.executable, "-m", module, *args], cwd=root, env=env)
+
+
+def typed(args: argparse.Namespace, *words: str) -> str:
+    """The command line a person typed, without the options left at their defaults."""
+    out = ["rollscale", *(["--artifacts", args.artifacts] if args.artifacts != "artifacts" else []), *words]
+    if getattr(args, "params", "params.yaml") != "params.yaml":
+        out += ["--params", args.params]
+    return " ".join(out)
 
 
 def print_status(artifacts: str, as_json: bool) -> None:
@@ -150,6 +163,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return command(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a stage started (a running one is stopped by its own process)
+        print("rollscale: interrupted before anything ran", file=sys.stderr)
+        return 130
+
+
+def command(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     debug = debug_enabled(args.debug)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -161,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if code := run_guarded(lambda: (load_params(args.params), check_stage(args.stage)), debug):
             return code
         return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
-                           archive_stale=args.archive_stale)
+                           archive_stale=args.archive_stale, command=typed(args, "run", args.stage))
     if args.command == "study":
         if Path(args.artifacts).resolve() != Path("artifacts").resolve():
             print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
@@ -176,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         stages = ["--stages", args.stages] if args.stages else []
         return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
-                           debug, "flows.study", archive_stale=args.archive_stale)
+                           debug, "flows.study", archive_stale=args.archive_stale, command=typed(args, "study"))
     if args.command == "serve":
-        return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study")
+        return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study", command=typed(args, "serve"))
     if args.command == "deps":
         result = {}
         return run_guarded(lambda: result.setdefault("code", deps(args.write)), debug) or result["code"]

@@ -5,7 +5,8 @@ The full traceback is shown with ``rollscale --debug`` or ``ROLLSCALE_DEBUG=1``.
 Exit status: 2 for bad input (params, data rows, buckets, queries), 1 for the
 environment (a stage already running, a full or unwritable disk, missing files),
 3 for an error the project did not foresee (a bug: please report it with the
-``--debug`` output).
+``--debug`` output); 130 after Ctrl-C and 143 after SIGTERM
+(:mod:`rollscale.pipeline.interrupts`).
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ def run_guarded(fn: Callable[[], object], debug: bool = False, prog: str = "roll
     """Call ``fn``; print any error as :func:`explain` says (plus the traceback when debugging)."""
     try:
         fn()
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; finished work is kept and the next run resumes it", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: 130 / 143, one line (the caller's, if it said one)
+        from rollscale.pipeline.interrupts import exit_code, say, signal_of
+
+        say(f"{prog}: interrupted; finished work is kept and the next run resumes it")
+        return exit_code(signal_of(err))
     except Exception as err:  # noqa: BLE001 - the one place every error becomes a message
         if debug_enabled(debug):
             traceback.print_exc()

@@ -1,4 +1,7 @@
-"""Progress that suits where output goes: a tqdm bar on a terminal, log lines elsewhere (CI, logs)."""
+"""Progress that suits where output goes: a tqdm bar on a terminal, log lines elsewhere (CI, logs).
+
+Each update is also where work running in a thread stops once the process got Ctrl-C or SIGTERM
+(:mod:`rollscale.pipeline.interrupts`)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import sys
 import time
 
 from tqdm.auto import tqdm
+
+from rollscale.pipeline.interrupts import check as stop_if_interrupted
 
 log = logging.getLogger("rollscale.pipeline.progress")
 
@@ -23,6 +28,8 @@ class Progress:
             log.info("%s: %d/%d %s", desc, initial, total, unit)
 
     def update(self, n: int = 1, **postfix) -> None:
+        # where work in a thread (an in-process worker) stops after Ctrl-C or SIGTERM: between steps
+        stop_if_interrupted()
         self.done += n
         if self.bar is not None:
             self.bar.update(n)

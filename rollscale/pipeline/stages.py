@@ -19,6 +19,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -190,6 +191,13 @@ def stage_running(artifacts: str | os.PathLike[str], stage: str) -> bool:
     return False
 
 
+def busy_error(stage: str, artifacts: str | os.PathLike[str]) -> StageBusyError:
+    """The one-line refusal of a stage that a live process runs now (its run record says which)."""
+    held = read_json(Path(artifacts) / stage / RUN_INFO) or {}
+    return StageBusyError(f"stage {stage!r} is already running (pid {held.get('pid')} on {held.get('host')}, "
+                          f"since {held.get('started_at')}); wait for it or stop that process first")
+
+
 def _not_writable(folder: Path, stage: str, err: OSError) -> ArtifactsNotWritableError:
     return ArtifactsNotWritableError(
         err.errno or errno.EIO,
@@ -206,7 +214,8 @@ def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
     Taking the lock is the stage's first write, so a stage already running
     (:class:`StageBusyError`) or an unwritable or full artifacts folder
     (:class:`ArtifactsNotWritableError`) fails here, before any work. A run
-    that was killed left ``.stage.run.json`` without a lock holder: reported
+    that was killed left ``.stage.run.json`` without a lock holder, and one
+    stopped by Ctrl-C or SIGTERM left it with the signal and time: reported
     "interrupted" until the next run takes over.
     """
     folder = Path(artifacts) / stage
@@ -216,9 +225,7 @@ def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
         lock = FileLock(folder / LOCK)
         lock.acquire(timeout=0)
     except Timeout:
-        held = read_json(folder / RUN_INFO) or {}
-        raise StageBusyError(f"stage {stage!r} is already running (pid {held.get('pid')} on {held.get('host')}, "
-                             f"since {held.get('started_at')}); wait for it or stop that process first") from None
+        raise busy_error(stage, artifacts) from None
     except OSError as err:
         raise _not_writable(folder, stage, err) from err
     try:
@@ -231,8 +238,14 @@ def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
         except OSError as err:
             raise _not_writable(folder, stage, err) from err
         t0 = time.perf_counter()
+        interrupted = False
         try:
             yield info
+        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the run record stays, saying so
+            interrupted = True
+            with contextlib.suppress(OSError):
+                write_json_atomic(interrupted_info(info, err), folder / RUN_INFO)
+            raise
         except BaseException as err:
             with contextlib.suppress(OSError):
                 write_json_atomic({**info, "error": f"{type(err).__name__}: {err}"[:2000], "failed_at": now()},
@@ -242,6 +255,15 @@ def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
             log.info("stage %s: finished in %.1f s", stage, time.perf_counter() - t0)
             (folder / FAILED).unlink(missing_ok=True)
         finally:
-            (folder / RUN_INFO).unlink(missing_ok=True)
+            if not interrupted:
+                (folder / RUN_INFO).unlink(missing_ok=True)
     finally:
         lock.release()
+
+
+def interrupted_info(info: dict, err: BaseException) -> dict:
+    """The run record of a stage stopped by a signal: when and by which (``rollscale status``
+    reports it "interrupted", and the next run takes over)."""
+    from rollscale.pipeline.interrupts import signal_of
+
+    return {**info, "interrupted_at": now(), "signal": signal.Signals(signal_of(err)).name}

@@ -27,9 +27,11 @@ from typing import Any
 
 import pandas as pd
 
+from rollscale.pipeline.stage_record import fingerprint, read_record, record_differences
 from rollscale.pipeline.stages import (
     FAILED,
     RUN_INFO,
+    StageSpec,
     dvc_changes,
     load_stage_specs,
     now,
@@ -61,6 +63,31 @@ def _in_lock(root: Path, stage: str) -> bool:
     return stage in ((yaml.safe_load(lock.read_text()) or {}).get("stages") or {})
 
 
+def _interrupted(name: str, info: dict, artifacts: Path) -> StageStatus:
+    """A run record without a lock holder: stopped by a signal (it says which), or killed."""
+    where = f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started_at')}"
+    runs = sweep_progress(artifacts, sweep_running=False) if name == "sweep" else []
+    kept = f"; {runs_kept(runs)}" if runs else ""
+    if info.get("signal"):
+        return StageStatus(name, "interrupted", f"by {info['signal']} at {info.get('interrupted_at')} ({where}){kept}")
+    return StageStatus(name, "interrupted", f"stopped without finishing ({where}){kept}")
+
+
+def _recorded(root: Path, artifacts: Path, name: str, spec: StageSpec, specs: dict[str, StageSpec],
+              in_lock: bool) -> StageStatus | None:
+    """A stage that DVC does not find up to date, judged by its own record (whichever command ran
+    it): done when the record matches params.yaml and the code now, with what dvc.lock lacks."""
+    record = read_record(artifacts / name)
+    if not record:
+        return None
+    now = fingerprint(root, artifacts, root / "params.yaml", spec.deps, spec.params, upstream(spec, specs))
+    ran = f"ran by `{record.get('command')}`, ended {record.get('ended_at')}"
+    if differences := record_differences(record, now):
+        return StageStatus(name, "stale", f"{ran}; since then: {', '.join(differences)}")
+    behind = "dvc.lock records an older run" if in_lock else "not recorded in dvc.lock"
+    return StageStatus(name, "done", f"{ran}; {behind}: `dvc commit -f {name}` records it, or `rollscale study`")
+
+
 def stage_statuses(root: str | os.PathLike[str] | None = None,
                    artifacts: str | os.PathLike[str] | None = None) -> list[StageStatus]:
     """Every stage's status, in study order (see the module docstring)."""
@@ -79,24 +106,28 @@ def stage_statuses(root: str | os.PathLike[str] | None = None,
         folder = artifacts / name
         info = read_json(folder / RUN_INFO)
         failed = read_json(folder / FAILED)
+        in_lock = _in_lock(root, name)
         if stage_running(artifacts, name):
             status = StageStatus(name, "running", f"pid {(info or {}).get('pid')} on {(info or {}).get('host')}, "
                                                   f"since {(info or {}).get('started_at')}")
         elif info is not None:
-            status = StageStatus(name, "interrupted", f"stopped without finishing (pid {info.get('pid')} on "
-                                                      f"{info.get('host')}, started {info.get('started_at')})")
+            status = _interrupted(name, info, artifacts)
         elif failed:
             status = StageStatus(name, "failed", f"{failed.get('failed_at')}: {failed.get('error')}")
         elif changes is None:
             status = StageStatus(name, "unknown", "dvc is busy (a `dvc repro` runs): ask again when it ends")
-        elif not _in_lock(root, name):
-            status = StageStatus(name, "not run", "")
-        elif name in changes:
-            status = StageStatus(name, "stale", "changed: " + "; ".join(changes[name]))
+        elif not in_lock or name in changes:
+            recorded = _recorded(root, artifacts, name, spec, specs, in_lock)
+            if in_lock and not (recorded and recorded.state == "done"):  # DVC says best what changed
+                status = StageStatus(name, "stale", "changed: " + "; ".join(changes[name]))
+            else:
+                status = recorded or StageStatus(name, "not run", "")
         else:
+            status = StageStatus(name, "done", "up to date with dvc.lock")
+        if status.state == "done":
             ups = [u for u in upstream(spec, specs) if state.get(u) not in ("done", None)]
-            status = (StageStatus(name, "stale", "after " + ", ".join(f"{u} ({state[u]})" for u in ups)) if ups
-                      else StageStatus(name, "done", "up to date with dvc.lock"))
+            if ups:
+                status = StageStatus(name, "stale", "after " + ", ".join(f"{u} ({state[u]})" for u in ups))
         status = _with_damage(status, artifacts)
         state[name] = status.state
         out.append(status)
@@ -217,6 +248,22 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
         progress.append(RunProgress(run_dir.name, status, state.get("step"), state.get("c"),
                                     int(c_max) if c_max else None, len(attempts), worker, error))
     return progress
+
+
+def runs_kept(runs: list[RunProgress]) -> str:
+    """What an interrupted sweep kept, in words: its runs by state (science §1)."""
+    finished = sum(r.status == "finished" for r in runs)
+    failed = sum(r.status == "failed" for r in runs)
+    resume = sum(r.status not in ("finished", "failed") and r.step is not None for r in runs)
+    fresh = len(runs) - finished - failed - resume
+    parts = [f"{finished} of {len(runs)} {'run' if len(runs) == 1 else 'runs'} finished"]
+    if resume:
+        parts.append(f"{resume} {'resumes from its' if resume == 1 else 'resume from their'} last checkpoint")
+    if fresh:
+        parts.append(f"{fresh} {'starts' if fresh == 1 else 'start'} from the beginning")
+    if failed:
+        parts.append(f"{failed} failed")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
