@@ -250,6 +250,7 @@ def test_study_refused_by_a_running_stage_says_so_in_one_line(clone):
         holder.wait()
         (art / "sweep" / RUN_INFO).unlink(missing_ok=True)  # the shared study stays as it was
     assert r.returncode == 1, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     [line] = r.stderr.strip().splitlines()
     assert line.startswith(f"rollscale: stage 'sweep' is already running (pid {holder.pid} on "), line
     assert line.endswith("wait for it or stop that process first"), line

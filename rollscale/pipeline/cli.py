@@ -102,6 +102,16 @@ def check_stage(stage: str) -> None:
     select_stages(load_stage_specs(), [stage])
 
 
+def refuse_running_stages(artifacts: str, stages: str | None) -> None:
+    """Raise the one-line refusal when a stage the study would run is running now."""
+    from rollscale.pipeline.stages import busy_error, load_stage_specs, select_stages, stage_running
+
+    chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
+    for stage in select_stages(load_stage_specs(), chosen):
+        if stage_running(artifacts, stage):
+            raise busy_error(stage, artifacts)
+
+
 def deps(write: bool) -> int:
     """Compare dvc.yaml's code deps with the computed ones: 0 up to date (or written), 1 stale."""
     from rollscale.files import write_text_atomic
@@ -188,6 +198,9 @@ def command(argv: list[str] | None = None) -> int:
             print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
                   "(use `rollscale run <stage> --artifacts ...` for another folder)", file=sys.stderr)
             return 2
+        # a running stage refuses in one line before the check's report (flows/study.py refuses again per stage)
+        if code := run_guarded(lambda: refuse_running_stages(args.artifacts, args.stages), debug):
+            return code
         # the check first: a study that cannot work stops before its first stage spends anything
         ok: list[bool] = []
         if code := run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, False, True)), debug):
