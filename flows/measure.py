@@ -19,11 +19,10 @@ from prefect import flow
 
 from rollscale.files import write_parquet_atomic
 from rollscale.train.sweep import run_configs
-from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
+from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise
 from tasks.parallel import local_runner, raise_first_error, run_all
 from tasks.models import sampling_config
-from flows.sweep import bucket_problems
 
 
 @flow(name="measure")

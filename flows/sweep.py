@@ -22,32 +22,19 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.core.problems import Problem
-from rollscale.core.profiling import problems_from_profile
-from rollscale.train.sweep import run_configs
+from rollscale.core.search import rung_budgets
+from rollscale.files import write_json_atomic
+from rollscale.train.search_groups import search_plan, search_settings
+from rollscale.train.sweep import point_config, run_configs
 from rollscale.train.run_config import RunConfig, config_hash
 from rollscale.pipeline.stages import ARCHIVE_STALE_ENV
 from rollscale.pipeline.status import runs_kept, sweep_progress
 from rollscale.pipeline.trackers import tracker_targets
-from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
+from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
 from tasks.parallel import local_runner, raise_first_error, run_all
+from tasks.search import FrontierSearch, no_search
 from tasks.sweep import train_run_in_worker
-
-def bucket_problems(artifacts: Path, bucket: str) -> tuple[list[Problem], list[Problem]]:
-    """The (train, val) problems of a bucket, from the profile and bucket tables."""
-    for stage, name in (("profile", "profile"), ("bucket", "buckets")):
-        if not (artifacts / stage / f"{name}.parquet").exists():
-            raise FileNotFoundError(f"{artifacts / stage / name}.parquet not found: run the '{stage}' stage first")
-    by_id = problems_from_profile(pd.read_parquet(artifacts / "profile" / "profile.parquet"))
-    table = pd.read_parquet(artifacts / "bucket" / "buckets.parquet")
-    rows = table[table["bucket"] == bucket]
-    train = [by_id[i] for i in sorted(rows.loc[rows["split"] == "train", "problem_id"])]
-    val = [by_id[i] for i in sorted(rows.loc[rows["split"] == "val", "problem_id"])]
-    if not train or not val:
-        raise ValueError(f"sweep.bucket {bucket!r} has {len(train)} train and {len(val)} validation problems; "
-                         "both must be non-empty (see the bucket stage's counts)")
-    return train, val
-
 
 def run_identity(config: RunConfig, bucket: str, train: list[Problem]) -> dict:
     """What makes a run folder's content valid for this config."""
@@ -99,45 +86,81 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     ref = read_model_ref(root)
     sweep = params.sweep
     train, val = bucket_problems(root, sweep.bucket)
-    configs = run_configs(sweep, sampling_config(params.sampling))
-    runs_dir = root / "sweep" / "runs"
+    sampling = sampling_config(params.sampling)
+    configs = run_configs(sweep, sampling)
+    sweep_dir = root / "sweep"
+    runs_dir = sweep_dir / "runs"
     trackers = tracker_targets(params.tracking, root / "trackers")
+
+    # Frontier search (science §8): runs advance in rungs of budget, and after each rung of a group the
+    # keys that cannot be best at any budget to come stop there; grid: every run trains to C_max.
+    search, alone = None, []
+    if sweep.search.method == "frontier":
+        groups = search_plan(sweep)
+        grid = {c.run_id: c for c in configs}
+
+        def config_of(group: str, key, seed: int) -> RunConfig:
+            config = point_config(sweep, sampling, groups.point(group, key, seed))
+            return grid.get(config.run_id, config)
+
+        search = FrontierSearch(groups, search_settings(sweep, params.fit), sweep_dir, sweep.bucket, config_of,
+                                lambda c: runs_dir / c.run_id)
+        alone = [point_config(sweep, sampling, p) for p in groups.alone]
+        configs = list({c.run_id: c for c in search.configs() + alone}.values())
+        rungs = rung_budgets(sweep.c_max, sweep.search.eta, sweep.search.first_rung)
+        print(f"sweep: frontier search over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
+              f"{', '.join(f'{c:,}' for c in rungs)} (eta {sweep.search.eta}, alpha {sweep.search.alpha})")
+    else:
+        no_search(sweep_dir)
     wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
     archive_stale_runs(runs_dir, wanted, os.environ.get(ARCHIVE_STALE_ENV, "") == "1")
     print(f"sweep: {sweep.design} on bucket {sweep.bucket!r} ({len(train)} train / {len(val)} val problems), "
           f"{len(configs)} runs of C_max = {sweep.c_max:,} rollouts: {', '.join(c.run_id for c in configs)}")
-    for config in configs:  # folders and what makes them valid exist before any worker starts
-        (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
-        (runs_dir / config.run_id / "identity.json").write_text(json.dumps(wanted[config.run_id]))
-    # the longest runs (most steps: more evaluations and per-step work) go first, so the pool's
-    # last round is short runs, not one long run beside an idle worker
-    by_length = sorted(configs, key=lambda c: -c.nominal_steps)
-    units = [{"ref": ref, "config": c, "bucket": sweep.bucket, "train_problems": train, "val_problems": val,
-              "run_dir": str(runs_dir / c.run_id), "lora": params.model.lora, "torch_threads": params.torch_threads,
-              "device": params.model.device, "trackers": trackers, "sampling": params.sampling}
-             for c in by_length]
-    labels = [c.run_id for c in by_length]
     for i, config in enumerate(configs, 1):
         print(f"sweep: run {i}/{len(configs)}: {config.run_id} (B = {config.b_problem} x {config.n}, "
               f"~{config.nominal_steps} steps, lr {config.lr:.2e})")
 
-    def finished(i: int, result) -> None:
+    submitted: list[RunConfig] = []  # the pool's index -> run
+
+    def unit(config: RunConfig, budget: float | None) -> tuple[dict, str]:
+        # the folder and what makes it valid exist before a worker starts (a key the search adds too)
+        (runs_dir / config.run_id).mkdir(parents=True, exist_ok=True)
+        ident = wanted.get(config.run_id) or run_identity(config, sweep.bucket, train)
+        write_json_atomic(ident, runs_dir / config.run_id / "identity.json")
+        submitted.append(config)
+        label = config.run_id if budget is None or budget >= sweep.c_max else f"{config.run_id} to C = {budget:,.0f}"
+        return ({"ref": ref, "config": config, "bucket": sweep.bucket, "train_problems": train, "val_problems": val,
+                 "run_dir": str(runs_dir / config.run_id), "lora": params.model.lora,
+                 "torch_threads": params.torch_threads, "device": params.model.device, "trackers": trackers,
+                 "sampling": params.sampling, "budget": budget}, label)
+
+    # the longest runs (most steps: more evaluations and per-step work) go first, so the pool's
+    # last round is short runs, not one long run beside an idle worker
+    first = search.start() + [(c, None) for c in alone] if search else [(c, None) for c in configs]
+    units, labels = zip(*[unit(c, b) for c, b in sorted(first, key=lambda u: -u[0].nominal_steps)]) if first else ((), ())
+
+    def finished(i: int, result) -> list[tuple[dict, str]]:
         if result.status == "failed":
             print(f"sweep: {result.run_id} failed: {result.error}")
+        new = search.finished(submitted[i], result) if search else []
         refresh_duckdb(root)
+        return [unit(c, b) for c, b in new]
 
     if sweep.executor == "ray":
         from tasks.ray_sweep import train_runs_on_ray
 
-        _, errors = train_runs_on_ray(units, labels, sweep, finished, params.model.device)
+        _, errors = train_runs_on_ray(list(units), list(labels), sweep, finished, params.model.device)
     else:
-        print(f"sweep: {len(configs)} runs, {min(params.workers, len(configs))} side by side "
+        print(f"sweep: {len(units)} runs to train now, {min(params.workers, max(len(units), 1))} side by side "
               f"({params.torch_threads} torch thread each)")
-        _, errors = run_all(local_runner(params.workers, params.torch_threads), train_run_in_worker, units, labels,
-                            finished)
+        _, errors = run_all(local_runner(params.workers, params.torch_threads), train_run_in_worker, list(units),
+                            list(labels), finished)
+    if search:
+        configs = list({c.run_id: c for c in search.configs() + alone}.values())
     refresh_duckdb(root)
-    runs = pd.concat([pd.read_parquet(runs_dir / c.run_id / "run.parquet") for c in configs], ignore_index=True)
-    print("sweep: runs\n" + runs[["run_id", "status", "steps", "c"]].to_string(index=False))
+    runs = pd.concat([pd.read_parquet(runs_dir / c.run_id / "run.parquet") for c in configs
+                      if (runs_dir / c.run_id / "run.parquet").exists()], ignore_index=True)
+    print("sweep: runs\n" + runs[["run_id", "status", "steps", "c", "end_reason"]].to_string(index=False))
     raise_first_error("sweep (the other runs finished)", errors)
     return runs
 

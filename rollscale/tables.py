@@ -20,6 +20,7 @@ TABLES: dict[str, str] = {
     "runs": "sweep/runs/*/run.parquet",
     "steps": "sweep/runs/*/steps-*.parquet",
     "evals": "sweep/runs/*/evals-*.parquet",
+    "search": "sweep/search.parquet",
     "fits": "fit/fits.parquet",
     "frontier": "fit/frontier.parquet",
     "steps_to_target": "fit/steps_to_target.parquet",

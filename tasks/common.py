@@ -10,13 +10,15 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from typing import TYPE_CHECKING
-
 from rollscale.config import StudyParams, load_params
+from rollscale.core.problems import Problem
+from rollscale.core.profiling import problems_from_profile
 from rollscale.pipeline.storage import write_duckdb
 
 if TYPE_CHECKING:  # loading models pulls in torch and transformers: seconds the table stages do not need
@@ -71,3 +73,19 @@ def read_model_ref(artifacts: Path = ARTIFACTS) -> ModelRef:
 def refresh_duckdb(artifacts: Path = ARTIFACTS) -> None:
     """Rewrite the DuckDB file of views after a stage wrote its tables."""
     write_duckdb(artifacts)
+
+
+def bucket_problems(artifacts: Path, bucket: str) -> tuple[list[Problem], list[Problem]]:
+    """The (train, val) problems of a bucket, from the profile and bucket tables."""
+    for stage, name in (("profile", "profile"), ("bucket", "buckets")):
+        if not (artifacts / stage / f"{name}.parquet").exists():
+            raise FileNotFoundError(f"{artifacts / stage / name}.parquet not found: run the '{stage}' stage first")
+    by_id = problems_from_profile(pd.read_parquet(artifacts / "profile" / "profile.parquet"))
+    table = pd.read_parquet(artifacts / "bucket" / "buckets.parquet")
+    rows = table[table["bucket"] == bucket]
+    train = [by_id[i] for i in sorted(rows.loc[rows["split"] == "train", "problem_id"])]
+    val = [by_id[i] for i in sorted(rows.loc[rows["split"] == "val", "problem_id"])]
+    if not train or not val:
+        raise ValueError(f"sweep.bucket {bucket!r} has {len(train)} train and {len(val)} validation problems; "
+                         "both must be non-empty (see the bucket stage's counts)")
+    return train, val

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
@@ -82,37 +82,47 @@ def submit_all(runner: TaskRunner, task, params: list[dict[str, Any]]) -> list[P
     return [runner.submit(task, p) for p in params]
 
 
-def completed(futures: list[PrefectFuture]) -> Iterator[tuple[int, Any, BaseException | None]]:
-    """(index, result, error) for each future as it finishes: a unit that raised does not
-    hide the others' results, and each result can be stored the moment it exists."""
-    index = {id(f): i for i, f in enumerate(futures)}
-    for future in as_completed(futures):
-        try:
-            yield index[id(future)], future.result(), None
-        except Exception as err:  # reported by the caller, after the other units finish
-            yield index[id(future)], None, err
-
-
 def run_all(
     runner: TaskRunner, task, params: list[dict[str, Any]], labels: list[str],
-    on_result: Callable[[int, Any], None] | None = None,
+    on_result: Callable[[int, Any], list[tuple[dict[str, Any], str]] | None] | None = None,
 ) -> tuple[dict[int, Any], list[tuple[str, BaseException]]]:
     """Run every unit on ``runner``; returns {index: result} and (label, error) per unit that
     raised (each logged as it happens). ``on_result(index, result)`` is called in the flow's
-    process as each unit finishes."""
+    process as each unit finishes; it may return new (params, label) units, submitted at once
+    (a frontier search's next rung of one group: a barrier for that group's runs only) and
+    indexed after the ones before them."""
+    params, labels = list(params), list(labels)
     results, errors = {}, []
     runner.__enter__()
-    futures = []
+    futures: list[PrefectFuture] = []
+    index: dict[int, int] = {}
+
+    def submit(batch: list[dict[str, Any]]) -> None:
+        for p in batch:
+            futures.append(runner.submit(task, p))
+            index[id(futures[-1])] = len(futures) - 1
+
     try:
-        futures = submit_all(runner, task, params)
-        for i, result, err in completed(futures):
-            if err is not None:
-                log.error("%s failed: %s: %s", labels[i], type(err).__name__, err)
-                errors.append((labels[i], err))
-                continue
-            results[i] = result
-            if on_result is not None:
-                on_result(i, result)
+        submit(params)
+        pending = set(range(len(futures)))
+        while pending:
+            for future in as_completed([futures[i] for i in sorted(pending)]):
+                i = index[id(future)]
+                pending.discard(i)
+                try:
+                    results[i] = future.result()
+                except Exception as err:  # reported after the other units finish
+                    log.error("%s failed: %s: %s", labels[i], type(err).__name__, err)
+                    errors.append((labels[i], err))
+                    continue
+                new = on_result(i, results[i]) if on_result is not None else None
+                if new:  # wait on the new units too: as_completed's set is fixed, so start it again
+                    params += [p for p, _ in new]
+                    labels += [label for _, label in new]
+                    first = len(futures)
+                    submit([p for p, _ in new])
+                    pending.update(range(first, len(futures)))
+                    break
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (rollscale.pipeline.interrupts): stop, do not finish
         stop_units(runner, futures)
         raise

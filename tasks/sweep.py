@@ -33,15 +33,25 @@ from tasks.models import training_model
 log = logging.getLogger("rollscale.train.sweep")
 
 
-def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | None = None, error: str | None = None) -> pd.DataFrame:
-    """The run's row of the ``runs`` table."""
-    return pd.DataFrame([{
+# why a run ended (the runs table's end_reason): a stopped run is a finished run with a shorter C (science §8)
+END_REASONS = {"finished": "budget reached", "paused": "paused at a search rung", "failed": "failed"}
+
+
+def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | None = None, error: str | None = None,
+            stop: dict | None = None) -> pd.DataFrame:
+    """The run's row of the ``runs`` table; ``stop`` (rung, rule, c) for a run the frontier search stopped."""
+    reason = (f"stopped at rung {stop['rung']} by rule {stop['rule']}" if status == "stopped" and stop
+              else END_REASONS.get(status))
+    row = pd.DataFrame([{
         "run_id": config.run_id, "bucket": bucket, "n": config.n, "b_problem": config.b_problem,
         "m": config.trained_group_size, "rule": config.rule, "seed": config.seed, "c_max": config.c_max,
         "lr": config.lr, "kl_coef": config.train.kl_coef, "entropy_coef": config.train.entropy_coef,
         "status": status, "steps": result.steps if result else 0, "c": result.c if result else 0,
         "c_tokens": result.c_tokens if result else 0, "error": error or (result.error if result else None),
+        "end_reason": reason, "stop_rung": stop["rung"] if stop else None, "stop_rule": stop["rule"] if stop else None,
     }])
+    # typed even when empty, so every run's file has the same schema in DuckDB
+    return row.astype({"end_reason": "string", "stop_rung": "Int64", "stop_rule": "string", "error": "string"})
 
 
 @task(name="train-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
@@ -56,10 +66,12 @@ def train_run(
     device: str = "auto",
     trackers: TrackerTargets | None = None,
     sampling: SamplingParams | None = None,
+    budget: float | None = None,
 ) -> RunResult:
     """Train (or resume, or skip when finished) one GRPO run into ``run_dir``, sampling with
     the ``sampling.backend`` engine (default: HF ``generate`` on the training model); with
-    ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow."""
+    ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow.
+    ``budget``: pause there (a frontier search's rung, science §8) instead of at C_max."""
     run_dir_path = Path(run_dir)
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
     sampling = sampling or SamplingParams()
@@ -68,7 +80,7 @@ def train_run(
             trainer = GRPOTrainer(model, tokenizer, train_problems, val_problems, config,
                                   use_chat_template=ref.chat_template, lora=use_lora, engine=engine,
                                   chat_template_kwargs=sampling.chat_template_kwargs)
-            result = _train(trainer, config, run_dir_path, trackers)
+            result = _train(trainer, config, run_dir_path, trackers, budget)
             del trainer
     except Exception as err:  # a failed run says so in the runs table (a retry or resume overwrites it)
         write_parquet_atomic(run_row(config, bucket, "failed", error=f"{type(err).__name__}: {err}"),
@@ -80,7 +92,8 @@ def train_run(
     return result
 
 
-def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers: TrackerTargets | None) -> RunResult:
+def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers: TrackerTargets | None,
+           budget: float | None = None) -> RunResult:
     """The run loop with its progress bar; each checkpoint's rows go to the trackers."""
     exporter = trackers and RunExporter(trackers, run_dir_path, config.run_id, config.to_dict())
     store = ExportingRunStore(run_dir_path, exporter) if exporter else RunStore(run_dir_path)
@@ -98,9 +111,9 @@ def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers
             log.info("%s: step %d, C=%d, val avg@%d = %.3f ± %.3f, greedy %.3f", config.run_id, row["step"], row["c"],
                      config.eval_k, row["avg_at_k"], row["avg_at_k_se"], row["greedy"])
 
-        result = trainer.run(store, on_eval=on_eval, progress=progress)
-    if exporter:
-        exporter.export(result.status)
+        result = trainer.run(store, on_eval=on_eval, progress=progress, budget=budget)
+    if exporter:  # a paused run's rows go out, its MLflow run stays open
+        exporter.export(None if result.status == "paused" else result.status)
     return result
 
 
@@ -117,6 +130,7 @@ def train_run_in_worker(
     device: str = "auto",
     trackers: TrackerTargets | None = None,
     sampling: SamplingParams | None = None,
+    budget: float | None = None,
 ) -> RunResult:
     """:func:`train_run` in a worker (a local process or a Ray task), after recording the attempt
     (pid, host, the checkpoint step it resumes from) in the run's ``attempts.jsonl``."""
@@ -132,4 +146,5 @@ def train_run_in_worker(
     if attempt["resume_step"]:
         log.info("%s: worker %s:%d resumes from checkpoint step %d",
                  config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
-    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers, sampling)
+    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers, sampling,
+                        budget)

@@ -1,11 +1,10 @@
 """Proof of the frontier search by simulation (science §8): 200 whole studies, as a grid and as a search.
 
 Both go through rollscale.core.search (rollscale.core.search_sim), with the default settings
-(eta 2, alpha 0.4: the point benchmarks/search_sim.py chose, docs/benchmarks.md). Worth its time
-(12 s of CPU on this 2-core machine, 26 s wall while other sessions ran; the file 32 s with the
-suite's Prefect server start): it is
-the only check that the search's rules, run together over many noisy studies, keep the grid's
-answer. Measured here: 97.4 % agreement, median spent 75.6 % of the grid's rollouts; the issue's
+(eta 2, alpha 0.3: docs/benchmarks.md, "Frontier search against the grid"). Worth its time
+(about 10 s of CPU on this 2-core machine): it is the only check that the search's rules, run
+together over many noisy studies, keep the grid's answer. Measured here (2026-11-24): 98.2 %
+agreement where A2 holds, median spent 87.8 % of the grid's rollouts (mean 82.8 %); the issue's
 50 % is not reached by a rule that keeps the answer (docs/benchmarks.md has the trade-off).
 """
 
@@ -36,7 +35,7 @@ def test_the_search_names_the_grids_best_key_wherever_the_grid_decides(result):
 
 def test_the_search_spends_fewer_rollouts_than_the_grid(result):
     s = summarise(result)
-    assert s["median_spent"] <= 0.8, s
+    assert s["median_spent"] <= 0.9 and s["mean_spent"] <= 0.85, s
     spent = result.studies.groupby("family")["spent"]
     assert (spent.median() < 0.9).all() and (spent.max() <= 1.0 + 1e-9).all()
     stops = result.decisions[result.decisions["action"] == "stop"]

@@ -19,8 +19,9 @@ A <= 1 for rewards in [0, 1], A1) and decides, for every run in play:
   stopped; its row says why. Otherwise **continue** to the next rung.
 * **add** (the bracket; not for rules): where the grid's first or last key in
   play is the best key in >= 50 % of refits at some budget the fits reach
-  (up to eta c_r), the key beyond it (n / 2 or 2 n, within the group's
-  bracket limits) joins with the group's seeds and catches up to the next rung.
+  (up to eta c_r), and its fit rests on :data:`MIN_POINTS` record points or
+  more, the key beyond it (n / 2 or 2 n, within the group's bracket limits)
+  joins with the group's seeds and catches up to the next rung.
 * **seed** (last rung, with ``extra_seeds``): at a budget where no key is best
   in >= 1 - alpha of refits, the two keys sharing it each get one more seed
   (up to the cap); the runs train to the key's budget and the last rung is
@@ -117,7 +118,8 @@ __all__ = [
 ]
 
 BRACKET_SHARE = 0.5  # science §8: an edge key best in >= 50 % of refits at some budget
-# a stop rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise stop keys)
+# a stop or an add rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise
+# stop keys; the replay of the default grid: fewer added n = 32 on a 3-point fit of n = 16, docs/benchmarks.md)
 MIN_POINTS = 8
 
 
@@ -184,6 +186,8 @@ def _bracket(view: View | None, group: SearchGroup, st: GroupState, c_r: float, 
         if edge not in view.keys or cand in st.keys or cand == edge or not group.allows(cand):
             continue
         k = view.keys.index(edge)
+        if view.points[k] < MIN_POINTS:  # as for a stop: a thin fit's edge win is noise as often as not
+            continue
         share = view.shares[k, reach] if reach.any() else np.array([])
         if not share.size or not np.isfinite(share).any() or np.nanmax(share) < BRACKET_SHARE:
             continue

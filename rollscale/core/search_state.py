@@ -64,7 +64,7 @@ class SearchSettings:
     """
 
     eta: float = 2.0
-    alpha: float = 0.4
+    alpha: float = 0.3
     first_rung: float = 0.0625
     extra_seeds: int = 0
     resamples: int = 200

@@ -103,9 +103,14 @@ def check_stage(stage: str) -> None:
 
 
 def refuse_running_stages(artifacts: str, stages: str | None) -> None:
-    """Raise the one-line refusal when a stage the study would run is running now."""
-    from rollscale.pipeline.stages import busy_error, load_stage_specs, select_stages, stage_running
+    """Raise the one-line refusal when a stage the study would run is running now (outside a
+    project nothing runs: the check still reports and the study's start names the missing folder)."""
+    from rollscale.pipeline.stages import busy_error, load_stage_specs, project_root, select_stages, stage_running
 
+    try:
+        project_root()
+    except FileNotFoundError:
+        return
     chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     for stage in select_stages(load_stage_specs(), chosen):
         if stage_running(artifacts, stage):

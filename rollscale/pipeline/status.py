@@ -21,7 +21,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -252,11 +252,13 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
 
 def runs_kept(runs: list[RunProgress]) -> str:
     """What an interrupted sweep kept, in words: its runs by state (science §1)."""
-    finished = sum(r.status == "finished" for r in runs)
+    finished = sum(r.status in ("finished", "stopped") for r in runs)  # stopped: ended by the search (§8)
+    stopped = sum(r.status == "stopped" for r in runs)
     failed = sum(r.status == "failed" for r in runs)
-    resume = sum(r.status not in ("finished", "failed") and r.step is not None for r in runs)
+    resume = sum(r.status not in ("finished", "stopped", "failed") and r.step is not None for r in runs)
     fresh = len(runs) - finished - failed - resume
-    parts = [f"{finished} of {len(runs)} {'run' if len(runs) == 1 else 'runs'} finished"]
+    parts = [f"{finished} of {len(runs)} {'run' if len(runs) == 1 else 'runs'} finished"
+             + (f" ({stopped} stopped by the frontier search)" if stopped else "")]
     if resume:
         parts.append(f"{resume} {'resumes from its' if resume == 1 else 'resume from their'} last checkpoint")
     if fresh:
@@ -266,14 +268,41 @@ def runs_kept(runs: list[RunProgress]) -> str:
     return ", ".join(parts)
 
 
+def search_progress(artifacts: str | os.PathLike[str]) -> list[str]:
+    """The frontier search (science §8) in words, a line per group: the last rung decided, the keys it
+    stopped (rung and rule), added and seeded; none for a grid sweep."""
+    path = Path(artifacts) / "sweep" / "search.parquet"
+    try:
+        rows = pd.read_parquet(path)
+    except (OSError, ValueError):
+        return []
+    lines = []
+    for group, g in rows.groupby("group", sort=True):
+        last = g[g["decision"] == g["decision"].max()]
+        done = last["action"].isin(["finish", "stop"]).all() and int(last["rung"].iloc[0]) == int(g["rung"].max())
+        said = [f"rung {int(last['rung'].iloc[0])} (C = {float(last['c'].iloc[0]):,.0f}) decided"
+                + (", done" if done and (last["action"] == "finish").any() else "")]
+        stops = g[g["action"] == "stop"].drop_duplicates("key")
+        if not stops.empty:
+            said.append("stopped " + ", ".join(f"{r.key} at rung {r.rung} (rule {r.rule})" for r in stops.itertuples()))
+        for action, word in (("add", "added"), ("seed", "seeds added to")):
+            keys = g.loc[g["action"] == action, "key"].drop_duplicates()
+            if not keys.empty:
+                said.append(f"{word} {', '.join(keys)}")
+        lines.append(f"search {group}: " + "; ".join(said))
+    return lines
+
+
 @dataclass(frozen=True)
 class StudyStatus:
     stages: list[StageStatus]
     runs: list[RunProgress]
+    search: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"stages": [asdict(s) for s in self.stages],
-                           "runs": [dict(asdict(r), fraction=r.fraction) for r in self.runs]}, indent=1)
+                           "runs": [dict(asdict(r), fraction=r.fraction) for r in self.runs],
+                           "search": self.search}, indent=1)
 
 
 def study_status(root: str | os.PathLike[str] | None = None,
@@ -283,7 +312,7 @@ def study_status(root: str | os.PathLike[str] | None = None,
     artifacts = Path(artifacts) if artifacts else root / "artifacts"
     stages = stage_statuses(root, artifacts)
     running = any(s.stage == "sweep" and s.state == "running" for s in stages)
-    return StudyStatus(stages, sweep_progress(artifacts, running))
+    return StudyStatus(stages, sweep_progress(artifacts, running), search_progress(artifacts))
 
 
 def format_status(status: StudyStatus) -> str:
@@ -297,5 +326,7 @@ def format_status(status: StudyStatus) -> str:
                 for r in status.runs]
         out += ["", f"sweep runs ({len(status.runs)}; step and C of the last good checkpoint):",
                 pd.DataFrame(rows).to_string(index=False, justify="left")]
+    if status.search:
+        out += ["", "frontier search (the search table):", *status.search]
     return "\n".join(out)
 

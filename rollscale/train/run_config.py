@@ -151,7 +151,7 @@ def config_hash(config: RunConfig) -> str:
 
 @dataclass
 class RunResult:
-    """How :meth:`GRPOTrainer.run` ended: status "finished" or "failed" (with ``error``)."""
+    """How :meth:`GRPOTrainer.run` ended: "finished", "failed" (with ``error``) or "paused" (at a budget)."""
 
     run_id: str
     status: str

@@ -69,29 +69,32 @@ def plan_runs(sweep: SweepParams) -> RunPlan:
     return RunPlan(runs, skipped)
 
 
-def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]:
-    """One :class:`RunConfig` per planned run, ids like ``np16_nr8_uniform_s0``."""
+def point_config(sweep: SweepParams, sampling: SamplingConfig, point: GridPoint) -> RunConfig:
+    """The :class:`RunConfig` of one grid point (also a key or seed a frontier search adds, science §8);
+    raises :class:`~rollscale.core.allocation.RuleNotApplicable` where its rule cannot run there."""
     from rollscale.train.run_config import RunConfig
 
-    train = sweep.train.for_bucket(sweep.bucket)  # the validated section itself, recipe resolved
+    rule = rule_class(point.rule.rule).for_grid_point(point.rule, point.n, point.b_problem)
+    return RunConfig(
+        n=point.n,
+        b_problem=point.b_problem,
+        rule=point.rule.rule,
+        rule_args=rule.run_args(),
+        c_max=sweep.c_max,
+        seed=point.seed,
+        train=sweep.train.for_bucket(sweep.bucket),  # the validated section itself, recipe resolved
+        sampling=sampling,
+        eval_every=sweep.eval_every,
+        eval_k=sweep.eval_k,
+        eval_temperature=sweep.eval_temperature,
+        checkpoint_every=sweep.checkpoint_every,
+        noise_every=sweep.noise_every,
+    )
+
+
+def run_configs(sweep: SweepParams, sampling: SamplingConfig) -> list[RunConfig]:
+    """One :class:`RunConfig` per planned run, ids like ``np16_nr8_uniform_s0``."""
     plan = plan_runs(sweep)
     for why in plan.skipped:
         log.warning("sweep: skipping %s", why)
-    return [
-        RunConfig(
-            n=point.n,
-            b_problem=point.b_problem,
-            rule=point.rule.rule,
-            rule_args=rule.run_args(),
-            c_max=sweep.c_max,
-            seed=point.seed,
-            train=train,
-            sampling=sampling,
-            eval_every=sweep.eval_every,
-            eval_k=sweep.eval_k,
-            eval_temperature=sweep.eval_temperature,
-            checkpoint_every=sweep.checkpoint_every,
-            noise_every=sweep.noise_every,
-        )
-        for point, rule in plan.runs
-    ]
+    return [point_config(sweep, sampling, point) for point, _ in plan.runs]

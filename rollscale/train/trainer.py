@@ -75,16 +75,12 @@ class GRPOTrainer:
         lora: the model is a peft LoRA model: only adapters train, the KL
             reference is the model with adapters disabled (no second copy).
         sample_batch_size: rollouts per ``generate`` call of the default engine.
-        engine: the sampling engine (:class:`~rollscale.lm.engines.SamplingEngine`:
-            ``sample(prompts, n, config, seed)``, ``sync_weights(model)``), synced after
-            every optimizer step; None samples from the training model itself
-            (:class:`~rollscale.lm.engines.HFSampler`). Its rollouts may carry their
-            log-probs (``Rollout.logprobs``), which the loss then uses for the
-            off-policy correction (science §3). The caller closes it.
+        engine: the sampling engine (:class:`~rollscale.lm.engines.SamplingEngine`), synced after every
+            optimizer step; None samples from the training model (:class:`~rollscale.lm.engines.HFSampler`).
+            Rollouts carrying log-probs get the off-policy correction (science §3). The caller closes it.
         chat_template_kwargs: passed to the chat template (e.g. Qwen3's ``enable_thinking``).
 
-    For full-parameter training with ``kl_coef > 0`` a frozen copy of the
-    initial model is the KL reference.
+    Full-parameter training with ``kl_coef > 0`` keeps a frozen copy of the initial model (KL reference).
     """
 
     def __init__(
@@ -340,14 +336,16 @@ class GRPOTrainer:
 
     def run(self, store: RunStore, on_step: Callable[[dict], None] | None = None,
             on_eval: Callable[[dict], None] | None = None,
-            progress: Callable[[int, int], None] | None = None) -> RunResult:
-        """Train until cumulative C >= c_max (science §1), resuming from ``store``; evaluate at step 0,
-        every ``eval_every`` steps and at the end (§5); checkpoint every ``checkpoint_every`` steps and
-        at the end. A finished run (``done.json``) is loaded, not trained again; a failed one resumes
-        from its newest valid checkpoint. ``on_step`` / ``on_eval`` get each row, ``progress`` gets
-        ``(c, c_max)`` after each step. A non-finite loss ends the run as "failed" (the good steps
-        checkpointed, the error in ``done.json``); any other exception is recorded and raised again."""
+            progress: Callable[[int, int], None] | None = None, budget: float | None = None) -> RunResult:
+        """Train until C >= c_max (science §1), resuming from ``store``; evaluate at step 0, every
+        ``eval_every`` steps and at the end (§5); checkpoint every ``checkpoint_every`` steps and at the
+        end. A finished run (``done.json``) is loaded, not trained again; a failed or stopped one resumes.
+        ``on_step`` / ``on_eval`` get each row, ``progress`` ``(c, c_max)`` after each step. A non-finite
+        loss ends the run "failed" (good steps checkpointed); other exceptions are recorded and raised.
+        ``budget`` < c_max (a search rung, §8): pause at the first step with C >= budget, evaluated and
+        checkpointed, status "paused", no done marker."""
         cfg = self.config
+        end = cfg.c_max if budget is None else min(cfg.c_max, budget)
         done = store.done()
         if done is not None and done.get("status") == "finished":
             store.check_same_run(done, self.config.run_id, self.config_hash, self.data_hash)
@@ -371,7 +369,7 @@ class GRPOTrainer:
         try:
             if self.last_eval_step < 0:
                 log_eval()  # step 0: before training
-            while self.c < cfg.c_max:
+            while self.c < end:
                 step_rows.append(self.train_step())
                 if on_step is not None:
                     on_step(step_rows[-1])
@@ -395,5 +393,7 @@ class GRPOTrainer:
                 store.mark_done("failed", error=f"{type(err).__name__}: {err}", steps=self.step, c=self.c,
                                 c_tokens=self.c_tokens, **ended)
             raise
+        if self.c < cfg.c_max:
+            return self._result("paused", None)
         store.mark_done("finished", steps=self.step, c=self.c, c_tokens=self.c_tokens, **ended)
         return self._result("finished", None)

@@ -1,0 +1,100 @@
+"""The frontier search's groups for a sweep section (science §8): which runs compete for which key.
+
+A sweep design becomes one or more :class:`~rollscale.core.search.SearchGroup`,
+each a set of runs the search picks a best key in, holding the rest fixed:
+
+* ``rollout_axis`` (and ``grid`` with several n): key n, one group per rule and B_problem;
+* ``prompt_axis`` (and ``grid`` with one n): key B_problem, one group per rule and n;
+* ``iso_batch``: key n at the fixed total batch B, one group per rule;
+* one n and one B_problem with several rules: key the rule, no bracket.
+
+Group names are the replay's (:func:`rollscale.core.search_replay.replay_groups`),
+so a replay of the grid and the sweep's own search name the same groups. Runs
+of a grid point that is alone in its group (nothing to compare) train to
+C_max as in the grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollscale.config import FitParams, SweepParams
+from rollscale.core.allocation import RuleParams
+from rollscale.core.search import SearchGroup, SearchSettings, bracket_limits
+from rollscale.core.search_replay import DESIGNS
+from rollscale.train.sweep import GridPoint, plan_runs
+
+__all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
+
+
+def search_settings(sweep: SweepParams, fit: FitParams) -> SearchSettings:
+    """The search's settings: ``sweep.search`` with the fit stage's bins, grid and bootstrap (science §7, §8)."""
+    s = sweep.search
+    return SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
+                          resamples=fit.bootstrap_resamples, bootstrap_seed=fit.bootstrap_seed,
+                          bin_width=fit.bin_width, grid_points=fit.grid_points, eval_every=sweep.eval_every)
+
+
+def search_design(sweep: SweepParams) -> str | None:
+    """The replay design (:data:`rollscale.core.search_replay.DESIGNS`) the sweep's grid searches over, or None
+    when its grid has one point per rule and one rule (nothing to choose)."""
+    if sweep.design == "iso_batch":
+        return "iso_batch"
+    several_n, several_b = len(set(sweep.n)) > 1, len(set(sweep.b_problem)) > 1
+    if sweep.design == "rollout_axis" and several_n or sweep.design == "grid" and several_n:
+        return "n"
+    if sweep.design in ("prompt_axis", "grid") and several_b:
+        return "b_problem"
+    return "rule" if len(sweep.rules) > 1 else None
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """The groups of a sweep's search and how a (group, key, seed) becomes a grid point."""
+
+    design: str | None
+    groups: list[SearchGroup]
+    # group -> (its rule, what it holds fixed: B_problem, n or B; for the rule axis (n, B_problem))
+    fixed: dict[str, tuple[RuleParams | None, int | tuple[int, int]]]
+    alone: list[GridPoint]  # grid points in no group: trained to C_max
+    rules: tuple[RuleParams, ...]
+
+    def point(self, group: str, key: object, seed: int) -> GridPoint:
+        """The grid point of ``key``'s run with ``seed`` in ``group`` (a bracket key or seed the grid lacks too)."""
+        rule, fixed = self.fixed[group]
+        axis = next(g.axis for g in self.groups if g.group == group)
+        if axis == "rule":
+            n, b = fixed  # type: ignore[misc]
+            return GridPoint(n, b, next(r for r in self.rules if r.rule == str(key)), seed)
+        k, held = int(key), int(fixed)  # type: ignore[call-overload, arg-type]
+        n, b = {"rollout": (k, held), "prompt": (held, k), "iso_batch": (k, held // k)}[axis]
+        return GridPoint(n, b, rule, seed)  # type: ignore[arg-type]
+
+
+def search_plan(sweep: SweepParams) -> SearchPlan:
+    """The search groups of ``sweep``'s grid (module docstring); bracket limits from ``sweep.search``."""
+    design = search_design(sweep)
+    points = [p for p, _ in plan_runs(sweep).runs]
+    rules = tuple(sweep.rules)
+    if design is None:
+        return SearchPlan(None, [], {}, points, rules)
+    axis, key_col, fixed_cols = DESIGNS[design]
+    value = {"bucket": lambda p: sweep.bucket, "rule": lambda p: p.rule.rule, "n": lambda p: p.n,
+             "b_problem": lambda p: p.b_problem, "b": lambda p: p.n * p.b_problem}
+    key_of = {"n": lambda p: p.n, "b_problem": lambda p: p.b_problem, "rule": lambda p: p.rule.rule}[key_col]
+    members: dict[str, list[GridPoint]] = {}
+    for p in points:
+        name = f"{design}:" + "/".join(f"{c}={value[c](p)}" for c in fixed_cols)
+        members.setdefault(name, []).append(p)
+    groups, fixed, alone = [], {}, []
+    for name, ps in sorted(members.items()):
+        keys = sorted({key_of(p) for p in ps}, key=str if axis == "rule" else int)
+        if len(keys) < 2:
+            alone += ps
+            continue
+        held = None if axis == "rule" else int(value[fixed_cols[-1]](ps[0]))
+        lo, hi = bracket_limits(axis, held, sweep.b_max, sweep.search.key_min, sweep.search.key_max)
+        groups.append(SearchGroup(name, axis, tuple(keys), tuple(sweep.seeds), float(sweep.c_max), fixed=held,
+                                  key_min=lo, key_max=hi))
+        fixed[name] = (None, (ps[0].n, ps[0].b_problem)) if axis == "rule" else (ps[0].rule, held)
+    return SearchPlan(design, groups, fixed, alone, rules)

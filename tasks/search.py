@@ -1,0 +1,215 @@
+"""The sweep's frontier search (science §8): its ``search`` table, and the rung loop around the runs.
+
+:class:`FrontierSearch` holds the decisions made so far and answers the pool:
+``start()`` gives the runs of every group's next rung, ``finished(run)`` is
+called as each run comes back and, once every run of that group's rung is
+in, refits the group's curves (:func:`rollscale.core.search.decide`), writes
+the decisions (``sweep/search.parquet``, the ``search`` table) before any
+run trains on, marks the runs of stopped keys as ended ("stopped", with
+their rung and rule), and gives the runs of the group's next rung. A rung
+is a barrier for one group's runs only. The decisions are read back on a
+rerun (while the settings and groups are the same, ``search.json``), so a
+killed sweep resumes to the same decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rollscale.core.search import (
+    SearchGroup,
+    SearchSettings,
+    decide,
+    empty_decisions,
+    group_state,
+    plan,
+)
+from rollscale.files import write_json_atomic, write_parquet_atomic
+from rollscale.train.checkpoint import RunStore
+from rollscale.train.run_config import RunConfig, RunResult
+from rollscale.train.search_groups import SearchPlan
+from tasks.sweep import run_row
+
+SEARCH_TABLE = "search.parquet"  # under artifacts/sweep (rollscale.tables.TABLES["search"])
+SEARCH_IDENTITY = "search.json"
+
+# a unit of the pool: the run's config and the budget it trains to (None: C_max)
+Unit = tuple[RunConfig, float | None]
+
+
+def search_identity(search: SearchPlan, settings: SearchSettings) -> dict[str, Any]:
+    """What the stored decisions are valid for: the settings and the groups (keys, seeds, C_max, limits)."""
+    groups = [{f.name: getattr(g, f.name) for f in dataclasses.fields(g) if f.init} for g in search.groups]
+    return json.loads(json.dumps({"settings": dataclasses.asdict(settings), "groups": groups}, default=list))
+
+
+def _archive(path: Path, why: str) -> None:
+    dest = path.parent / "archive" / f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    print(f"sweep: archiving {path.name} ({why}) to {dest}")
+    shutil.move(str(path), dest)
+
+
+def load_decisions(sweep_dir: Path, identity: dict[str, Any]) -> pd.DataFrame:
+    """The decisions of an earlier sweep with the same settings and groups; other decisions are archived
+    (the runs keep their progress: the run store resumes them)."""
+    table, ident = sweep_dir / SEARCH_TABLE, sweep_dir / SEARCH_IDENTITY
+    if not table.exists():
+        return empty_decisions()
+    stored = pd.read_parquet(table)
+    same = ident.exists() and json.loads(ident.read_text()) == identity
+    if same or stored.empty:
+        return stored if same else empty_decisions()
+    _archive(table, "the search's settings or groups changed")
+    return empty_decisions()
+
+
+def save_decisions(sweep_dir: Path, decisions: pd.DataFrame, identity: dict[str, Any]) -> None:
+    """Write the ``search`` table, then what it is valid for (a crash between them reads as changed: the
+    decisions are made again, from the same runs, to the same rows)."""
+    write_json_atomic({}, sweep_dir / SEARCH_IDENTITY)
+    write_parquet_atomic(decisions, sweep_dir / SEARCH_TABLE)
+    write_json_atomic(identity, sweep_dir / SEARCH_IDENTITY)
+
+
+def no_search(sweep_dir: Path) -> None:
+    """A grid sweep: an empty ``search`` table (earlier decisions archived: a grid trains every run on)."""
+    table = sweep_dir / SEARCH_TABLE
+    if table.exists() and not pd.read_parquet(table).empty:
+        _archive(table, "sweep.search.method is grid")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_parquet_atomic(empty_decisions(), table)
+    (sweep_dir / SEARCH_IDENTITY).unlink(missing_ok=True)
+
+
+def decision_line(group: SearchGroup, rows: pd.DataFrame) -> str:
+    """One decision in words: ``n:...: rung 2 (C = 5,000): stop 16 (rule b); continue 4, 8; add 2``."""
+    parts = []
+    for action in ("stop", "continue", "finish", "add", "seed"):
+        mine = rows[rows["action"] == action]
+        if mine.empty:
+            continue
+        keys = []
+        for key, r in mine.groupby("key", sort=False):
+            rule = r["rule"].iloc[0]
+            keys.append(f"{key}" + (f" (rule {rule})" if action == "stop" else ""))
+        parts.append(f"{action} {', '.join(keys)}")
+    r0 = rows.iloc[0]
+    return f"search: {group.group}: rung {r0['rung']} (C = {r0['c']:,.0f}): " + "; ".join(parts)
+
+
+def mark_stopped(run_dir: Path, config: RunConfig, bucket: str, rung: int, rule: str) -> None:
+    """End a run the search stopped: ``done.json`` "stopped" and its ``runs`` row (a finished run with a
+    shorter C, the rung and rule that stopped it); a run that reached C_max already keeps "finished"."""
+    store = RunStore(run_dir)
+    done = store.done()
+    if done is not None and done.get("status") in ("finished", "stopped"):
+        return
+    ckpt = store.latest()
+    state = ckpt.state if ckpt is not None else {}
+    result = RunResult(config.run_id, "stopped", None, int(state.get("step", 0)), int(state.get("c", 0)),
+                       int(state.get("c_tokens", 0)))
+    store.mark_done("stopped", steps=result.steps, c=result.c, c_tokens=result.c_tokens, run_id=config.run_id,
+                    stop_rung=rung, stop_rule=rule)
+    write_parquet_atomic(run_row(config, bucket, "stopped", result, stop={"rung": rung, "rule": rule}),
+                         run_dir / "run.parquet")
+
+
+class FrontierSearch:
+    """The rung loop of one sweep (module docstring); ``config_of(group, key, seed)`` gives a run's config,
+    ``run_dir(config)`` its folder."""
+
+    def __init__(self, search: SearchPlan, settings: SearchSettings, sweep_dir: Path, bucket: str,
+                 config_of: Callable[[str, Any, int], RunConfig], run_dir: Callable[[RunConfig], Path]) -> None:
+        self.search, self.settings, self.sweep_dir, self.bucket = search, settings, sweep_dir, bucket
+        self.config_of, self.run_dir = config_of, run_dir
+        self.identity = search_identity(search, settings)
+        self.decisions = load_decisions(sweep_dir, self.identity)
+        self.waiting: dict[str, set[str]] = {}  # group -> run ids of its rung still training
+        self.cache: dict = {}  # fits of unchanged curves, kept between decisions
+
+    def configs(self) -> list[RunConfig]:
+        """Every run the decisions so far have put in play (the grid's and those added)."""
+        out = {}
+        for g in self.search.groups:
+            st = group_state(g, self.decisions, self.settings)
+            for key in st.keys:
+                for seed in st.seeds[key]:
+                    c = self.config_of(g.group, key, seed)
+                    out[c.run_id] = c
+        return list(out.values())
+
+    def start(self) -> list[Unit]:
+        """The runs of every group's next rung."""
+        return [u for g in self.search.groups for u in self._advance(g, decide_now=False)]
+
+    def finished(self, config: RunConfig, result: RunResult) -> list[Unit]:
+        """A run came back: the runs of its group's next rung once the group's rung is complete."""
+        for g in self.search.groups:
+            waiting = self.waiting.get(g.group)
+            if waiting is not None and config.run_id in waiting:
+                waiting.discard(config.run_id)
+                st = group_state(g, self.decisions, self.settings)
+                key = next(k for k in st.keys if self.config_of(g.group, k, config.seed).run_id == config.run_id)
+                if key in st.stopped:  # a seed added to a stopped key ends where the key stopped
+                    self._mark(g, key, [config.seed])
+                return [] if waiting else self._advance(g, decide_now=True)
+        return []
+
+    def _advance(self, g: SearchGroup, decide_now: bool) -> list[Unit]:
+        while True:
+            todo = plan([g], self.decisions, self.settings)
+            if todo.empty:
+                self.waiting.pop(g.group, None)
+                return []
+            if not decide_now:
+                units = [(self.config_of(g.group, r.key, int(r.seed)), float(r.c)) for r in todo.itertuples()]
+                units = [(c, b) for c, b in units if not self._at_c_max(c)]
+                if units:
+                    self.waiting[g.group] = {c.run_id for c, _ in units}
+                    return units
+            new = decide(self._points(g), [g], self.decisions, self.settings, self.cache)
+            self.decisions = pd.concat([self.decisions, new], ignore_index=True) if len(self.decisions) else new
+            save_decisions(self.sweep_dir, self.decisions, self.identity)
+            print(decision_line(g, new), flush=True)
+            for (key, rung, rule), rows in new[new["action"] == "stop"].groupby(["key", "rung", "rule"]):
+                self._mark(g, g.key_of(key), rows["seed"].astype(int).tolist(), int(rung), str(rule))
+            decide_now = False
+
+    def _mark(self, g: SearchGroup, key: Any, seeds: list[int], rung: int | None = None,
+              rule: str | None = None) -> None:
+        if rung is None:
+            stop = self.decisions[(self.decisions["group"] == g.group) & (self.decisions["action"] == "stop")
+                                  & (self.decisions["key"] == str(key))].iloc[-1]
+            rung, rule = int(stop["rung"]), str(stop["rule"])
+        for seed in seeds:
+            config = self.config_of(g.group, key, seed)
+            mark_stopped(self.run_dir(config), config, self.bucket, rung, str(rule))
+
+    def _at_c_max(self, config: RunConfig) -> bool:
+        done = RunStore(self.run_dir(config)).done()
+        return done is not None and done.get("status") == "finished"
+
+    def _points(self, g: SearchGroup) -> pd.DataFrame:
+        """Every committed evaluation of the group's runs (``decide`` reads each only up to its budget)."""
+        st = group_state(g, self.decisions, self.settings)
+        frames = []
+        for key in st.keys:
+            for seed in st.seeds[key]:
+                config = self.config_of(g.group, key, seed)
+                evals = RunStore(self.run_dir(config)).rows("evals")
+                if evals.empty:
+                    continue
+                frames.append(pd.DataFrame({"group": g.group, "key": key, "run_id": config.run_id, "seed": seed,
+                                            "c": evals["c"].astype(float), "avg_at_k": evals["avg_at_k"].astype(float),
+                                            "b": float(config.n * config.b_problem)}))
+        cols = ["group", "key", "run_id", "seed", "c", "avg_at_k", "b"]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)

@@ -1,0 +1,106 @@
+"""The sweep stage's frontier search (science §8) on the tiny study: runs pause at rung budgets and resume
+bit-identically, the decisions are the replay's of the same grid, a stopped run says why, a rerun trains
+nothing, and a grid sweep afterwards trains the stopped runs on to C_max."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import tasks.search as search_tasks
+from flows.sweep import sweep_flow
+from rollscale.config import load_params
+from rollscale.core.search_replay import replay
+from rollscale.pipeline.status import search_progress
+from rollscale.train.checkpoint import RunStore
+from rollscale.train.search_groups import search_settings
+from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
+
+pytestmark = pytest.mark.slow
+
+SWEEP = {"n": [2, 4, 8], "b_problem": [4], "c_max": 192, "seeds": [0, 1], "eval_every": 2, "checkpoint_every": 4,
+         "search": {"method": "frontier", "eta": 2.0, "first_rung": 0.25}}
+GROUP = "n:bucket=easy/rule=uniform/b_problem=4"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return prepared_study(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def grid(prepared, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grid")
+    art = copy_study(prepared, root)
+    params = write_params(root, sweep={**SWEEP, "search": {**SWEEP["search"], "method": "grid"}})
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    return root
+
+
+def tables(art: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    runs = pd.concat([pd.read_parquet(p) for p in sorted((art / "sweep" / "runs").glob("*/run.parquet"))])
+    return runs.reset_index(drop=True), sweep_rows(art, "evals")
+
+
+def test_search_decides_as_the_replay_of_the_same_grid(prepared, grid, tmp_path):
+    art = copy_study(prepared, tmp_path)
+    params = write_params(tmp_path, sweep=SWEEP)
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    decisions = pd.read_parquet(art / "sweep" / "search.parquet")
+    assert set(decisions["group"]) == {GROUP} and decisions["rung"].max() == 3  # rungs at 48, 96, 192
+    p = load_params(params)
+    grid_runs, grid_evals = tables(grid / "artifacts")
+    replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep, p.fit), b_max=p.sweep.b_max)
+    pd.testing.assert_frame_equal(decisions.reset_index(drop=True), replayed.decisions.reset_index(drop=True),
+                                  check_dtype=False)
+    # paused and resumed at every rung, each run ends with the grid's rows, bit for bit
+    runs, evals = tables(art)
+    finished = set(runs.loc[runs["status"] == "finished", "run_id"])
+    assert finished and (runs.loc[runs["status"] == "finished", "end_reason"] == "budget reached").all()
+    mine = evals[evals["run_id"].isin(finished)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, grid_evals[grid_evals["run_id"].isin(finished)].reset_index(drop=True))
+
+
+def test_a_stopped_run_says_why_a_rerun_trains_nothing_and_a_grid_trains_it_on(prepared, grid, tmp_path,
+                                                                               monkeypatch, capsys):
+    decide = search_tasks.decide
+
+    def stop_n8_at_rung_1(points, groups, decisions, settings, cache=None):
+        rows = decide(points, groups, decisions, settings, cache)
+        forced = (rows["rung"] == 1) & (rows["key"] == "8")
+        rows.loc[forced, ["action", "rule", "note"]] = ["stop", "b", "forced by the test"]
+        return rows
+
+    monkeypatch.setattr(search_tasks, "decide", stop_n8_at_rung_1)
+    art = copy_study(prepared, tmp_path)
+    params = write_params(tmp_path, sweep=SWEEP)
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    assert "stop 8 (rule b)" in capsys.readouterr().out
+    runs, evals = tables(art)
+    stopped = runs[runs["n"] == 8]
+    assert (stopped["status"] == "stopped").all() and (stopped["end_reason"] == "stopped at rung 1 by rule b").all()
+    # rung 1 is C = 48; a run's leg ends at its first evaluation past it (every 2 steps of 32 rollouts: 64)
+    assert (stopped["stop_rung"] == 1).all() and (stopped["c"] == 64).all()
+    assert (runs.loc[runs["n"] < 8, "c"] >= 192).all()
+    for run_id in stopped["run_id"]:
+        assert RunStore(art / "sweep" / "runs" / run_id).done()["status"] == "stopped"
+    lines = search_progress(art)
+    assert any("stopped" in line and "8" in line for line in lines), lines
+
+    # the rerun reads the decisions back: nothing trains, nothing is written again
+    before = {p: p.stat().st_mtime_ns for p in (art / "sweep").rglob("*.parquet")}
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    assert "sweep: 0 runs to train now" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in (art / "sweep").rglob("*.parquet") if p in before} == before
+
+    # a grid sweep afterwards trains the stopped runs on, and every run ends with the grid's rows
+    monkeypatch.setattr(search_tasks, "decide", decide)
+    write_params(tmp_path, sweep={**SWEEP, "search": {**SWEEP["search"], "method": "grid"}})
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    runs, evals = tables(art)
+    assert (runs["status"] == "finished").all()
+    assert pd.read_parquet(art / "sweep" / "search.parquet").empty
+    assert list((art / "sweep" / "archive").glob("search-*.parquet"))
+    pd.testing.assert_frame_equal(evals, tables(grid / "artifacts")[1])
