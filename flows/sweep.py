@@ -108,8 +108,11 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
         alone = [point_config(sweep, sampling, p) for p in groups.alone]
         configs = list({c.run_id: c for c in search.configs() + alone}.values())
         rungs = rung_budgets(sweep.c_max, sweep.search.eta, sweep.search.first_rung)
-        print(f"sweep: frontier search over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
-              f"{', '.join(f'{c:,}' for c in rungs)} (eta {sweep.search.eta}, alpha {sweep.search.alpha})")
+        if groups.groups:
+            print(f"sweep: frontier search over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
+                  f"{', '.join(f'{c:,}' for c in rungs)} (eta {sweep.search.eta}, alpha {sweep.search.alpha})")
+        else:
+            print("sweep: frontier search: no two keys to choose between in this grid; every run trains to C_max")
     else:
         no_search(sweep_dir)
     wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}

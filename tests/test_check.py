@@ -150,3 +150,20 @@ def test_cli_check_and_study_refuse_a_study_that_cannot_answer(project, capsys):
     (project / "artifacts" / "profile" / "profile.parquet").write_bytes(b"not parquet")
     assert cli.main(["check"]) == 2
     assert "training problems" not in capsys.readouterr().out
+
+
+def test_the_search_says_which_keys_it_cannot_stop():
+    """A stop rests on a fit of 8 record points (science §8): a key with fewer evaluations by the last rung
+    before c_max runs to c_max whatever its curve; where no key has them the search cannot save anything."""
+    sweep = {"n": [2, 4, 8], "b_problem": [16], "c_max": 40000, "search": {"method": "frontier"}}
+    (note,) = by_key(study_findings(parse_params({"sweep": {**sweep, "eval_every": 20}})))["sweep.search"]
+    assert note.level == "note" and "8 (from C = 20,480) cannot be stopped before c_max" in note.message
+    assert "2 (" not in note.message and "4 (" not in note.message and note.fix == "sweep.eval_every: 19 (or less)"
+    (warn,) = by_key(study_findings(parse_params({"sweep": {**sweep, "eval_every": 100}})))["sweep.search"]
+    assert warn.level == "warning" and "the search can stop nothing" in warn.message
+    (ok,) = by_key(study_findings(parse_params({"sweep": {**sweep, "eval_every": 10}})))["sweep.search"]
+    assert ok.level == "note" and "every key has 8 evaluations by C = 10,240" in ok.message
+    one = parse_params({"sweep": {"n": [4], "search": {"method": "frontier"}}})
+    assert "no two keys" in by_key(study_findings(one))["sweep.search.method"][0].message
+    grid = parse_params({"sweep": {**sweep, "search": {"method": "grid"}}})
+    assert "sweep.search" not in by_key(study_findings(grid))  # grid: nothing to say

@@ -115,8 +115,10 @@ def test_report_flow_writes_html_pngs_and_summary(study):
     for chart in ("reward_vs_compute", "frontier", "best_worst_at_k", "steps_to_target", "crs_prediction",
                   "noise_steps"):
         assert (out / "charts" / f"{chart}.png").read_bytes().startswith(b"\x89PNG"), chart
-    # the profile and bucket stages did not run: the report says so instead of failing
-    assert set(paths.missing) == {"difficulty", "k_sat"}
+    # the profile and bucket stages did not run: the report says so instead of failing; the sweep ran
+    # as a grid, so there is no frontier search to draw (science §8)
+    assert set(paths.missing) == {"difficulty", "k_sat", "search"}
+    assert "sweep.search.method: grid" in paths.missing["search"]
     assert "dvc repro profile" in html and "dvc repro profile" in summary
     assert "Fit: sigmoid_n" in summary and "Fit: n_star_iso_batch" in summary
     assert "no two n share a total batch B" in summary

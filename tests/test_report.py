@@ -27,6 +27,7 @@ CHART_NAMES = [
     "k_sat",
     "noise_steps",
     "reward_vs_compute",
+    "search",
     "frontier",
     "best_worst_at_k",
     "steps_to_target",
@@ -100,7 +101,7 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
         run_id = f"n{n_run}_b{b_problem}_s0"
         m = 200
         run_rows.append({"run_id": run_id, "bucket": "easy", "n": n_run, "b_problem": b_problem, "m": m,
-                         "rule": "grpo", "seed": 0, "c_max": m * n_run * b_problem, "status": "done", "steps": m,
+                         "rule": "grpo", "seed": 0, "c_max": m * n_run * b_problem, "status": "finished", "steps": m,
                          "c": m * n_run * b_problem})
         # step 0, then log-spaced: the sigmoid's rise is where the evaluations are
         for step in [0, *np.unique(np.geomspace(2, m, 10).astype(int))]:
@@ -118,6 +119,15 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
                               "response_len_mean": 150.0, "trunc_frac": 0.01, "grad_norm": 1.0, "lr": 1e-5,
                               "t_generate": 2.0, "t_score": 0.1, "t_train": 1.0})
     runs, evals, steps = pd.DataFrame(run_rows), pd.DataFrame(eval_rows), pd.DataFrame(step_rows)
+    # a frontier search (science §8) that kept every key: all continue at rung 1, all finish at rung 2
+    group = f"n:bucket=easy/rule=grpo/b_problem={b_problem}"
+    search = pd.DataFrame(
+        [{"group": group, "decision": d, "rung": d, "c": c, "key": str(n_run), "seed": 0, "action": action,
+          "rule": rule, "c_train": c_next, "leader": "8", "n_points": 6 * d, "note": note}
+         for d, c, c_next, action, rule, note in ((1, 3200.0, 25600.0, "continue", "none", "no rule applies"),
+                                                  (2, 25600.0, 25600.0, "finish", "budget", "reached C_max"))
+         for n_run in (4, 8, 16)]
+    )
 
     # fits with the library's own code, as the fit stage makes them
     fit_rows, curves = [], {}
@@ -157,6 +167,7 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
         "runs": runs,
         "steps": steps,
         "evals": evals,
+        "search": search,
         "fits": pd.DataFrame(fit_rows),
         "frontier": fr,
         "steps_to_target": pd.DataFrame(st_rows),
@@ -285,7 +296,7 @@ def test_variant_tables_still_draw_and_render(study):
     assert "no fitted B_problem*(C) line" in by_name["frontier"].caption
     assert "1 batch sizes without a measured CRS" in by_name["crs_prediction"].caption
     # vl-convert compiles and draws each (a bad facet or layer fails here, not in to_dict)
-    for name in ("k_sat", "noise_steps", "reward_vs_compute", "frontier", "best_worst_at_k"):
+    for name in ("k_sat", "noise_steps", "reward_vs_compute", "search", "frontier", "best_worst_at_k"):
         buf = io.StringIO()
         by_name[name].chart.save(buf, format="svg")
         assert buf.getvalue().startswith("<svg"), name

@@ -270,10 +270,50 @@ def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Findin
     yield Finding("warning", ("sampling.max_new_tokens",), msg, fix)
 
 
+def _search(p: StudyParams) -> Iterable[Finding]:
+    """The frontier search (science §8): whether it has keys to choose between, and from which rung it can
+    stop one (a stop rests on a fit of MIN_POINTS record points, and records are at most the evaluations)."""
+    from rollscale.core.search import MIN_POINTS, rung_budgets
+    from rollscale.train.search_groups import search_plan
+
+    s = p.sweep.search
+    if s.method != "frontier":
+        return
+    try:
+        groups = search_plan(p.sweep).groups
+    except ValueError:
+        return  # the grid's own finding names it
+    if not groups:
+        yield Finding("note", ("sweep.search.method",), "frontier search with no two keys to choose between: "
+                      "every run trains to c_max, as in a grid")
+        return
+    rungs = rung_budgets(p.sweep.c_max, s.eta, s.first_rung)
+    said = f"rungs at C = {', '.join(f'{c:,}' for c in rungs)}"
+    last = rungs[-2] if len(rungs) > 1 else 0  # the last rung that can stop a key before c_max
+    # C at which a key's runs have MIN_POINTS evaluations (records are at most the evaluations)
+    earliest = {(g.group, k): MIN_POINTS * p.sweep.eval_every * (g.step_rollouts(k) or 0) for g in groups for k in g.keys}
+    late = {key: c for key, c in earliest.items() if c > last}
+    widest = max(g.step_rollouts(k) or 0 for g in groups for k in g.keys)
+    every = max(1, int(last // (MIN_POINTS * widest))) if last else None
+    fix = f"sweep.eval_every: {every} (or less)" if every else "sweep.search.first_rung: 0.0625"
+    if len(late) == len(earliest):
+        yield Finding("warning", ("sweep.search", "sweep.eval_every"), f"{said}: no key has {MIN_POINTS} "
+                      "evaluations by the last rung before c_max, so the search can stop nothing and spends what "
+                      "the grid does", fix)
+    elif late:
+        shown = ", ".join(f"{k} (from C = {c:,})" for (_, k), c in sorted(late.items(), key=lambda kv: kv[1]))
+        yield Finding("note", ("sweep.search", "sweep.eval_every"), f"{said}; a key is stopped only on a fit of "
+                      f"{MIN_POINTS} record points, so {shown} cannot be stopped before c_max", fix)
+    else:
+        yield Finding("note", ("sweep.search",), f"{said}; every key has {MIN_POINTS} evaluations by C = "
+                      f"{max(earliest.values()):,}, where a stop can rest on its fit")
+
+
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
-    found = [*_cross_section(params), *_grid(params), *_sizes(params, known), *_truncation(params, known.profile)]
+    found = [*_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
+             *_truncation(params, known.profile)]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])
 

@@ -7,7 +7,8 @@ says "No answer yet" and why, each reason with the params key that fixes it:
 stages not run, one seed per setting (no interval: what one seed shows is listed
 apart, never claimed), curves that could not be fitted (too few evaluations per
 run), curves not bent within the budget, intervals that overlap (the validation
-noise floor from :mod:`rollscale.core.power`).
+noise floor from :mod:`rollscale.core.power`). A frontier search (science §8)
+adds what it spent against a grid of the same runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 from rollscale.core import power
 from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, stages_not_run
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
+from rollscale.report.search_charts import search_cost, search_sentence
 
 __all__ = ["Answer", "study_answer"]
 
@@ -28,7 +30,7 @@ SHOWN = 3  # decided claims quoted in the headline sentence
 @dataclass(frozen=True)
 class Answer:
     answered: bool
-    headline: str  # one sentence: the answer, or "No answer yet: ..."
+    headline: str  # one sentence: the answer, or "No answer yet: ..."; then a frontier search's cost (§8)
     fixes: list[str]  # what to change, each naming its params key
     claims: TableSpec
     observations: TableSpec | None
@@ -118,4 +120,7 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
     else:
         headline = "No answer yet: the data cannot decide. " + (
             "To answer, change what is listed below." if fixes else "")
-    return Answer(not decided.empty, headline.strip(), fixes, claims, observations)
+    headline = headline.strip()
+    if (cost := search_cost(t)) is not None:
+        headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
+    return Answer(not decided.empty, headline, fixes, claims, observations)

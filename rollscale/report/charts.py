@@ -1,4 +1,4 @@
-"""The report's figures in order (science §2, §5, §6.2, §6.3, §7)."""
+"""The report's figures in order (science §2, §5, §6.2, §6.3, §7, §8)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pandas as pd
 from rollscale.report.base import ChartSpec, bucket_bounds, check_tables, params_dict
 from rollscale.report.noise_charts import chart_difficulty, chart_k_sat, chart_noise_steps
 from rollscale.report.curve_charts import chart_best_worst, chart_frontier, chart_reward_vs_compute
+from rollscale.report.search_charts import chart_search
 from rollscale.report.target_charts import chart_crs_prediction, chart_steps_to_target
 
 
@@ -18,6 +19,7 @@ _CHART_BUILDERS = (
     chart_k_sat,
     chart_noise_steps,
     chart_reward_vs_compute,
+    chart_search,
     chart_frontier,
     chart_best_worst,
     chart_steps_to_target,
@@ -26,7 +28,7 @@ _CHART_BUILDERS = (
 
 
 def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> list[ChartSpec]:
-    """The report's eight figures, in order (science §2, §5, §6.2, §6.3, §7).
+    """The report's nine figures, in order (science §2, §5, §6.2, §6.3, §7, §8).
 
     1. ``difficulty``: avg@k histogram with the bucket bands of
        ``params["bucket"]`` (defaults easy [0.3, 0.6], hard [0, 0.0625],
@@ -36,10 +38,12 @@ def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
        n) or infinite is drawn at the cap as a distinct marker.
     3. ``noise_steps``: B_simple, K_crit, K_sat_icc (log) and rho_icc over steps.
     4. ``reward_vs_compute``: validation avg@k ± SE against C, every run, by n.
-    5. ``frontier``: F(C) coloured by n* and the fitted n*(C), per design.
-    6. ``best_worst_at_k``: best@k and worst@k against C per run, peaks marked.
-    7. ``steps_to_target``: S(B) and E(B) with their fits, prompt and rollout axes.
-    8. ``crs_prediction``: predicted against observed best n, with y = x.
+    5. ``search``: the frontier search's runs against C, its rungs and where
+       stopped runs ended, by stop rule (missing for a grid sweep).
+    6. ``frontier``: F(C) coloured by n* and the fitted n*(C), per design.
+    7. ``best_worst_at_k``: best@k and worst@k against C per run, peaks marked.
+    8. ``steps_to_target``: S(B) and E(B) with their fits, prompt and rollout axes.
+    9. ``crs_prediction``: predicted against observed best n, with y = x.
 
     A table that is missing (None, absent or empty) or too small gives a
     ChartSpec with ``missing`` naming the stage to run; a present table

@@ -21,6 +21,7 @@ from rollscale.report.base import (
     require_columns,
 )
 from rollscale.report.noise_charts import k_sat_null_by_n, usable_k_sat, quintile_tables
+from rollscale.report.search_charts import table_search
 from rollscale.tables import table_stage
 
 
@@ -283,7 +284,7 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
     ratio beside it); K_sat by pass-rate quintile, unfiltered and filtered;
     step-level noise; one table per fit kind with parameters ± SE, R²,
     points and status; steps to target; epochs at frontier transitions; CRS
-    prediction check; runs. A missing table gives a TableSpec saying which
+    prediction check; runs; the frontier search's decisions (science §8). A missing table gives a TableSpec saying which
     stage to run.
     """
     t = check_tables(tables)
@@ -299,4 +300,5 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
         _table_transitions(t),
         _table_crs(t),
         _table_runs(t),
+        table_search(t),
     ]

@@ -1,0 +1,216 @@
+"""The frontier search in the report (science §8): its runs' curves, rungs and stops, its cost, its decisions.
+
+A frontier search advances every run in rungs of budget and, after each rung,
+stops a key that cannot be best (rules a, b, c of science §8). The ``search``
+table holds one row per run per decision; it is empty when the sweep ran as a
+grid (``sweep.search.method: grid``), and then nothing here is shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from rollscale.report.base import (
+    CHART_HEIGHT,
+    CHART_WIDTH,
+    ChartSpec,
+    TableSpec,
+    absent,
+    as_numeric,
+    finish_chart,
+    fmt_value,
+    inline_records,
+    log_axis,
+    log_scale,
+    missing_stage,
+    require_columns,
+    stages_not_run,
+)
+from rollscale.report.curve_charts import _evals_with_runs, _run_colour
+
+__all__ = ["chart_search", "search_cost", "search_sentence", "table_search"]
+
+# what each stop rule says (science §8)
+RULE_WHY = {
+    "a": "beaten at the rung by the leader, a larger n, in ≥ 1 − α of refits (A2)",
+    "b": "its asymptote's upper bound below the leader's lower bound",
+    "c": "its upper bound below the leader's lower bound at every budget still to come (A3)",
+}
+# the key each design's group varies (its name's prefix, rollscale.core.search_replay.replay_groups)
+KEY_NAMES = {"n": "n", "iso_batch": "n", "b_problem": "B_problem", "rule": "rule"}
+SPENT_STATUSES = ("finished", "stopped")
+
+
+def _no_search(t: Mapping[str, pd.DataFrame | None], what: str) -> str:
+    """Why there is no search to show: the sweep has not run, or it ran as a grid."""
+    if "sweep" in stages_not_run(t):
+        return missing_stage("search", "sweep results")
+    return (f"The sweep ran as a grid (`sweep.search.method: grid`): every run trained to C_max, so there is "
+            f"no {what} (science §8).")
+
+
+def _search(t: Mapping[str, pd.DataFrame | None]) -> pd.DataFrame | None:
+    """The search table with typed columns, or None for a grid sweep (no rows)."""
+    s = t.get("search")
+    if s is None or s.empty:
+        return None
+    require_columns(s, "search", ["group", "decision", "rung", "c", "key", "seed", "action", "rule"])
+    s = s.copy()
+    for col in ("decision", "rung", "c", "seed"):
+        s[col] = as_numeric(s[col])
+    for col in ("group", "key", "action", "rule"):
+        s[col] = s[col].astype(str)
+    s["key_order"] = pd.to_numeric(s["key"], errors="coerce")  # n = 4 before n = 16; rules by name
+    return s.sort_values(["group", "decision", "key_order", "key", "seed"], kind="stable").drop(columns="key_order")
+
+
+def _key_label(group: str, key: str) -> str:
+    """``n = 16`` for key "16" of group "n:bucket=easy/...": the key named as its design varies it."""
+    name = KEY_NAMES.get(group.split(":", 1)[0], "key")
+    return f"{name} = {fmt_value(key)}"
+
+
+def _keys_text(rows: pd.DataFrame) -> str:
+    """The distinct keys of ``rows`` as "n = 16, 8", in the order the search decided on them."""
+    labels = list(dict.fromkeys(_key_label(g, k) for g, k in zip(rows["group"], rows["key"], strict=True)))
+    by_name: dict[str, list[str]] = {}
+    for label in labels:
+        name, value = label.split(" = ", 1)
+        by_name.setdefault(name, []).append(value)
+    return "; ".join(f"{name} = {', '.join(values)}" for name, values in by_name.items())
+
+
+def _stops_text(s: pd.DataFrame) -> str:
+    """What the search stopped and why, for a caption (science §8)."""
+    stops = s[s["action"] == "stop"]
+    if stops.empty:
+        return "the frontier search stopped no key: every run trained to C_max"
+    parts = []
+    for (group, key, rung, rule), g in stops.groupby(["group", "key", "rung", "rule"], sort=False):
+        seeds = ", ".join(fmt_value(v) for v in sorted(g["seed"].unique()))
+        why = RULE_WHY.get(rule, rule)
+        parts.append(f"{_key_label(group, key)} (seed {seeds}) at rung {fmt_value(rung)} "
+                     f"(C = {fmt_value(g['c'].iloc[0])}) by rule {rule}, {why}")
+    return "the frontier search stopped " + "; ".join(parts)
+
+
+def _stopped_points(runs: pd.DataFrame | None, ev: pd.DataFrame) -> pd.DataFrame:
+    """The last evaluation of each run the search stopped, with its stop rule and end reason."""
+    cols = ["run_id", "c", "avg_at_k", "stop_rule", "end_reason"]
+    if runs is None or "status" not in runs.columns:
+        return pd.DataFrame(columns=cols)
+    stopped = runs[runs["status"].astype(str) == "stopped"].copy()
+    stopped["run_id"] = stopped["run_id"].astype(str)
+    last = ev[ev["run_id"].isin(stopped["run_id"])].sort_values("c").groupby("run_id").tail(1)
+    info = stopped.set_index("run_id")
+    last = last.copy()
+    for col, default in (("stop_rule", "?"), ("end_reason", "stopped")):
+        last[col] = last["run_id"].map(info[col]).fillna(default).astype(str) if col in info else default
+    return last[cols + [c for c in ("n",) if c in last.columns]].sort_values("run_id")
+
+
+def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+    """Every run's validation curve against C with the search's rungs and where its stopped runs ended (§8)."""
+    name, title = "search", "Frontier search: every run's curve, the rungs, and where runs were stopped"
+    caption = (
+        "Validation avg@k against compute C in rollouts (log scale) for every run coloured by n, with a dashed "
+        "rule at each rung's budget and a marker (shaped by the stop rule) at the last evaluation of each run "
+        "the search stopped (science §8)"
+    )
+    s = _search(t)
+    if s is None:
+        return ChartSpec(name, title, caption + ".", missing=_no_search(t, "frontier search to draw"))
+    if t.get("evals") is None:
+        return ChartSpec(name, title, caption + ".", missing=absent(t, "evals", "sweep results"))
+    ev, has_runs = _evals_with_runs(dict(t), ["avg_at_k"])
+    ev = ev[(ev["c"] > 0) & ev["avg_at_k"].notna()].sort_values(["run_id", "c"])
+    if ev.empty:
+        return ChartSpec(name, title, caption + ".", missing="The `evals` table has no evaluation at C > 0 to plot.")
+    x = alt.X("c:Q", title="compute C [rollouts generated]", scale=log_scale(), axis=log_axis())
+    y = alt.Y("avg_at_k:Q", title="validation reward avg@k [fraction correct]")
+    cols = [c for c in ("run_id", "c", "avg_at_k", "n", "b_problem", "bucket") if c in ev.columns]
+    enc: dict[str, Any] = {"x": x, "y": y, "color": _run_colour(has_runs), "detail": "run_id:N",
+                           "tooltip": ["run_id:N", alt.Tooltip("c:Q", format=",.0f"),
+                                       alt.Tooltip("avg_at_k:Q", format=".3f")]}
+    if ev["bucket"].nunique() > 1:  # one panel: the buckets told apart by dash
+        enc["strokeDash"] = alt.StrokeDash("bucket:N", title="training bucket")
+    lines = alt.Chart(inline_records(ev[cols])).mark_line(strokeWidth=1.4, opacity=0.85).encode(**enc)
+    rungs = s.drop_duplicates("c")[["rung", "c"]].dropna()
+    layers = [
+        alt.Chart(inline_records(rungs)).mark_rule(color="#888", strokeDash=[4, 3]).encode(
+            x=x, tooltip=[alt.Tooltip("rung:Q", title="rung"), alt.Tooltip("c:Q", title="rung budget", format=",.0f")]
+        ),
+        lines,
+    ]
+    stopped = _stopped_points(t.get("runs"), ev)
+    if not stopped.empty:
+        layers.append(
+            alt.Chart(inline_records(stopped)).mark_point(filled=True, size=110, color="#d62728", stroke="black",
+                                                          strokeWidth=0.6).encode(
+                x=x, y="avg_at_k:Q", shape=alt.Shape("stop_rule:N", title="stopped by rule"),
+                tooltip=["run_id:N", "end_reason:N", alt.Tooltip("c:Q", format=",.0f"),
+                         alt.Tooltip("avg_at_k:Q", format=".3f")],
+            )
+        )
+    sized = [lyr.properties(width=CHART_WIDTH, height=CHART_HEIGHT) for lyr in layers]
+    chart = alt.layer(*sized)
+    caption += ": " + _stops_text(s)
+    if not has_runs:
+        caption += "; the runs table is missing, so runs are coloured by run id and stopped runs are not marked"
+    return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))
+
+
+def search_cost(t: Mapping[str, pd.DataFrame | None]) -> dict[str, Any] | None:
+    """Rollouts the search spent against a grid of the same runs each trained to C_max (science §8).
+
+    ``spent``: runs.c summed over the finished and stopped runs; ``grid``:
+    their c_max summed; ``share`` = spent / grid; ``stopped`` / ``added``: the
+    keys stopped and added, as text ("n = 16, 8"; "" for none). None for a grid
+    sweep (no search rows) or when no run has finished.
+    """
+    s, runs = _search(t), t.get("runs")
+    if s is None or runs is None:
+        return None
+    require_columns(runs, "runs", ["status", "c", "c_max"])
+    done = runs[runs["status"].astype(str).isin(SPENT_STATUSES)]
+    spent, grid = float(as_numeric(done["c"]).sum()), float(as_numeric(done["c_max"]).sum())
+    if done.empty or grid <= 0:
+        return None
+    return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done),
+            "stopped": _keys_text(s[s["action"] == "stop"]), "added": _keys_text(s[s["action"] == "add"])}
+
+
+def search_sentence(cost: Mapping[str, Any]) -> str:
+    """The headline's sentence on the search's cost, from :func:`search_cost`."""
+    text = (f"The frontier search spent {cost['spent']:,.0f} rollouts, {cost['share']:.0%} of the "
+            f"{cost['grid']:,.0f} a grid of the same runs trains to C_max; it stopped {cost['stopped'] or 'no key'}")
+    return text + (f" and added {cost['added']}." if cost["added"] else ".")
+
+
+def _fold(values: pd.Series) -> str:
+    """One cell for several seeds' rows: their distinct values, formatted, in order."""
+    return ", ".join(dict.fromkeys(fmt_value(v) for v in values))
+
+
+def table_search(t: Mapping[str, pd.DataFrame | None]) -> TableSpec:
+    """The search's decisions, one row per group, decision and key with its seeds listed (science §8)."""
+    name, title = "search", "Frontier search decisions"
+    caption = ("Each decision of the frontier search (science §8), one row per key with its seeds: the rung and its "
+               "budget C, the action (continue, stop, add, seed, finish), the rule behind it (a, b, c: stops; "
+               "bracket: a key added at the grid's edge; undecided: a seed added), the leader at the rung, the "
+               "record points behind the key's fit, and why in words.")
+    s = _search(t)
+    if s is None:
+        return TableSpec(name, title, caption, missing=_no_search(t, "search decision to list"))
+    rows = []
+    for (group, _, key), g in s.groupby(["group", "decision", "key"], sort=False):
+        row = {"group": group, "rung": _fold(g["rung"]), "C": _fold(g["c"]), "key": key,
+               "seeds": _fold(g["seed"].sort_values())}
+        for col in ("action", "rule", "leader", "n_points", "note"):
+            row[col] = _fold(g[col]) if col in g.columns else "—"
+        rows.append(row)
+    return TableSpec(name, title, caption, frame=pd.DataFrame(rows))
