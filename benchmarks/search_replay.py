@@ -3,10 +3,11 @@
     python benchmarks/search_replay.py artifacts                     # the default study's rollout axis
     python benchmarks/search_replay.py artifacts --design rule       # the rules preset of docs/results.md
     python benchmarks/search_replay.py artifacts --start-keys 4 8 16 --decisions
+    python benchmarks/search_replay.py artifacts --alpha 0.4           # other settings than params.yaml's
 
 Reads the study's ``runs`` and ``evals`` tables (through DuckDB, rollscale.pipeline.storage) and the
-search's settings from params.yaml (``sweep.search``, ``sweep.eval_every``, ``sweep.b_max`` and the
-fit's bin width, grid and bootstrap), replays the finished runs rung by rung
+search's settings from params.yaml (``sweep.search``, ``sweep.eval_every`` and ``sweep.b_max``), replays
+the finished runs rung by rung
 (rollscale.core.search_replay.replay: each run truncated where the search would have stopped it) and
 prints one row per group: its stops, the keys it would add (in the grid or not), rollouts spent
 against the grid's, and whether the best key matches the grid's wherever the grid's share is
@@ -16,6 +17,7 @@ against the grid's, and whether the best key matches the grid's wherever the gri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from rollscale.config import load_params  # noqa: E402
 from rollscale.core.search import SearchSettings  # noqa: E402
 from rollscale.core.search_replay import DESIGNS, replay  # noqa: E402
 from rollscale.pipeline.storage import query  # noqa: E402
+from rollscale.train.search_groups import search_settings  # noqa: E402
 
 
 def main() -> None:
@@ -36,13 +39,13 @@ def main() -> None:
     ap.add_argument("--design", choices=list(DESIGNS), default="n")
     ap.add_argument("--start-keys", nargs="+", help="start the search from these keys of the grid (bracket test)")
     ap.add_argument("--decisions", action="store_true", help="print every decision row")
+    ap.add_argument("--eta", type=float, help="instead of params.yaml's sweep.search.eta")
+    ap.add_argument("--alpha", type=float, help="instead of params.yaml's sweep.search.alpha")
     args = ap.parse_args()
     params = load_params(args.params)
-    s = params.sweep.search
-    settings = SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
-                              resamples=params.fit.bootstrap_resamples, bootstrap_seed=params.fit.bootstrap_seed,
-                              bin_width=params.fit.bin_width, grid_points=params.fit.grid_points,
-                              eval_every=params.sweep.eval_every)
+    settings = search_settings(params.sweep)
+    settings = dataclasses.replace(settings, **{k: v for k, v in (("eta", args.eta), ("alpha", args.alpha))
+                                                 if v is not None})
     runs = query("SELECT * FROM runs", args.artifacts)
     evals = query("SELECT * FROM evals", args.artifacts)
     start = None

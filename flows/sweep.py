@@ -103,7 +103,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
             config = point_config(sweep, sampling, groups.point(group, key, seed))
             return grid.get(config.run_id, config)
 
-        search = FrontierSearch(groups, search_settings(sweep, params.fit), sweep_dir, sweep.bucket, config_of,
+        search = FrontierSearch(groups, search_settings(sweep), sweep_dir, sweep.bucket, config_of,
                                 lambda c: runs_dir / c.run_id)
         alone = [point_config(sweep, sampling, p) for p in groups.alone]
         configs = list({c.run_id: c for c in search.configs() + alone}.values())

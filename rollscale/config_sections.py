@@ -115,6 +115,12 @@ class SearchParams(Section):
     # and up to b_max / B_problem (b_max / n; iso-batch: B)
     key_min: int | None = Field(None, ge=1)
     key_max: int | None = Field(None, ge=1)
+    # the search's own fits (science §7): record bins, the budget grid and the bootstrap; the fit stage's
+    # defaults, kept apart so that changing the analysis (fit.*) never changes what the sweep trains
+    bin_width: float = Field(0.02, gt=0, le=1)
+    grid_points: int = Field(50, ge=2)
+    bootstrap_resamples: int = Field(200, ge=0)
+    bootstrap_seed: int = 0
 
 
 def _rule_entry(value: Any) -> Any:

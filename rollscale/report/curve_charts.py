@@ -27,7 +27,7 @@ from rollscale.report.base import (
 )
 
 
-def _evals_with_runs(t: dict[str, pd.DataFrame | None], columns: Sequence[str]) -> tuple[pd.DataFrame, bool]:
+def evals_with_runs(t: dict[str, pd.DataFrame | None], columns: Sequence[str]) -> tuple[pd.DataFrame, bool]:
     """Evals joined with the runs' n, B_problem and bucket; False when runs is missing."""
     ev = t["evals"]
     assert ev is not None
@@ -59,7 +59,7 @@ def _facet_buckets(layered: alt.LayerChart, data: pd.DataFrame, **facet: Any) ->
     return layered
 
 
-def _run_colour(has_runs: bool) -> alt.Color:
+def run_colour(has_runs: bool) -> alt.Color:
     if has_runs:
         return alt.Color("n:O", title="n (rollouts per prompt)", scale=N_SCHEME)
     return alt.Color("run_id:N", title="run (runs table missing)", scale=alt.Scale(scheme="tableau10"))
@@ -73,7 +73,7 @@ def chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[s
     )
     if t["evals"] is None:
         return ChartSpec(name, title, caption + ".", missing=absent(t, "evals", "sweep results"))
-    ev, has_runs = _evals_with_runs(t, ["avg_at_k"])
+    ev, has_runs = evals_with_runs(t, ["avg_at_k"])
     has_se = "avg_at_k_se" in ev.columns and as_numeric(ev["avg_at_k_se"]).notna().any()
     if has_se:
         ev["avg_at_k_se"] = as_numeric(ev["avg_at_k_se"])
@@ -86,7 +86,7 @@ def chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[s
     cols = [c for c in ("run_id", "c", "avg_at_k", "lo", "hi", "n", "b_problem", "bucket", "step", "epochs")
             if c in ev.columns]
     data = ev[cols].sort_values(["run_id", "c"])
-    colour = _run_colour(has_runs)
+    colour = run_colour(has_runs)
     # the band fills through its own legend-less scale: on the colour scale the legend turns pale
     band_fill = alt.Fill("n:O", scale=N_SCHEME, legend=None) if has_runs else alt.Fill(
         "run_id:N", scale=alt.Scale(scheme="tableau10"), legend=None
@@ -279,7 +279,7 @@ def chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any
     )
     if t["evals"] is None:
         return ChartSpec(name, title, caption + ".", missing=absent(t, "evals", "sweep results"))
-    ev, has_runs = _evals_with_runs(t, ["best_at_k", "worst_at_k"])
+    ev, has_runs = evals_with_runs(t, ["best_at_k", "worst_at_k"])
     ev = ev[ev["c"] > 0]
     idv = [c for c in ("run_id", "c", "n", "b_problem", "bucket", "eval_k") if c in ev.columns]
     long = ev[[*idv, "best_at_k", "worst_at_k"]].melt(id_vars=idv, var_name="metric", value_name="value")
@@ -291,7 +291,7 @@ def chart_best_worst(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any
     long = long.sort_values(["run_id", "metric", "c"]).reset_index(drop=True)
     # a run's optimum: the first evaluation (lowest C) reaching its highest value
     long["is_peak"] = long.index.isin(long.groupby(["run_id", "metric"])["value"].idxmax())
-    colour = _run_colour(has_runs)
+    colour = run_colour(has_runs)
     x = alt.X("c:Q", title="compute C [rollouts generated]", scale=log_scale(), axis=log_axis())
     y = alt.Y("value:Q", title="fraction of validation problems [0-1]")
     tooltip = ["run_id:N", "metric:N", alt.Tooltip("c:Q", format=".4g"), alt.Tooltip("value:Q", format=".3f")]

@@ -30,7 +30,7 @@ from rollscale.report.base import (
     require_columns,
     stages_not_run,
 )
-from rollscale.report.curve_charts import _evals_with_runs, _run_colour
+from rollscale.report.curve_charts import evals_with_runs, run_colour
 
 __all__ = ["chart_search", "search_cost", "search_sentence", "table_search"]
 
@@ -126,14 +126,14 @@ def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
         return ChartSpec(name, title, caption + ".", missing=_no_search(t, "frontier search to draw"))
     if t.get("evals") is None:
         return ChartSpec(name, title, caption + ".", missing=absent(t, "evals", "sweep results"))
-    ev, has_runs = _evals_with_runs(dict(t), ["avg_at_k"])
+    ev, has_runs = evals_with_runs(dict(t), ["avg_at_k"])
     ev = ev[(ev["c"] > 0) & ev["avg_at_k"].notna()].sort_values(["run_id", "c"])
     if ev.empty:
         return ChartSpec(name, title, caption + ".", missing="The `evals` table has no evaluation at C > 0 to plot.")
     x = alt.X("c:Q", title="compute C [rollouts generated]", scale=log_scale(), axis=log_axis())
     y = alt.Y("avg_at_k:Q", title="validation reward avg@k [fraction correct]")
     cols = [c for c in ("run_id", "c", "avg_at_k", "n", "b_problem", "bucket") if c in ev.columns]
-    enc: dict[str, Any] = {"x": x, "y": y, "color": _run_colour(has_runs), "detail": "run_id:N",
+    enc: dict[str, Any] = {"x": x, "y": y, "color": run_colour(has_runs), "detail": "run_id:N",
                            "tooltip": ["run_id:N", alt.Tooltip("c:Q", format=",.0f"),
                                        alt.Tooltip("avg_at_k:Q", format=".3f")]}
     if ev["bucket"].nunique() > 1:  # one panel: the buckets told apart by dash

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollscale.config import FitParams, SweepParams
+from rollscale.config import SweepParams
 from rollscale.core.allocation import RuleParams
 from rollscale.core.search import SearchGroup, SearchSettings, bracket_limits
 from rollscale.core.search_replay import DESIGNS
@@ -27,12 +27,12 @@ from rollscale.train.sweep import GridPoint, plan_runs
 __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
 
 
-def search_settings(sweep: SweepParams, fit: FitParams) -> SearchSettings:
-    """The search's settings: ``sweep.search`` with the fit stage's bins, grid and bootstrap (science §7, §8)."""
+def search_settings(sweep: SweepParams) -> SearchSettings:
+    """The search's settings (``sweep.search``, science §8) with the sweep's evaluation interval."""
     s = sweep.search
     return SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
-                          resamples=fit.bootstrap_resamples, bootstrap_seed=fit.bootstrap_seed,
-                          bin_width=fit.bin_width, grid_points=fit.grid_points, eval_every=sweep.eval_every)
+                          resamples=s.bootstrap_resamples, bootstrap_seed=s.bootstrap_seed, bin_width=s.bin_width,
+                          grid_points=s.grid_points, eval_every=sweep.eval_every)
 
 
 def search_design(sweep: SweepParams) -> str | None:
