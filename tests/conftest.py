@@ -72,7 +72,14 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def dvc_study(tmp_path_factory):
-    """The whole study on a small config through `dvc repro`, once per test session."""
-    from tests.test_dvc import build_study
+    """The whole study on a small config through `dvc repro`, built once per test session; each worker
+    gets its own copy (tests edit its params.yaml and rerun stages in it)."""
+    import shutil
 
-    return build_study(tmp_path_factory.mktemp("study"))
+    from tests.shared_builds import built_once
+    from tests.test_dvc import build_study, study_env
+
+    built = built_once(tmp_path_factory, "dvc-study", build_study)
+    root = tmp_path_factory.mktemp("study")
+    shutil.copytree(built, root, symlinks=True, dirs_exist_ok=True, copy_function=shutil.copy2)
+    return root, study_env()

@@ -45,6 +45,11 @@ def run(cmd, cwd, env):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
 
 
+def study_env() -> dict:
+    """The environment DVC runs the stages in: this venv's python and dvc first on PATH."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
 def build_study(root: Path) -> tuple[Path, dict]:
     """A clean copy of the tracked tree with a small params.yaml, then `dvc repro` (the README's study)."""
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
@@ -53,7 +58,7 @@ def build_study(root: Path) -> tuple[Path, dict]:
             (root / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, root / f)
     (root / "params.yaml").write_text(yaml.safe_dump(merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = study_env()
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "study"]):
         subprocess.run(cmd, cwd=root, check=True, env=env)

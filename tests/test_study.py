@@ -63,20 +63,19 @@ def write_params(root: Path, **over) -> Path:
 
 def prepared_study(tmp_path_factory) -> Path:
     """A folder with params.yaml and artifacts/{base,profile,bucket} (each stage's flow run
-    directly), made once per session."""
+    directly), made once per session (shared by the xdist workers: copy before changing)."""
     from flows.base import base_flow
     from flows.bucket import bucket_flow
     from flows.profile import profile_flow
 
-    root = tmp_path_factory.getbasetemp() / "tiny-study"
-    if not (root / "ready").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir()
+    from tests.shared_builds import built_once
+
+    def build(root: Path) -> None:
         params = str(write_params(root))
         for flow in (base_flow, profile_flow, bucket_flow):
             flow(params_path=params, artifacts=str(root / "artifacts"))
-        (root / "ready").touch()
-    return root
+
+    return built_once(tmp_path_factory, "tiny-study", build)
 
 
 def copy_study(prepared: Path, dest: Path, stages=PREPARED) -> Path:
