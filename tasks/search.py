@@ -52,7 +52,12 @@ def search_identity(search: SearchPlan, settings: SearchSettings) -> dict[str, A
 
 
 def _archive(path: Path, why: str) -> None:
-    dest = path.parent / "archive" / f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}"
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    dest = path.parent / "archive" / f"{path.stem}-{stamp}{path.suffix}"
+    for i in range(2, 1000):  # two archives in one second keep both
+        if not dest.exists():
+            break
+        dest = dest.with_name(f"{path.stem}-{stamp}-{i}{path.suffix}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     print(f"sweep: archiving {path.name} ({why}) to {dest}")
     shutil.move(str(path), dest)
@@ -111,8 +116,8 @@ def mark_stopped(run_dir: Path, config: RunConfig, bucket: str, rung: int, rule:
     shorter C, the rung and rule that stopped it); a run that reached C_max already keeps "finished"."""
     store = RunStore(run_dir)
     done = store.done()
-    if done is not None and done.get("status") in ("finished", "stopped"):
-        return
+    if done is not None and done.get("status") == "finished":
+        return  # (a run stopped before is marked again: decisions made anew had it paused in between)
     ckpt = store.latest()
     state = ckpt.state if ckpt is not None else {}
     result = RunResult(config.run_id, "stopped", None, int(state.get("step", 0)), int(state.get("c", 0)),

@@ -95,6 +95,14 @@ def test_a_stopped_run_says_why_a_rerun_trains_nothing_and_a_grid_trains_it_on(p
     assert "sweep: 0 runs to train now" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in (art / "sweep").rglob("*.parquet") if p in before} == before
 
+    # other settings: the decisions are made anew (the old ones archived) from the same runs, and the runs
+    # stopped again say so again (in between, the new rung 1 had them paused)
+    write_params(tmp_path, sweep={**SWEEP, "search": {**SWEEP["search"], "alpha": 0.35}})
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    assert list((art / "sweep" / "archive").glob("search-*.parquet"))
+    again, _ = tables(art)
+    pd.testing.assert_frame_equal(again, runs)
+
     # a grid sweep afterwards trains the stopped runs on, and every run ends with the grid's rows
     monkeypatch.setattr(search_tasks, "decide", decide)
     write_params(tmp_path, sweep={**SWEEP, "search": {**SWEEP["search"], "method": "grid"}})
@@ -102,5 +110,5 @@ def test_a_stopped_run_says_why_a_rerun_trains_nothing_and_a_grid_trains_it_on(p
     runs, evals = tables(art)
     assert (runs["status"] == "finished").all()
     assert pd.read_parquet(art / "sweep" / "search.parquet").empty
-    assert list((art / "sweep" / "archive").glob("search-*.parquet"))
+    assert len(list((art / "sweep" / "archive").glob("search-*.parquet"))) == 2
     pd.testing.assert_frame_equal(evals, tables(grid / "artifacts")[1])
