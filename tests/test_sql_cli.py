@@ -101,8 +101,11 @@ def test_ctrl_c_stops_a_query_at_once(study):
     """Issue 23: a 4-way self-join ran on after SIGINT (DuckDB does not check for Ctrl-C while it
     scans the Arrow datasets); only SIGTERM stopped it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    # Ctrl-C as a terminal sends it, whatever this test runs under (a shell's background job starts its
+    # children with SIGINT ignored, and that disposition is inherited)
     proc = subprocess.Popen(sql_cmd(study, "--timeout", "600", SLOW), cwd=study, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)  # the command has started and the join is running (it runs for minutes)
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)
