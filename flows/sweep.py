@@ -74,6 +74,12 @@ def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict], allowed: bool) -
         shutil.move(str(run_dir), dest)
 
 
+def in_play(search: FrontierSearch, alone: list[RunConfig]) -> list[RunConfig]:
+    """The runs of a frontier sweep: those its decisions have put in play, and the grid points it does
+    not search (each once)."""
+    return list({c.run_id: c for c in search.configs() + alone}.values())
+
+
 def kept_work(artifacts: Path) -> str:
     """What an interrupted sweep kept: finished runs, and the checkpoints the others resume from."""
     return runs_kept(sweep_progress(artifacts, sweep_running=False))
@@ -106,7 +112,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
         search = FrontierSearch(groups, search_settings(sweep), sweep_dir, sweep.bucket, config_of,
                                 lambda c: runs_dir / c.run_id)
         alone = [point_config(sweep, sampling, p) for p in groups.alone]
-        configs = list({c.run_id: c for c in search.configs() + alone}.values())
+        configs = in_play(search, alone)
         rungs = rung_budgets(sweep.c_max, sweep.search.eta, sweep.search.first_rung)
         if groups.groups:
             print(f"sweep: frontier search over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
@@ -158,8 +164,8 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
               f"({params.torch_threads} torch thread each)")
         _, errors = run_all(local_runner(params.workers, params.torch_threads), train_run_in_worker, list(units),
                             list(labels), finished)
-    if search:
-        configs = list({c.run_id: c for c in search.configs() + alone}.values())
+    if search:  # the keys and seeds the search added are runs of the sweep too
+        configs = in_play(search, alone)
     refresh_duckdb(root)
     runs = pd.concat([pd.read_parquet(runs_dir / c.run_id / "run.parquet") for c in configs
                       if (runs_dir / c.run_id / "run.parquet").exists()], ignore_index=True)

@@ -138,7 +138,7 @@ class FrontierSearch:
         self.config_of, self.run_dir = config_of, run_dir
         self.identity = search_identity(search, settings)
         self.decisions = load_decisions(sweep_dir, self.identity)
-        self.waiting: dict[str, set[str]] = {}  # group -> run ids of its rung still training
+        self.pending: dict[str, tuple[SearchGroup, Any]] = {}  # run id -> (group, key) of a rung still training
         self.cache: dict = {}  # fits of unchanged curves, kept between decisions
 
     def configs(self) -> list[RunConfig]:
@@ -158,29 +158,27 @@ class FrontierSearch:
 
     def finished(self, config: RunConfig, result: RunResult) -> list[Unit]:
         """A run came back: the runs of its group's next rung once the group's rung is complete."""
-        for g in self.search.groups:
-            waiting = self.waiting.get(g.group)
-            if waiting is not None and config.run_id in waiting:
-                waiting.discard(config.run_id)
-                st = group_state(g, self.decisions, self.settings)
-                key = next(k for k in st.keys if self.config_of(g.group, k, config.seed).run_id == config.run_id)
-                if key in st.stopped:  # a seed added to a stopped key ends where the key stopped
-                    self._mark(g, key, [config.seed])
-                return [] if waiting else self._advance(g, decide_now=True)
-        return []
+        entry = self.pending.pop(config.run_id, None)
+        if entry is None:  # a run outside the search (alone in its group): trained to C_max
+            return []
+        g, key = entry
+        if key in group_state(g, self.decisions, self.settings).stopped:  # a seed added to a stopped key
+            self._mark(g, key, [config.seed])                               # ends where the key stopped
+        if any(other is g for other, _ in self.pending.values()):
+            return []
+        return self._advance(g, decide_now=True)
 
     def _advance(self, g: SearchGroup, decide_now: bool) -> list[Unit]:
         while True:
             todo = plan([g], self.decisions, self.settings)
             if todo.empty:
-                self.waiting.pop(g.group, None)
                 return []
             if not decide_now:
-                units = [(self.config_of(g.group, r.key, int(r.seed)), float(r.c)) for r in todo.itertuples()]
-                units = [(c, b) for c, b in units if not self._at_c_max(c)]
-                if units:
-                    self.waiting[g.group] = {c.run_id for c, _ in units}
-                    return units
+                runs = [(r.key, self.config_of(g.group, r.key, int(r.seed)), float(r.c)) for r in todo.itertuples()]
+                runs = [(key, c, b) for key, c, b in runs if not self._at_c_max(c)]
+                if runs:
+                    self.pending.update({c.run_id: (g, key) for key, c, _ in runs})
+                    return [(c, b) for _, c, b in runs]
             new = decide(self._points(g), [g], self.decisions, self.settings, self.cache)
             self.decisions = pd.concat([self.decisions, new], ignore_index=True) if len(self.decisions) else new
             save_decisions(self.sweep_dir, self.decisions, self.identity)

@@ -279,9 +279,10 @@ def search_progress(artifacts: str | os.PathLike[str]) -> list[str]:
     lines = []
     for group, g in rows.groupby("group", sort=True):
         last = g[g["decision"] == g["decision"].max()]
-        done = last["action"].isin(["finish", "stop"]).all() and int(last["rung"].iloc[0]) == int(g["rung"].max())
+        # done: the last rung decided (runs finished) with nothing added to train on
+        done = (last["action"] == "finish").any() and not last["action"].isin(["add", "seed"]).any()
         said = [f"rung {int(last['rung'].iloc[0])} (C = {float(last['c'].iloc[0]):,.0f}) decided"
-                + (", done" if done and (last["action"] == "finish").any() else "")]
+                + (", done" if done else "")]
         stops = g[g["action"] == "stop"].drop_duplicates("key")
         if not stops.empty:
             said.append("stopped " + ", ".join(f"{r.key} at rung {r.rung} (rule {r.rule})" for r in stops.itertuples()))
