@@ -25,7 +25,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tasks/ runs from the project folder
 
 from rollscale.config import BaseParams, DataParams  # noqa: E402
-from rollscale.core.problems import disjoint  # noqa: E402
+from rollscale.core.problems.problem import disjoint  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised  # noqa: E402
 from tasks.problems import load_pool  # noqa: E402
 

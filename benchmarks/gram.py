@@ -1,7 +1,7 @@
 """Cost of the per-rollout gradient Gram matrix (science §6.1).
 
 Compares, per model: (a) one ordinary forward + backward of the batch loss,
-(b) ``rollscale.core.gram.gram_matrix`` (hooks, one forward + one backward, plus
+(b) ``rollscale.core.noise.gram.gram_matrix`` (hooks, one forward + one backward, plus
 the layer-by-layer Gram work), (c) ``naive_gram`` (one forward and
 autograd.grad per rollout). Target from the issue: (b) at most 2x (a).
 
@@ -158,7 +158,7 @@ def _operation(case: str, method: str, n: int):
     """Build the case; return (op, padded tokens per rollout)."""
     import torch
 
-    from rollscale.core.gram import gram_matrix, naive_gram
+    from rollscale.core.noise.gram import gram_matrix, naive_gram
 
     model, batch = _build(case, n)
     fn = _loss_terms(model, batch)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollscale.core.logprobs import token_logprobs_and_entropy
+from rollscale.core.grpo.logprobs import token_logprobs_and_entropy
 from rollscale.lm.engines import EngineConfig, make_engine
 from rollscale.lm.model_info import packaged_model
 from rollscale.lm.models import ModelRef, load_model, render_prompt

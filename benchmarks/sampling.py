@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from rollscale.lm.models import ModelRef, char_tokenizer, load_model, render_prompt, tiny_llama
-from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.lm.engines import EngineConfig, HFSampler, make_engine
 from rollscale.core.rollouts import SamplingConfig
 

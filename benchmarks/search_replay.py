@@ -8,7 +8,7 @@
 Reads the study's ``runs`` and ``evals`` tables (through DuckDB, rollscale.pipeline.storage) and the
 search's settings from params.yaml (``sweep.search``, ``sweep.eval_every`` and ``sweep.b_max``), replays
 the finished runs rung by rung
-(rollscale.core.search_replay.replay: each run truncated where the search would have stopped it) and
+(rollscale.core.search.replay.replay: each run truncated where the search would have stopped it) and
 prints one row per group: its stops, the keys it would add (in the grid or not), rollouts spent
 against the grid's, and whether the best key matches the grid's wherever the grid's share is
 >= 95 %. ``--decisions`` prints every decision row too. Pure reading: nothing is written.
@@ -26,8 +26,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollscale.config import load_params  # noqa: E402
-from rollscale.core.search import SearchSettings  # noqa: E402
-from rollscale.core.search_replay import DESIGNS, replay  # noqa: E402
+from rollscale.core.search.decisions import SearchSettings  # noqa: E402
+from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
 from rollscale.pipeline.storage import query  # noqa: E402
 from rollscale.train.search_groups import search_settings  # noqa: E402
 
@@ -66,8 +66,8 @@ def main() -> None:
 def _all_groups(runs: pd.DataFrame, evals: pd.DataFrame, design: str, b_max: int, keys: tuple,
                 settings: SearchSettings) -> dict[str, tuple]:
     """The same start keys for every group of the design."""
-    from rollscale.core.analysis import run_evals
-    from rollscale.core.search_replay import replay_groups
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.search.replay import replay_groups
 
     groups, _ = replay_groups(run_evals(runs, evals), design, b_max)
     return {g.group: keys for g in groups}

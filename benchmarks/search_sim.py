@@ -3,8 +3,8 @@
     python benchmarks/search_sim.py --per-family 40 --eta 1.41 2 3 --alpha 0.05 0.2 0.3 0.4
 
 For every (eta, alpha) (and ``--first-rung``, ``--extra-seeds``), the same simulated studies
-(rollscale.core.search_sim: five families shaped like the embedded default, 3 seeds) run as a
-grid and as a frontier search, both through rollscale.core.search. Prints a markdown table:
+(rollscale.core.search.simulate: five families shaped like the embedded default, 3 seeds) run as a
+grid and as a frontier search, both through rollscale.core.search.decisions. Prints a markdown table:
 where the grid names a best key in >= 95 % of its bootstrap refits, the share of those budgets
 where the search names the same key ("agree", over the families where A2 holds, and for the
 A2-violated family apart), the median and mean rollouts the search spent as a fraction of the
@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollscale.core.search import SearchSettings  # noqa: E402
-from rollscale.core.search_sim import FAMILIES, make_studies, simulate, summarise  # noqa: E402
+from rollscale.core.search.decisions import SearchSettings  # noqa: E402
+from rollscale.core.search.simulate import FAMILIES, make_studies, simulate, summarise  # noqa: E402
 
 HOLDS = tuple(f for f in FAMILIES if f != "a2")  # families where A2 holds
 

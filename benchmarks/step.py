@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from rollscale.config import TrainParams
-from rollscale.core.logprobs import token_logprobs_and_entropy
+from rollscale.core.grpo.logprobs import token_logprobs_and_entropy
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama
 from rollscale.registry import LOSS_AGGREGATIONS
 from rollscale.train.step import StepSettings, TrainBatch, policy_update
@@ -113,7 +113,7 @@ def _smol_folder() -> Path | None:
 def run_tiny(b: int, micro_batch_tokens: int, equivalence: bool) -> dict:
     from tokenizers import decoders
 
-    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.problems.sets import reasoning_gym_problems
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.run_config import RunConfig
     from rollscale.train.trainer import GRPOTrainer
@@ -176,7 +176,7 @@ def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batc
     """One full GRPO step of a random-initialised Qwen3 shape on CUDA (no weights needed)."""
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.problems.sets import reasoning_gym_problems
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.run_config import RunConfig
     from rollscale.train.trainer import GRPOTrainer

@@ -25,7 +25,7 @@ import torch
 from tokenizers import decoders
 
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama, train_supervised
-from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.run_config import RunConfig
 from rollscale.train.trainer import GRPOTrainer

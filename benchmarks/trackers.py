@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from rollscale.config import TrackingParams
-from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, tracker_targets

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.core.buckets import assign_buckets, bucket_counts, make_splits, splits_table
+from rollscale.core.problems.buckets import assign_buckets, bucket_counts, make_splits, splits_table
 from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, retried_task, read_params, refresh_duckdb
 

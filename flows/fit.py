@@ -41,7 +41,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.core.analysis import DESIGNS
+from rollscale.core.fit.analysis import DESIGNS
 from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_params, refresh_duckdb
 from tasks.fit import (

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.core.problems import Problem
-from rollscale.core.search import rung_budgets
+from rollscale.core.problems.problem import Problem
+from rollscale.core.search.decisions import rung_budgets
 from rollscale.files import write_json_atomic
 from rollscale.train.search_groups import search_plan, search_settings
 from rollscale.train.sweep import point_config, run_configs

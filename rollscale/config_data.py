@@ -2,7 +2,7 @@
 (science §2), and the schema of a user's own problem tables.
 
 Re-exported by :mod:`rollscale.config`; the loading itself is
-:mod:`rollscale.core.problem_sources` and :mod:`rollscale.core.problem_sets`.
+:mod:`rollscale.core.problems.sources` and :mod:`rollscale.core.problems.sets`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class TableParams(Section):
     @field_validator("reward")
     @classmethod
     def _verifier_imports(cls, v: str) -> str:
-        # a user's module:function must import now, not mid-study (built-in names: rollscale.core.rewards)
+        # a user's module:function must import now, not mid-study (built-in names: rollscale.core.problems.rewards)
         if is_reference(v):
             import_reference(v, "verifier")
         return v

@@ -178,7 +178,7 @@ class SweepParams(Section):
     ray_cpus_per_run: float = Field(1.0, gt=0)
     # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
     ray_gpus_per_run: float | None = Field(None, ge=0)
-    # grid (every run to c_max) or frontier search (science §8; rollscale.core.search)
+    # grid (every run to c_max) or frontier search (science §8; rollscale.core.search.decisions)
     search: SearchParams = Field(default_factory=SearchParams)
 
     @field_validator("rules")

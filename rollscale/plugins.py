@@ -2,7 +2,7 @@
 
 A leaf module (it imports nothing from rollscale), so validating a params file
 (:mod:`rollscale.config_data`) imports the user's function the same way the
-library later calls it (:func:`rollscale.core.rewards.reward_fn`): a typo fails
+library later calls it (:func:`rollscale.core.problems.rewards.reward_fn`): a typo fails
 when the params are read, not mid-study.
 """
 

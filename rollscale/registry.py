@@ -143,7 +143,7 @@ def _where(obj: Any) -> str:
 
 # The plugin packages, by dotted name. A literal: rollscale.pipeline.stage_deps reads it to
 # make their folders deps of every stage that loads this module (params validation does).
-PLUGIN_PACKAGES = ("rollscale.core.rules", "rollscale.core.losses", "rollscale.lm.engines")
+PLUGIN_PACKAGES = ("rollscale.core.grpo.rules", "rollscale.core.grpo.losses", "rollscale.lm.engines")
 _RULES, _LOSSES, _ENGINES = PLUGIN_PACKAGES
 
 # The registries of the study (science §3, §4; docs/architecture.md).

@@ -8,7 +8,7 @@ import torch
 
 from rollscale.config import BaseParams, DataParams
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
-from rollscale.core.problems import disjoint
+from rollscale.core.problems.problem import disjoint
 from tasks.common import retried_task
 from tasks.problems import load_pool
 

@@ -17,8 +17,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rollscale.config import StudyParams, load_params
-from rollscale.core.problems import Problem
-from rollscale.core.profiling import problems_from_profile
+from rollscale.core.problems.problem import Problem
+from rollscale.core.problems.profiling import problems_from_profile
 from rollscale.pipeline.storage import write_duckdb
 
 if TYPE_CHECKING:  # loading models pulls in torch and transformers: seconds the table stages do not need

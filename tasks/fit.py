@@ -1,6 +1,6 @@
 """Tasks of the ``fit`` and ``report`` stages: the study-level analysis of science §7.
 
-Each task wraps one :mod:`rollscale.core.analysis` call; DVC decides when the
+Each task wraps one :mod:`rollscale.core.fit.analysis` call; DVC decides when the
 stage reruns (no Prefect result cache).
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from rollscale.config import FitParams
-from rollscale.core import analysis
-from rollscale.core.bootstrap import Bootstrap
+from rollscale.core.fit import analysis
+from rollscale.core.fit.bootstrap import Bootstrap
 from rollscale.pipeline.storage import available_tables, query
 from rollscale.tables import TABLES
 from tasks.common import retried_task

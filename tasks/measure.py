@@ -6,7 +6,7 @@ import pandas as pd
 
 from rollscale.config import LoraParams, SamplingParams
 from rollscale.lm.models import ModelRef
-from rollscale.core.problems import Problem
+from rollscale.core.problems.problem import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.train.run_config import RunConfig
 from rollscale.train.trainer import GRPOTrainer

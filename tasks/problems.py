@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 from rollscale.config import DataParams
-from rollscale.core.problem_sources import mix_problems, table_problems
-from rollscale.core.problem_sets import gsm8k_problems, math_problems, reasoning_gym_problems
-from rollscale.core.problems import Problem
+from rollscale.core.problems.sources import mix_problems, table_problems
+from rollscale.core.problems.sets import gsm8k_problems, math_problems, reasoning_gym_problems
+from rollscale.core.problems.problem import Problem
 from tasks.common import retried_task
 
 log = logging.getLogger("rollscale")

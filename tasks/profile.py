@@ -7,8 +7,8 @@ import pandas as pd
 from rollscale.config import SamplingParams
 from rollscale.core.seeds import derive_seed
 from rollscale.lm.models import ModelRef
-from rollscale.core.problems import Problem
-from rollscale.core.profiling import count_correct, profile_problems
+from rollscale.core.problems.problem import Problem
+from rollscale.core.problems.profiling import count_correct, profile_problems
 from tasks.common import retried_task
 from tasks.models import renderer, sampling_config, stage_engine
 

@@ -3,7 +3,7 @@
 :class:`FrontierSearch` holds the decisions made so far and answers the pool:
 ``start()`` gives the runs of every group's next rung, ``finished(run)`` is
 called as each run comes back and, once every run of that group's rung is
-in, refits the group's curves (:func:`rollscale.core.search.decide`), writes
+in, refits the group's curves (:func:`rollscale.core.search.decisions.decide`), writes
 the decisions (``sweep/search.parquet``, the ``search`` table) before any
 run trains on, marks the runs of stopped keys as ended ("stopped", with
 their rung and rule), and gives the runs of the group's next rung. A rung
@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from rollscale.core.search import (
+from rollscale.core.search.decisions import (
     SearchGroup,
     SearchSettings,
     decide,

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from rollscale.train.checkpoint import RunStore
 from rollscale.config import LoraParams, SamplingParams
 from rollscale.lm.models import ModelRef
-from rollscale.core.problems import Problem
+from rollscale.core.problems.problem import Problem
 from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
 from rollscale.pipeline.status import record_attempt

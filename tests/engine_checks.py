@@ -115,7 +115,7 @@ def odd_problems():
     """(train, val) arithmetic problems scored by :func:`odd_length`."""
     import dataclasses
 
-    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.problems.sets import reasoning_gym_problems
 
     problems = reasoning_gym_problems("chain_sum", 60, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
                                       prompt_style="expression")

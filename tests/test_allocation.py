@@ -8,12 +8,12 @@ import pytest
 
 from rollscale.train.run_config import RunConfig
 
-from rollscale.core.allocation import RuleNotApplicable, allocate
-from rollscale.core.rules.dynamic import DynamicSampling
-from rollscale.core.rules.pilot import PilotCommit, pilot_scores
-from rollscale.core.rules.pods import PODS, max_variance_subset
-from rollscale.core.rules.uniform import Uniform
-from rollscale.core.rules.variance import VarianceAllocation, VarianceParams, largest_remainder
+from rollscale.core.grpo.allocation import RuleNotApplicable, allocate
+from rollscale.core.grpo.rules.dynamic import DynamicSampling
+from rollscale.core.grpo.rules.pilot import PilotCommit, pilot_scores
+from rollscale.core.grpo.rules.pods import PODS, max_variance_subset
+from rollscale.core.grpo.rules.uniform import Uniform
+from rollscale.core.grpo.rules.variance import VarianceAllocation, VarianceParams, largest_remainder
 
 # ---------------------------------------------------------------- max-variance subset
 

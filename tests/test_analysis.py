@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import brentq
 
-from rollscale.core import analysis
+from rollscale.core.fit import analysis
 
 D = 200  # training problems: epochs = step * B_problem / D (science §1)
 
@@ -338,7 +338,7 @@ def _noisy_seeds_study(seeds):
 
 
 def test_frontier_intervals_from_seeds_and_none_from_one_seed():
-    from rollscale.core.bootstrap import ONE_SEED, Bootstrap
+    from rollscale.core.fit.bootstrap import ONE_SEED, Bootstrap
 
     boot = Bootstrap(100, 0)
     t = analysis.frontier_analysis(_noisy_seeds_study((0, 1, 2, 3)), "n", grid_points=20, boot=boot)
@@ -362,7 +362,7 @@ def test_frontier_intervals_from_seeds_and_none_from_one_seed():
 
 
 def test_steps_to_target_intervals_from_seeds():
-    from rollscale.core.bootstrap import Bootstrap
+    from rollscale.core.fit.bootstrap import Bootstrap
 
     rng = np.random.default_rng(3)
     out = []
@@ -392,7 +392,7 @@ def _truncated(points, n, c_stop):
 
 
 def test_a_grid_study_is_not_touched_by_the_reach_and_says_so():
-    from rollscale.core.bootstrap import Bootstrap
+    from rollscale.core.fit.bootstrap import Bootstrap
 
     pts = _noisy_seeds_study((0, 1, 2))
     near = analysis.frontier_analysis(pts, "n", grid_points=30, boot=Bootstrap(50, 0), reach_factor=1.0)
@@ -406,7 +406,7 @@ def test_a_grid_study_is_not_touched_by_the_reach_and_says_so():
 
 
 def test_a_stopped_key_is_used_within_its_reach_and_beyond_only_where_it_could_still_win():
-    from rollscale.core.bootstrap import Bootstrap
+    from rollscale.core.fit.bootstrap import Bootstrap
 
     pts = _noisy_seeds_study((0, 1, 2))
     boot = Bootstrap(50, 0)
@@ -447,7 +447,7 @@ def test_a_falling_n_star_fails_the_a2_check():
             out.append(_run(f"nr{n}_s{seed}", n, 8, steps, lambda s, c, t=theta: _sigmoid(c, *t), seed=seed,
                             c_max=C_MAX))
     pts = analysis.record_points(analysis.run_evals(*_study(out)), bin_width=0.01)
-    from rollscale.core.bootstrap import Bootstrap
+    from rollscale.core.fit.bootstrap import Bootstrap
 
     (row,) = analysis.frontier_analysis(pts, "n", boot=Bootstrap(50, 0)).fits.query("kind == 'a2_check'").to_dict(
         "records")

@@ -128,7 +128,7 @@ def test_a_data_file_without_problems_is_named(tmp_path):
 def _fake_study(root: Path) -> None:
     """The files the sweep reads before training (model ref, profile, buckets) and one ended run of an
     earlier grid; the model ref points nowhere, so a sweep that gets as far as training fails fast."""
-    from rollscale.core.problems import Problem
+    from rollscale.core.problems.problem import Problem
 
     art = root / "artifacts"
     (art / "base").mkdir(parents=True)

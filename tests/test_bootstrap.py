@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from rollscale.core import bootstrap as bs
-from rollscale.core.fit import fit_sigmoid, fit_steps_to_target, record_breaking_points
+from rollscale.core.fit import bootstrap as bs
+from rollscale.core.fit.curves import fit_sigmoid, fit_steps_to_target, record_breaking_points
 
 NS = (4, 8, 16)
 # (R0, A, log10 C_mid, beta) per n: n = 16 wins at large compute, n = 4 at small

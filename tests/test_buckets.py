@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core.buckets import BucketError, assign_buckets, bucket_counts, make_splits, splits_table
+from rollscale.core.problems.buckets import BucketError, assign_buckets, bucket_counts, make_splits, splits_table
 
 BOUNDS = {"easy": (0.3, 0.6), "hard": (0.0, 0.0625), "very_easy": (0.6, 0.9)}
 

@@ -6,7 +6,7 @@ import torch
 from tokenizers import decoders
 
 from rollscale.config import parse_params
-from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.checkpoint import RunStore

@@ -162,7 +162,7 @@ def test_stage_engine_follows_backend_and_closes(tiny_ref, monkeypatch):
 
 def test_profile_extreme_samples_use_fresh_seeds(tiny_ref, monkeypatch):
     """The k_extreme resampling is new draws, not a repeat of the first k."""
-    from rollscale.core.problems import Problem
+    from rollscale.core.problems.problem import Problem
     import tasks.models as tm
     import tasks.profile as tp
 

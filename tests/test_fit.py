@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import brentq
 
-from rollscale.core.fit import (
+from rollscale.core.fit.curves import (
     SigmoidFit,
     fit_sigmoid,
     fit_steps_to_target,
@@ -19,7 +19,7 @@ from rollscale.core.fit import (
     record_flags,
     steps_to_target,
 )
-from rollscale.core.frontier import epochs_at_transitions, fit_n_star, frontier, log_grid
+from rollscale.core.fit.frontier import epochs_at_transitions, fit_n_star, frontier, log_grid
 
 # --------------------------------------------------------------------------
 # record-breaking points

@@ -9,7 +9,7 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rollscale.core.gram import gram_matrix, naive_gram, trainable_parameters
+from rollscale.core.noise.gram import gram_matrix, naive_gram, trainable_parameters
 
 N_ROLLOUTS = 12
 PROMPT_LEN, COMPLETION_LEN = 6, 5

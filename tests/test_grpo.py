@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from rollscale.config import TrainParams
-from rollscale.core.grpo import grpo_loss
-from rollscale.core.logprobs import token_logprobs, token_logprobs_and_entropy
-from rollscale.core.losses.advantages import group_advantages, nonzero_variance_mask
-from rollscale.core.losses.aggregation import loss_normalizers
-from rollscale.core.losses.regularizers import k3_kl
-from rollscale.core.shaping import overlong_filter_mask, overlong_penalty, sqrt_scaled_lr, warmup_factor
+from rollscale.core.grpo.loss import grpo_loss
+from rollscale.core.grpo.logprobs import token_logprobs, token_logprobs_and_entropy
+from rollscale.core.grpo.losses.advantages import group_advantages, nonzero_variance_mask
+from rollscale.core.grpo.losses.aggregation import loss_normalizers
+from rollscale.core.grpo.losses.regularizers import k3_kl
+from rollscale.core.grpo.shaping import overlong_filter_mask, overlong_penalty, sqrt_scaled_lr, warmup_factor
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 

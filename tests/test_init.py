@@ -12,8 +12,8 @@ import yaml
 
 from rollscale.config import load_params
 from rollscale.pipeline.init_values import Machine, full_finetune_gb, render, suggest
-from rollscale.core import power
-from rollscale.core.data_sample import count_rows, inspect_rows, read_sample
+from rollscale.core.fit import power
+from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
 from rollscale.lm.model_info import ModelInfo, inspect_model, resolve_model
 from rollscale.pipeline import cli
 from rollscale.pipeline.check import known_data, study_findings

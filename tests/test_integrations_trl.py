@@ -10,9 +10,9 @@ trl = pytest.importorskip("trl", reason="trl is not installed (pip install 'roll
 
 from datasets import Dataset  # noqa: E402
 
-from rollscale.core.gram import naive_gram  # noqa: E402
-from rollscale.core.noise import decompose  # noqa: E402
-from rollscale.core.rewards import numeric_reward  # noqa: E402
+from rollscale.core.noise.gram import naive_gram  # noqa: E402
+from rollscale.core.noise.estimators import decompose  # noqa: E402
+from rollscale.core.problems.rewards import numeric_reward  # noqa: E402
 from rollscale.integrations.trl import add_noise_probe, grpo_loss_terms, rollout_groups  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama  # noqa: E402
 
@@ -108,7 +108,7 @@ def test_loss_terms_sum_to_trl_loss_and_gram_to_its_gradient(tmp_path):
         loss.backward()
         g2 = sum(float((p.grad.double() ** 2).sum()) for p in model.parameters() if p.grad is not None)
         model.zero_grad()
-        from rollscale.core.gram import gram_matrix
+        from rollscale.core.noise.gram import gram_matrix
 
         gram = gram_matrix(model, terms, n)
         assert gram.sum() == pytest.approx(g2, rel=1e-5)

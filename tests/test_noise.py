@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core import noise as nz
-from rollscale.core import noise_correlation as cor
-from rollscale.core import noise_signal as sig
-from rollscale.core import noise_summary as summ
-from rollscale.core.noise_ema import EmaNoiseScale
+from rollscale.core.noise import estimators as nz
+from rollscale.core.noise import correlation as cor
+from rollscale.core.noise import signal as sig
+from rollscale.core.noise import summary as summ
+from rollscale.core.noise.ema import EmaNoiseScale
 
 
 def gaussian_grads(rng, n, g_true, sigma):

@@ -10,9 +10,9 @@ import torch
 
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
-from rollscale.core.noise_correlation import k_sat_null
-from rollscale.core.noise_ema import EmaNoiseScale
-from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.noise.correlation import k_sat_null
+from rollscale.core.noise.ema import EmaNoiseScale
+from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.train.run_config import RunConfig
 from rollscale.train.trainer import GRPOTrainer
@@ -85,7 +85,7 @@ def test_trainer_gram_equals_naive_per_rollout_gradients(warm):
     """The trainer's loss terms give each rollout's own gradient (science §6.1): the hook
     Gram equals one autograd.grad per rollout, also when the terms are computed in chunks."""
     import rollscale.train.online_noise as tm
-    from rollscale.core.gram import naive_gram
+    from rollscale.core.noise.gram import naive_gram
 
     trainer = make_trainer(warm)
     seen = {}

@@ -1,4 +1,4 @@
-"""What a study can resolve (rollscale.core.power), checked against simulation and the run loop."""
+"""What a study can resolve (rollscale.core.fit.power), checked against simulation and the run loop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rollscale.core import power
+from rollscale.core.fit import power
 
 
 def loop_evaluations(steps: int, eval_every: int) -> int:

@@ -1,4 +1,4 @@
-"""A user's own problem tables (rollscale.core.problem_sources, science §2):
+"""A user's own problem tables (rollscale.core.problems.sources, science §2):
 TRL and verl layouts, files and column mappings, weighted mixes, verifiers."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 from rollscale.config import ParamsError, TableParams, parse_params
-from rollscale.core.problem_sources import mix_problems, table_problems
-from rollscale.core.problem_sets import gsm8k_problems, math_problems
-from rollscale.core.problems import DataRowError, compute_problem_id
-from rollscale.core.rewards import reward_fn
+from rollscale.core.problems.sources import mix_problems, table_problems
+from rollscale.core.problems.sets import gsm8k_problems, math_problems
+from rollscale.core.problems.problem import DataRowError, compute_problem_id
+from rollscale.core.problems.rewards import reward_fn
 from tasks.problems import load_pool
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -1,4 +1,4 @@
-"""Tests for rollscale.core.problems and problem_sets: problem sources with stable ids (science §2)."""
+"""Tests for rollscale.core.problems.problem and problem_sets: problem sources with stable ids (science §2)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rollscale.core.problem_sets import gsm8k_problems, math_problems, reasoning_gym_problems
-from rollscale.core.problems import DataRowError, Problem, compute_problem_id, disjoint
-from rollscale.core.rewards import math_reward, numeric_reward
+from rollscale.core.problems.sets import gsm8k_problems, math_problems, reasoning_gym_problems
+from rollscale.core.problems.problem import DataRowError, Problem, compute_problem_id, disjoint
+from rollscale.core.problems.rewards import math_reward, numeric_reward
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -86,7 +86,7 @@ def test_reasoning_gym_chain_sum_question_style() -> None:
 
 def test_reasoning_gym_chain_sum_expression_style_and_dedup(caplog: pytest.LogCaptureFixture) -> None:
     tiny = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-    with caplog.at_level(logging.INFO, logger="rollscale.core.problems"):
+    with caplog.at_level(logging.INFO, logger="rollscale.core.problems.problem"):
         problems = reasoning_gym_problems("chain_sum", 300, seed=0, config=tiny, prompt_style="expression")
     # 1-digit a±b has at most 10 * 10 * 2 = 200 distinct prompts, so 300 draws repeat
     assert len(problems) <= 200
@@ -208,7 +208,7 @@ def test_skip_malformed_counts_and_logs(tmp_path: Path, caplog: pytest.LogCaptur
     lines[7] = json.dumps({"question": "What is 8 + 1?", "answer": "   "})  # line 8
     lines[9] = _gsm8k_row(1)  # line 10: a duplicate of line 1
     path = _write_jsonl(tmp_path / "gsm8k_mixed.jsonl", lines)
-    with caplog.at_level(logging.INFO, logger="rollscale.core.problems"):
+    with caplog.at_level(logging.INFO, logger="rollscale.core.problems.problem"):
         problems = gsm8k_problems(path, skip_malformed=True)
     assert [p.meta["row"] for p in problems] == [1, 2, 4, 6, 7, 9]
     assert "skipped 3 malformed rows" in caplog.text

@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollscale.lm.models import ModelRef, load_model, render_prompt
-from rollscale.core.problem_sets import gsm8k_problems
-from rollscale.core.profiling import PROFILE_COLUMNS, profile_problems
+from rollscale.core.problems.sets import gsm8k_problems
+from rollscale.core.problems.profiling import PROFILE_COLUMNS, profile_problems
 from rollscale.core.rollouts import Rollout, SamplingConfig
 from rollscale.lm.engines.hf import HFSampler
 

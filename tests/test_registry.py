@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from rollscale.config import ParamsError, SweepParams, TrainParams, parse_params
-from rollscale.core.allocation import make_rule
+from rollscale.core.grpo.allocation import make_rule
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -69,7 +69,7 @@ RULE_MODULE = """
 
     from pydantic import Field
 
-    from rollscale.core.allocation import AllocationRule, Group, RuleParams, StepAllocation, draw, sample_groups
+    from rollscale.core.grpo.allocation import AllocationRule, Group, RuleParams, StepAllocation, draw, sample_groups
     from tmp_registry_holder import REG
 
 

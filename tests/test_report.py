@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core import fit, frontier
+from rollscale.core.fit import curves as fit
+from rollscale.core.fit import frontier
 from rollscale.report import (
     TABLE_NAMES,
     ChartSpec,

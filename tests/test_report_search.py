@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core.search_state import DECISION_COLUMNS
+from rollscale.core.search.state import DECISION_COLUMNS
 from rollscale.report import build_charts, study_answer, summary_tables, write_report
 from rollscale.report.base import StageNotRun
 from rollscale.report.search_charts import chart_search, search_cost, table_search

@@ -1,4 +1,4 @@
-"""Tests for rollscale.core.rewards: the 0/1 verifiers (science §2)."""
+"""Tests for rollscale.core.problems.rewards: the 0/1 verifiers (science §2)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rollscale.core import rewards
-from rollscale.core.rewards import (
+from rollscale.core.problems import rewards
+from rollscale.core.problems.rewards import (
     canonical_number,
     extract_number,
     last_boxed,
@@ -260,7 +260,7 @@ def test_math_reward_from_a_script_without_a_main_guard(tmp_path) -> None:
     """Issue 23: a plain reward script (no `if __name__ == "__main__":`, as most TRL scripts are)
     hung 120 s, then "worker process did not start": the spawned worker re-imported the script."""
     script = tmp_path / "score.py"
-    script.write_text("from rollscale.core.rewards import math_reward\n"
+    script.write_text("from rollscale.core.problems.rewards import math_reward\n"
                       "print(math_reward(r'\\boxed{\\frac{1}{2}}', '0.5'), math_reward(r'\\boxed{3}', '4'))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(rewards.__file__).parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}

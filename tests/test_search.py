@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core import fit
-from rollscale.core.bootstrap import Bootstrap
-from rollscale.core.curve_bank import fit_curves
-from rollscale.core.search import (
+from rollscale.core.fit import curves as fit
+from rollscale.core.fit.bootstrap import Bootstrap
+from rollscale.core.fit.curve_bank import fit_curves
+from rollscale.core.search.decisions import (
     DECISION_COLUMNS,
     SearchGroup,
     SearchSettings,

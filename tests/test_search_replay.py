@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rollscale.core.search import SearchSettings
-from rollscale.core.search_replay import replay
-from rollscale.core.search_sim import grid_tables, make_studies, simulate
+from rollscale.core.search.decisions import SearchSettings
+from rollscale.core.search.replay import replay
+from rollscale.core.search.simulate import grid_tables, make_studies, simulate
 
 SETTINGS = SearchSettings(eval_every=20)
 

@@ -1,6 +1,6 @@
 """Proof of the frontier search by simulation (science §8): 200 whole studies, as a grid and as a search.
 
-Both go through rollscale.core.search (rollscale.core.search_sim), with the default settings
+Both go through rollscale.core.search.decisions (rollscale.core.search.simulate), with the default settings
 (eta 2, alpha 0.3: docs/benchmarks.md, "Frontier search against the grid"). Worth its time
 (about 10 s of CPU on this 2-core machine): it is the only check that the search's rules, run
 together over many noisy studies, keep the grid's answer. Measured here (2026-11-24): 98.2 %
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollscale.core.search import SearchSettings
-from rollscale.core.search_sim import FAMILIES, make_studies, simulate, summarise
+from rollscale.core.search.decisions import SearchSettings
+from rollscale.core.search.simulate import FAMILIES, make_studies, simulate, summarise
 
 HOLDS = tuple(f for f in FAMILIES if f != "a2")
 

@@ -12,7 +12,7 @@ import pytest
 import tasks.search as search_tasks
 from flows.sweep import sweep_flow
 from rollscale.config import load_params
-from rollscale.core.search_replay import replay
+from rollscale.core.search.replay import replay
 from rollscale.pipeline.status import search_progress
 from rollscale.train.checkpoint import RunStore
 from rollscale.train.search_groups import search_settings

@@ -14,10 +14,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from rollscale.config import TrainParams
-from rollscale.core.logprobs import token_logprobs_and_entropy
+from rollscale.core.grpo.logprobs import token_logprobs_and_entropy
 from rollscale.lm.engines import SamplingEngine
 from rollscale.lm.models import add_lora, tiny_llama
-from rollscale.core.losses.advantages import group_advantages
+from rollscale.core.grpo.losses.advantages import group_advantages
 from rollscale.core.rollouts import Rollout, SamplingConfig
 from rollscale.lm.engines.hf import HFSampler
 from rollscale.train.run_config import RunConfig
@@ -208,7 +208,7 @@ class _PerturbedEngine(SamplingEngine):
 def test_trainer_uses_the_engine_and_logs_the_mismatch():
     from tokenizers import decoders
 
-    from rollscale.core.problem_sets import reasoning_gym_problems
+    from rollscale.core.problems.sets import reasoning_gym_problems
     from rollscale.lm.models import char_tokenizer
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.run_config import RunConfig
@@ -283,7 +283,7 @@ def test_peak_memory_is_flat_in_b_at_a_fixed_micro_batch():
 def test_micro_batched_gram_equals_naive_per_rollout_gradients(lora, monkeypatch):
     """The step's Gram (science §6.1) in chunks of the micro-batch equals one autograd.grad per rollout."""
     import rollscale.train.online_noise as online_noise
-    from rollscale.core.gram import naive_gram
+    from rollscale.core.noise.gram import naive_gram
 
     model, batch = _model(lora), _batch(10, seed=3)
     seen = {}

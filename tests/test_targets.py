@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rollscale.core import analysis
-from rollscale.core.bootstrap import Bootstrap
+from rollscale.core.fit import analysis
+from rollscale.core.fit.bootstrap import Bootstrap
 from tests.test_analysis import _run, _study
 
 STEP_SECONDS = ["t_generate", "t_score", "t_train"]

@@ -12,7 +12,7 @@ pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip ins
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from rollscale.config import TrackingParams  # noqa: E402
-from rollscale.core.problem_sets import reasoning_gym_problems  # noqa: E402
+from rollscale.core.problems.sets import reasoning_gym_problems  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama  # noqa: E402
 from rollscale.core.rollouts import SamplingConfig  # noqa: E402
 from rollscale.pipeline.trackers import (  # noqa: E402

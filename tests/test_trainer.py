@@ -15,7 +15,7 @@ from tokenizers import decoders
 import rollscale.train.step as step_module
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
-from rollscale.core.problem_sets import reasoning_gym_problems
+from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.config import TrainParams
 from rollscale.train.run_config import RunConfig, config_hash, readable_run_id

@@ -9,8 +9,8 @@ Every ``noise_every`` optimizer steps the probe takes the micro-batch the
 trainer is about to learn from (its completions, masks and advantages, as
 TRL's ``compute_loss`` receives them), builds the per-rollout Gram matrix of
 that batch's GRPO loss with one extra forward and backward pass
-(:func:`rollscale.core.gram.gram_matrix`, science §6.1; full or LoRA/peft
-training) and decomposes it with :func:`rollscale.core.noise.decompose`
+(:func:`rollscale.core.noise.gram.gram_matrix`, science §6.1; full or LoRA/peft
+training) and decomposes it with :func:`rollscale.core.noise.estimators.decompose`
 (science §6.2, §6.3). The numbers go into TRL's own metric buffer, so they
 are averaged and logged at the trainer's next log step wherever TRL logs
 (console, TensorBoard, W&B, MLflow), as ``noise/b_simple``,
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollscale.core.gram import gram_matrix
-from rollscale.core.noise import NoiseDecomposition, decompose
+from rollscale.core.noise.gram import gram_matrix
+from rollscale.core.noise.estimators import NoiseDecomposition, decompose
 
 __all__ = ["NoiseProbe", "add_noise_probe", "grpo_loss_terms", "rollout_groups"]
 

@@ -4,7 +4,7 @@ From the params and what is known of the data (the pool size, counted from a loc
 table when that is cheap; the profile, when the profile stage has run: then the
 buckets and their train / validation splits are laid out exactly as the bucket
 stage will, with the current bucket settings), it computes with
-:mod:`rollscale.core.power` what the study can resolve: evaluations per run
+:mod:`rollscale.core.fit.power` what the study can resolve: evaluations per run
 against what the frontier fit needs, the standard error of validation avg@k and
 the smallest reward difference it can tell apart, epochs per run, the grid the
 sweep will train, the settings of one section another needs, the profile's
@@ -24,8 +24,8 @@ from typing import Literal
 import pandas as pd
 
 from rollscale.config import StudyParams
-from rollscale.core import power
-from rollscale.core.buckets import BucketError, assign_buckets, make_splits
+from rollscale.core.fit import power
+from rollscale.core.problems.buckets import BucketError, assign_buckets, make_splits
 
 __all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
 
@@ -60,7 +60,7 @@ class DataKnown:
 def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") -> DataKnown:
     """The pool size and profile, from ``artifacts``/profile when it exists, else counted cheaply
     from the data source (reasoning-gym's size, local table files' rows)."""
-    from rollscale.core.data_sample import count_rows
+    from rollscale.core.problems.data_sample import count_rows
 
     path = Path(artifacts or "") / "profile" / "profile.parquet"
     if artifacts is not None and path.is_file():
@@ -172,7 +172,7 @@ def _grid(p: StudyParams) -> Iterable[Finding]:
 
 def _splits(p: StudyParams, profile: pd.DataFrame) -> tuple[dict | None, list[Finding]]:
     b = p.bucket
-    quiet = logging.getLogger("rollscale.core.buckets")  # its "bucket X is empty" is the bucket stage's to say
+    quiet = logging.getLogger("rollscale.core.problems.buckets")  # its "bucket X is empty" is the bucket stage's to say
     level, quiet.disabled = quiet.disabled, True
     try:  # Extremely hard without the profile's k_extreme samples is _cross_section's error; the rest is laid out
         membership = assign_buckets(profile, {"easy": b.easy, "hard": b.hard, "very_easy": b.very_easy},
@@ -273,7 +273,7 @@ def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Findin
 def _search(p: StudyParams) -> Iterable[Finding]:
     """The frontier search (science §8): whether it has keys to choose between, and from which rung it can
     stop one (a stop rests on a fit of MIN_POINTS record points, and records are at most the evaluations)."""
-    from rollscale.core.search import MIN_POINTS, rung_budgets
+    from rollscale.core.search.decisions import MIN_POINTS, rung_budgets
     from rollscale.train.search_groups import search_plan
 
     s = p.sweep.search

@@ -1,7 +1,7 @@
 """``rollscale init --model M --data D [--gpu H100|none] [--out params.yaml] [--force]``.
 
 Reads the model's files (:mod:`rollscale.lm.model_info`) and a sample of the data
-(:mod:`rollscale.core.data_sample`, lengths in the model's own tokens), lets
+(:mod:`rollscale.core.problems.data_sample`, lengths in the model's own tokens), lets
 :mod:`rollscale.pipeline.init_values` decide the params with their reasons, writes them
 and runs the check (:mod:`rollscale.pipeline.check`) on what it wrote.
 """
@@ -40,9 +40,9 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check)."""
     from rollscale.config import load_params
     from rollscale.pipeline.init_values import Machine, render, suggest, write_params
-    from rollscale.core.data_sample import count_rows, inspect_rows, read_sample
+    from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
     from rollscale.config_data import TableParams
-    from rollscale.core.problem_sources import table_problems
+    from rollscale.core.problems.sources import table_problems
     from rollscale.lm.model_info import inspect_model, resolve_model
     from rollscale.pipeline.check import format_findings, known_data, study_findings
 

@@ -1,7 +1,7 @@
 """``rollscale init``: a params.yaml an RL practitioner would start from, for a model and a table.
 
 :func:`suggest` decides each value from what the model's files and a sample of
-the data say (:mod:`rollscale.lm.model_info`, :mod:`rollscale.core.data_sample`)
+the data say (:mod:`rollscale.lm.model_info`, :mod:`rollscale.core.problems.data_sample`)
 and the machine, with the reason beside it; :func:`render` writes the whole
 params tree (every section, since DVC tracks them all) with those reasons as
 comments. The sources the numbers rest on:
@@ -15,7 +15,7 @@ comments. The sources the numbers rest on:
 * memory of full fine-tuning: weights, gradients and AdamW's two moments (16 bytes
   a parameter in float32, 8 in bfloat16, as docs/gpu.md) plus one micro-batch's
   logits and their gradient;
-* evaluations per run: what the frontier fit needs (:mod:`rollscale.core.power`).
+* evaluations per run: what the frontier fit needs (:mod:`rollscale.core.fit.power`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import yaml
 
 from rollscale.config import StudyParams, parse_params
 from rollscale.files import write_text_atomic
-from rollscale.core.data_sample import DataSample
-from rollscale.core.power import EVALS_COMFORTABLE
+from rollscale.core.problems.data_sample import DataSample
+from rollscale.core.fit.power import EVALS_COMFORTABLE
 from rollscale.lm.model_info import ModelInfo
 
 __all__ = ["GPU_MEMORY_GB", "Machine", "full_finetune_gb", "render", "suggest", "write_params"]

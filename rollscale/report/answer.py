@@ -7,7 +7,7 @@ says "No answer yet" and why, each reason with the params key that fixes it:
 stages not run, one seed per setting (no interval: what one seed shows is listed
 apart, never claimed), curves that could not be fitted (too few evaluations per
 run), curves not bent within the budget, intervals that overlap (the validation
-noise floor from :mod:`rollscale.core.power`). A frontier search (science §8)
+noise floor from :mod:`rollscale.core.fit.power`). A frontier search (science §8)
 adds what it spent against a grid of the same runs.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 import pandas as pd
 
-from rollscale.core import power
+from rollscale.core.fit import power
 from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, stages_not_run
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
 from rollscale.report.search_charts import search_cost, search_sentence

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core.bootstrap import ONE_SEED
+from rollscale.core.fit.bootstrap import ONE_SEED
 from rollscale.report.base import TableSpec, absent, as_numeric, fmt_value
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C

@@ -10,7 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from rollscale.core.fit import sigmoid_model
+from rollscale.core.fit.curves import sigmoid_model
 from rollscale.report.base import (
     CHART_HEIGHT,
     CHART_WIDTH,

@@ -9,8 +9,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from rollscale.core.noise_correlation import k_sat_null
-from rollscale.core.noise_summary import quintile_table
+from rollscale.core.noise.correlation import k_sat_null
+from rollscale.core.noise.summary import quintile_table
 from rollscale.report.base import (
     BUCKET_COLOURS,
     CHART_HEIGHT,
@@ -49,7 +49,7 @@ def usable_k_sat(noise_prompts: pd.DataFrame) -> pd.DataFrame:
 def quintile_tables(noise_prompts: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Split-half K_sat by pass-rate quintile, unfiltered and IQR-filtered (science §6.3).
 
-    Uses :func:`rollscale.core.noise_summary.quintile_table` per group size n (prompts of
+    Uses :func:`rollscale.core.noise.summary.quintile_table` per group size n (prompts of
     all measurement steps pooled), with the null value ``k_sat_null =
     |R| + 1`` and ``median_ratio = median / k_sat_null`` beside K_sat as §6.3
     asks. Rows whose K_sat is NaN (rho undefined) are left out. Keys:

@@ -40,7 +40,7 @@ RULE_WHY = {
     "b": "its asymptote's upper bound below the leader's lower bound",
     "c": "its upper bound below the leader's lower bound at every budget still to come (A3)",
 }
-# the key each design's group varies (its name's prefix, rollscale.core.search_replay.replay_groups)
+# the key each design's group varies (its name's prefix, rollscale.core.search.replay.replay_groups)
 KEY_NAMES = {"n": "n", "iso_batch": "n", "b_problem": "B_problem", "rule": "rule"}
 SPENT_STATUSES = ("finished", "stopped")
 

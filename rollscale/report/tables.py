@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core.noise_summary import summary_stats
+from rollscale.core.noise.summary import summary_stats
 from rollscale.report.claims import interval_text
 from rollscale.report.base import (
     TableSpec,

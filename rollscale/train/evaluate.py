@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rollscale.core.metrics import avg_at_k, best_at_k, standard_error, worst_at_k
-from rollscale.core.problems import Problem
+from rollscale.core.problems.problem import Problem
 from rollscale.core.rollouts import SamplingConfig
 
 

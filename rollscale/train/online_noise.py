@@ -3,7 +3,7 @@
 g_i is the gradient of rollout i's own term of the step's loss (advantages
 held fixed, the full batch's aggregation normalisers, so a term does not
 depend on which rows share a forward call). The Gram matrix of the g_i
-(science §6.1) goes through :func:`~rollscale.core.gram.gram_matrix` in
+(science §6.1) goes through :func:`~rollscale.core.noise.gram.gram_matrix` in
 chunks of the step's micro-batch size, so its forward/backward memory is that
 of one micro-batch.
 """
@@ -17,10 +17,10 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from rollscale.core.gram import gram_matrix
-from rollscale.core.noise import decompose
-from rollscale.core.noise_correlation import k_sat, k_sat_null, split_half_rho
-from rollscale.core.noise_ema import EmaNoiseScale
+from rollscale.core.noise.gram import gram_matrix
+from rollscale.core.noise.estimators import decompose
+from rollscale.core.noise.correlation import k_sat, k_sat_null, split_half_rho
+from rollscale.core.noise.ema import EmaNoiseScale
 from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_normalizers, micro_batch, micro_batch_loss
 
 

@@ -10,10 +10,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollscale.config import TrainParams
-from rollscale.core.allocation import AllocationRule, make_rule
+from rollscale.core.grpo.allocation import AllocationRule, make_rule
 from rollscale.core.rollouts import SamplingConfig
-from rollscale.core.shaping import sqrt_scaled_lr
-from rollscale.train.step import StepSettings
+from rollscale.core.grpo.shaping import sqrt_scaled_lr
 
 _RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -32,7 +31,7 @@ class RunConfig(BaseModel):
         b_problem: prompts per step (groups trained on).
         rule: allocation rule (science §4), a name of :data:`rollscale.registry.ALLOCATION_RULES`.
         rule_args: the rule's own arguments, e.g. ``{"m": 4}`` for PODS (the fields of its
-            class in :mod:`rollscale.core.rules`); filled in with the rule's defaults.
+            class in :mod:`rollscale.core.grpo.rules`); filled in with the rule's defaults.
         c_max: rollout budget; the run stops once cumulative C >= c_max (science §1).
         seed: seeds the data order and all sampling.
         train: the GRPO step's settings (loss, optimizer, micro-batching, science §3).
@@ -122,7 +121,7 @@ def readable_run_id(config: RunConfig) -> str:
 
     ``np`` = b_problem, ``nr`` = n, the rule's name and what the rule says of its
     arguments (``_m4`` for PODS, ``_p2_pf2`` for Pilot-Commit, ``_d128`` for dynamic
-    sampling: :meth:`~rollscale.core.allocation.AllocationRule.run_id_parts`).
+    sampling: :meth:`~rollscale.core.grpo.allocation.AllocationRule.run_id_parts`).
     Other settings (lr, loss) are not in it: runs that differ only there need
     an explicit ``run_id``.
     """
@@ -159,9 +158,3 @@ class RunResult:
     steps: int
     c: int
     c_tokens: int
-
-
-def step_settings(config: RunConfig) -> StepSettings:
-    """The update's settings (:func:`~rollscale.train.step.policy_update`) of a run."""
-    return StepSettings(train=config.train, temperature=config.sampling.temperature,
-                        max_new_tokens=config.sampling.max_new_tokens)

@@ -1,6 +1,6 @@
 """The frontier search's groups for a sweep section (science §8): which runs compete for which key.
 
-A sweep design becomes one or more :class:`~rollscale.core.search.SearchGroup`,
+A sweep design becomes one or more :class:`~rollscale.core.search.decisions.SearchGroup`,
 each a set of runs the search picks a best key in, holding the rest fixed:
 
 * ``rollout_axis`` (and ``grid`` with several n): key n, one group per rule and B_problem;
@@ -8,7 +8,7 @@ each a set of runs the search picks a best key in, holding the rest fixed:
 * ``iso_batch``: key n at the fixed total batch B, one group per rule;
 * one n and one B_problem with several rules: key the rule, no bracket.
 
-Group names are the replay's (:func:`rollscale.core.search_replay.replay_groups`),
+Group names are the replay's (:func:`rollscale.core.search.replay.replay_groups`),
 so a replay of the grid and the sweep's own search name the same groups. Runs
 of a grid point that is alone in its group (nothing to compare) train to
 C_max as in the grid.
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollscale.config import SweepParams
-from rollscale.core.allocation import RuleParams
-from rollscale.core.search import SearchGroup, SearchSettings, bracket_limits
-from rollscale.core.search_replay import DESIGNS
+from rollscale.core.grpo.allocation import RuleParams
+from rollscale.core.search.decisions import SearchGroup, SearchSettings, bracket_limits
+from rollscale.core.search.replay import DESIGNS
 from rollscale.train.sweep import GridPoint, plan_runs
 
 __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
@@ -36,7 +36,7 @@ def search_settings(sweep: SweepParams) -> SearchSettings:
 
 
 def search_design(sweep: SweepParams) -> str | None:
-    """The replay design (:data:`rollscale.core.search_replay.DESIGNS`) the sweep's grid searches over, or None
+    """The replay design (:data:`rollscale.core.search.replay.DESIGNS`) the sweep's grid searches over, or None
     when its grid has one point per rule and one rule (nothing to choose)."""
     if sweep.design == "iso_batch":
         return "iso_batch"

@@ -13,7 +13,7 @@ no-grad forward of the policy before the first update (no parameter changes
 during the first epoch's accumulation), so ``ppo_epochs > 1`` costs no extra
 forward pass and ``ppo_epochs = 1`` is TRL's on-policy update. A separate
 sampling engine's log-probs (``Rollout.logprobs``) enter as the behaviour
-policy of the truncated importance weight (:func:`~rollscale.core.grpo.grpo_loss`).
+policy of the truncated importance weight (:func:`~rollscale.core.grpo.loss.grpo_loss`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from rollscale.core.grpo import LossOutput, grpo_loss
-from rollscale.core.logprobs import token_logprobs_and_entropy
-from rollscale.core.losses.advantages import nonzero_variance_mask
-from rollscale.core.losses.aggregation import LossNormalizers, loss_normalizers
+from rollscale.core.grpo.loss import LossOutput, grpo_loss
+from rollscale.core.grpo.logprobs import token_logprobs_and_entropy
+from rollscale.core.grpo.losses.advantages import nonzero_variance_mask
+from rollscale.core.grpo.losses.aggregation import LossNormalizers, loss_normalizers
 from rollscale.core.rollouts import Rollout
-from rollscale.core.shaping import overlong_filter_mask, overlong_penalty
+from rollscale.core.grpo.shaping import overlong_filter_mask, overlong_penalty
 from rollscale.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def pack_micro_batches(prompt_lens: Sequence[int], completion_lens: Sequence[int
 
 
 def micro_batch(batch: TrainBatch, rows: np.ndarray, pad_id: int, device: torch.device) -> MicroBatch:
-    """The padded tensors of ``rows`` (see :func:`~rollscale.core.logprobs.token_logprobs_and_entropy`)."""
+    """The padded tensors of ``rows`` (see :func:`~rollscale.core.grpo.logprobs.token_logprobs_and_entropy`)."""
     prompts = [batch.prompt_ids[i] for i in rows]
     comps = [batch.completion_ids[i] for i in rows]
     width_p = max(map(len, prompts))
@@ -206,6 +206,12 @@ class StepSettings:
     temperature: float
     max_new_tokens: int | None = None
 
+    @classmethod
+    def of_run(cls, config: RunConfig) -> StepSettings:
+        """The update's settings (:func:`policy_update`) of a run."""
+        return cls(train=config.train, temperature=config.sampling.temperature,
+                   max_new_tokens=config.sampling.max_new_tokens)
+
 
 def _autocast(device: torch.device, on: bool):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if on else nullcontext()
@@ -220,7 +226,7 @@ def micro_batch_loss(
 
     One forward pass (under bf16 autocast when asked), the KL reference's log-probs when
     ``logp_ref`` is not given (from ``ref_logprobs``, when the KL term is on), then
-    :func:`~rollscale.core.grpo.grpo_loss`; ``logp_old`` None is on-policy (this forward's
+    :func:`~rollscale.core.grpo.loss.grpo_loss`; ``logp_old`` None is on-policy (this forward's
     log-probs, detached). Returns the loss, the log-probs and the reference's log-probs.
     """
     with _autocast(mb.input_ids.device, autocast):
@@ -317,7 +323,7 @@ def _nanmean(values: Sequence[float]) -> float:
 
 def allocation_columns(alloc, generated: Sequence[Rollout]) -> dict:
     """The compute-accounting and rollout columns of a ``steps`` row (science §1, §4):
-    ``alloc`` a :class:`~rollscale.core.allocation.StepAllocation`, ``generated`` every
+    ``alloc`` a :class:`~rollscale.core.grpo.allocation.StepAllocation`, ``generated`` every
     rollout the step generated."""
     return {
         "draws": alloc.draws,

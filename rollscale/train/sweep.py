@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rollscale.config import SweepParams
-from rollscale.core.allocation import AllocationRule, RuleNotApplicable, RuleParams, rule_class
+from rollscale.core.grpo.allocation import AllocationRule, RuleNotApplicable, RuleParams, rule_class
 from rollscale.core.rollouts import SamplingConfig
 
 if TYPE_CHECKING:  # RunConfig pulls in torch: planning the grid (rollscale check) does not need it
@@ -71,7 +71,7 @@ def plan_runs(sweep: SweepParams) -> RunPlan:
 
 def point_config(sweep: SweepParams, sampling: SamplingConfig, point: GridPoint) -> RunConfig:
     """The :class:`RunConfig` of one grid point (also a key or seed a frontier search adds, science §8);
-    raises :class:`~rollscale.core.allocation.RuleNotApplicable` where its rule cannot run there."""
+    raises :class:`~rollscale.core.grpo.allocation.RuleNotApplicable` where its rule cannot run there."""
     from rollscale.train.run_config import RunConfig
 
     rule = rule_class(point.rule.rule).for_grid_point(point.rule, point.n, point.b_problem)

@@ -33,12 +33,12 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.core.allocation import allocate
-from rollscale.core.shaping import warmup_factor
-from rollscale.core.logprobs import token_logprobs
-from rollscale.core.noise_ema import EmaNoiseScale
-from rollscale.core.problems import Problem
-from rollscale.core.rewards import reward_fn
+from rollscale.core.grpo.allocation import allocate
+from rollscale.core.grpo.shaping import warmup_factor
+from rollscale.core.grpo.logprobs import token_logprobs
+from rollscale.core.noise.ema import EmaNoiseScale
+from rollscale.core.problems.problem import Problem
+from rollscale.core.problems.rewards import reward_fn
 from rollscale.core.seeds import derive_seed
 from rollscale.lm.models import render_prompt
 from rollscale.core.rollouts import Rollout
@@ -47,9 +47,9 @@ from rollscale.train.checkpoint import Checkpoint, RunStore
 from rollscale.train.evaluate import evaluate
 from rollscale.train.online_noise import batch_gram, noise_figures
 from rollscale.train.rng_state import rng_state, set_rng_state
-from rollscale.train.run_config import RunConfig, RunResult, config_hash, step_settings
+from rollscale.train.run_config import RunConfig, RunResult, config_hash
 from rollscale.train.data_order import DataOrder
-from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, TrainBatch, policy_update, train_batch
+from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, StepSettings, TrainBatch, policy_update, train_batch
 
 # Purposes that keep the seed streams of data order, training and evaluation apart.
 _DATA, _TRAIN, _EVAL, _NOISE = 0, 1, 2, 3
@@ -113,7 +113,7 @@ class GRPOTrainer:
         self.device = next(model.parameters()).device
         self.engine = engine if engine is not None else HFSampler(model, tokenizer, batch_size=sample_batch_size)
         self.rule = config.allocation_rule()
-        self.step_settings = step_settings(config)
+        self.step_settings = StepSettings.of_run(config)
         self.config_hash = config_hash(config)
         self.data_hash = hashlib.sha256("\n".join(p.problem_id for p in self.train_problems).encode()).hexdigest()[:16]
         self._reward = reward

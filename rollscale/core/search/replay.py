@@ -1,0 +1,168 @@
+"""Replay a finished grid rung by rung: what the frontier search would have decided and spent (science §8).
+
+The proof by replay: the grid's own stored runs are read as the search would
+have seen them. At each decision every run is truncated at the budget the
+search would have trained it to (:func:`rollscale.core.search.state.truncate`:
+its evaluations up to the budget, and the one that crosses it within one
+step), so a run the search stopped keeps only its points up to the stop
+rung. Keys or seeds the search would add that the grid lacks are reported
+("would add, not in grid") and have no points: they are never stopped and
+never decide anything. At the end both answers, the grid's on all its points
+and the search's on what it kept, are read with the same code
+(:func:`rollscale.core.search.decisions.frontier_answer`) at the grid's budgets.
+
+Designs (:data:`DESIGNS`): ``n`` (rollout axis: key n, per family and
+B_problem), ``b_problem`` (prompt axis: key B_problem, per n), ``iso_batch``
+(key n, per total batch B) and ``rule`` (key: the allocation rule, per n and
+B_problem; no bracket).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from rollscale.core.fit.analysis import run_evals
+from rollscale.core.search.decisions import (
+    SearchGroup,
+    SearchSettings,
+    bracket_limits,
+    decide,
+    empty_decisions,
+    frontier_answer,
+    plan,
+    truncate,
+)
+
+__all__ = ["DESIGNS", "ReplayResult", "replay", "replay_groups"]
+
+# design -> (search axis, the key column, what each group holds fixed)
+DESIGNS: dict[str, tuple[str, str, list[str]]] = {
+    "n": ("rollout", "n", ["bucket", "rule", "b_problem"]),
+    "b_problem": ("prompt", "b_problem", ["bucket", "rule", "n"]),
+    "iso_batch": ("iso_batch", "n", ["bucket", "rule", "b"]),
+    "rule": ("rule", "rule", ["bucket", "n", "b_problem"]),
+}
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """The search's decisions on a grid, each grid run's rollouts both ways, and the two answers.
+
+    ``runs``: group, key, seed, run_id, grid_c (rollouts the grid run
+    generated), search_c (what the search would have). ``budgets``: the
+    grid's frontier budgets with both best keys and shares. ``summary``: one
+    row per group (rollouts spent against the grid's, stops by rule, keys
+    and seeds it would add that the grid lacks, agreement where the grid's
+    share >= 95 %, and whether the answers match at every such budget).
+    """
+
+    decisions: pd.DataFrame
+    runs: pd.DataFrame
+    budgets: pd.DataFrame
+    summary: pd.DataFrame
+
+
+def replay_groups(evals: pd.DataFrame, design: str, b_max: int, start_keys: dict[str, tuple] | None = None,
+                  ) -> tuple[list[SearchGroup], pd.DataFrame]:
+    """The search groups of a grid's :func:`rollscale.core.fit.analysis.run_evals` table, and its points.
+
+    ``start_keys`` (group -> keys) starts a group's search from a subset of
+    the grid's keys (the rest can only come in through the bracket).
+    """
+    if design not in DESIGNS:
+        raise ValueError(f"design: expected one of {list(DESIGNS)}, got {design!r}")
+    axis, key_col, fixed_cols = DESIGNS[design]
+    groups, points = [], []
+    for ids, g in evals.groupby(fixed_cols, sort=True):
+        if g[key_col].nunique() < 2:
+            continue
+        name = f"{design}:" + "/".join(f"{c}={v}" for c, v in zip(fixed_cols, ids, strict=True))
+        fixed = None if axis == "rule" else int(ids[-1])
+        lo, hi = bracket_limits(axis, fixed, b_max)
+        c_max = float(g["c_max"].max()) if g["c_max"].notna().any() else float(g["c"].max())
+        keys = start_keys.get(name, tuple(g[key_col].unique())) if start_keys else tuple(g[key_col].unique())
+        groups.append(SearchGroup(name, axis, keys, tuple(int(s) for s in g["seed"].unique()), c_max, fixed=fixed,
+                                  key_min=lo, key_max=hi))
+        points.append(pd.DataFrame({"group": name, "key": g[key_col].to_numpy() if axis == "rule" else
+                                    g[key_col].to_numpy(int), "run_id": g["run_id"].to_numpy(),
+                                    "seed": g["seed"].to_numpy(int), "c": g["c"].to_numpy(float),
+                                    "avg_at_k": g["avg_at_k"].to_numpy(float), "b": g["b"].to_numpy(float)}))
+    cols = ["group", "key", "run_id", "seed", "c", "avg_at_k", "b"]
+    return groups, (pd.concat(points, ignore_index=True) if points else pd.DataFrame(columns=cols))
+
+
+def replay(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: SearchSettings, b_max: int = 1024,
+           start_keys: dict[str, tuple] | None = None, level: float = 0.95) -> ReplayResult:
+    """Replay the finished runs of a grid through the search (module docstring); pure, no files.
+
+    ``runs`` / ``evals`` are the sweep's tables (finished runs are used);
+    ``settings`` the search's (its ``eval_every`` should be the sweep's).
+    """
+    ev = run_evals(runs, evals)
+    groups, points = replay_groups(ev, design, b_max, start_keys)
+    decisions = empty_decisions()
+    have = set(zip(points["group"], points["key"], points["seed"], strict=True))
+    while not plan(groups, decisions, settings).empty:
+        decisions = pd.concat([decisions, decide(points, groups, decisions, settings)], ignore_index=True)
+    final = decisions.drop_duplicates(["group", "key", "seed"], keep="last")
+    budgets = pd.DataFrame({"group": final["group"], "seed": final["seed"].astype(int), "c": final["c_train"],
+                            "key": [g.key_of(k) for g, k in zip(_lookup(groups, final["group"]), final["key"],
+                                                                  strict=True)]})
+    budgets["in_grid"] = [(g, k, s) in have for g, k, s in zip(budgets["group"], budgets["key"], budgets["seed"],
+                                                                strict=True)]
+    kept = truncate(points, budgets[budgets["in_grid"]])
+    per_run = _runs(points, kept)
+    wanted = None
+    grid = frontier_answer(points, groups, settings)
+    if not grid.empty:
+        wanted = {g: t["c"].to_numpy(float) for g, t in grid.groupby("group")}
+    found = frontier_answer(kept, [g for g in groups if wanted and g.group in wanted], settings, wanted)
+    both = grid.merge(found, on=["group", "c"], how="left", suffixes=("_grid", "_search"))
+    table = pd.DataFrame({"group": both["group"], "c": both["c"], "grid_key": both["best_key_grid"],
+                          "grid_share": both["best_share_grid"], "search_key": both["best_key_search"],
+                          "search_share": both["best_share_search"]})
+    return ReplayResult(decisions, per_run, table, _summary(groups, decisions, budgets, per_run, table, level))
+
+
+def _lookup(groups: list[SearchGroup], names: pd.Series) -> list[SearchGroup]:
+    by_name = {g.group: g for g in groups}
+    return [by_name[n] for n in names]
+
+
+def _runs(points: pd.DataFrame, kept: pd.DataFrame) -> pd.DataFrame:
+    """Per grid run: the rollouts it generated (its last evaluation) and those the search's run would have."""
+    ids = ["group", "key", "seed", "run_id"]
+    grid = points.groupby(ids, sort=True)["c"].max().rename("grid_c")
+    search = kept.groupby(ids, sort=True)["c"].max().rename("search_c")
+    return pd.concat([grid, search], axis=1).fillna({"search_c": 0.0}).reset_index()
+
+
+def _summary(groups: list[SearchGroup], decisions: pd.DataFrame, budgets: pd.DataFrame, runs: pd.DataFrame,
+             table: pd.DataFrame, level: float) -> pd.DataFrame:
+    rows = []
+    for g in groups:
+        d = decisions[decisions["group"] == g.group]
+        stops = d[d["action"] == "stop"].drop_duplicates("key")
+        adds = d[d["action"] == "add"].drop_duplicates("key")["key"]
+        grid_keys = {str(k) for k in runs.loc[runs["group"] == g.group, "key"]}
+        missing_seeds = budgets[(budgets["group"] == g.group) & ~budgets["in_grid"]
+                                & budgets["key"].astype(str).isin(grid_keys)]
+        r, t = runs[runs["group"] == g.group], table[table["group"] == g.group]
+        decided = t[t["grid_share"] >= level]
+        agree = decided["grid_key"] == decided["search_key"]
+        rows.append({
+            "group": g.group, "keys": ", ".join(str(k) for k in g.keys), "rungs": int(d["rung"].max()) if len(d) else 0,
+            "stops": "; ".join(f"{k} at C = {c:,.0f} ({rule})" for k, c, rule in
+                               zip(stops["key"], stops["c"], stops["rule"], strict=True)),
+            "adds_in_grid": ", ".join(k for k in adds if k in grid_keys),
+            "would_add_not_in_grid": ", ".join(k for k in adds if k not in grid_keys),
+            "seeds_not_in_grid": int(len(missing_seeds)),
+            "grid_rollouts": float(r["grid_c"].sum()), "search_rollouts": float(r["search_c"].sum()),
+            "spent": float(r["search_c"].sum() / r["grid_c"].sum()) if r["grid_c"].sum() else math.nan,
+            "decided_budgets": int(len(decided)), "agree": float(agree.mean()) if len(decided) else math.nan,
+            "answer_matches": bool(agree.all()) if len(decided) else None,
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,223 @@
+"""Whole studies simulated without training: the proof of the frontier search (science §8, "what it must show").
+
+Each simulated study is one rollout-axis group shaped like the embedded
+default (README, docs/results.md): B_problem = 16, C_max = 40,000 rollouts,
+3 seeds, validation avg@4 over 100 problems every 20 steps of B = 16 n
+rollouts (so a large n has fewer points), base reward 0.37 and gains of
+0.13-0.26. Per key n the true curve is a §7 sigmoid; each seed moves its
+asymptote (sd 0.015), log10 C_mid (sd 0.05) and beta (x e^N(0, 0.1)); each
+evaluation is Binomial(400, R) / 400, the noise of 4 samples on each of 100
+problems. Families (:data:`FAMILIES`):
+
+* ``cross``: small n rise first, large n rise higher: n* rises from 2 to 8;
+* ``edge_low``: n = 2 best at every budget, the grid starts at {4, 8, 16}:
+  the bracket must add 2 (the embedded study's shape, where n = 4 won);
+* ``edge_high``: n = 16 best at large budgets, the grid is {2, 4, 8}: the
+  bracket must add 16;
+* ``tie``: n = 4 and n = 8 have one true curve;
+* ``a2``: large n rise first, small n rise higher: n* falls (A2 violated).
+
+Grid and search both go through :mod:`rollscale.core.search.decisions`: the grid trains
+every key the study could use (its grid and the bracket's key) to C_max and
+reads the answer with :func:`rollscale.core.search.decisions.frontier_answer`; the
+search runs :func:`~rollscale.core.search.decisions.plan` / :func:`~rollscale.core.search.decisions.decide`
+to the end, every study at once (one batched fit per decision round), and its
+answer is read the same way at the grid's budgets. Runs at a rung evaluate at
+the step that crosses it, as the run loop does at the end of a leg.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from rollscale.core.search.decisions import (
+    SearchGroup,
+    SearchSettings,
+    a2_contradicted,
+    decide,
+    empty_decisions,
+    frontier_answer,
+    plan,
+)
+
+__all__ = ["FAMILIES", "SimStudy", "SimResult", "grid_tables", "make_studies", "simulate", "summarise"]
+
+R0 = 0.37
+# family -> (grid keys, gains A - R0 for n = 2, 4, 8, 16, C_mid for n = 2, 4, 8, 16)
+FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {
+    "cross": ((2, 4, 8, 16), (0.13, 0.17, 0.21, 0.24), (2500, 5000, 10000, 20000)),
+    "edge_low": ((4, 8, 16), (0.20, 0.19, 0.16, 0.13), (4000, 6000, 10000, 18000)),
+    "edge_high": ((2, 4, 8), (0.12, 0.15, 0.19, 0.26), (3000, 5000, 8000, 12000)),
+    "tie": ((2, 4, 8, 16), (0.13, 0.20, 0.20, 0.14), (5000, 6000, 6000, 20000)),
+    "a2": ((2, 4, 8, 16), (0.30, 0.20, 0.16, 0.12), (15000, 8000, 2000, 2000)),
+}
+UNIVERSE = (2, 4, 8, 16)  # every key a study may train: the bracket's limits
+SEED_SD = (0.015, 0.05, 0.1)  # a seed's shift of A, log10 C_mid, log beta
+
+
+@dataclass(frozen=True)
+class SimStudy:
+    """One simulated rollout-axis study: its grid, true curves (key -> R0, A, C_mid, beta) and noise seed."""
+
+    name: str
+    family: str
+    keys: tuple[int, ...]
+    curves: dict
+    seed: int
+    seeds: tuple[int, ...] = (0, 1, 2)
+    c_max: int = 40_000
+    b_problem: int = 16
+    eval_every: int = 20
+    eval_draws: int = 400  # avg@4 over 100 problems
+
+    def group(self) -> SearchGroup:
+        return SearchGroup(self.name, "rollout", self.keys, self.seeds, self.c_max, fixed=self.b_problem,
+                           key_min=min(UNIVERSE), key_max=max(UNIVERSE))
+
+
+def make_studies(per_family: int, seed: int = 0, families: tuple[str, ...] = tuple(FAMILIES)) -> list[SimStudy]:
+    """``per_family`` studies of each family; each study jitters its family's curves (gain sd 0.01, log10 C_mid
+    sd 0.08, beta in [1.2, 2])."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for family in families:
+        keys, gains, mids = FAMILIES[family]
+        for i in range(per_family):
+            beta = rng.uniform(1.2, 2.0)
+            curves = {}
+            shift = rng.normal(0, 0.08)  # the study's budget scale: every C_mid moves together
+            for n, g, m in zip(UNIVERSE, gains, mids, strict=True):
+                curves[n] = (R0, R0 + g + rng.normal(0, 0.01), 10 ** (math.log10(m) + shift + rng.normal(0, 0.03)),
+                             beta)
+            if family == "tie":
+                curves[8] = curves[4]
+            out.append(SimStudy(f"{family}-{i}", family, keys, curves, int(rng.integers(2**31))))
+    return out
+
+
+class _Runs:
+    """Every simulated run's evaluations: the true curve and noise of each step drawn once, read at any leg."""
+
+    def __init__(self, studies: list[SimStudy]) -> None:
+        self.studies = {s.name: s for s in studies}
+        self.cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def steps(self, study: SimStudy, n: int, c: float) -> int:
+        return int(math.ceil(c / (study.b_problem * n) - 1e-9))
+
+    def curve(self, study: SimStudy, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (study.name, n, seed)
+        if key not in self.cache:
+            rng = np.random.default_rng([study.seed, n, seed])
+            r0, a, c_mid, beta = study.curves[n]
+            a += rng.normal(0, SEED_SD[0])
+            c_mid *= 10 ** rng.normal(0, SEED_SD[1])
+            beta *= math.exp(rng.normal(0, SEED_SD[2]))
+            c = np.arange(self.steps(study, n, study.c_max) + 1) * study.b_problem * n
+            with np.errstate(divide="ignore"):
+                p = r0 + (min(a, 1.0) - r0) / (1.0 + (c_mid / np.maximum(c, 1e-9)) ** beta)
+            y = rng.binomial(study.eval_draws, np.clip(p, 0, 1)) / study.eval_draws
+            self.cache[key] = (c.astype(float), y)
+        return self.cache[key]
+
+    def points(self, legs: dict[tuple, set]) -> pd.DataFrame:
+        """Evaluations of runs ``(study, n, seed)`` trained through the leg-end steps ``legs[run]``."""
+        cols: dict[str, list] = {"group": [], "key": [], "run_id": [], "seed": [], "c": [], "avg_at_k": [], "b": []}
+        for (name, n, seed), ends in legs.items():
+            study = self.studies[name]
+            c, y = self.curve(study, n, seed)
+            steps = np.union1d(np.arange(0, max(ends) + 1, study.eval_every), sorted(ends))
+            size = len(steps)
+            for col, value in (("group", name), ("key", n), ("run_id", f"n{n}_s{seed}"), ("seed", seed),
+                               ("b", float(study.b_problem * n))):
+                cols[col].append(np.full(size, value, dtype=object if isinstance(value, str) else None))
+            cols["c"].append(c[steps])
+            cols["avg_at_k"].append(y[steps])
+        return pd.DataFrame({k: np.concatenate(v) for k, v in cols.items()})
+
+    def spent(self, legs: dict[tuple, set]) -> pd.Series:
+        """Rollouts each study's runs generated (up to their last leg's step)."""
+        out: dict[str, float] = {}
+        for (name, n, _), ends in legs.items():
+            out[name] = out.get(name, 0.0) + max(ends) * self.studies[name].b_problem * n
+        return pd.Series(out)
+
+
+def grid_tables(studies: list[SimStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The full grid of ``studies`` as the sweep's ``runs`` and ``evals`` tables (one bucket per study)."""
+    runs = _Runs(studies)
+    legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE for seed in s.seeds}
+    pts = runs.points(legs)
+    b_problem = {s.name: s.b_problem for s in studies}
+    evals = pd.DataFrame({"run_id": pts["group"] + "/" + pts["run_id"], "step": pts["c"] / pts["b"],
+                          "c": pts["c"], "avg_at_k": pts["avg_at_k"]})
+    first = pts.drop_duplicates(["group", "run_id"])
+    table = pd.DataFrame({"run_id": first["group"] + "/" + first["run_id"], "bucket": first["group"],
+                          "rule": "uniform", "n": first["key"].astype(int),
+                          "b_problem": first["group"].map(b_problem), "seed": first["seed"].astype(int),
+                          "c_max": float(studies[0].c_max), "status": "finished"})
+    return table.reset_index(drop=True), evals
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Per study and budget the grid's and the search's answers, and the decisions and rollouts behind them."""
+
+    budgets: pd.DataFrame  # group, family, c, grid_key, grid_share, search_key, search_share, extrapolated
+    studies: pd.DataFrame  # group, family, grid_rollouts, search_rollouts, spent, added, seeds_added, a2 flags
+    decisions: pd.DataFrame
+
+
+def simulate(studies: list[SimStudy], settings: SearchSettings, level: float = 0.95) -> SimResult:
+    """Run every study as a grid and as a frontier search (module docstring); A2 checked on both answers."""
+    settings = replace(settings, eval_every=studies[0].eval_every)  # legs end at evaluations, as the stage's do
+    runs = _Runs(studies)
+    groups = [s.group() for s in studies]
+    grid_legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE
+                 for seed in s.seeds}
+    decisions, legs, cache = empty_decisions(), {}, {}  # one fit per distinct curve (rollscale.core.fit.curve_bank)
+    while not (todo := plan(groups, decisions, settings)).empty:
+        for group, key, seed, c in zip(todo["group"], todo["key"], todo["seed"], todo["c"], strict=True):
+            legs.setdefault((group, int(key), int(seed)), set()).add(runs.steps(runs.studies[group], int(key), c))
+        decisions = pd.concat([decisions, decide(runs.points(legs), groups, decisions, settings, cache)],
+                              ignore_index=True)
+    grid = frontier_answer(runs.points(grid_legs), groups, settings, cache=cache)
+    wanted = {g: grp["c"].to_numpy(float) for g, grp in grid.groupby("group")}
+    found = frontier_answer(runs.points(legs), [g for g in groups if g.group in wanted], settings, wanted, cache)
+    both = grid.merge(found, on=["group", "c"], how="left", suffixes=("_grid", "_search"))
+    family = {s.name: s.family for s in studies}
+    budgets = pd.DataFrame({"group": both["group"], "family": both["group"].map(family), "c": both["c"],
+                            "grid_key": both["best_key_grid"], "grid_share": both["best_share_grid"],
+                            "search_key": both["best_key_search"], "search_share": both["best_share_search"],
+                            "extrapolated": both["extrapolated_search"].fillna(False).astype(bool)})
+    per = pd.DataFrame({"group": [s.name for s in studies], "family": [s.family for s in studies]})
+    per["grid_rollouts"] = per["group"].map(runs.spent(grid_legs))
+    per["search_rollouts"] = per["group"].map(runs.spent(legs))
+    per["spent"] = per["search_rollouts"] / per["grid_rollouts"]
+    adds = decisions[decisions["action"] == "add"].groupby("group")["key"].agg(lambda k: ",".join(sorted(set(k))))
+    per["added"] = per["group"].map(adds).fillna("")
+    per["seeds_added"] = per["group"].map(decisions[decisions["action"] == "seed"].groupby("group").size()).fillna(0)
+    for name, table in (("grid", grid), ("search", found)):
+        holds = per["group"].map(table.groupby("group")["a2_holds"].first())
+        per[f"a2_warns_{name}"] = ~holds.fillna(True).astype(bool)
+    by_group = dict(tuple(decisions.groupby("group")))
+    contradicted = {g: a2_contradicted(t["c"], t["best_key"].astype(float), by_group[g], g) is not None
+                    for g, t in found.groupby("group")}
+    per["a2_warns_search"] |= per["group"].map(contradicted).fillna(False).astype(bool)
+    return SimResult(budgets, per, decisions)
+
+
+def summarise(result: SimResult, level: float = 0.95, families: tuple[str, ...] | None = None) -> dict[str, float]:
+    """Agreement where the grid decides (share >= ``level``), median and mean rollouts spent, A2 warnings."""
+    b, s = result.budgets, result.studies
+    if families is not None:
+        b, s = b[b["family"].isin(families)], s[s["family"].isin(families)]
+    decided = b[b["grid_share"] >= level]
+    return {"studies": float(len(s)), "decided_budgets": float(len(decided)),
+            "agree": float((decided["grid_key"] == decided["search_key"]).mean()) if len(decided) else math.nan,
+            "median_spent": float(s["spent"].median()), "mean_spent": float(s["spent"].mean()),
+            "a2_warns_grid": float(s["a2_warns_grid"].mean()), "a2_warns_search": float(s["a2_warns_search"].mean())}
