@@ -2,8 +2,8 @@
 
     python -m flows <stage> [--params params.yaml] [--artifacts artifacts] [--debug]
 
-``dvc.yaml``'s commands and ``rollscale run`` start stages this way (flows/ and
-tasks/ are run by path, never installed as packages); the study and the served
+``dvc.yaml``'s commands and ``rollscale run`` start stages this way (a clone's own
+flows/ and tasks/ come first on the path, else the installed ones); the study and the served
 deployment start from ``python -m flows.study``. Errors are printed as one or
 two lines (:mod:`rollscale.pipeline.errors`).
 """

@@ -25,13 +25,16 @@ def spawn_flows(args: list[str], debug: bool, module: str = "flows", archive_sta
     Ctrl-C and SIGTERM are passed on to it, and it says what it kept (``command`` is how a person
     started it: the stage record keeps it, and an interrupted stage tells to run it again)."""
     from rollscale.pipeline.interrupts import run_forwarding
+    from rollscale.pipeline.project import refresh_code_stamps
     from rollscale.pipeline.stage_record import COMMAND_ENV
     from rollscale.pipeline.stages import ARCHIVE_STALE_ENV, project_root
 
     root = project_root()
+    refresh_code_stamps(root)  # a user's study folder: DVC compares the installed code's stamps
     env = {**os.environ, **({DEBUG_ENV: "1"} if debug else {}), **({ARCHIVE_STALE_ENV: "1"} if archive_stale else {}),
            **({COMMAND_ENV: command} if command else {})}
-    # the project folder first on the path: flows/ and tasks/ are run from there, not installed
+    # the project folder first on the path: a clone's flows/ and tasks/ run from there (a study
+    # folder of the user's own has none: the installed ones run)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     return run_forwarding([sys.executable, "-m", module, *args], cwd=root, env=env)
 
@@ -45,8 +48,11 @@ def typed(args: argparse.Namespace, *words: str) -> str:
 
 
 def print_status(artifacts: str, as_json: bool) -> None:
+    from rollscale.pipeline.project import refresh_code_stamps
+    from rollscale.pipeline.stages import project_root
     from rollscale.pipeline.status import format_status, study_status
 
+    refresh_code_stamps(project_root())  # "stale" after an upgrade of rollscale, as `study` will find it
     status = study_status(artifacts=artifacts)
     print(status.to_json() if as_json else format_status(status))
 
@@ -104,13 +110,10 @@ def check_stage(stage: str) -> None:
 
 def refuse_running_stages(artifacts: str, stages: str | None) -> None:
     """Raise the one-line refusal when a stage the study would run is running now (outside a
-    project nothing runs: the check still reports and the study's start names the missing folder)."""
+    study folder: the one line that says to run `rollscale init`)."""
     from rollscale.pipeline.stages import busy_error, load_stage_specs, project_root, select_stages, stage_running
 
-    try:
-        project_root()
-    except FileNotFoundError:
-        return
+    project_root()
     chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     for stage in select_stages(load_stage_specs(), chosen):
         if stage_running(artifacts, stage):
@@ -118,18 +121,27 @@ def refuse_running_stages(artifacts: str, stages: str | None) -> None:
 
 
 def deps(write: bool) -> int:
-    """Compare dvc.yaml's code deps with the computed ones: 0 up to date (or written), 1 stale."""
+    """Compare dvc.yaml's code deps with the computed ones: 0 up to date (or written), 1 stale.
+    In a study folder of the user's own (no flows/ of its own) the deps are stamps of the
+    installed code: they are refreshed."""
     from rollscale.files import write_text_atomic
-    from rollscale.pipeline.stage_deps import deps_diff, render_dvc_yaml
+    from rollscale.pipeline.project import is_user_project, write_code_stamps
+    from rollscale.pipeline.stage_deps import PROJECT_TEMPLATE, deps_diff, render_dvc_yaml, render_project_template
     from rollscale.pipeline.stages import project_root
 
     root = project_root()
+    if is_user_project(root):
+        changed = write_code_stamps(root)
+        print(f"dvc.yaml: every stage watches a stamp of the installed code it runs ({len(changed)} changed)")
+        return 0
     diff = deps_diff(root)
     if not diff:
         print("dvc.yaml: every stage's deps list the code it runs")
         return 0
     if write:
         write_text_atomic(render_dvc_yaml(root), root / "dvc.yaml")
+        if PROJECT_TEMPLATE.is_relative_to(root):
+            write_text_atomic(render_project_template(root), PROJECT_TEMPLATE)
         print(diff + "dvc.yaml: deps rewritten")
         return 0
     print(diff + "dvc.yaml: deps are stale; `rollscale deps --write` rewrites them")
@@ -194,7 +206,7 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.config import load_params
 
         # bad params or a stage dvc.yaml lacks fail here, before a process and Prefect start
-        if code := run_guarded(lambda: (load_params(args.params), check_stage(args.stage)), debug):
+        if code := run_guarded(lambda: (check_stage(args.stage), load_params(args.params)), debug):
             return code
         return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
                            archive_stale=args.archive_stale, command=typed(args, "run", args.stage))

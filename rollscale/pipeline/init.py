@@ -45,6 +45,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     from rollscale.core.problems.sources import table_problems
     from rollscale.lm.model_info import inspect_model, resolve_model
     from rollscale.pipeline.check import format_findings, known_data, study_findings
+    from rollscale.pipeline.project import init_project
 
     if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
         raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
@@ -68,6 +69,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
               "Each comment says why its value; everything else is the schema's default (rollscale/config.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
     path = write_params(out, render(values, why, header), force)
+    project = init_project(Path(path).parent, data, force)  # an empty folder becomes the study's
     params = load_params(path)
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
@@ -75,4 +77,5 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     return (f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
             f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "
             f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"
+            + "".join(line + "\n" for line in project)
             + format_findings(study_findings(params, known), str(path)))

@@ -21,12 +21,13 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-__all__ = ["CODE_ROOTS", "PLUGIN_MARKER", "code_deps", "deps_diff", "imported_by", "is_plugin_package", "render_dvc_yaml",
-           "stage_files"]
+__all__ = ["CODE_ROOTS", "PLUGIN_MARKER", "PROJECT_TEMPLATE", "STAMP_FOLDER", "code_deps", "deps_diff", "imported_by",
+           "is_plugin_package", "render_dvc_yaml", "render_project_template", "stage_files"]
 
 # top-level folders of the project's own source: deps inside them are computed
 CODE_ROOTS = ("flows", "tasks", "rollscale")
@@ -123,11 +124,9 @@ def _is_code(dep: str) -> bool:
     return Path(dep).parts[0] in CODE_ROOTS
 
 
-def render_dvc_yaml(root: str | Path) -> str:
-    """``dvc.yaml`` with each stage's code deps as computed; everything else kept as written."""
-    root = Path(root).resolve()
-    path = root / "dvc.yaml"
-    text = path.read_text()
+def _rewrite_code_deps(text: str, code: Callable[[str], list[str]]) -> str:
+    """``dvc.yaml`` text with each stage's code deps replaced by ``code(stage)``; the other deps
+    (data, upstream outputs) and everything else kept as written."""
     stages = (yaml.safe_load(text) or {}).get("stages") or {}
     lines = text.splitlines(keepends=True)
     out: list[str] = []
@@ -147,13 +146,48 @@ def render_dvc_yaml(root: str | Path) -> str:
                 if not _is_code(dep):
                     kept.append(dep)
                 i += 1
-            out += [f"      - {d}\n" for d in [*kept, *code_deps(root, stage)]]
+            out += [f"      - {d}\n" for d in [*kept, *code(stage)]]
     return "".join(out)
 
 
+def render_dvc_yaml(root: str | Path) -> str:
+    """``dvc.yaml`` with each stage's code deps as computed; everything else kept as written."""
+    root = Path(root).resolve()
+    return _rewrite_code_deps((root / "dvc.yaml").read_text(), lambda stage: code_deps(root, stage))
+
+
+# the dvc.yaml that `rollscale init` writes into a study folder of the user's own, kept with the
+# package (a wheel has no repository dvc.yaml): the repository's stages, each watching a stamp
+# of the installed code it runs (rollscale.pipeline.project) in place of the code's files
+PROJECT_TEMPLATE = Path(__file__).with_name("study_dvc.yaml")
+STAMP_FOLDER = ".rollscale/code"
+PROJECT_HEADER = """\
+# The study, stage by stage, written by `rollscale init` (the stages of rollscale's own dvc.yaml).
+# Each command runs one stage of the installed rollscale (`python -m flows <stage>`). DVC alone
+# decides what reruns: deps are the data, the upstream stages' outputs and a stamp of the installed
+# code each stage runs (.rollscale/code/<stage>, refreshed by `rollscale study`, `run` and `status`:
+# a new rollscale version reruns the stages whose code changed); params the sections each reads.
+"""
+
+
+def render_project_template(root: str | Path) -> str:
+    """:data:`PROJECT_TEMPLATE`'s text from the repository's ``dvc.yaml`` at ``root``."""
+    text = render_dvc_yaml(root)
+    body = text[text.index("stages:"):]
+    return PROJECT_HEADER + _rewrite_code_deps(body, lambda stage: [f"{STAMP_FOLDER}/{stage}"])
+
+
 def deps_diff(root: str | Path) -> str:
-    """A unified diff from ``dvc.yaml`` to what :func:`render_dvc_yaml` writes; empty when up to date."""
-    path = Path(root).resolve() / "dvc.yaml"
-    old, new = path.read_text(), render_dvc_yaml(root)
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        "dvc.yaml", "dvc.yaml (computed deps)"))
+    """A unified diff from ``dvc.yaml`` (and the packaged study template, when ``root`` is the
+    repository holding it) to what :func:`render_dvc_yaml` writes; empty when up to date."""
+    root = Path(root).resolve()
+    pairs = [(root / "dvc.yaml", render_dvc_yaml(root))]
+    if PROJECT_TEMPLATE.is_relative_to(root):
+        pairs.append((PROJECT_TEMPLATE, render_project_template(root)))
+    out = []
+    for path, new in pairs:
+        old = path.read_text() if path.exists() else ""
+        name = path.relative_to(root).as_posix()
+        out += difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                    name, f"{name} (computed deps)")
+    return "".join(out)

@@ -58,14 +58,14 @@ def now() -> str:
 
 
 def project_root(start: str | os.PathLike[str] | None = None) -> Path:
-    """The project folder (holding ``dvc.yaml`` and ``flows/``): ``start`` (default the
-    working directory) or the nearest folder above it."""
+    """The project folder (holding ``dvc.yaml``: a clone of rollscale, or a study folder that
+    ``rollscale init`` wrote): ``start`` (default the working directory) or the nearest folder above it."""
     here = Path(start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
-        if (folder / "dvc.yaml").is_file() and (folder / "flows").is_dir():
+        if (folder / "dvc.yaml").is_file():
             return folder
-    raise FileNotFoundError(f"no dvc.yaml with a flows/ folder in {here} or above: run rollscale from the "
-                            "project folder")
+    raise FileNotFoundError(f"no study in {here} or above (no dvc.yaml): run `rollscale init --model M --data D` "
+                            "in an empty folder to start one there, or run rollscale from a study's folder")
 
 
 # ---------------------------------------------------------------------------- stage specs
