@@ -25,7 +25,7 @@ from rollscale.pipeline.progress import Progress
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
 from rollscale.pipeline.status import record_attempt
 from rollscale.files import write_parquet_atomic
-from rollscale.train.run_config import RunConfig, RunResult
+from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.trainer import GRPOTrainer
 from tasks.common import transient
 from tasks.models import training_model
@@ -54,6 +54,29 @@ def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | Non
     return row.astype({"end_reason": "string", "stop_rung": "Int64", "stop_rule": "string", "error": "string"})
 
 
+def ended_result(store: RunStore, config: RunConfig, train_problems: list[Problem],
+                 budget: float | None) -> RunResult | None:
+    """The result of a run that needs no training, read from its folder: finished (``done.json``,
+    intact) or already paused at ``budget`` (its newest checkpoint at budget <= C < C_max); else
+    None. Without it, a resumed sweep loaded the model and built an engine (vLLM: minutes) for
+    each finished run only to find it finished (issue 32)."""
+    done = store.done()
+    if done is not None and done.get("status") == "finished":
+        store.check_same_run(done, config.run_id, config_hash(config), data_hash(train_problems))
+        return RunResult(config.run_id, "finished", None, int(done.get("steps") or 0), int(done.get("c") or 0),
+                         int(done.get("c_tokens") or 0))
+    if budget is None or done is not None:
+        return None
+    ckpt = store.latest()
+    c = int(ckpt.state.get("c", 0)) if ckpt else 0
+    # evaluated at that step too (a periodic checkpoint past a lowered budget is evaluated on resume)
+    if ckpt is None or not budget <= c < config.c_max or ckpt.state.get("last_eval_step") != ckpt.state.get("step"):
+        return None
+    store.check_same_run(ckpt.state, config.run_id, config_hash(config), data_hash(train_problems))
+    return RunResult(config.run_id, "paused", None, int(ckpt.state.get("step", 0)), c,
+                     int(ckpt.state.get("c_tokens", 0)))
+
+
 @task(name="train-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
 def train_run(
     ref: ModelRef,
@@ -73,6 +96,9 @@ def train_run(
     ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow.
     ``budget``: pause there (a frontier search's rung, science §8) instead of at C_max."""
     run_dir_path = Path(run_dir)
+    if (ended := ended_result(RunStore(run_dir_path), config, train_problems, budget)) is not None:
+        log.info("%s: %s at C = %d, kept (no model loaded)", config.run_id, ended.status, ended.c)
+        return ended  # its runs row says so already
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
     sampling = sampling or SamplingParams()
     try:

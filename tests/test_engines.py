@@ -245,6 +245,38 @@ def test_sweep_run_samples_with_the_params_engine_and_closes_it(tmp_path, monkey
     assert engine.calls["sync_weights"] == engine.calls["sleep"] == (1 if fail else len(steps))
 
 
+def test_a_resumed_sweep_never_reopens_an_ended_run(tmp_path, monkeypatch):
+    """Issue 32: after an interrupt, a resumed sweep loaded the model and built an engine (vLLM:
+    ~5 min) for each finished run only to find it finished. A finished run, and one already paused
+    at the rung budget it is given again, now return from their folder with no model or engine."""
+    import pandas as pd
+
+    import tasks.models as tm
+    from tasks.sweep import train_run
+
+    ref, train, val = run_setup(tmp_path)
+    built = []
+
+    def spy(model, tokenizer, config):
+        built.append(make_engine(model, tokenizer, config))
+        return built[-1]
+
+    monkeypatch.setattr(tm, "make_engine", spy)
+    sampling = SamplingParams(batch_size=3, temperature=1.0, max_new_tokens=4)
+    for name, budget, status in (("done", None, "finished"), ("rung", 32, "paused")):
+        run_dir = tmp_path / name
+        first = train_run.fn(ref, run_config(), "easy", train, val, str(run_dir), sampling=sampling, budget=budget)
+        assert first.status == status and len(built) == 1
+        again = train_run.fn(ref, run_config(), "easy", train, val, str(run_dir), sampling=sampling, budget=budget)
+        assert len(built) == 1, "the ended run was opened again"
+        assert (again.status, again.steps, again.c, again.c_tokens) == (status, first.steps, first.c, first.c_tokens)
+        assert pd.read_parquet(run_dir / "run.parquet")["status"].item() == status  # not flipped to "running"
+        built.clear()
+    # the paused run given a larger budget trains on (a model is loaded)
+    resumed = train_run.fn(ref, run_config(), "easy", train, val, str(tmp_path / "rung"), sampling=sampling)
+    assert resumed.status == "finished" and len(built) == 1
+
+
 def test_trainer_renders_prompts_with_chat_template_kwargs():
     from rollscale.train.trainer import GRPOTrainer
 

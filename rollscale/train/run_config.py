@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -136,6 +137,11 @@ def readable_run_id(config: RunConfig) -> str:
 # every older run had implicitly). Fixed: a new rule or setting adds nothing here.
 _FIRST_RULE_ARGS = ("m", "n_pilot", "pool_factor", "max_draws")
 _TRAIN_SINCE_HASHING = {"policy_loss": "clip"}
+
+
+def data_hash(train_problems: Sequence[Any]) -> str:
+    """sha256 (16 hex chars) of the training problems' ids in order: a resumed run must match it."""
+    return hashlib.sha256("\n".join(p.problem_id for p in train_problems).encode()).hexdigest()[:16]
 
 
 def config_hash(config: RunConfig) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import hashlib
 import math
 import time
 import warnings
@@ -47,7 +46,7 @@ from rollscale.train.checkpoint import Checkpoint, RunStore
 from rollscale.train.evaluate import evaluate
 from rollscale.train.online_noise import batch_gram, noise_figures
 from rollscale.train.rng_state import rng_state, set_rng_state
-from rollscale.train.run_config import RunConfig, RunResult, config_hash
+from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.data_order import DataOrder
 from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, StepSettings, TrainBatch, policy_update, train_batch
 
@@ -115,7 +114,7 @@ class GRPOTrainer:
         self.rule = config.allocation_rule()
         self.step_settings = StepSettings.of_run(config)
         self.config_hash = config_hash(config)
-        self.data_hash = hashlib.sha256("\n".join(p.problem_id for p in self.train_problems).encode()).hexdigest()[:16]
+        self.data_hash = data_hash(self.train_problems)
         self._reward = reward
         self.trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
         if not self.trainable:
