@@ -4,7 +4,8 @@ The study answers when at least one claim is decided by its interval: a best n
 that every bootstrap refit agrees on, a rule whose ratio to uniform excludes 1,
 an observed best n that 95 % of seed resamples agree on. Otherwise the headline
 says "No answer yet" and why, each reason with the params key that fixes it:
-stages not run, one seed per setting (no interval: what one seed shows is listed
+stages not run, what ran (:mod:`rollscale.report.reasons`: unfinished runs, runs that did not learn,
+infinite noise estimates, a bucket too small), one seed per setting (no interval: what one seed shows is listed
 apart, never claimed), curves that could not be fitted (too few evaluations per
 run), curves not bent within the budget, intervals that overlap (the validation
 noise floor from :mod:`rollscale.core.fit.power`). A frontier search (science §8)
@@ -19,6 +20,7 @@ import pandas as pd
 
 from rollscale.core.fit import power
 from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, stages_not_run
+from rollscale.report.reasons import blocking_reasons
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
 from rollscale.report.search_charts import search_cost, search_sentence
 
@@ -100,6 +102,7 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
     decided = rows[rows["basis"] == DECIDED]
     not_run = [s for s in stages_not_run(t) if s in ("sweep", "fit")]
     fixes: list[str] = []
+    blocking = [] if not_run else blocking_reasons(t)  # what ran leaves the fit's reasons moot (reasons.py)
     if not_run:
         fixes.append(f"run the {' and '.join(not_run)} stage{'s' if len(not_run) > 1 else ''} "
                      f"(`rollscale run {not_run[0]}`)")
@@ -107,7 +110,7 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
         if t.get("runs") is not None and (seeds := _seeds_per_setting(t["runs"])) < 2:
             fixes.append(f"more seeds: sweep.seeds [0, 1, 2] (now {seeds} per setting): one run gives no "
                          "interval, so nothing it shows is a claim")
-        fixes += _fit_fixes(t)
+        fixes = blocking + fixes + ([] if blocking else _fit_fixes(t))
         if (rows["basis"] == CAVEAT).any():
             fixes.append("a larger budget (sweep.c_max): some reward curves have not bent within it, so their "
                          "ceilings are extrapolations")
@@ -117,6 +120,8 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
         headline = "Answer: " + _answer_text(decided)
     elif not_run:
         headline = "No answer yet: the study has not run as far as the fit."
+    elif blocking:
+        headline = f"No answer yet: {blocking[0]}."
     else:
         headline = "No answer yet: the data cannot decide. " + (
             "To answer, change what is listed below." if fixes else "")

@@ -31,6 +31,7 @@ from rollscale.report.base import (
     stages_not_run,
 )
 from rollscale.report.curve_charts import evals_with_runs, run_colour
+from rollscale.report.reasons import runs_as_ended, runs_reached_text
 
 __all__ = ["chart_search", "search_cost", "search_sentence", "table_search"]
 
@@ -49,8 +50,13 @@ def _no_search(t: Mapping[str, pd.DataFrame | None], what: str) -> str:
     """Why there is no search to show: the sweep has not run, or it ran as a grid."""
     if "sweep" in stages_not_run(t):
         return missing_stage("search", "sweep results")
-    return (f"The sweep ran as a grid (`sweep.search.method: grid`): every run trained to C_max, so there is "
-            f"no {what} (science §8).")
+    return (f"The sweep ran as a grid (`sweep.search.method: grid`): {runs_reached_text(_ended_runs(t))}, so "
+            f"there is no {what} (science §8).")
+
+
+def _ended_runs(t: Mapping[str, pd.DataFrame | None]) -> pd.DataFrame | None:
+    runs = t.get("runs")
+    return None if runs is None else runs_as_ended(runs, t.get("steps"))
 
 
 def _search(t: Mapping[str, pd.DataFrame | None]) -> pd.DataFrame | None:
@@ -84,11 +90,11 @@ def _keys_text(rows: pd.DataFrame) -> str:
     return "; ".join(f"{name} = {', '.join(values)}" for name, values in by_name.items())
 
 
-def _stops_text(s: pd.DataFrame) -> str:
-    """What the search stopped and why, for a caption (science §8)."""
+def _stops_text(s: pd.DataFrame, runs: pd.DataFrame | None) -> str:
+    """What the search stopped and why, for a caption (science §8); with no stop, what the runs did."""
     stops = s[s["action"] == "stop"]
     if stops.empty:
-        return "the frontier search stopped no key: every run trained to C_max"
+        return f"the frontier search stopped no key; {runs_reached_text(runs)}"
     parts = []
     for (group, key, rung, rule), g in stops.groupby(["group", "key", "rung", "rule"], sort=False):
         seeds = ", ".join(fmt_value(v) for v in sorted(g["seed"].unique()))
@@ -158,7 +164,7 @@ def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
         )
     sized = [lyr.properties(width=CHART_WIDTH, height=CHART_HEIGHT) for lyr in layers]
     chart = alt.layer(*sized)
-    caption += ": " + _stops_text(s)
+    caption += ": " + _stops_text(s, _ended_runs(t))
     if not has_runs:
         caption += "; the runs table is missing, so runs are coloured by run id and stopped runs are not marked"
     return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))

@@ -21,6 +21,7 @@ from rollscale.report.base import (
     require_columns,
 )
 from rollscale.report.noise_charts import k_sat_null_by_n, usable_k_sat, quintile_tables
+from rollscale.report.reasons import runs_as_ended
 from rollscale.report.search_charts import table_search
 from rollscale.tables import table_stage
 
@@ -232,6 +233,7 @@ def _table_runs(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     if runs is None:
         return TableSpec(name, title, caption, missing=absent(t, "runs", "sweep runs"))
     require_columns(runs, "runs", ["run_id"])
+    runs = runs_as_ended(runs, t["steps"])  # an interrupted run at its last step, as `rollscale status` has it
     cols = [c for c in ("run_id", "bucket", "n", "b_problem", "m", "rule", "seed", "c_max", "status", "steps", "c")
             if c in runs.columns]
     df = runs[cols].copy()

@@ -1,0 +1,148 @@
+"""Why a study has no answer when the cause is what ran, not the fit (issue 32).
+
+Before the fit's reasons (too few evaluations, overlapping intervals: :mod:`rollscale.report.answer`)
+come the causes that make them moot, each with the fix that applies to it: runs that did not
+finish (interrupted, failed), runs that did not learn (validation avg@k never rose above its
+step-0 value by more than its noise), noise estimates that are infinite or undefined (science
+§6.2: B_simple = s / |G|^2 is infinite when the measured signal |G|^2 <= 0), and buckets whose
+training split cannot fill one step's batch. Plain functions over the report's tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from rollscale.report.base import as_numeric, fmt_value
+
+__all__ = ["ENDED", "blocking_reasons", "runs_as_ended", "runs_reached_text"]
+
+ENDED = ("finished", "stopped")  # stopped: ended by the frontier search short of C_max (science §8)
+LEARN_SE = 2.0  # a gain over step 0 within 2 standard errors of the two evaluations is noise
+
+
+def runs_as_ended(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """The ``runs`` table as the report shows it once the sweep is not running: a run still marked
+    "running" was interrupted (its row is written "running" with 0 steps when it starts), so it
+    is "interrupted" at its last committed step and C, as ``rollscale status`` says."""
+    if "status" not in runs.columns:
+        return runs
+    out = runs.copy()
+    out["status"] = out["status"].astype("string")
+    open_ = out["status"].isin(["running"])
+    if not open_.any():
+        return out
+    out.loc[open_, "status"] = "interrupted"
+    if steps is not None and {"run_id", "step", "c"} <= set(steps.columns) and len(steps):
+        last = steps.assign(step=as_numeric(steps["step"]), c=as_numeric(steps["c"])) \
+            .groupby(steps["run_id"].astype(str))[["step", "c"]].max()
+        ids = out.loc[open_, "run_id"].astype(str)
+        for col, name in (("steps", "step"), ("c", "c")):
+            if col in out.columns:
+                out.loc[open_, col] = ids.map(last[name]).fillna(0).to_numpy()
+    return out
+
+
+def runs_reached_text(runs: pd.DataFrame | None) -> str:
+    """What the runs did against their budget, for a caption: "every run trained to C_max" only
+    when that is so."""
+    if runs is None or not {"status", "c", "c_max"} <= set(runs.columns) or runs.empty:
+        return "no run has ended yet"
+    reached = (runs["status"].astype(str) == "finished") & (as_numeric(runs["c"]) >= as_numeric(runs["c_max"]))
+    if reached.all():
+        return "every run trained to C_max"
+    counts = runs.loc[~reached, "status"].astype(str).value_counts()
+    others = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return f"{int(reached.sum())} of {len(runs)} runs trained to C_max ({others})"
+
+
+def _unfinished(runs: pd.DataFrame) -> str | None:
+    status = runs["status"].astype(str)
+    ended = status.isin(ENDED)
+    if ended.all():
+        return None
+    failed = runs[status == "failed"]
+    why = ""
+    if len(failed) and "error" in failed:
+        why = f"; {len(failed)} failed ({str(failed['error'].iloc[0])[:120]}): fix that error first"
+    open_ = runs[~ended & (status != "failed")]
+    where = ""
+    if len(open_) and "steps" in open_:
+        at = sorted({int(s) for s in as_numeric(open_["steps"]).fillna(0)})
+        where = f", the others stopped at step {', '.join(map(str, at[:4]))}{' ...' if len(at) > 4 else ''}"
+    return (f"{int(ended.sum())} of {len(runs)} runs finished{where}{why}: run `rollscale study` to resume them "
+            "(finished runs are kept, the others go on from their last checkpoint)")
+
+
+def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None) -> str | None:
+    """No run's validation avg@k rose above its step-0 value by more than LEARN_SE standard errors."""
+    if evals is None or not {"run_id", "step", "avg_at_k"} <= set(evals.columns) or evals.empty:
+        return None
+    e = evals.assign(run_id=evals["run_id"].astype(str), step=as_numeric(evals["step"]),
+                     avg_at_k=as_numeric(evals["avg_at_k"]),
+                     se=as_numeric(evals["avg_at_k_se"]) if "avg_at_k_se" in evals else 0.0)
+    e = e.dropna(subset=["step", "avg_at_k"]).sort_values(["run_id", "step"])
+    gains = []
+    for _, g in e.groupby("run_id"):
+        if len(g) < 2 or g["step"].iloc[0] != 0:
+            continue
+        first, rest = g.iloc[0], g.iloc[1:]
+        gain = float(rest["avg_at_k"].max() - first["avg_at_k"])
+        noise = LEARN_SE * float(np.hypot(first["se"], rest["se"].max())) if pd.notna(first["se"]) else 0.0
+        gains.append((gain, noise))
+    if not gains or any(gain > noise for gain, noise in gains):
+        return None
+    best = max(gain for gain, _ in gains)
+    lr = f" (now {fmt_value(as_numeric(runs['lr']).max())})" if "lr" in runs else ""
+    return (f"no run learned: in all {len(gains)} runs validation avg@k rose at most {best:+.3f} over its step-0 "
+            f"value, within {LEARN_SE:g} standard errors: raise sweep.train.lr_base{lr} or the budget sweep.c_max "
+            "(a pilot of one run shows whether the policy moves)")
+
+
+def _infinite_noise(noise: pd.DataFrame | None) -> str | None:
+    """Every measured B_simple (or K_crit) infinite or undefined: the measured signal |G|^2 <= 0."""
+    if noise is None or noise.empty:
+        return None
+    bad = []
+    for col in ("b_simple", "k_crit"):
+        if col in noise:
+            v = as_numeric(noise[col])
+            if len(v) and (~np.isfinite(v.to_numpy(dtype=float))).all():
+                bad.append(col)
+    if not bad:
+        return None
+    return (f"the noise estimates are infinite or undefined ({', '.join(bad)} in every measured step: the "
+            "between-prompt signal |G|^2 measured <= 0, science §6.2), so no critical batch is predicted: "
+            "measure more prompts per step and steps (measure.b_problem, measure.steps), on a bucket the model "
+            "partly solves (measure.bucket)")
+
+
+def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None) -> str | None:
+    if counts is None or not {"bucket", "train"} <= set(counts.columns) or "b_problem" not in runs:
+        return None
+    small = []
+    for bucket, g in runs.groupby(runs["bucket"].astype(str) if "bucket" in runs else pd.Series("", runs.index)):
+        row = counts[counts["bucket"].astype(str) == bucket]
+        if row.empty:
+            continue
+        train, need = int(as_numeric(row["train"]).iloc[0]), int(as_numeric(g["b_problem"]).max())
+        if train < need:
+            small.append(f"'{bucket}' has {train} training problems for B_problem up to {need}")
+    if not small:
+        return None
+    return (f"a bucket too small: {'; '.join(small)}, so every step repeats problems: profile more problems "
+            "(data.limit for a table) or widen the bucket (bucket.*), or lower sweep.b_problem")
+
+
+def blocking_reasons(t: Mapping[str, pd.DataFrame | None]) -> list[str]:
+    """The causes that leave the study without an answer before any fit, each with its fix, in the
+    order to address them (an unfinished sweep first: the others may be its consequence)."""
+    runs = t.get("runs")
+    if runs is None or runs.empty or "status" not in runs:
+        return []
+    runs = runs_as_ended(runs, t.get("steps"))
+    found = [_unfinished(runs), _small_buckets(runs, t.get("bucket_counts")),
+             _not_learning(runs, t.get("evals")), _infinite_noise(t.get("noise_steps"))]
+    return [r for r in found if r]

@@ -1,0 +1,72 @@
+"""The report names the real reason there is no answer (issue 32): unfinished runs, runs that did not
+learn, infinite noise estimates, a bucket too small, each with its fix; captions and the runs table
+true to what ran."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rollscale.report import study_answer
+from rollscale.report.reasons import blocking_reasons, runs_as_ended, runs_reached_text
+from tests.test_report import _study_tables
+
+
+@pytest.fixture(scope="module")
+def study() -> dict[str, pd.DataFrame]:
+    return _study_tables()
+
+
+def interrupted(study: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Every run interrupted at step 40: the runs rows as written at a run's start, steps to 40 committed."""
+    runs = study["runs"].assign(status="running", steps=0, c=0)
+    steps = study["steps"][study["steps"]["step"] <= 40]
+    evals = study["evals"][study["evals"]["step"] <= 40]
+    return {**study, "runs": runs, "steps": steps, "evals": evals, "fits": None, "frontier": None}
+
+
+def test_unfinished_runs_are_the_headline_and_the_fit_reasons_are_not_given(study):
+    t = interrupted(study)
+    answer = study_answer(t)
+    assert not answer.answered
+    assert answer.headline.startswith("No answer yet: 0 of 3 runs finished, the others stopped at step 40: "
+                                      "run `rollscale study` to resume them")
+    assert answer.fixes[0].startswith("0 of 3 runs finished")
+    assert not any("more evaluations per run" in f for f in answer.fixes)
+
+
+def test_interrupted_runs_show_their_last_step_as_status_does(study):
+    t = interrupted(study)
+    shown = runs_as_ended(t["runs"], t["steps"])
+    assert set(shown["status"]) == {"interrupted"} and set(shown["steps"]) == {40}
+    assert (shown["c"] > 0).all()
+    finished = runs_as_ended(study["runs"], study["steps"])  # a finished run is left as it is
+    assert finished[["status", "steps", "c"]].equals(study["runs"][["status", "steps", "c"]].astype(
+        {"status": "string"}))
+
+
+def test_captions_say_every_run_reached_c_max_only_when_it_did(study):
+    assert runs_reached_text(study["runs"]) == "every run trained to C_max"
+    t = interrupted(study)
+    assert runs_reached_text(runs_as_ended(t["runs"], t["steps"])) == "0 of 3 runs trained to C_max (3 interrupted)"
+
+
+def test_runs_that_did_not_learn_are_named_with_the_learning_rate(study):
+    flat = study["evals"].copy()
+    flat["avg_at_k"] = flat["run_id"].map(flat[flat["step"] == 0].set_index("run_id")["avg_at_k"])
+    reasons = blocking_reasons({**study, "evals": flat, "runs": study["runs"].assign(lr=3.5e-7)})
+    assert len(reasons) == 1 and reasons[0].startswith("no run learned: in all 3 runs validation avg@k rose at most")
+    assert "sweep.train.lr_base (now 3.5e-07)" in reasons[0]
+    assert blocking_reasons(study) == []  # the synthetic study learns
+
+
+def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):
+    noise = study["noise_steps"].assign(b_simple=np.inf, k_crit=np.inf)
+    counts = pd.DataFrame({"bucket": ["easy"], "train": [5], "val": [2], "total": [7], "share_of_pool": [0.1]})
+    reasons = blocking_reasons({**study, "noise_steps": noise, "bucket_counts": counts})
+    assert reasons[0].startswith("a bucket too small: 'easy' has 5 training problems for B_problem up to 8")
+    assert "data.limit" in reasons[0]
+    assert reasons[1].startswith("the noise estimates are infinite or undefined (b_simple, k_crit in every measured step")
+    answer = study_answer({**study, "noise_steps": noise, "bucket_counts": counts})
+    assert answer.headline.startswith("No answer yet: a bucket too small")
