@@ -91,6 +91,8 @@ def test_lora_and_its_learning_rate_follow_the_model_size_and_machine(verl):
     cpu, _ = suggest(model(0.6e9), sample, str(verl), 120, Machine(None, 24, 2))
     assert (cpu["sampling.backend"], cpu["model.dtype"], cpu["profile.k_extreme"]) == ("hf", "float32", 0)
     assert cpu["bucket.extremely_hard"] is False
+    # issue 32: on CPU a profile unit is a few problems (an interrupt keeps the rest, progress comes often)
+    assert (cpu["profile.chunk_size"], small["profile.chunk_size"]) == (4, 100)
     for v in (small, cpu):  # the widest batch of the grid still gets the evaluations a fit needs
         b = max(v["sweep.n"]) * v["sweep.b_problem"][0]
         steps = power.steps_per_run(v["sweep.c_max"], b)

@@ -179,6 +179,9 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
     put("profile.k_extreme", k_extreme, "64 more samples where avg@16 = 0 tell Extremely hard apart" if gpu
         else "off on CPU: k_extreme samples per unsolved problem cost more than the profile itself")
     put("bucket.extremely_hard", bool(k_extreme), "needs profile.k_extreme > 0")
+    put("profile.chunk_size", 100 if gpu else 4,
+        "problems per engine call, kept at once" if gpu else "4 problems per resumable unit: an interrupt keeps "
+        "all but the last few, and progress comes every ~4 problems (~1 s overhead a unit, measured)")
 
     # the sweep: a grid the frontier can be fitted from
     train_size = max(2, int(easy) - val)
