@@ -124,13 +124,16 @@ def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers
     exporter = trackers and RunExporter(trackers, run_dir_path, config.run_id, config.to_dict())
     store = ExportingRunStore(run_dir_path, exporter) if exporter else RunStore(run_dir_path)
     resumed = store.latest()  # a resumed run's bar starts at its committed C, not at 0
-    start = min(int(resumed.state.get("c", 0)), config.c_max) if resumed else 0
-    with Progress(config.c_max, config.run_id, unit="rollouts", initial=start) as bar:
+    # a frontier search's rung pauses the run at its budget: the bar and its ETA run to there (science §8)
+    end = int(min(config.c_max, budget)) if budget is not None else config.c_max
+    start = min(int(resumed.state.get("c", 0)), end) if resumed else 0
+    desc = config.run_id if end == config.c_max else f"{config.run_id} (to rung C = {end:,})"
+    with Progress(end, desc, unit="rollouts", initial=start) as bar:
         last = {"c": start, "eval": ""}
 
         def progress(c: int, c_max: int) -> None:
-            bar.update(min(c, c_max) - last["c"], val=last["eval"])
-            last["c"] = min(c, c_max)
+            bar.update(min(c, end) - last["c"], val=last["eval"])
+            last["c"] = min(c, end)
 
         def on_eval(row: dict) -> None:
             last["eval"] = f"{row['avg_at_k']:.3f}"

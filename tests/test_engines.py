@@ -262,6 +262,16 @@ def test_a_resumed_sweep_never_reopens_an_ended_run(tmp_path, monkeypatch):
         return built[-1]
 
     monkeypatch.setattr(tm, "make_engine", spy)
+    import tasks.sweep as ts
+
+    bars = []
+
+    class Bar(ts.Progress):  # the run's progress bar: its ETA runs to the rung's budget, not to C_max
+        def __init__(self, total, desc, **kwargs):
+            bars.append((total, desc))
+            super().__init__(total, desc, **kwargs)
+
+    monkeypatch.setattr(ts, "Progress", Bar)
     sampling = SamplingParams(batch_size=3, temperature=1.0, max_new_tokens=4)
     for name, budget, status in (("done", None, "finished"), ("rung", 32, "paused")):
         run_dir = tmp_path / name
@@ -275,6 +285,8 @@ def test_a_resumed_sweep_never_reopens_an_ended_run(tmp_path, monkeypatch):
     # the paused run given a larger budget trains on (a model is loaded)
     resumed = train_run.fn(ref, run_config(), "easy", train, val, str(tmp_path / "rung"), sampling=sampling)
     assert resumed.status == "finished" and len(built) == 1
+    run_id = run_config().run_id
+    assert bars == [(96, run_id), (32, f"{run_id} (to rung C = 32)"), (96, run_id)]
 
 
 def test_trainer_renders_prompts_with_chat_template_kwargs():
