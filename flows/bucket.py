@@ -18,12 +18,13 @@ from tasks.common import ARTIFACTS, retried_task, read_params, refresh_duckdb
 
 
 @retried_task(name="bucket-splits")
-def bucket_splits(profile: pd.DataFrame, bucket_params) -> pd.DataFrame:
+def bucket_splits(profile: pd.DataFrame, bucket_params, more_problems: str = "data.size") -> pd.DataFrame:
     b = bucket_params
     membership = assign_buckets(
         profile, {"easy": b.easy, "hard": b.hard, "very_easy": b.very_easy}, extremely_hard=b.extremely_hard
     )
-    splits = make_splits(membership, b.val_size, b.seed, b.used, {k: list(v) for k, v in b.mixtures.items()})
+    splits = make_splits(membership, b.val_size, b.seed, b.used, {k: list(v) for k, v in b.mixtures.items()},
+                         more_problems)
     return splits_table(splits)
 
 
@@ -36,7 +37,7 @@ def bucket_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS
     profile = pd.read_parquet(profile_path)
     if params.bucket.extremely_hard and "n_correct_extreme" not in profile:
         raise ValueError("bucket.extremely_hard needs profile.k_extreme > 0 (the profile has no n_correct_extreme)")
-    table = bucket_splits(profile, params.bucket)
+    table = bucket_splits(profile, params.bucket, params.data.more_problems)
     counts = bucket_counts(table, len(profile))
     out = Path(artifacts) / "bucket"
     write_parquet_atomic(table, out / "buckets.parquet")

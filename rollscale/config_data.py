@@ -119,6 +119,14 @@ class DataParams(Section):
             raise ValueError(f"data file {v} is empty (expected one JSON problem per line)")
         return v
 
+    @property
+    def more_problems(self) -> str:
+        """How to profile more problems with this source, for an error's fix: a table or a file takes
+        ``limit`` (reasoning-gym's ``size`` is ignored there; issue 32)."""
+        if self.source == "reasoning_gym":
+            return "data.size"
+        return "data.limit, or a larger table" if self.source == "table" else "data.limit"
+
     @model_validator(mode="after")
     def _tables(self) -> "DataParams":
         if self.source == "table" and not self.tables:

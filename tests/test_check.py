@@ -77,6 +77,9 @@ def test_the_issues_settings_are_each_named_before_the_profile(project):
     assert seeds.level == "warning" and "[0, 1, 2]" in seeds.fix
     (noise,) = found["bucket.val_size"]
     assert noise.level == "warning" and "differences below 0.400 are not detectable" in noise.message
+    # issue 32: no validation size the pool cannot hold (193 was proposed for 40 problems): eval_k makes it up
+    assert noise.fix == ("sweep.eval_k: 258, or bucket.val_size: 32 (the most: the pool has at most 40, 8 of them "
+                         "train per step) with sweep.eval_k: 25, resolves 0.05")
 
 
 def test_the_issues_settings_after_the_profile_name_the_split_and_truncation(project):
@@ -94,6 +97,8 @@ def test_the_issues_settings_after_the_profile_name_the_split_and_truncation(pro
     # the validation noise now uses the profiled pass rates of the 3 validation problems (all 0.5)
     (noise,) = found["bucket.val_size"]
     assert "pass-rate variance from the profiled validation problems" in noise.message
+    assert noise.fix.startswith("sweep.eval_k: 258 ('easy' holds 9 problems and 8 train per step: bucket.val_size "
+                                "cannot grow)")
 
 
 def test_a_bucket_the_stage_would_refuse_is_an_error(project):
@@ -102,6 +107,8 @@ def test_a_bucket_the_stage_would_refuse_is_an_error(project):
     (f,) = [f for f in study_findings(params, DataKnown(40, True, issue_profile())) if "bucket.used" in f.keys
             and f.level == "error"]
     assert "bucket 'easy' has 9 problems, not more than bucket.val_size = 9" in f.message
+    # a table source profiles more problems with data.limit (issue 32: the error named data.size, which it ignores)
+    assert "profile more problems (data.limit, or a larger table)" in f.message and "data.size" not in f.message
 
 
 def test_tiny_model_defaults_kept_for_a_real_model_are_named(project):

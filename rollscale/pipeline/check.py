@@ -177,7 +177,8 @@ def _splits(p: StudyParams, profile: pd.DataFrame) -> tuple[dict | None, list[Fi
     try:  # Extremely hard without the profile's k_extreme samples is _cross_section's error; the rest is laid out
         membership = assign_buckets(profile, {"easy": b.easy, "hard": b.hard, "very_easy": b.very_easy},
                                     extremely_hard=b.extremely_hard and "n_correct_extreme" in profile)
-        return make_splits(membership, b.val_size, b.seed, b.used, {k: list(v) for k, v in b.mixtures.items()}), []
+        return make_splits(membership, b.val_size, b.seed, b.used, {k: list(v) for k, v in b.mixtures.items()},
+                           p.data.more_problems), []
     except BucketError as err:
         return None, [Finding("error", ("bucket.used", "bucket.val_size", "bucket.easy"), f"{err} (from the profile "
                               f"of {len(profile)} problems)", "widen the bucket's bounds, lower bucket.val_size, "
@@ -245,12 +246,33 @@ def _noise(p: StudyParams, size: tuple[int, int] | None, splits: dict | None, kn
     msg = (f"validation avg@{p.sweep.eval_k} over {val} problems has a standard error of {se:.3f} (pass-rate "
            f"variance from {basis}): differences below {d:.3f} are not detectable")
     if d > DETECTABLE_WARN:
-        need = math.ceil(val * (d / (DETECTABLE_WARN / 2)) ** 2)
-        more_k = p.sweep.eval_k * math.ceil(need / val)
-        yield Finding("warning", ("bucket.val_size", "sweep.eval_k"), msg,
-                      f"bucket.val_size: {need}, or sweep.eval_k: {more_k}, resolves {DETECTABLE_WARN / 2:.2f}")
+        yield Finding("warning", ("bucket.val_size", "sweep.eval_k"), msg, _precision_fix(p, val, d, size, known))
     else:
         yield Finding("note", ("bucket.val_size", "sweep.eval_k"), msg)
+
+
+def _precision_fix(p: StudyParams, val: int, d: float, size: tuple[int, int] | None, known: DataKnown) -> str:
+    """The validation size or samples that resolve DETECTABLE_WARN / 2, as far as the bucket allows
+    (issue 32: `bucket.val_size: 193` was proposed for a bucket of 60 problems). The standard error
+    depends on val_size x eval_k (power.avg_at_k_se), so eval_k makes up what the bucket cannot."""
+    target = DETECTABLE_WARN / 2
+    need = math.ceil(val * (d / target) ** 2)  # val_size at this eval_k; val_size x eval_k in all
+    samples = need * p.sweep.eval_k
+    b = max(p.sweep.b_problem)
+    if size is not None:  # after the profile: the bucket's own problems, b_problem of them kept to train
+        cap, where = size[0] + size[1] - b, f"{p.sweep.bucket!r} holds {size[0] + size[1]} problems"
+    elif known.pool_size is not None:
+        cap, where = known.pool_size - b, f"the pool has {'' if known.pool_exact else 'at most '}{known.pool_size}"
+    else:
+        cap, where = None, ""
+    more_k = math.ceil(samples / val)
+    if cap is None or need <= cap:
+        return f"bucket.val_size: {need}, or sweep.eval_k: {more_k}, resolves {target:.2f}"
+    if cap <= val:  # no room for more validation problems: only more samples of each
+        return (f"sweep.eval_k: {more_k} ({where} and {b} train per step: bucket.val_size cannot grow), resolves "
+                f"{target:.2f}; or profile more problems (data.limit for a table) or widen the bucket's bounds")
+    return (f"sweep.eval_k: {more_k}, or bucket.val_size: {cap} (the most: {where}, {b} of them train per step) "
+            f"with sweep.eval_k: {math.ceil(samples / cap)}, resolves {target:.2f}")
 
 
 def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Finding]:

@@ -108,16 +108,29 @@ def check_stage(stage: str) -> None:
     select_stages(load_stage_specs(), [stage])
 
 
-def refuse_running_stages(artifacts: str, stages: str | None) -> None:
-    """Raise the one-line refusal when a stage the study would run is running now (outside a
-    study folder: the one line that says to run `rollscale init`)."""
+def refuse_running_stages(artifacts: str, stages: str | None, params: str = "params.yaml") -> None:
+    """Raise the one-line refusal when a stage the study would run is running now. Outside a study
+    folder: with no params either, the one line that says to run `rollscale init`; with params, the
+    check still reports and the study stops after it, naming the missing dvc.yaml."""
     from rollscale.pipeline.stages import busy_error, load_stage_specs, project_root, select_stages, stage_running
 
-    project_root()
+    try:
+        project_root()
+    except FileNotFoundError:
+        if not Path(params).exists():
+            raise
+        return
     chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     for stage in select_stages(load_stage_specs(), chosen):
         if stage_running(artifacts, stage):
             raise busy_error(stage, artifacts)
+
+
+def project_root_or_init() -> None:
+    """Raise the one line that says to run `rollscale init` outside a study folder."""
+    from rollscale.pipeline.stages import project_root
+
+    project_root()
 
 
 def deps(write: bool) -> int:
@@ -216,7 +229,7 @@ def command(argv: list[str] | None = None) -> int:
                   "(use `rollscale run <stage> --artifacts ...` for another folder)", file=sys.stderr)
             return 2
         # a running stage refuses in one line before the check's report (flows/study.py refuses again per stage)
-        if code := run_guarded(lambda: refuse_running_stages(args.artifacts, args.stages), debug):
+        if code := run_guarded(lambda: refuse_running_stages(args.artifacts, args.stages, args.params), debug):
             return code
         # the check first: a study that cannot work stops before its first stage spends anything
         ok: list[bool] = []
@@ -225,6 +238,8 @@ def command(argv: list[str] | None = None) -> int:
         if not ok[0] and not args.no_check:
             print("rollscale study: stopped before any stage (run it anyway with --no-check)", file=sys.stderr)
             return 2
+        if code := run_guarded(project_root_or_init, debug):
+            return code
         stages = ["--stages", args.stages] if args.stages else []
         return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
                            debug, "flows.study", archive_stale=args.archive_stale, command=typed(args, "study"))

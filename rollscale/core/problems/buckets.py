@@ -66,6 +66,7 @@ def make_splits(
     seed: int,
     used: Sequence[str],
     mixtures: Mapping[str, Sequence[tuple[str, float]]] | None = None,
+    more_problems: str = "data.size",
 ) -> dict[str, BucketSplit]:
     """Train/validation splits for every base bucket and named mixture.
 
@@ -74,7 +75,8 @@ def make_splits(
     a warning and the bucket is kept with what it has. A mixture takes each
     part's fraction of its train and validation sets from the parts' own
     splits, as large as the scarcest part allows, so mixture validation
-    problems are never in any train split of the same bucket.
+    problems are never in any train split of the same bucket. ``more_problems``: the params key that
+    profiles more problems, named in the error (``DataParams.more_problems``).
     """
     splits: dict[str, BucketSplit] = {}
     for i, bucket in enumerate(BASE_BUCKETS):
@@ -87,7 +89,7 @@ def make_splits(
         if len(ids) <= val_size:
             msg = f"bucket {bucket!r} has {len(ids)} problems, not more than bucket.val_size = {val_size}"
             if bucket in used:
-                raise BucketError(msg + ": profile more problems (data.size) or lower bucket.val_size")
+                raise BucketError(msg + f": profile more problems ({more_problems}) or lower bucket.val_size")
             log.warning("%s; it gets no validation set", msg)
             splits[bucket] = BucketSplit(bucket, sorted(ids), [])
             continue
