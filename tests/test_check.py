@@ -101,6 +101,21 @@ def test_the_issues_settings_after_the_profile_name_the_split_and_truncation(pro
                                 "cannot grow)")
 
 
+def test_a_model_too_weak_or_strong_for_the_set_is_a_warning_after_the_profile(project):
+    """Issue 32: 86 % of the problems never solved left an Easy bucket of 1-11, and nothing said so."""
+    params = load_params("params.yaml")
+    weak = issue_profile().assign(avg_at_k=np.r_[np.full(30, 0.0), np.full(10, 0.5)])
+    (f,) = [f for f in study_findings(params, DataKnown(40, True, weak)) if f.keys == ("model", "data")]
+    assert f.level == "warning" and f.message.startswith("75% of the 40 profiled problems are never solved (avg@4 = 0)")
+    assert "10 are in between" in f.message and f.fix.startswith("the model is too weak for this problem set; 71% of")
+    assert "raise sampling.max_new_tokens" in f.fix
+    strong = issue_profile().assign(avg_at_k=np.r_[np.full(30, 1.0), np.full(10, 0.5)])
+    (f,) = [f for f in study_findings(params, DataKnown(40, True, strong)) if f.keys == ("model", "data")]
+    assert f.fix.startswith("the model is too strong")
+    fits = issue_profile().assign(avg_at_k=np.r_[np.full(15, 0.0), np.full(25, 0.5)])
+    assert not [f for f in study_findings(params, DataKnown(40, True, fits)) if f.keys == ("model", "data")]
+
+
 def test_a_bucket_the_stage_would_refuse_is_an_error(project):
     params = parse_params({**ISSUE, "bucket": {"val_size": 9, "used": ["easy"], "mixtures": {},
                                                "extremely_hard": False}})

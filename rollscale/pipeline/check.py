@@ -26,6 +26,7 @@ import pandas as pd
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.core.problems.buckets import BucketError, assign_buckets, make_splits
+from rollscale.pipeline.check_profile import model_fit_findings
 
 __all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
 
@@ -335,7 +336,7 @@ def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
     found = [*_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
-             *_truncation(params, known.profile)]
+             *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile))]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])
 
