@@ -121,6 +121,10 @@ def test_render_writes_every_section_with_reasons(verl, monkeypatch, tmp_path):
     lines = text.splitlines()
     i = lines.index("  backend: hf")
     assert lines[i - 1].startswith("  # transformers generate on CPU")
+    # issue 32: only what a table study with a real model reads (no reasoning-gym generator, no tiny warm start)
+    assert raw["data"]["source"] == "table" and not {"name", "config", "size", "prompt_style"} & set(raw["data"])
+    j = lines.index("base: {}")
+    assert raw["base"] == {} and "# the tiny model's warm start" in "\n".join(lines[j - 3:j])
 
 
 def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_folder, verl, tmp_path,
@@ -146,5 +150,8 @@ def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_f
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--gpu", "H100", "--force"]) == 0
     params = load_params("params.yaml")
     assert params.sampling.backend == "vllm" and params.sampling.chat_template_kwargs == {"enable_thinking": False}
+    # --engine: the sampler, whatever the machine
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--engine", "vllm", "--force"]) == 0
+    assert load_params("params.yaml").sampling.backend == "vllm" and "--engine vllm" in Path("params.yaml").read_text()
     assert cli.main(["init", "--model", "not/a/model/path", "--data", str(verl), "--out", "x.yaml"]) == 1
     assert "neither a model folder" in capsys.readouterr().err

@@ -36,8 +36,10 @@ def _data_arg(data: str) -> str:
         return str(path.resolve())
 
 
-def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False) -> str:
-    """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check)."""
+def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
+                engine: str | None = None) -> str:
+    """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check).
+    ``engine`` (hf | vllm): the sampler, else the machine's (vLLM on a GPU, transformers on CPU)."""
     from rollscale.config import load_params
     from rollscale.pipeline.init_values import Machine, render, suggest, write_params
     from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
@@ -65,7 +67,12 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
                              answer_format=sample.answer_format, reward=sample.reward)
         table_problems(source, limit=50)  # the mapping must read the file's rows (DataRowError names a bad one)
     values, why = suggest(info, sample, data_path, count_rows(data) if Path(data).exists() else None, machine)
-    header = [f"rollscale study parameters, written by `rollscale init --model {model} --data {data} --gpu {gpu}`.",
+    if engine:
+        values["sampling.backend"], why["sampling.backend"] = engine, f"--engine {engine}"
+        if engine == "vllm":  # one engine per worker process (the config refuses more)
+            values["workers"], why["workers"] = 1, "vLLM: one engine, in one worker process"
+    command = f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
+    header = [f"rollscale study parameters, written by `{command}`.",
               "Each comment says why its value; everything else is the schema's default (rollscale/config.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
     path = write_params(out, render(values, why, header), force)

@@ -239,7 +239,7 @@ def _lines(tree: dict[str, Any], why: dict[str, str], prefix: str, indent: int) 
         dotted = f"{prefix}{key}"
         if dotted in why:
             out += textwrap.wrap(why[dotted], 100 - indent, initial_indent=pad + "# ", subsequent_indent=pad + "# ")
-        if isinstance(value, dict) and (not prefix or dotted in _SECTIONS_AS_BLOCKS):
+        if isinstance(value, dict) and value and (not prefix or dotted in _SECTIONS_AS_BLOCKS):
             out.append(f"{pad}{key}:")
             out += _lines(value, why, dotted + ".", indent + 2)
             if not prefix:
@@ -249,10 +249,30 @@ def _lines(tree: dict[str, Any], why: dict[str, str], prefix: str, indent: int) 
     return out
 
 
+# settings a study of a table and a real model never reads (issue 32: init wrote chain_sum's): the
+# reasoning-gym generator's and the gsm8k / math file's
+_NOT_FOR_TABLES = ("name", "config", "size", "prompt_style", "path", "hub_id", "split", "skip_malformed")
+UNUSED_BASE = ("the tiny model's warm start, unused for a real model: empty, as dvc.yaml's base stage "
+               "lists the section")
+
+
+def _drop_unused(tree: dict[str, Any], why: dict[str, str]) -> None:
+    """Leave out the settings the study will not read: other sources' data keys, the tiny model's
+    ``base`` section (kept empty: DVC needs every params section a stage lists)."""
+    if tree["data"].get("source") == "table":
+        for key in _NOT_FOR_TABLES:
+            tree["data"].pop(key, None)
+    if tree["model"].get("kind") != "tiny":
+        tree["base"] = {}
+        why.setdefault("base", UNUSED_BASE)
+
+
 def render(values: dict[str, Any], why: dict[str, str], header: list[str]) -> str:
-    """The whole params tree (schema defaults with ``values`` laid on), commented with ``why``;
-    raises ParamsError if the result does not validate."""
+    """The params tree (schema defaults with ``values`` laid on, less what this study never reads),
+    commented with ``why``; raises ParamsError if the result does not validate."""
     tree = _nest(values)
+    why = dict(why)
+    _drop_unused(tree, why)
     scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
     sections = {k: v for k, v in tree.items() if isinstance(v, dict)}
     text = "\n".join([*(f"# {h}" for h in header), "", *_lines(scalars, why, "", 0), "",
