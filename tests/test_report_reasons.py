@@ -70,3 +70,12 @@ def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):
     assert reasons[1].startswith("the noise estimates are infinite or undefined (b_simple, k_crit in every measured step")
     answer = study_answer({**study, "noise_steps": noise, "bucket_counts": counts})
     assert answer.headline.startswith("No answer yet: a bucket too small")
+
+
+def test_an_infinite_crs_is_not_read_as_a_prediction(study):
+    """Issue 32: "CRS ∞ predicts n = 4" read an undefined noise estimate as a measured size."""
+    crs = study["crs_prediction"].assign(crs=np.inf)
+    rows = study_answer({**study, "crs_prediction": crs}).observations.frame
+    text = " ".join(rows.astype(str).to_numpy().ravel())
+    assert "CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n" in text
+    assert "CRS ∞ predicts" not in text

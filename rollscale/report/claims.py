@@ -91,7 +91,11 @@ def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
         observed = f"observed best n = {fmt_value(r['observed_best_n'])}"
         observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
         basis = ONE_SEED if math.isnan(share) else DECIDED if share >= AGREE else OVERLAP
+        crs = float(pd.to_numeric(r.get("crs"), errors="coerce"))
         predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
+            # an infinite CRS is no measurement of a size (issue 32): the signal |G|^2 measured <= 0 (science §6.2)
+            f"CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n = "
+            f"{fmt_value(r['predicted_n'])}" if math.isinf(crs) else
             f"CRS {fmt_value(r['crs'])} predicts n = {fmt_value(r['predicted_n'])}")
         rows.append({"claim": "CRS predicted vs observed best n", "where": f"{r.get('bucket')} / {r.get('rule')}",
                      "at": str(r.get("basis")), "finding": f"{predicted}; {observed}", "basis": basis})
