@@ -91,12 +91,17 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
     """Validate params and print whether the study can answer (rollscale.pipeline.check); True when
     it found no error."""
     from rollscale.config import load_params
-    from rollscale.pipeline.check import format_findings, known_data, study_findings
+    from rollscale.pipeline.check import Finding, format_findings, known_data, study_findings
+    from rollscale.pipeline.check_profile import sweep_time_findings
 
     params = load_params(params_path)
     if resolved:
         print(params.model_dump_json(indent=2))
-    findings = study_findings(params, known_data(params, artifacts))
+    known = known_data(params, artifacts)
+    findings = study_findings(params, known)
+    # the time the sweep takes here, from the rate the profile measured (before any error-free line)
+    findings = sorted([*findings, *(Finding(*f) for f in sweep_time_findings(params, artifacts, known.profile))],
+                      key=lambda f: ("error", "warning", "note").index(f.level))
     print(format_findings(findings, params_path), file=sys.stderr if to_stderr else sys.stdout)
     return not any(f.level == "error" for f in findings)
 
