@@ -113,17 +113,27 @@ def check_stage(stage: str) -> None:
     select_stages(load_stage_specs(), [stage])
 
 
-def refuse_running_stages(artifacts: str, stages: str | None, params: str = "params.yaml") -> None:
-    """Raise the one-line refusal when a stage the study would run is running now. Outside a study
-    folder: with no params either, the one line that says to run `rollscale init`; with params, the
-    check still reports and the study stops after it, naming the missing dvc.yaml."""
-    from rollscale.pipeline.stages import busy_error, load_stage_specs, project_root, select_stages, stage_running
+def no_study_no_params(params: str) -> bool:
+    """Whether a study folder is here (or above); with neither one nor ``params``, raise the one line
+    that says to run `rollscale init` (with params, their own errors come first)."""
+    from rollscale.pipeline.stages import project_root
 
     try:
         project_root()
     except FileNotFoundError:
         if not Path(params).exists():
             raise
+        return False
+    return True
+
+
+def refuse_running_stages(artifacts: str, stages: str | None, params: str = "params.yaml") -> None:
+    """Raise the one-line refusal when a stage the study would run is running now. Outside a study
+    folder: with no params either, the one line that says to run `rollscale init`; with params, the
+    check still reports and the study stops after it, naming the missing dvc.yaml."""
+    from rollscale.pipeline.stages import busy_error, load_stage_specs, select_stages, stage_running
+
+    if not no_study_no_params(params):
         return
     chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     for stage in select_stages(load_stage_specs(), chosen):
@@ -226,7 +236,8 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.config import load_params
 
         # bad params or a stage dvc.yaml lacks fail here, before a process and Prefect start
-        if code := run_guarded(lambda: (check_stage(args.stage), load_params(args.params)), debug):
+        if code := run_guarded(lambda: (no_study_no_params(args.params), load_params(args.params),
+                                        check_stage(args.stage)), debug):
             return code
         return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
                            archive_stale=args.archive_stale, command=typed(args, "run", args.stage))
