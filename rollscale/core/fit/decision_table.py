@@ -37,16 +37,17 @@ def to_decide(rows: pd.DataFrame, c_star: float, eta: float) -> str:
         return ""
     open_rows = rows[(rows["status"] != "leader") & ~rows["settled"]]
     if open_rows["unknown"].any():
-        return f"train every key to c_max >= {math.ceil(c_star / eta):,} (C* / eta) so C* is within reach"
+        return f"sweep.c_max >= {math.ceil(c_star / eta):,} (C* / eta) for every key, so that C* is within reach"
     if not open_rows["d_hi"].notna().any():
-        return "no interval with one seed per key: at least 2 seeds for every key"
+        return "no interval with one seed per key: at least 2 seeds for every key (sweep.seeds)"
     worst = open_rows.loc[open_rows["d_hi"].idxmax()]
     gap = float(worst["tolerance"] - worst["d"])
     half = float(worst["d_hi"] - worst["d"])
     if not (gap > 0 and half > 0):
-        return f"n = {int(worst['key'])} may be the better key: more seeds for it and the leader, or a larger tolerance"
+        return f"key {int(worst['key'])} may be the better one: more seeds for it and the leader (sweep.seeds)"
     seeds = int(math.ceil(max(worst["seeds"], rows.loc[rows["status"] == "leader", "seeds"].max()) * (half / gap) ** 2))
-    return f"about {seeds} seeds each for the leader and {int(worst['key'])}, or a tolerance of {math.ceil(100 * float(worst['d_hi'])) / 100:.2f}"
+    return (f"about {seeds} seeds each for the leader and key {int(worst['key'])} (sweep.seeds), or "
+            f"study.tolerance {math.ceil(100 * float(worst['d_hi'])) / 100:.2f}")
 
 
 def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: float,
