@@ -233,9 +233,9 @@ class DecisionParams(Section):
     target_budget: int | None = Field(None, ge=1)
     # epsilon, in validation reward: a key within it of the best is as good an answer. One avg@4 evaluation
     # on 100 problems has a standard error up to 0.025 (rollscale/core/fit/power.py), so two evaluations
-    # differ detectably only by 0.07; a key's fit pools its evaluations and seeds, and on simulated default
-    # studies resolves differences of ~0.03-0.05 with 3 seeds (docs/benchmarks.md). Below that, keys stay
-    # "not decided" until seeds or validation problems are added
+    # differ detectably only by 0.07; a key's fit pools its evaluations and seeds: on simulated default studies
+    # D to the leader is known to +-0.04 with 3 seeds, +-0.055 with 2 (docs/benchmarks.md), so 0.02 settles keys
+    # worse by ~0.06; closer keys stay "not decided" until seeds or validation problems are added
     tolerance: float = Field(0.02, gt=0, lt=1)
 
 
