@@ -164,6 +164,10 @@ class SweepParams(Section):
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
     train: TrainParams = Field(default_factory=TrainParams)
+    # evaluations on one shared budget schedule (science §9.1): the first step whose C reaches each of this many
+    # budgets per doubling of C (from c_max / 64 to c_max), so every n gets as many points per doubling;
+    # 0 = every eval_every steps instead (a cadence in steps gives a large B few points)
+    eval_per_doubling: int = Field(4, ge=0)
     eval_every: int = Field(20, ge=1)
     eval_k: int = Field(4, ge=1)
     eval_temperature: float = Field(0.6, ge=0)
