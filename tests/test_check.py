@@ -208,3 +208,18 @@ def test_the_sweeps_time_comes_from_the_rate_the_profile_measured(project):
     (project / "artifacts" / "profile" / "throughput.json").write_text('{"tokens_per_s": 0.1}')
     ((level, _, msg, fix),) = sweep_time_findings(params, "artifacts", profile)
     assert level == "warning" and "51.0 h" in msg and "sweep.c_max" in fix
+
+
+def test_the_check_says_whether_the_study_can_answer_at_its_target_budget():
+    # science §9.3: C* beyond eta x c_max is an error naming the c_max that answers; within, extrapolation is a note
+    far = by_key(study_findings(parse_params({"study": {"target_budget": 100_000}})))
+    (err,) = [f for f in far["study.target_budget"] if f.level == "error"]
+    assert "beyond eta = 2 times c_max = 40,000" in err.message and err.fix.startswith("sweep.c_max: 50,000 or more")
+    near = by_key(study_findings(parse_params({"study": {"target_budget": 60_000}})))
+    assert [f.level for f in near["study.target_budget"]] == ["note"] and "1.50 x c_max" in near["study.target_budget"][0].message
+    # the tolerance against what 3 seeds and 64 x 4 validation samples resolve (+-0.050): ties stay undecided
+    (tol,) = by_key(study_findings(parse_params({})))["study.tolerance"]
+    assert "known to about +-0.050" in tol.message and "equal reward stay 'not decided'" in tol.message
+    assert tol.fix.startswith("study.tolerance: 0.06 or more")
+    (wide,) = by_key(study_findings(parse_params({"study": {"tolerance": 0.06}})))["study.tolerance"]
+    assert "can decide between keys of equal reward" in wide.message and not wide.fix

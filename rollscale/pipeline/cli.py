@@ -201,6 +201,9 @@ def parser() -> argparse.ArgumentParser:
     p_init.add_argument("--gpu", default="none", help="H100, A100, ..., a memory such as 40GB, or none (CPU)")
     p_init.add_argument("--engine", choices=["hf", "vllm"], default=None,
                         help="the sampler: hf (transformers generate) or vllm (default: vllm on a GPU, hf on CPU)")
+    p_init.add_argument("--budget", type=int, default=None,
+                        help="rollouts of your production run: the study decides at this C* (study.target_budget) "
+                             "and trains to at least C* / eta")
     p_init.add_argument("--out", default="params.yaml")
     p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
@@ -278,7 +281,7 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.pipeline.init import init_params
 
         return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force,
-                                                     args.engine)), debug)
+                                                     args.engine, args.budget)), debug)
     return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 

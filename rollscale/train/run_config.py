@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollscale.config import TrainParams
+from rollscale.core.fit.power import budget_schedule
 from rollscale.core.grpo.allocation import AllocationRule, make_rule
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.core.grpo.shaping import sqrt_scaled_lr
@@ -38,7 +40,11 @@ class RunConfig(BaseModel):
         train: the GRPO step's settings (loss, optimizer, micro-batching, science §3).
         sampling: how training rollouts are sampled (temperature > 0, since the
             loss needs the log-probs of the sampling distribution).
-        eval_every: evaluate every this many steps (and at step 0 and at the end).
+        eval_every: evaluate every this many steps (and at step 0 and at the end), when
+            ``eval_per_doubling`` is 0.
+        eval_per_doubling: > 0: evaluate on the shared budget schedule instead (science §9.1:
+            the first step whose C reaches each of ``eval_per_doubling`` budgets per doubling,
+            :func:`rollscale.core.fit.power.budget_schedule`), and at step 0 and the end.
         eval_k: samples per validation problem (science §5).
         eval_temperature: temperature of those samples.
         checkpoint_every: checkpoint every this many steps (and at the end).
@@ -59,6 +65,7 @@ class RunConfig(BaseModel):
     train: TrainParams = Field(default_factory=TrainParams)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     eval_every: int = Field(10, ge=1)
+    eval_per_doubling: int = Field(0, ge=0)
     eval_k: int = Field(4, ge=1)
     eval_temperature: float = Field(0.6, ge=0)
     checkpoint_every: int = Field(10, ge=1)
@@ -109,6 +116,11 @@ class RunConfig(BaseModel):
         """
         return sqrt_scaled_lr(self.train.lr_base, self.allocation_rule().trained_per_step, self.train.b_base)
 
+    @property
+    def eval_schedule(self) -> np.ndarray | None:
+        """The budgets the run is evaluated at (science §9.1), or None for every ``eval_every`` steps."""
+        return budget_schedule(self.c_max, self.eval_per_doubling) if self.eval_per_doubling else None
+
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
 
@@ -137,6 +149,7 @@ def readable_run_id(config: RunConfig) -> str:
 # every older run had implicitly). Fixed: a new rule or setting adds nothing here.
 _FIRST_RULE_ARGS = ("m", "n_pilot", "pool_factor", "max_draws")
 _TRAIN_SINCE_HASHING = {"policy_loss": "clip"}
+_SINCE_HASHING = {"eval_per_doubling": 0}
 
 
 def data_hash(train_problems: Sequence[Any]) -> str:
@@ -151,6 +164,9 @@ def config_hash(config: RunConfig) -> str:
     for key, default in _TRAIN_SINCE_HASHING.items():
         if data["train"].get(key) == default:
             del data["train"][key]
+    for key, default in _SINCE_HASHING.items():
+        if data.get(key) == default:
+            del data[key]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

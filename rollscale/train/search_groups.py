@@ -28,11 +28,14 @@ __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
 
 
 def search_settings(sweep: SweepParams) -> SearchSettings:
-    """The search's settings (``sweep.search``, science §8) with the sweep's evaluation interval."""
+    """The search's settings (``sweep.search``, science §8) with the sweep's evaluation interval: on the shared
+    budget schedule (science §9.1) a run evaluates at the first step past each rung's budget, so a leg ends there
+    (``eval_every`` None)."""
     s = sweep.search
     return SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
                           resamples=s.bootstrap_resamples, bootstrap_seed=s.bootstrap_seed, bin_width=s.bin_width,
-                          grid_points=s.grid_points, eval_every=sweep.eval_every)
+                          grid_points=s.grid_points,
+                          eval_every=None if sweep.eval_per_doubling else sweep.eval_every)
 
 
 def search_design(sweep: SweepParams) -> str | None:

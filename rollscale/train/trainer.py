@@ -7,10 +7,9 @@ calls the engine, science §4) -> advantages -> gradient noise (optional,
 science §6) -> loss over micro-batches and the optimizer step
 (:func:`~rollscale.train.step.policy_update`) -> weight sync to the engine ->
 log. Every rollout generated counts in ``C`` (science §1). :meth:`GRPOTrainer.run`
-adds the outer loop: evaluation at step 0, every ``eval_every`` steps and at the
-end (science §5), checkpoints every ``checkpoint_every`` steps into a
-:class:`~rollscale.train.checkpoint.RunStore`, and resuming from its newest
-valid checkpoint.
+adds the outer loop: evaluation at step 0, on the shared budget schedule (science §9.1) or every
+``eval_every`` steps, and at the end (science §5), checkpoints every ``checkpoint_every`` steps into a
+:class:`~rollscale.train.checkpoint.RunStore`, and resuming from its newest valid checkpoint.
 
 Repeatability: the data order is a permutation seeded by ``(seed, epoch)`` and
 each sampling call is seeded by ``(seed, step, call)``, so a resumed run
@@ -32,6 +31,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rollscale.core.fit.power import eval_due
 from rollscale.core.grpo.allocation import allocate
 from rollscale.core.grpo.shaping import warmup_factor
 from rollscale.core.grpo.logprobs import token_logprobs
@@ -369,12 +369,13 @@ class GRPOTrainer:
             if self.last_eval_step < 0:
                 log_eval()  # step 0: before training
             while self.c < end:
+                c_before = self.c
                 step_rows.append(self.train_step())
                 if on_step is not None:
                     on_step(step_rows[-1])
                 if progress is not None:
                     progress(self.c, cfg.c_max)
-                if self.step % cfg.eval_every == 0:
+                if eval_due(self.step, c_before, self.c, cfg.eval_every, cfg.eval_schedule):  # science §9.1
                     log_eval()
                 if self.step % cfg.checkpoint_every == 0:
                     self._save(store, step_rows, eval_rows)
