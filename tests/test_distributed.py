@@ -123,3 +123,38 @@ def test_two_process_run_equals_one_process_run(both_runs):
     # more than the rows; measured: at most 7e-6 here, against updates of up to 4 x lr = 0.04)
     for name, p in one["params"].items():
         torch.testing.assert_close(two["params"][name], p, rtol=0, atol=2e-5, msg=name)
+
+
+def test_sweep_worker_launches_a_sharded_run_with_torchrun(tmp_path):
+    """``tasks.sweep.train_run`` with 2 devices: torchrun starts 2 ranks, rank 0 writes the run's
+    store, and the runs table row says it finished."""
+    from rollscale.config import SamplingParams
+    from rollscale.lm.models import ModelRef
+    from tasks.sweep import train_run
+
+    tok = char_tokenizer()
+    model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    problems = reasoning_gym_problems("chain_sum", 12, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+                                      prompt_style="expression")
+    config = _config().model_copy(update={"c_max": 32})
+    result = train_run.fn(ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny"), config, "easy",
+                          problems[:8], problems[8:], str(tmp_path / "run"), None, "cpu", None,
+                          SamplingParams(temperature=1.0, max_new_tokens=6), None, devices=2)
+    assert (result.status, result.steps, result.c) == ("finished", 2, 32)
+    assert list(RunStore(tmp_path / "run").rows("steps")["step"]) == [1, 2]
+    assert pd.read_parquet(tmp_path / "run" / "run.parquet")["status"].tolist() == ["finished"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"sweep": {"devices_per_run": 2}, "sampling": {"backend": "vllm"}, "workers": 1}, "sampling.backend: hf"),
+    ({"sweep": {"devices_per_run": 2, "noise_every": 5}}, "sweep.noise_every: 0"),
+    ({"sweep": {"devices_per_run": 4}, "workers": 2}, "workers >= 4"),
+])
+def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message):
+    from rollscale.config import parse_params
+
+    with pytest.raises(ValueError, match=message):
+        parse_params(settings)
+    assert parse_params({"sweep": {"devices_per_run": 2}}).sweep.devices_per_run == 2
