@@ -36,11 +36,21 @@ def train_sharded(devices: int, torch_threads: int, **run) -> RunResult:
     env = dict(os.environ, OMP_NUM_THREADS=str(torch_threads), ROLLSCALE_TORCH_THREADS=str(torch_threads))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",
            "-m", "tasks.sharded_run", str(run_dir / ARGS)]
-    done = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[1], preexec_fn=_die_with_parent)
     if done.returncode != 0 or not (run_dir / RESULT).exists():
         raise RuntimeError(f"run {run['config'].run_id}: the sharded run ({devices} processes) exited with "
                            f"status {done.returncode}; its ranks' errors are above; it resumes from its last checkpoint")
     return RunResult(**json.loads((run_dir / RESULT).read_text()))
+
+
+def _die_with_parent() -> None:
+    """torchrun gets SIGTERM when this worker dies (the sweep's Ctrl-C ends its workers with SIGTERM,
+    and a worker ignores SIGINT), and its agent then stops every rank: no run trains on orphaned."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _rank_main(args_path: str) -> None:
