@@ -158,3 +158,14 @@ def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message)
     with pytest.raises(ValueError, match=message):
         parse_params(settings)
     assert parse_params({"sweep": {"devices_per_run": 2}}).sweep.devices_per_run == 2
+
+
+def test_sharded_trainer_refuses_gradient_noise():
+    """The Gram matrix (science §6) would cover only a rank's rollouts: refused, naming the setting."""
+    with pytest.raises(ValueError, match="sweep.noise_every"):
+        tok = char_tokenizer()
+        problems = reasoning_gym_problems("chain_sum", 4, 0, dict(min_terms=2, max_terms=2, min_digits=1,
+                                                                   max_digits=1), prompt_style="expression")
+        model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
+        GRPOTrainer(model, tok, problems[:2], problems[2:], _config().model_copy(update={"noise_every": 1}),
+                    use_chat_template=False, ranks=Ranks(0, 2))
