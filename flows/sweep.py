@@ -141,7 +141,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
         return ({"ref": ref, "config": config, "bucket": sweep.bucket, "train_problems": train, "val_problems": val,
                  "run_dir": str(runs_dir / config.run_id), "lora": params.model.lora,
                  "torch_threads": params.torch_threads, "device": params.model.device, "trackers": trackers,
-                 "sampling": params.sampling, "budget": budget}, label)
+                 "sampling": params.sampling, "budget": budget, "devices": sweep.devices_per_run}, label)
 
     # the longest runs (most steps: more evaluations and per-step work) go first, so the pool's
     # last round is short runs, not one long run beside an idle worker
@@ -160,9 +160,10 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
 
         _, errors = train_runs_on_ray(list(units), list(labels), sweep, finished, params.model.device)
     else:
-        print(f"sweep: {len(units)} runs to train now, {min(params.workers, max(len(units), 1))} side by side "
-              f"({params.torch_threads} torch thread each)")
-        _, errors = run_all(local_runner(params.workers, params.torch_threads), train_run_in_worker, list(units),
+        side = params.workers // sweep.devices_per_run  # a run of N processes takes N slots
+        print(f"sweep: {len(units)} runs to train now, {min(side, max(len(units), 1))} side by side "
+              f"({sweep.devices_per_run} process(es) each, {params.torch_threads} torch thread each)")
+        _, errors = run_all(local_runner(side, params.torch_threads), train_run_in_worker, list(units),
                             list(labels), finished)
     if search:  # the keys and seeds the search added are runs of the sweep too
         configs = in_play(search, alone)

@@ -182,6 +182,9 @@ class SweepParams(Section):
     ray_cpus_per_run: float = Field(1.0, gt=0)
     # null = 1 when the model is on GPU (model.device cuda, or auto on a cluster with GPUs), else 0
     ray_gpus_per_run: float | None = Field(None, ge=0)
+    # processes (GPUs) one run trains on, FSDP2-sharded on one node (rollscale/train/distributed.py,
+    # launched with torchrun); a local run of N takes N of the `workers` slots, a Ray run N GPUs
+    devices_per_run: int = Field(1, ge=1)
     # grid (every run to c_max) or frontier search (science §8; rollscale.core.search.decisions)
     search: SearchParams = Field(default_factory=SearchParams)
 

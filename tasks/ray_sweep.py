@@ -71,9 +71,11 @@ def train_runs_on_ray(
         import torch
 
         cluster_gpus = torch.cuda.device_count() if not address else 0
-    gpus = gpus_per_run(sweep, device, cluster_gpus)
+    # a sharded run's task holds its N devices' resources; torchrun starts its N processes there (one node)
+    gpus = gpus_per_run(sweep, device, cluster_gpus) * sweep.devices_per_run
+    cpus = sweep.ray_cpus_per_run * sweep.devices_per_run
     print(f"sweep: {len(units)} runs as Ray tasks on {where} "
-          f"({sweep.ray_cpus_per_run:g} CPU, {gpus:g} GPU per run)")
-    with remote_options(num_cpus=sweep.ray_cpus_per_run, num_gpus=gpus,
+          f"({cpus:g} CPU, {gpus:g} GPU per run)")
+    with remote_options(num_cpus=cpus, num_gpus=gpus,
                         max_retries=WORKER_RETRIES, runtime_env={"env_vars": worker_env(api_url)}):
         return run_all(runner, train_run_in_worker, units, labels, on_result)

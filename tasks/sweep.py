@@ -28,6 +28,7 @@ from rollscale.files import write_parquet_atomic
 from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.trainer import GRPOTrainer
 from tasks.common import transient
+from tasks.sharded_run import train_sharded
 from tasks.models import training_model
 
 log = logging.getLogger("rollscale.train.sweep")
@@ -90,11 +91,14 @@ def train_run(
     trackers: TrackerTargets | None = None,
     sampling: SamplingParams | None = None,
     budget: float | None = None,
+    devices: int = 1,
 ) -> RunResult:
     """Train (or resume, or skip when finished) one GRPO run into ``run_dir``, sampling with
     the ``sampling.backend`` engine (default: HF ``generate`` on the training model); with
     ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow.
-    ``budget``: pause there (a frontier search's rung, science §8) instead of at C_max."""
+    ``budget``: pause there (a frontier search's rung, science §8) instead of at C_max.
+    ``devices`` > 1: one FSDP2 run over that many processes (:mod:`tasks.sharded_run`); its
+    rows go to the trackers when it ends."""
     run_dir_path = Path(run_dir)
     if (ended := ended_result(RunStore(run_dir_path), config, train_problems, budget)) is not None:
         log.info("%s: %s at C = %d, kept (no model loaded)", config.run_id, ended.status, ended.c)
@@ -102,12 +106,20 @@ def train_run(
     write_parquet_atomic(run_row(config, bucket, "running"), run_dir_path / "run.parquet")
     sampling = sampling or SamplingParams()
     try:
-        with training_model(ref, sampling, lora, device) as (model, tokenizer, engine, use_lora):
-            trainer = GRPOTrainer(model, tokenizer, train_problems, val_problems, config,
-                                  use_chat_template=ref.chat_template, lora=use_lora, engine=engine,
-                                  chat_template_kwargs=sampling.chat_template_kwargs)
-            result = _train(trainer, config, run_dir_path, trackers, budget)
-            del trainer
+        if devices > 1:
+            result = train_sharded(devices, torch.get_num_threads(), ref=ref, config=config, bucket=bucket,
+                                   train_problems=train_problems, val_problems=val_problems, run_dir=run_dir,
+                                   lora=lora, device=device, sampling=sampling, budget=budget)
+            if trackers:
+                RunExporter(trackers, run_dir_path, config.run_id, config.to_dict()).export(
+                    None if result.status == "paused" else result.status)
+        else:
+            with training_model(ref, sampling, lora, device) as (model, tokenizer, engine, use_lora):
+                trainer = GRPOTrainer(model, tokenizer, train_problems, val_problems, config,
+                                      use_chat_template=ref.chat_template, lora=use_lora, engine=engine,
+                                      chat_template_kwargs=sampling.chat_template_kwargs)
+                result = _train(trainer, config, run_dir_path, trackers, budget)
+                del trainer
     except Exception as err:  # a failed run says so in the runs table (a retry or resume overwrites it)
         write_parquet_atomic(run_row(config, bucket, "failed", error=f"{type(err).__name__}: {err}"),
                              run_dir_path / "run.parquet")
@@ -160,6 +172,7 @@ def train_run_in_worker(
     trackers: TrackerTargets | None = None,
     sampling: SamplingParams | None = None,
     budget: float | None = None,
+    devices: int = 1,
 ) -> RunResult:
     """:func:`train_run` in a worker (a local process or a Ray task), after recording the attempt
     (pid, host, the checkpoint step it resumes from) in the run's ``attempts.jsonl``."""
@@ -176,4 +189,4 @@ def train_run_in_worker(
         log.info("%s: worker %s:%d resumes from checkpoint step %d",
                  config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
     return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers, sampling,
-                        budget)
+                        budget, devices)

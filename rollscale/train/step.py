@@ -37,6 +37,7 @@ from rollscale.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:
     from rollscale.config import TrainParams
+    from rollscale.train.distributed import Ranks
     from rollscale.train.run_config import RunConfig
 
 # the loss columns of a ``steps`` row (NaN on a step that trains nothing)
@@ -248,6 +249,27 @@ def _weighted(stats: list[tuple[float, int]]) -> float:
     return sum(v * n for v, n in pairs) / total if total else math.nan
 
 
+def _norm_value(norm: torch.Tensor) -> float:
+    """A total gradient norm as a float (a sharded run's DTensor is gathered first)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def _all_ranks(ranks: Ranks | None, sums: list[float], weighted: list[list[tuple[float, int]]]
+               ) -> tuple[list[float], list[list[tuple[float, int]]]]:
+    """``sums`` summed and each token-weighted mean of ``weighted`` taken over every rank's
+    tokens (one all-reduce); unchanged in one process."""
+    if ranks is None:
+        return sums, weighted
+    flat = list(sums)
+    for stats in weighted:
+        pairs = [(v, n) for v, n in stats if n and math.isfinite(v)]
+        flat += [sum(v * n for v, n in pairs), sum(n for _, n in pairs)]
+    total = ranks.sum(flat)
+    k = len(sums)
+    return total[:k], [[(total[k + 2 * i] / total[k + 2 * i + 1], total[k + 2 * i + 1])] if total[k + 2 * i + 1]
+                       else [] for i in range(len(weighted))]
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -256,6 +278,8 @@ def policy_update(
     settings: StepSettings,
     pad_id: int,
     ref_logprobs: RefLogprobs | None = None,
+    rows: np.ndarray | None = None,
+    ranks: Ranks | None = None,
 ) -> dict:
     """``ppo_epochs`` optimizer steps on ``batch``, each accumulated over micro-batches (science §3).
 
@@ -266,13 +290,25 @@ def policy_update(
     policy), ``clip_frac`` over every epoch's tokens (0 in the first epoch by
     construction), ``grad_norm`` of the first optimizer step.
 
+    A sharded run (:mod:`rollscale.train.distributed`): ``batch`` is the whole step's batch on
+    every rank and ``rows`` this rank's rows; the normalisers are the whole batch's, every rank
+    runs as many micro-batches (the extra ones weigh 0: FSDP's passes are collective), and the
+    row's figures are over every rank's tokens, as in one process.
+
     Raises :class:`NonFiniteLossError` before an optimizer step whose loss or
     gradient norm is not finite (earlier epochs' steps stay applied).
     """
     device = next(model.parameters()).device
     t = settings.train
     norm = batch_normalizers(batch, settings.max_new_tokens)
-    micro = pack_micro_batches(*batch.widths(), t.micro_batch_tokens)
+    mine = np.arange(len(batch)) if rows is None else np.asarray(rows, dtype=np.int64)
+    prompt_w, completion_w = batch.widths()
+    micro = [mine[m] for m in pack_micro_batches([prompt_w[i] for i in mine], [completion_w[i] for i in mine],
+                                                  t.micro_batch_tokens)]
+    n_real = len(micro)
+    if ranks is not None:  # padding passes on row 0 with weight 0, so every rank runs as many
+        micro += [np.zeros(1, dtype=np.int64)] * (ranks.max(n_real) - n_real)
+    scale = 1.0 if ranks is None else ranks.loss_scale
     logp_old: list[torch.Tensor] = []
     logp_ref: list[torch.Tensor | None] = []
     clip: list[tuple[float, int]] = []
@@ -282,8 +318,8 @@ def policy_update(
         optimizer.zero_grad(set_to_none=True)
         loss_sum = policy_sum = 0.0
         kl, ent, mismatch, skl, tis = [], [], [], [], []
-        for i, rows in enumerate(micro):
-            mb = micro_batch(batch, rows, pad_id, device)
+        for i, mb_rows in enumerate(micro):
+            mb = micro_batch(batch, mb_rows, pad_id, device)
             if epoch == 0:  # on-policy; its log-probs and the reference's are kept for later epochs
                 out, logp, ref = micro_batch_loss(model, mb, settings, norm, ref_logprobs, autocast=t.autocast_bf16)
                 logp_old.append(logp.detach())
@@ -291,15 +327,20 @@ def policy_update(
             else:
                 out, _, _ = micro_batch_loss(model, mb, settings, norm, logp_old=logp_old[i], logp_ref=logp_ref[i],
                                              autocast=t.autocast_bf16)
-            out.loss.backward()
+            weight = scale if i < n_real else 0.0
+            (out.loss if weight == 1.0 else out.loss * weight).backward()
+            if i >= n_real:
+                continue
             loss_sum += float(out.loss.detach())
             policy_sum += out.policy_loss
             clip.append((out.clip_frac, out.n_tokens))
             for acc, value in ((kl, out.kl), (ent, out.entropy), (mismatch, out.logp_mismatch),
                                (skl, out.sampler_kl), (tis, out.tis_frac)):
                 acc.append((value, out.n_tokens))
+        (loss_sum, policy_sum), (kl, ent, mismatch, skl, tis) = _all_ranks(
+            ranks, [loss_sum, policy_sum], [kl, ent, mismatch, skl, tis])
         max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
+        grad_norm = _norm_value(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
         if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
@@ -314,7 +355,8 @@ def policy_update(
                 "grad_norm": grad_norm, "n_tokens": int(norm.n_tokens), "logp_mismatch": _weighted(mismatch),
                 "sampler_kl": _weighted(skl), "tis_frac": _weighted(tis),
             }
-    return {**first, "clip_frac": _weighted(clip), "micro_batches": len(micro)}
+    [n_micro], [clip] = _all_ranks(ranks, [n_real], [clip])
+    return {**first, "clip_frac": _weighted(clip), "micro_batches": int(n_micro)}
 
 
 def _nanmean(values: Sequence[float]) -> float:

@@ -48,6 +48,7 @@ from rollscale.train.online_noise import batch_gram, noise_figures
 from rollscale.train.rng_state import rng_state, set_rng_state
 from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.data_order import DataOrder
+from rollscale.train.distributed import Ranks, checkpoint_state, rank_rows, rank_store, restore_state, shard_run
 from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, StepSettings, TrainBatch, policy_update, train_batch
 
 # Purposes that keep the seed streams of data order, training and evaluation apart.
@@ -78,6 +79,7 @@ class GRPOTrainer:
             optimizer step; None samples from the training model (:class:`~rollscale.lm.engines.HFSampler`).
             Rollouts carrying log-probs get the off-policy correction (science §3). The caller closes it.
         chat_template_kwargs: passed to the chat template (e.g. Qwen3's ``enable_thinking``).
+        ranks: this process's place in a sharded run (FSDP2, :mod:`rollscale.train.distributed`); None: one process.
 
     Full-parameter training with ``kl_coef > 0`` keeps a frozen copy of the initial model (KL reference).
     """
@@ -95,6 +97,7 @@ class GRPOTrainer:
         sample_batch_size: int = 512,
         engine=None,
         chat_template_kwargs: dict | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         if not isinstance(config, RunConfig):
             raise ValueError(f"config must be a RunConfig, got {type(config).__name__}")
@@ -125,6 +128,9 @@ class GRPOTrainer:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if config.train.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.ranks = ranks  # sharded: FSDP2 here, before the optimizer is built on the shards
+        if ranks is not None:
+            self.engine, self.trainable = shard_run(model, self.ref_model, self.engine, config, ranks)
         self.optimizer = torch.optim.AdamW(self.trainable.values(), lr=config.lr, weight_decay=config.train.weight_decay)
         # linear warm-up, then constant (science §3); stepped once per training step
         self.scheduler = LambdaLR(self.optimizer, lambda s: warmup_factor(s, config.train.warmup_steps))
@@ -141,8 +147,6 @@ class GRPOTrainer:
         self.noise_ema = EmaNoiseScale(config.noise_ema)
         self.last_noise_prompts: list[dict] = []
 
-    # ------------------------------------------------------------------ data order and seeds
-
     def _seed(self, purpose: int, step: int, call: int) -> int:
         return derive_seed(self.config.seed, purpose, step, call, bits=32)
 
@@ -151,8 +155,6 @@ class GRPOTrainer:
         """Prompts drawn for training so far / D (science §1). Drawn, not trained:
         pilot-pool prompts and groups dropped by dynamic sampling count."""
         return self.prompts_drawn / len(self.train_problems)
-
-    # ------------------------------------------------------------------ pieces of a step
 
     def _score(self, problem: Problem, completion: str) -> float:
         verify = self._reward if self._reward is not None else reward_fn(problem.reward)
@@ -242,7 +244,7 @@ class GRPOTrainer:
             # 4. loss over micro-batches and the optimizer step(s) (science §3)
             try:
                 update = policy_update(self.model, self.optimizer, list(self.trainable.values()), batch,
-                                       self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs)
+                                       self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs, **rank_rows(self.ranks, groups))
             except NonFiniteLossError as err:
                 raise NonFiniteLossError(f"run {cfg.run_id}: step {step}: {err}") from None
             row_loss = {**update, "zero_var_frac_trained": float(np.mean([np.ptp(r) == 0 for r in rewards]))}
@@ -261,8 +263,6 @@ class GRPOTrainer:
                 "b_problem": cfg.b_problem, "n": cfg.n, "m": cfg.trained_group_size,
                 **allocation_columns(alloc, generated), "lr": lr, **row_loss, **row_noise,
                 "t_generate": t_generate, "t_score": t_score, "t_train": t_train}
-
-    # ------------------------------------------------------------------ gradient noise
 
     def _measure_noise(self, step: int, alloc, rewards: list[np.ndarray], batch: TrainBatch) -> dict:
         """Gradient-noise figures of this step's batch before its update (science §6): the
@@ -305,17 +305,16 @@ class GRPOTrainer:
                 "config_hash": self.config_hash, "config": self.config.to_dict(),
                 "rng": rng_state(cuda=self.device.type == "cuda")}
 
-    def _save(self, store: RunStore, step_rows: list, eval_rows: list) -> Checkpoint:
-        model_state = {name: p.detach().cpu().clone() for name, p in self.trainable.items()}
-        ckpt = store.save(self.step, model_state, self.optimizer.state_dict(), self._state(), step_rows, eval_rows)
+    def _save(self, store: RunStore, step_rows: list, eval_rows: list) -> Checkpoint | None:
+        model_state, optimizer_state = checkpoint_state(self.model, self.optimizer, self.trainable, self.ranks)
+        ckpt = store.save(self.step, model_state, optimizer_state, self._state(), step_rows, eval_rows)
         step_rows.clear()
         eval_rows.clear()
         return ckpt
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         """Restore weights (trainable parameters), optimizer, progress and RNG states."""
-        ckpt.load_weights(self.trainable)
-        self.optimizer.load_state_dict(ckpt.optimizer_state())
+        restore_state(self.model, self.optimizer, self.trainable, ckpt, self.ranks)
         s = ckpt.state
         # the schedule resumes at the checkpoint's step (its rate follows from the step alone)
         for group in self.optimizer.param_groups:
@@ -345,6 +344,7 @@ class GRPOTrainer:
         checkpointed, status "paused", no done marker."""
         cfg = self.config
         end = cfg.c_max if budget is None else min(cfg.c_max, budget)
+        store = rank_store(store, self.ranks)  # a sharded run's rank 0 writes, the others read
         done = store.done()
         if done is not None and done.get("status") == "finished":
             store.check_same_run(done, self.config.run_id, self.config_hash, self.data_hash)

@@ -108,10 +108,15 @@ class HFSampler(TrainingModelEngine):
 
     @torch.no_grad()
     def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,
-               on_batch: OnBatch | None = None) -> list[list[Rollout]]:
+               on_batch: OnBatch | None = None, indices: Sequence[int] | None = None) -> list[list[Rollout]]:
+        """``indices``: the prompts' places in the seed, ``derive_seed(seed, indices[i], j)`` (default
+        0, 1, ...): a rank of a sharded run sampling its share of a call draws what the whole call would."""
         check_call(prompts, n)
         ids = prompt_ids(self.tokenizer, prompts)
-        flat = [(ids[i], derive_seed(seed, i, j)) for i in range(len(ids)) for j in range(n)]
+        places = range(len(ids)) if indices is None else list(indices)
+        if len(places) != len(ids):
+            raise ValueError(f"indices: {len(places)} for {len(ids)} prompts")
+        flat = [(ids[i], derive_seed(seed, places[i], j)) for i in range(len(ids)) for j in range(n)]
         out: list[Rollout] = []
         device = next(self.model.parameters()).device
         was_training = self.model.training

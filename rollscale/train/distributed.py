@@ -1,0 +1,269 @@
+"""One run over several processes on one node: torch FSDP2 (science §1, §3).
+
+A run with ``sweep.devices_per_run = N > 1`` is N processes (``torchrun --nproc_per_node N``),
+one per device. Every decoder layer and the root are ``fully_shard``-ed, so each rank holds
+1/N of the parameters, gradients and AdamW state. The step stays the step of one process:
+
+- sampling is data-parallel by whole prompt groups (:class:`ShardedSampler`): of each
+  sampling call's prompts, rank r generates prompts r, r+N, ..., each request with the seed
+  the one-process call gives it (the hf engine's ``indices``), and the groups are gathered,
+  so every rank sees every group: the allocation rule (seeded identically on every rank)
+  decides the same on all of them, and C counts each rollout once;
+- each rank trains on its share of the groups (:func:`group_rows`), with the loss
+  normalisers of the whole batch, so the ranks' losses add up to the one-process loss;
+  FSDP averages gradients over ranks, so each rank's loss is scaled by N (:attr:`Ranks.loss_scale`);
+- the ``steps`` row's sums and token-weighted means are all-reduced (:meth:`Ranks.sum`).
+
+Gloo on CPU (what the tests run), NCCL on CUDA; multi-node runs are out of scope.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from rollscale.core.rollouts import Rollout, SamplingConfig
+from rollscale.lm.engines.base import OnBatch, Prompt, SamplingEngine
+from rollscale.lm.engines.hf import HFSampler
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a sharded run: ``rank`` of ``world`` processes."""
+
+    rank: int
+    world: int
+
+    @property
+    def loss_scale(self) -> float:
+        """FSDP's reduce-scatter averages gradients over ranks; a rank's share of the batch loss
+        times N makes the average the sum, i.e. the one-process gradient."""
+        return float(self.world)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def share(self, n: int) -> list[int]:
+        """This rank's items of ``n`` (r, r+N, ...)."""
+        return list(range(self.rank, n, self.world))
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sum over ranks (float64)."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def max(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        out: list = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+def init_ranks(device_type: str) -> Ranks:
+    """Join the process group torchrun set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment):
+    gloo on CPU, NCCL on CUDA (each rank on its LOCAL_RANK's GPU)."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"a sharded run needs torchrun's environment; missing {', '.join(missing)}")
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return Ranks(dist.get_rank(), dist.get_world_size())
+
+
+def destroy_ranks() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_model(model: torch.nn.Module, bf16: bool = False) -> torch.nn.Module:
+    """``fully_shard`` each decoder layer (the model's ``_no_split_modules``) and then the root, in
+    place; ``bf16``: compute in bfloat16, reduce gradients in float32 (as today's autocast)."""
+    layer_names = set(getattr(model, "_no_split_modules", None) or ())
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
+    layer_names |= set(getattr(inner, "_no_split_modules", None) or ())
+    if not layer_names:
+        raise ValueError(f"{type(model).__name__}: no decoder layer class (_no_split_modules) to shard by")
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    layers = [m for m in model.modules() if type(m).__name__ in layer_names]
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+class _Unsharded:
+    """Full parameters on every rank while sampling: forwards then run without collectives, so
+    ranks may decode different numbers of tokens (what data-parallel ``generate`` needs)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        self.root = model
+
+    def __enter__(self):
+        for m in self.modules:
+            m.unshard()
+        self.root.set_reshard_after_forward(False)
+
+    def __exit__(self, *exc):
+        self.root.set_reshard_after_forward(True)
+        for m in self.modules:
+            m.reshard()
+
+
+class ShardedSampler(SamplingEngine):
+    """The hf engine of a sharded run: each rank generates its share of a call's prompts
+    (r, r+N, ...) with the training model's gathered weights, and every rank gets every group.
+    Request (i, j) has the seed the one-process call gives it, so the rollouts equal the
+    one-process engine's (to the rounding of a different padding width)."""
+
+    def __init__(self, engine: SamplingEngine, model: torch.nn.Module, ranks: Ranks):
+        if not isinstance(engine, HFSampler):
+            raise ValueError(f"sweep.devices_per_run > 1 samples with the 'hf' engine; got {type(engine).__name__} "
+                             "(set sampling.backend: hf)")
+        self.engine, self.model, self.ranks = engine, model, ranks
+        self.tokenizer = engine.tokenizer
+
+    def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,
+               on_batch: OnBatch | None = None) -> list[list[Rollout]]:
+        mine = self.ranks.share(len(prompts))
+        with _Unsharded(self.model):
+            groups = self.engine.sample([prompts[i] for i in mine], n, config, seed, on_batch=on_batch,
+                                        indices=mine) if mine else []
+        out: list[list[Rollout] | None] = [None] * len(prompts)
+        for rank, rank_groups in enumerate(self.ranks.gather(groups)):
+            for i, group in zip(range(rank, len(prompts), self.ranks.world), rank_groups):
+                out[i] = group
+        return out  # type: ignore[return-value]
+
+    def sync_weights(self, model) -> None:
+        self.engine.sync_weights(model)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def group_rows(group_sizes: Sequence[int], ranks: Ranks) -> np.ndarray:
+    """The batch rows of this rank's groups (r, r+N, ...) when groups are laid out in order."""
+    starts = np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int64)
+    rows = [np.arange(starts[g], starts[g + 1]) for g in ranks.share(len(group_sizes))]
+    return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
+
+
+def shard_run(model, ref_model, engine: SamplingEngine, config, ranks: Ranks
+              ) -> tuple[SamplingEngine, dict[str, torch.nn.Parameter]]:
+    """Shard a run's model (and its KL reference copy) in place; returns the data-parallel engine
+    and the trainable parameters (sharded: the optimizer must be built on these). On CUDA with
+    ``train.autocast_bf16`` FSDP computes in bfloat16 and reduces gradients in float32."""
+    bf16 = config.train.autocast_bf16 and next(model.parameters()).device.type == "cuda"
+    if config.noise_every:
+        raise ValueError("sweep.noise_every: the gradient-noise Gram matrix (science §6) needs every rollout's "
+                         "gradient on one process; set sweep.noise_every: 0 or sweep.devices_per_run: 1")
+    shard_model(model, bf16)
+    if ref_model is not None:
+        shard_model(ref_model, bf16)
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    return ShardedSampler(engine, model, ranks), trainable
+
+
+def rank_rows(ranks: Ranks | None, groups: Sequence[Sequence]) -> dict:
+    """``policy_update``'s arguments for this rank's share of the step's groups ({} in one process)."""
+    if ranks is None:
+        return {}
+    return {"rows": group_rows([len(g) for g in groups], ranks), "ranks": ranks}
+
+
+def _state_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
+
+
+def checkpoint_state(model, optimizer, trainable, ranks: Ranks | None) -> tuple[dict, dict]:
+    """The trainable weights and the optimizer state to checkpoint. Sharded: gathered whole onto
+    rank 0 (empty dicts on the others; collective, every rank calls it), the optimizer state keyed
+    by parameter name."""
+    if ranks is None:
+        return {name: p.detach().cpu().clone() for name, p in trainable.items()}, optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    weights = get_model_state_dict(model, options=_state_options())
+    optim = get_optimizer_state_dict(model, optimizer, options=_state_options())
+    return {k: v for k, v in weights.items() if k in trainable}, optim
+
+
+def restore_state(model, optimizer, trainable, ckpt, ranks: Ranks | None) -> None:
+    """Load ``ckpt``'s weights and optimizer state. Sharded: rank 0 reads them and scatters them
+    to every rank's shards."""
+    if ranks is None:
+        ckpt.load_weights(trainable)
+        optimizer.load_state_dict(ckpt.optimizer_state())
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    weights, optim = {}, {}
+    if ranks.leader:
+        weights, optim = ckpt.model_state(), ckpt.optimizer_state()
+        if set(weights) != set(trainable):
+            raise ValueError(f"checkpoint {ckpt.path} does not fit this model (parameter names differ)")
+    options = _state_options(broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, weights, options=options)
+    set_optimizer_state_dict(model, optimizer, optim, options=options)
+
+
+def rank_store(store, ranks: Ranks | None):
+    """The run's store as this rank uses it: itself in one process; in a sharded run rank 0 writes
+    and the others only read, and every save ends at a barrier, so no rank reads a checkpoint
+    (to resume) before it is whole."""
+    if ranks is None:
+        return store
+    return _RankStore(store, ranks)
+
+
+class _RankStore:
+    """A sharded run's view of its :class:`~rollscale.train.checkpoint.RunStore` (see :func:`rank_store`)."""
+
+    def __init__(self, store, ranks: Ranks):
+        self.store, self.ranks = store, ranks
+
+    def latest(self):
+        return self.store.latest()
+
+    def done(self):
+        return self.store.done()
+
+    def check_same_run(self, *args) -> None:
+        self.store.check_same_run(*args)
+
+    def save(self, *args, **kwargs):
+        try:
+            return self.store.save(*args, **kwargs) if self.ranks.leader else None
+        finally:
+            self.ranks.barrier()
+
+    def rollback_to(self, checkpoint) -> None:
+        if self.ranks.leader:
+            self.store.rollback_to(checkpoint)
+        self.ranks.barrier()
+
+    def mark_done(self, *args, **kwargs) -> None:
+        if self.ranks.leader:
+            self.store.mark_done(*args, **kwargs)
