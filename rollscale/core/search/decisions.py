@@ -78,6 +78,7 @@ from numpy.typing import NDArray
 from rollscale.core.fit.bootstrap import interval
 from rollscale.core.fit.columns import require
 from rollscale.core.fit.curve_bank import POINT_COLUMNS, CurveBank
+from rollscale.core.search.budget import decide_group as decide_at_budget
 from rollscale.core.search.state import (
     ACTIONS,
     AXES,
@@ -95,12 +96,22 @@ from rollscale.core.search.state import (
     states,
     truncate,
 )
-from rollscale.core.search.view import View, a2_contradicted, fit_bank, frontier_answer, group_view, level
+from rollscale.core.search.view import (
+    BRACKET_SHARE,
+    MIN_POINTS,
+    View,
+    a2_contradicted,
+    fit_bank,
+    frontier_answer,
+    group_view,
+    level,
+)
 
 __all__ = [
     "ACTIONS",
     "AXES",
     "DECISION_COLUMNS",
+    "MIN_POINTS",
     "POINT_COLUMNS",
     "SearchGroup",
     "SearchSettings",
@@ -117,10 +128,6 @@ __all__ = [
     "truncate",
 ]
 
-BRACKET_SHARE = 0.5  # science §8: an edge key best in >= 50 % of refits at some budget
-# a stop or an add rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise
-# stop keys; the replay of the default grid: fewer added n = 32 on a 3-point fit of n = 16, docs/benchmarks.md)
-MIN_POINTS = 8
 
 
 def _numbers(view: View | None, k: int | None, j: int, later: NDArray[np.bool_] | None,
@@ -288,7 +295,8 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
         return empty_decisions()
     pts = truncate(points[points["group"].isin([g.group for g in pending])], budgets)
     bank = fit_bank(pts, settings, cache)
+    step = decide_at_budget if settings.method == "decision" else _decide_group  # science §9.4 or §8
     rows = [r for g, st in zip(pending, states(pending, decisions, settings), strict=True)
-            for r in _decide_group(g, st, bank, settings)]
+            for r in step(g, st, bank, settings)]
     out = pd.DataFrame(rows, columns=DECISION_COLUMNS)
     return out.astype({"decision": int, "rung": int, "seed": int, "n_points": int})
