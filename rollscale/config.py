@@ -23,6 +23,7 @@ from rollscale.config_checks import model_path_problem, read_params_yaml
 from rollscale.config_data import DataParams, TableParams
 from rollscale.config_keys import model_at
 from rollscale.config_sections import (
+    DecisionParams,
     FitParams,
     MeasureParams,
     QueryParams,
@@ -35,7 +36,7 @@ from rollscale.config_sections import (
 from rollscale.registry import SAMPLING_ENGINES
 
 __all__ = [
-    "BaseParams", "BucketParams", "DataParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
+    "BaseParams", "BucketParams", "DataParams", "DecisionParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
     "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "SamplingParams", "ScheduleParams", "SearchParams",
     "StudyParams", "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
@@ -279,6 +280,8 @@ class StudyParams(Section):
     # processes side by side for independent units (sweep runs, profile chunks, measure's n
     # values), each with torch_threads threads; one per core. 1 = in this process, one at a time
     workers: int = Field(2, ge=1)
+    # the decision the study is for (science §9): target budget C* and tolerance
+    study: DecisionParams = Field(default_factory=DecisionParams)
     data: DataParams = Field(default_factory=DataParams)
     model: ModelParams = Field(default_factory=ModelParams)
     base: BaseParams = Field(default_factory=BaseParams)
@@ -292,6 +295,11 @@ class StudyParams(Section):
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
     query: QueryParams = Field(default_factory=QueryParams)
+
+    @property
+    def target_budget(self) -> int:
+        """C* (science §9): ``study.target_budget``, or ``sweep.c_max`` when null."""
+        return self.study.target_budget if self.study.target_budget is not None else self.sweep.c_max
 
     @model_validator(mode="after")
     def _sweep_bucket(self) -> "StudyParams":

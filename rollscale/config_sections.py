@@ -225,6 +225,20 @@ class FitParams(Section):
     bootstrap_seed: int = 0
 
 
+class DecisionParams(Section):
+    """The practitioner's question (science §9): at C* rollouts, which key, and what reward, within ε."""
+
+    # C*: the rollouts of the production run the study advises (rollscale init --budget sets it);
+    # null = sweep.c_max. The study answers up to search.eta x c_max (science §9.3, A3)
+    target_budget: int | None = Field(None, ge=1)
+    # epsilon, in validation reward: a key within it of the best is as good an answer. One avg@4 evaluation
+    # on 100 problems has a standard error up to 0.025 (rollscale/core/fit/power.py), so two evaluations
+    # differ detectably only by 0.07; a key's fit pools its evaluations and seeds, and on simulated default
+    # studies resolves differences of ~0.03-0.05 with 3 seeds (docs/benchmarks.md). Below that, keys stay
+    # "not decided" until seeds or validation problems are added
+    tolerance: float = Field(0.02, gt=0, lt=1)
+
+
 class ReportParams(Section):
     """The study report."""
 

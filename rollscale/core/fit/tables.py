@@ -39,7 +39,7 @@ from rollscale.core.fit.frontier import (
     resolved_start,
 )
 
-__all__ = ["DESIGNS", "REWARD_MAX", "FrontierTables", "frontier_analysis"]
+__all__ = ["DESIGNS", "REWARD_MAX", "DesignGroup", "FrontierTables", "design_groups", "frontier_analysis"]
 
 DESIGNS: tuple[str, ...] = ("n", "b_problem", "iso_batch")
 REWARD_MAX = 1.0  # validation avg@k is a mean of 0/1 rewards (science §2, §5): A <= 1 (science §8, A1)
@@ -60,7 +60,7 @@ class FrontierTables:
 
 
 @dataclass(frozen=True)
-class _Group:
+class DesignGroup:
     bucket: str
     rule: str
     fixed: str
@@ -74,25 +74,25 @@ def _keys_text(values: Iterable[Any]) -> str:
     return ", ".join(str(int(v)) for v in sorted(set(values)))
 
 
-def _design_groups(df: pd.DataFrame, design: str) -> tuple[list[_Group], list[dict[str, Any]]]:
+def design_groups(df: pd.DataFrame, design: str) -> tuple[list[DesignGroup], list[dict[str, Any]]]:
     """The groups a design's frontier is fitted on, and status rows for families that have none."""
-    groups: list[_Group] = []
+    groups: list[DesignGroup] = []
     missing: list[dict[str, Any]] = []
     for (bucket, rule), fam in families(df):
         found = []
         if design == "n":
             if fam["n"].nunique() >= 2:
-                found.append(_Group(bucket, rule, "all", "n", "c", None, fam))
+                found.append(DesignGroup(bucket, rule, "all", "n", "c", None, fam))
             reason = f"only one n ({_keys_text(fam['n'])}): no frontier over n"
         elif design == "b_problem":
             for n_value, g in fam.groupby("n"):
                 if g["b_problem"].nunique() >= 2:
-                    found.append(_Group(bucket, rule, f"n={int(n_value)}", "b_problem", "c", None, g))
+                    found.append(DesignGroup(bucket, rule, f"n={int(n_value)}", "b_problem", "c", None, g))
             reason = "no two runs with the same n and different B_problem"
         else:
             for b_value, g in fam.groupby("b"):
                 if g["n"].nunique() >= 2:
-                    found.append(_Group(bucket, rule, f"B={int(b_value)}", "n", "step", int(b_value), g))
+                    found.append(DesignGroup(bucket, rule, f"B={int(b_value)}", "n", "step", int(b_value), g))
             reason = "no two n share a total batch B = n·B_problem"
         groups += found
         if not found:
@@ -105,7 +105,7 @@ def _n_star_kind(design: str) -> str:
     return "n_star" if design == "n" else f"n_star_{design}"
 
 
-def _epochs_lookup(group: _Group) -> Any:
+def _epochs_lookup(group: DesignGroup) -> Any:
     """Epochs a key's runs had completed at x, averaged over its runs (seeds); NaN outside a run's range."""
     per_key: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     for (_, key), g in group.rows.groupby(["run_id", group.key_col]):
@@ -184,7 +184,7 @@ def _a2_row(ids: tuple, c: np.ndarray, keys: list[int], best: np.ndarray, preds:
     return fit_row("a2_check", *ids, None, n_points=len(c), a2_holds=check.holds, status=check.status)
 
 
-def _frontier_for_group(group: _Group, design: str, grid_points: int, min_gain: float,
+def _frontier_for_group(group: DesignGroup, design: str, grid_points: int, min_gain: float,
                         boot: Bootstrap, reach_factor: float) -> FrontierTables:
     pts = group.rows[group.rows["is_record"] & (group.rows[group.x_col] > 0)]
     # A1: a mean of 0/1 rewards has A <= 1; other rewards are left unbounded
@@ -327,7 +327,7 @@ def frontier_analysis(
         raise ValueError(f"min_gain: expected a non-negative number, got {min_gain!r}")
     if not (math.isfinite(reach_factor) and reach_factor >= 1):
         raise ValueError(f"reach_factor: expected a number >= 1, got {reach_factor!r}")
-    groups, missing = _design_groups(points, design)
+    groups, missing = design_groups(points, design)
     fit_rows = [fit_row(_n_star_kind(design), design, m["bucket"], m["rule"], m["fixed"], None, n_points=0,
                          status=m["status"]) for m in missing]
     if points.empty:

@@ -1,0 +1,100 @@
+"""The decision at C* (science §9.2-9.4): shared R0, intervals that cover, leader / settled / unknown."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rollscale.core.fit.analysis import run_evals
+from rollscale.core.fit.decision import decide, fit_groups, fit_runs, shared_r0
+from rollscale.core.search.simulate import grid_tables, make_studies
+
+
+def _true(curve: tuple, c: float) -> float:
+    r0, a, c_mid, beta = curve
+    return r0 + (min(a, 1.0) - r0) / (1.0 + (c_mid / c) ** beta)
+
+
+def _studies(per_family: int, seeds: int, seed: int):
+    studies = [replace(s, seeds=tuple(range(seeds))) for s in make_studies(per_family, seed=seed)]
+    runs, evals = grid_tables(studies)
+    return studies, run_evals(runs, evals, None)
+
+
+def _coverage(studies, ev, c_star_share: float = 1.0) -> tuple[float, int]:
+    """Share of (study, key) whose 95 % interval at C* = C_max covers the key's true reward there."""
+    curves = fit_groups(ev[ev["c"] <= ev["c_max"] * c_star_share], "n", "bucket")
+    hits = []
+    for s in studies:
+        out = decide(curves[s.name], s.c_max, 0.02, 2.0, rollout_axis=True)
+        known = out[~out["unknown"]]
+        assert len(known) == len(out), "every key within eta of C* has an estimate"
+        hits += [lo <= _true(s.curves[int(k)], s.c_max) <= hi
+                 for k, lo, hi in zip(known["key"], known["reward_lo"], known["reward_hi"], strict=True)]
+    return float(np.mean(hits)), len(hits)
+
+
+@pytest.mark.parametrize("seeds", [2, 3])
+def test_intervals_at_c_star_cover_the_true_reward(seeds):
+    # the calibration of science §9.3: nominal 95 % intervals cover the truth in >= 90 % of simulated studies
+    studies, ev = _studies(8, seeds, seed=11)
+    coverage, count = _coverage(studies, ev)
+    assert count == 40 * 4
+    assert coverage >= 0.90, f"{seeds} seeds: coverage {coverage:.3f}"
+
+
+def test_extrapolated_intervals_cover_too():
+    # runs seen to 55 % of C*: every key extrapolated (within eta = 2), intervals still cover
+    studies, ev = _studies(8, 3, seed=12)
+    coverage, _ = _coverage(studies, ev, c_star_share=0.55)
+    assert coverage >= 0.90, f"coverage {coverage:.3f}"
+
+
+def test_one_r0_from_every_step0_evaluation():
+    c = np.array([0, 100, 0, 100, 0])
+    reward = np.array([0.3, 0.5, 0.4, 0.6, 0.5])
+    r0, var, runs = shared_r0(c, reward, np.array(["a", "a", "b", "b", "c"]))
+    assert (r0, runs) == (pytest.approx(0.4), 3)
+    assert var == pytest.approx(0.01 / 3)
+    assert math.isnan(shared_r0(c[[1, 3]], reward[[1, 3]], np.array(["a", "b"]))[0])
+
+
+def test_every_run_fitted_at_the_shared_r0():
+    studies, ev = _studies(1, 3, seed=3)
+    curves = fit_runs(ev[ev["bucket"] == studies[0].name], "n")
+    assert np.all(curves.theta[:, 0] == curves.r0)
+    assert np.all(curves.theta[:, 0] + curves.theta[:, 1] <= 1.0 + 1e-12)  # A <= 1 for 0/1 rewards
+    pred, _ = curves.predict(studies[0].c_max)
+    truth = np.array([_true(studies[0].curves[k], studies[0].c_max) for k in curves.key])
+    assert np.all(np.abs(pred - truth) < 0.1)
+
+
+def test_beyond_eta_is_unknown_and_never_settled():
+    studies, ev = _studies(1, 3, seed=5)
+    name = studies[0].name
+    part = ev[(ev["bucket"] == name) & ~((ev["n"] == 16) & (ev["c"] > 8000))]  # n = 16 seen to 8,000 only
+    out = decide(fit_runs(part, "n"), 40_000, 0.02, 2.0).set_index("key")
+    assert out.loc[16, "unknown"] and out.loc[16, "status"] == "unknown" and not out.loc[16, "settled"]
+    assert math.isnan(out.loc[16, "reward"]) and out.loc[16, "reward_hi"] == 1.0
+    assert not out["decided"].any()  # an unknown key cannot be settled: no decision
+    assert not out.loc[4, "unknown"] and not out.loc[4, "extrapolated"]
+
+
+def test_leader_settled_and_within_tolerance():
+    # two identical true curves (tie family): the decision names one and keeps the other within a wide epsilon
+    studies, ev = _studies(1, 3, seed=7)
+    tie = next(s for s in studies if s.family == "tie")
+    curves = fit_runs(ev[ev["bucket"] == tie.name], "n")
+    out = decide(curves, tie.c_max, 0.2, 2.0).set_index("key")
+    lead = int(out["leader"].iloc[0])
+    assert lead in (4, 8) and out.loc[lead, "status"] == "leader" and out.loc[lead, "d"] == 0
+    other = 8 if lead == 4 else 4
+    assert out.loc[other, "within_tolerance"] and out.loc[other, "d_lo"] >= -0.2
+    assert out["decided"].all()  # epsilon 0.2 is wider than every difference here
+    narrow = decide(curves, tie.c_max, 1e-4, 2.0).set_index("key")
+    assert narrow.loc[other, "status"] == "open" and not narrow["decided"].any()
+    assert (narrow["d_hi"] >= narrow["d"]).all() and (narrow["d_lo"] <= narrow["d"]).all()
