@@ -79,6 +79,7 @@ from rollscale.core.fit.bootstrap import interval
 from rollscale.core.fit.columns import require
 from rollscale.core.fit.curve_bank import POINT_COLUMNS, CurveBank
 from rollscale.core.search.budget import decide_group as decide_at_budget
+from rollscale.core.search.budget import standings
 from rollscale.core.search.state import (
     ACTIONS,
     AXES,
@@ -294,9 +295,13 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
     if not pending:
         return empty_decisions()
     pts = truncate(points[points["group"].isin([g.group for g in pending])], budgets)
-    bank = fit_bank(pts, settings, cache)
-    step = decide_at_budget if settings.method == "decision" else _decide_group  # science §9.4 or §8
-    rows = [r for g, st in zip(pending, states(pending, decisions, settings), strict=True)
-            for r in step(g, st, bank, settings)]
+    sts = states(pending, decisions, settings)
+    if settings.method == "decision":  # science §9.4: the decision at C* (rollscale.core.search.budget)
+        tables = standings(pts, pending, settings)
+        rows = [r for g, st in zip(pending, sts, strict=True)
+                for r in decide_at_budget(g, st, tables.get(g.group), settings)]
+    else:  # science §8
+        bank = fit_bank(pts, settings, cache)
+        rows = [r for g, st in zip(pending, sts, strict=True) for r in _decide_group(g, st, bank, settings)]
     out = pd.DataFrame(rows, columns=DECISION_COLUMNS)
     return out.astype({"decision": int, "rung": int, "seed": int, "n_points": int})
