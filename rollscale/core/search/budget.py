@@ -40,6 +40,7 @@ two-sided level 1 - 2 alpha so that its interval ends are the one-sided
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -49,7 +50,7 @@ from rollscale.core.fit.tables import REWARD_MAX
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.core.search.view import BRACKET_SHARE, MIN_POINTS, level
 
-__all__ = ["RULES", "c_star", "decide_group", "seed_cap", "standings"]
+__all__ = ["RULES", "Standing", "c_star", "decide_group", "seed_cap", "standings"]
 
 # rule -> what it says (the `rule` column of a §9.4 row)
 RULES = {"epsilon": "settled: the upper bound of D_k <= epsilon", "a2": "settled: below the leader's n, beaten at c_r",
@@ -68,42 +69,68 @@ def seed_cap(group: SearchGroup, settings: SearchSettings) -> int:
     return settings.seeds_max if settings.seeds_max is not None else len(group.seeds) + settings.extra_seeds
 
 
-def standings(points: pd.DataFrame, groups: list[SearchGroup], settings: SearchSettings) -> dict[str, pd.DataFrame]:
-    """The decision at C* of every group with evaluations: group -> one row per key
-    (:func:`rollscale.core.fit.decision.decide`'s columns, ``key`` as the group types it, and ``evals``: the
-    fewest evaluations past C = 0 of any of the key's runs). All groups' runs are fitted in one batch."""
+@dataclass(frozen=True)
+class Standing:
+    """One group's decision read at three budgets (tables of :func:`rollscale.core.fit.decision.decide`, one row
+    per key, ``key`` as the group types it, ``evals`` the fewest evaluations past C = 0 of any of its runs)."""
+
+    star: pd.DataFrame  # at C*: the leader, D_k and its bounds, settled by epsilon (science §9.4)
+    rung: pd.DataFrame  # at c_r: the leader there, and the smaller n it beats (A2)
+    reach: pd.DataFrame  # at min(C*, eta c_r), the farthest the fits reach toward C*: the bracket's edge
+    rise: float  # the leader at c_r's reward there above the shared R0
+
+
+def standings(points: pd.DataFrame, groups: list[SearchGroup], rungs: dict[str, float],
+              settings: SearchSettings) -> dict[str, Standing]:
+    """The decision of every group with evaluations (``rungs``: group -> its rung budget c_r). All groups'
+    runs are fitted in one batch, each group at its own shared R0."""
     if points.empty:
         return {}
     by_name = {g.group: g for g in groups}
     pts = points[points["group"].isin(list(by_name))]
-    # the decision's fits take integer keys: rules by their place in the group's keys
-    index = {g.group: {k: (i if g.axis == "rule" else int(k)) for i, k in enumerate(g.keys)} for g in groups}
-    pts = pts.assign(key_ix=[index[g].get(k, -1) for g, k in zip(pts["group"], pts["key"], strict=True)])
-    pts = pts[pts["key_ix"] >= 0]
+    # the decision's fits take integer keys: rules by their place among the group's keys (bracket keys too)
+    index = {name: {k: (i if by_name[name].axis == "rule" else int(k)) for i, k in enumerate(sorted(set(keys)))}
+             for name, keys in pts.groupby("group")["key"]}
+    pts = pts.assign(key_ix=[index[g][k] for g, k in zip(pts["group"], pts["key"], strict=True)])
     curves = fit_groups(pts, "key_ix", "group", REWARD_MAX if pts["avg_at_k"].between(0, REWARD_MAX).all() else None)
     out = {}
     for name, rc in curves.items():
-        g = by_name[name]
-        table = decide(rc, c_star(g, settings), settings.tolerance, settings.eta, rollout_axis=g.axis == "rollout",
-                       level=level(settings), resamples=max(settings.resamples, 1), seed=settings.bootstrap_seed)
-        back = {v: k for k, v in index[name].items()}
-        table["key"] = [back[int(k)] for k in table["key"]]
-        if table["leader"].notna().any():
-            table["leader"] = [back[int(k)] if k is not None and k == k else None for k in table["leader"]]
+        g, back = by_name[name], {v: k for k, v in index[name].items()}
         mine = pts[(pts["group"] == name) & (pts["c"] > 0)]
         evals = mine.groupby(["key", "run_id"]).size().groupby(level=0).min()
-        table["evals"] = table["key"].map(evals).fillna(0).astype(int)
-        out[name] = table.set_index("key", drop=False)
+
+        def at(c: float) -> pd.DataFrame:
+            table = decide(rc, c, settings.tolerance, settings.eta, rollout_axis=g.axis == "rollout",
+                           level=level(settings), resamples=max(settings.resamples, 1), seed=settings.bootstrap_seed)
+            table["key"] = [back[int(k)] for k in table["key"]]
+            table["leader"] = [back[int(k)] if k is not None and k == k else None for k in table["leader"]]
+            table["evals"] = table["key"].map(evals).fillna(0).astype(int)
+            return table.set_index("key", drop=False)
+
+        target, c_r = c_star(g, settings), rungs[name]
+        star = at(target)
+        reach = star if target <= settings.eta * c_r * (1 + 1e-9) else at(settings.eta * c_r)
+        rung = at(c_r)
+        lead_r = rung["leader"].iloc[0]
+        rise = float(rung.loc[lead_r, "reward"] - rc.r0) if lead_r is not None else math.nan
+        out[name] = Standing(star, rung, reach, rise)
     return out
 
 
-def _settled(t: pd.DataFrame, key: Any, settings: SearchSettings) -> tuple[str | None, str]:
-    """(rule, note) when ``key`` is settled against the leader; (None, why not) otherwise."""
-    row, lead = t.loc[key], t["leader"].iloc[0]
+def _settled(s: Standing, key: Any, group: SearchGroup, settings: SearchSettings) -> tuple[str | None, str]:
+    """(rule, note) when ``key`` is settled; (None, why not) otherwise."""
+    t, r = s.star, s.rung
+    lead, lead_r = t["leader"].iloc[0], r["leader"].iloc[0]
+    if (group.axis == "rollout" and key in r.index and lead_r is not None and key < lead_r and r.loc[key, "d_hi"] < -settings.tolerance
+            and s.rise >= settings.bin_width and min(r.loc[key, "evals"], r.loc[lead_r, "evals"]) >= MIN_POINTS):
+        # A2: the best n does not fall with budget, so an n below the leader at c_r is not best at C* >= c_r
+        return "a2", (f"A2: n = {key} is below n = {lead_r}, the leader at c_r, which beats it there "
+                      f"(upper bound of D {r.loc[key, 'd_hi']:+.3f} < 0)")
     if lead is None:
-        return None, "no key's fit reaches C*: nothing is settled"
+        return None, "no key's fit reaches C*: nothing is settled by epsilon yet"
     if key == lead:
         return None, "leader at C*"
+    row = t.loc[key]
     if row["unknown"]:
         return None, "C* lies beyond eta times its data: unknown, cannot be settled"
     if min(row["evals"], t.loc[lead, "evals"]) < MIN_POINTS:
@@ -134,8 +161,10 @@ def _numbers(t: pd.DataFrame | None, key: Any, target: float) -> dict[str, Any]:
     return out
 
 
-def _bracket(t: pd.DataFrame | None, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
-    """The key beyond a grid edge that leads at C* in >= 50 % of paired refits: (key, note)."""
+def _bracket(s: Standing | None, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
+    """The key beyond a grid edge that leads at C* (or as far toward it as the fits reach) in >= 50 % of paired
+    refits: (key, note)."""
+    t = s.reach if s is not None else None
     if t is None or group.axis == "rule" or t["leader"].iloc[0] is None or len(st.keys) < 2:
         return []
     lead, share = t["leader"].iloc[0], float(t["leader_share"].iloc[0])
@@ -146,18 +175,19 @@ def _bracket(t: pd.DataFrame | None, group: SearchGroup, st: GroupState) -> list
         if t.loc[edge, "evals"] < MIN_POINTS or share < BRACKET_SHARE:
             continue
         side = "first" if cand < edge else "last"
-        out.append((cand, f"{edge}, the {side} key in play, leads at C* in {share:.0%} of refits: add {cand}"))
+        out.append((cand, f"{edge}, the {side} key in play, leads toward C* in {share:.0%} of refits: add {cand}"))
     return out
 
 
-def decide_group(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, settings: SearchSettings,
+def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, settings: SearchSettings,
                  ) -> list[dict]:
-    """The next decision of one group (module docstring) from its decision at C* (:func:`standings`; None: no
-    evaluations yet): rows of the ``search`` table, as §8's decide makes."""
+    """The next decision of one group (module docstring) from its :class:`Standing` (None: no evaluations yet):
+    rows of the ``search`` table, as §8's decide makes."""
     r, budgets = int(st.rung), st.budgets  # type: ignore[arg-type]
     c_r, last = float(budgets[r - 1]), r == len(budgets)
     next_c = float(group.c_max if last else budgets[r])
     target = c_star(group, settings)
+    table = standing.star if standing is not None else None
     base = {"group": group.group, "decision": st.decision, "rung": r, "c": c_r}
     rows: list[dict] = []
 
@@ -169,17 +199,20 @@ def decide_group(group: SearchGroup, st: GroupState, table: pd.DataFrame | None,
                          "c_train": c_train, "n_points": n_points, "note": note})
 
     live = [key for key in st.keys if key not in st.stopped]
-    verdict = {key: (_settled(table, key, settings) if table is not None and key in table.index
+    verdict = {key: (_settled(standing, key, group, settings) if standing is not None and key in standing.star.index
                      else (None, "no fit: no evaluations yet")) for key in live}
-    adds = _bracket(table, group, st)
+    adds = _bracket(standing, group, st)
     lead = table["leader"].iloc[0] if table is not None else None
-    open_keys = [key for key in live if verdict[key][0] is None and key != lead]
+    unsettled = [key for key in live if verdict[key][0] is None]
+    if lead not in unsettled and len(unsettled) == 1:
+        lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
+    open_keys = [key for key in unsettled if key != lead]
     decided = lead in live and not open_keys and not adds
     cap = seed_cap(group, settings)
     seeds_to: list[Any] = []
     if last and not decided and lead in live:
         def upper(q: Any) -> float:
-            d_hi = table.loc[q, "d_hi"] if table is not None and q in table.index else math.nan  # type: ignore[union-attr]
+            d_hi = table.loc[q, "d_hi"] if table is not None and q in table.index else math.nan
             return float(d_hi) if math.isfinite(d_hi) else -math.inf
         contender = max(open_keys, key=upper, default=None)
         seeds_to = [q for q in (lead, contender) if q is not None and len(st.seeds[q]) < cap]
@@ -202,4 +235,7 @@ def decide_group(group: SearchGroup, st: GroupState, table: pd.DataFrame | None,
     for key in seeds_to:
         emit(key, [max(st.seeds[key]) + 1], "seed", "undecided", float(group.c_max),
              f"the decision at C* = {target:,.0f} hangs between {lead} and {open_keys}: one more seed")
+    if decided:  # the answer is the leader, also where the decision at C* had none
+        for row in rows:
+            row["leader"] = str(lead)
     return rows

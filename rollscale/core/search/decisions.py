@@ -297,7 +297,8 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
     pts = truncate(points[points["group"].isin([g.group for g in pending])], budgets)
     sts = states(pending, decisions, settings)
     if settings.method == "decision":  # science §9.4: the decision at C* (rollscale.core.search.budget)
-        tables = standings(pts, pending, settings)
+        rungs = {g.group: float(st.budgets[int(st.rung) - 1]) for g, st in zip(pending, sts, strict=True)}
+        tables = standings(pts, pending, rungs, settings)
         rows = [r for g, st in zip(pending, sts, strict=True)
                 for r in decide_at_budget(g, st, tables.get(g.group), settings)]
     else:  # science §8
