@@ -31,6 +31,14 @@ Every fitted number gets a 95 % interval from refits on runs resampled with
 replacement within each config (its seeds; ``fit.bootstrap_resamples``); a
 config with one seed says "1 seed, no interval" instead.
 
+The decision (science §9): at the target budget C* (``study.target_budget``,
+default ``sweep.c_max``) one R0 from every run's step-0 evaluation, every
+run's sigmoid at it, each key's reward at C* with an interval that pools the
+seed-to-seed spread across keys, and its difference D to the leader: a key
+is settled when D's upper bound is at most ``study.tolerance``, within
+tolerance when its lower bound is at least minus it; keys past eta times
+their data are unknown.
+
 A fit that has too few points is kept as a row saying why, never an error.
 """
 
@@ -46,6 +54,7 @@ from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_params, refresh_duckdb
 from tasks.fit import (
     crs_prediction,
+    decision,
     evaluations,
     frontier,
     read_tables,
@@ -79,6 +88,7 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     stepped = steps_to_target(evals, params.fit)
     rules = rule_comparison(evals, study["steps"], params.fit)
     crs = crs_prediction(evals, study["noise_steps"], params.fit)
+    decided = decision(evals, params.target_budget, params.study.tolerance, params.sweep.search.eta, params.fit)
 
     tables = {
         "record_points": points,
@@ -87,6 +97,7 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
         "epoch_transitions": _concat([f.transitions for f in fronts.values()]),
         "steps_to_target": stepped.steps_to_target,
         "crs_prediction": crs,
+        "decision": decided,
     }
     out = root / "fit"
     for name, table in tables.items():

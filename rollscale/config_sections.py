@@ -170,6 +170,10 @@ class SweepParams(Section):
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
     train: TrainParams = Field(default_factory=TrainParams)
+    # evaluations on one shared budget schedule (science §9.1): the first step whose C reaches each of this many
+    # budgets per doubling of C (from c_max / 64 to c_max), so every n gets as many points per doubling;
+    # 0 = every eval_every steps instead (a cadence in steps gives a large B few points)
+    eval_per_doubling: int = Field(4, ge=0)
     eval_every: int = Field(20, ge=1)
     eval_k: int = Field(4, ge=1)
     eval_temperature: float = Field(0.6, ge=0)
@@ -239,9 +243,9 @@ class DecisionParams(Section):
     target_budget: int | None = Field(None, ge=1)
     # epsilon, in validation reward: a key within it of the best is as good an answer. One avg@4 evaluation
     # on 100 problems has a standard error up to 0.025 (rollscale/core/fit/power.py), so two evaluations
-    # differ detectably only by 0.07; a key's fit pools its evaluations and seeds, and on simulated default
-    # studies resolves differences of ~0.03-0.05 with 3 seeds (docs/benchmarks.md). Below that, keys stay
-    # "not decided" until seeds or validation problems are added
+    # differ detectably only by 0.07; a key's fit pools its evaluations and seeds: on simulated default studies
+    # D to the leader is known to +-0.04 with 3 seeds, +-0.055 with 2 (docs/benchmarks.md), so 0.02 settles keys
+    # worse by ~0.06; closer keys stay "not decided" until seeds or validation problems are added
     tolerance: float = Field(0.02, gt=0, lt=1)
 
 

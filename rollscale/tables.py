@@ -27,6 +27,7 @@ TABLES: dict[str, str] = {
     "crs_prediction": "fit/crs_prediction.parquet",
     "epoch_transitions": "fit/epoch_transitions.parquet",
     "record_points": "fit/record_points.parquet",
+    "decision": "fit/decision.parquet",
 }
 # tables whose rows are committed by a run's checkpoints (rollscale.train.checkpoint)
 RUN_PART_TABLES = ("steps", "evals")

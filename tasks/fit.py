@@ -13,6 +13,7 @@ import pandas as pd
 from rollscale.config import FitParams
 from rollscale.core.fit import analysis
 from rollscale.core.fit.bootstrap import Bootstrap
+from rollscale.core.fit.decision_table import decision_table
 from rollscale.pipeline.storage import available_tables, query
 from rollscale.tables import TABLES
 from tasks.common import retried_task
@@ -63,3 +64,10 @@ def rule_comparison(evals: pd.DataFrame, steps: pd.DataFrame | None, fit_params:
 @retried_task(name="crs-prediction")
 def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None, fit_params: FitParams) -> pd.DataFrame:
     return analysis.crs_prediction(evals, noise_steps, _boot(fit_params))
+
+
+@retried_task(name="decision")
+def decision(evals: pd.DataFrame, c_star: int, tolerance: float, eta: float, fit_params: FitParams) -> pd.DataFrame:
+    # the refits that name the leader use the fit stage's resamples and seed (science §9.4)
+    return decision_table(evals, c_star, tolerance, eta, max(fit_params.bootstrap_resamples, 1),
+                          fit_params.bootstrap_seed)

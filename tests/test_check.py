@@ -167,3 +167,18 @@ def test_the_search_says_which_keys_it_cannot_stop():
     assert "no two keys" in by_key(study_findings(one))["sweep.search.method"][0].message
     grid = parse_params({"sweep": {**sweep, "search": {"method": "grid"}}})
     assert "sweep.search" not in by_key(study_findings(grid))  # grid: nothing to say
+
+
+def test_the_check_says_whether_the_study_can_answer_at_its_target_budget():
+    # science §9.3: C* beyond eta x c_max is an error naming the c_max that answers; within, extrapolation is a note
+    far = by_key(study_findings(parse_params({"study": {"target_budget": 100_000}})))
+    (err,) = [f for f in far["study.target_budget"] if f.level == "error"]
+    assert "beyond eta = 2 times c_max = 40,000" in err.message and err.fix.startswith("sweep.c_max: 50,000 or more")
+    near = by_key(study_findings(parse_params({"study": {"target_budget": 60_000}})))
+    assert [f.level for f in near["study.target_budget"]] == ["note"] and "1.50 x c_max" in near["study.target_budget"][0].message
+    # the tolerance against what 3 seeds and 64 x 4 validation samples resolve (+-0.050): ties stay undecided
+    (tol,) = by_key(study_findings(parse_params({})))["study.tolerance"]
+    assert "known to about +-0.050" in tol.message and "equal reward stay 'not decided'" in tol.message
+    assert tol.fix.startswith("study.tolerance: 0.06 or more")
+    (wide,) = by_key(study_findings(parse_params({"study": {"tolerance": 0.06}})))["study.tolerance"]
+    assert "can decide between keys of equal reward" in wide.message and not wide.fix

@@ -75,7 +75,8 @@ def study(tmp_path_factory):
 
 def test_fit_flow_writes_every_fit_table_and_duckdb_views(study):
     artifacts, tables, _ = study
-    for name in ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points"):
+    for name in ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points",
+                 "decision"):
         assert (artifacts / "fit" / f"{name}.parquet").exists(), name
     assert (artifacts / "rollscale.duckdb").exists()
     fits = query("SELECT kind, key, status FROM fits ORDER BY kind, key", artifacts)
@@ -105,6 +106,16 @@ def test_fit_flow_writes_every_fit_table_and_duckdb_views(study):
     (crs,) = query("SELECT * FROM crs_prediction", artifacts).to_dict("records")
     assert crs["crs"] == 5.0 and crs["predicted_n"] == 4 and crs["basis"].startswith("same B_problem = 8")
     assert crs["observed_best_n"] == int(tables["crs_prediction"]["observed_best_n"].iloc[0])
+
+
+def test_fit_flow_decides_at_the_target_budget(study):
+    artifacts, _, _ = study
+    d = query("SELECT * FROM decision WHERE design = 'n' ORDER BY key", artifacts)
+    # C* = sweep.c_max by default; one seed per key: a leader, no interval, not decided, and what would decide
+    assert d["key"].tolist() == [2, 4, 8] and (d["c_star"] == 40000).all() and (d["tolerance"] == 0.02).all()
+    assert (d["status"] == "leader").sum() == 1 and not d["decided"].any()
+    assert d["reward_lo"].isna().all() and d["to_decide"].str.contains("at least 2 seeds").all()
+    assert (d["seeds"] == 1).all() and (d["steps"] == np.ceil(40000 / (d["n"] * d["b_problem"]))).all()
 
 
 def test_report_flow_writes_html_pngs_and_summary(study):

@@ -146,3 +146,20 @@ def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_f
     assert params.sampling.backend == "vllm" and params.sampling.chat_template_kwargs == {"enable_thinking": False}
     assert cli.main(["init", "--model", "not/a/model/path", "--data", str(verl), "--out", "x.yaml"]) == 1
     assert "neither a model folder" in capsys.readouterr().err
+    # --budget: the decision at C* (science §9), c_max sized so that C* <= eta c_max
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--budget", "1000000", "--force"]) == 0
+    params = load_params("params.yaml")
+    assert params.study.target_budget == 1_000_000 and params.sweep.c_max == 500_000
+    assert "--budget 1000000" in Path("params.yaml").read_text()
+
+
+def test_budget_keeps_a_larger_c_max_and_refuses_nonsense():
+    from rollscale.pipeline.init import budget_values
+
+    values, why = {"sweep.c_max": 4000}, {}
+    budget_values(values, why, 6000, 2.0)
+    assert values == {"sweep.c_max": 4000, "study.target_budget": 6000} and "study.target_budget" in why
+    budget_values(values, why, 9001, 2.0)
+    assert values["sweep.c_max"] == 4501 and "C* / eta" in why["sweep.c_max"]
+    with pytest.raises(ValueError, match="--budget: expected"):
+        budget_values(values, why, 0, 2.0)

@@ -531,6 +531,58 @@ def test_decided_study_answers_in_its_first_sentence(study):
     assert "(every bootstrap refit agrees); 3 more claims below" in answer.headline
 
 
+def _decision(decided: bool) -> pd.DataFrame:
+    """A ``decision`` table (science §9.4) at C* = 40,000 for n = 2, 4, 8 at B_problem 8: n = 4 leads; n = 8 is within
+    0.02 and n = 2 worse (decided), or n = 8 still open (not decided)."""
+    from rollscale.core.fit.decision_table import DECISION_COLUMNS
+
+    rows = []
+    for key, reward, d, status in ((2, 0.47, -0.06, "settled"), (4, 0.53, 0.0, "leader"),
+                                   (8, 0.525, -0.005, "within tolerance" if decided else "open")):
+        half = 0.01 if decided else 0.04
+        rows.append({"design": "n", "bucket": "all", "rule": "all", "fixed": "all", "key": key, "c_star": 40000.0,
+                     "tolerance": 0.02, "status": status, "leader": 4, "decided": decided, "reward": reward,
+                     "reward_lo": reward - 0.02, "reward_hi": reward + 0.025, "d": d,
+                     "d_lo": d - (0 if key == 4 else half), "d_hi": d + (0 if key == 4 else half),
+                     "settled": status == "settled" or (decided and key == 8), "settled_by": "", "within_tolerance":
+                     status == "within tolerance", "extrapolated": False, "unknown": False, "seeds": 3,
+                     "c_seen": 40000.0, "n": key, "b_problem": 8, "steps": -(-40000 // (8 * key)),
+                     "leader_share": 0.9, "r0": 0.37, "df": 6,
+                     "to_decide": "" if decided else "about 12 seeds each for the leader and key 8 (sweep.seeds)"})
+    return pd.DataFrame(rows, columns=DECISION_COLUMNS)
+
+
+def test_the_decision_at_c_star_leads(study):
+    from rollscale.report import study_answer
+
+    tables = {**decided(study), "evals": study["evals"].assign(k=4), "decision": _decision(True)}
+    answer = study_answer(tables)
+    assert answer.answered
+    assert answer.headline.startswith("At C* = 40,000 rollouts: n = 4 (B_problem 8, M = 1,250 steps), validation "
+                                      "avg@4 0.53 [0.51, 0.56]; n = 8 is within 0.02; n = 2 is worse.")
+    assert answer.decision is not None and answer.decision.frame["status"].tolist() == ["settled", "leader",
+                                                                                       "within tolerance"]
+    # nothing below contradicts it: no exact best-n claim at C* beside it, and no budget in scientific notation
+    claims = answer.claims.frame
+    best = claims[claims["claim"] == "best n at budget"]
+    c_star_near = [a for a in best["at"] if 0.8 * 40000 < float(a.removeprefix("C = ").replace(",", "")) < 1.2 * 40000]
+    assert not c_star_near
+    assert not claims["at"].fillna("").str.contains("e+", regex=False).any() and "e+" not in answer.headline
+    # the fallback (no decision table) is the claims' own answer
+    assert study_answer(decided(study)).headline.startswith("Answer: ")
+
+
+def test_an_undecided_study_says_between_which_keys_and_what_would_decide(study):
+    from rollscale.report import study_answer
+
+    answer = study_answer({**decided(study), "decision": _decision(False)})
+    assert not answer.answered
+    assert answer.headline.startswith("Not decided at C* = 40,000 between n = 4 and 8 (D = -0.01 [-0.04, 0.04] "
+                                      "for n = 8); n = 4 leads with validation avg@k 0.53 [0.51, 0.56]; to decide: "
+                                      "about 12 seeds")
+    assert answer.fixes[0] == "to decide: about 12 seeds each for the leader and key 8 (sweep.seeds)"
+
+
 def test_an_empty_result_is_not_missing(study, tmp_path):
     empty = dict(study, epoch_transitions=study["epoch_transitions"].iloc[0:0])
     paths = write_report(empty, tmp_path)
@@ -562,11 +614,11 @@ window.addEventListener('load', function () {
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)")
-@pytest.mark.parametrize("kind", ["decided", "one seed"])
+@pytest.mark.parametrize("kind", ["decision", "decided", "one seed"])
 def test_first_screen_shows_the_answer_in_chromium(study, tmp_path, kind):
     """A 1400 x 900 window (a laptop's first screen): the verdict and the top of the claims are in
     it, above every figure; the screenshot is kept beside the report."""
-    tables = decided(study) if kind == "decided" else study
+    tables = {"decision": {**decided(study), "decision": _decision(True)}, "decided": decided(study)}.get(kind, study)
     paths = write_report(tables, tmp_path / "report")
     probe = tmp_path / "report" / "probe.html"
     head, tail = paths.html.read_text().rsplit("</body>", 1)  # the last one: the bundle's JS holds the string too
@@ -578,7 +630,8 @@ def test_first_screen_shows_the_answer_in_chromium(study, tmp_path, kind):
     assert 0 < float(attrs["verdict-bottom"]) < float(attrs["claims-top"]) < viewport <= 900
     assert float(attrs["figures-top"]) > float(attrs["claims-top"])
     verdict = re.search(r'<p class="verdict"><strong>([^<]+)</strong>', dom.stdout).group(1)
-    assert verdict.startswith("Answer: all / all: n* = " if kind == "decided" else "No answer yet: the data cannot decide")
+    assert verdict.startswith({"decision": "At C* = 40,000 rollouts: n = 4", "decided": "Answer: all / all: n* = "}.get(
+        kind, "No answer yet: the data cannot decide"))
     shot = tmp_path / "first_screen.png"
     res = _chromium([f"--screenshot={shot}", "--window-size=1400,900", paths.html.as_uri()], tmp_path / "profile_shot")
     assert res.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC)

@@ -13,6 +13,7 @@ import torch
 from tokenizers import decoders
 
 import rollscale.train.step as step_module
+from rollscale.core.fit import power
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.problems.sets import reasoning_gym_problems
@@ -307,6 +308,20 @@ def test_resume_equals_straight_run(warm, tmp_path, rule, extra):
     again = _trainer(warm, cfg)
     assert again.run(RunStore(tmp_path / "straight")).steps == 6
     assert len(RunStore(tmp_path / "straight").rows("steps")) == 6
+
+
+def test_budget_schedule_evaluations_and_resume(warm, tmp_path):
+    # science §9.1: 1 budget per doubling from c_max / 64: 1.5, 3, 6, 12, 24, 48, 96 rollouts; B = 16 a step
+    cfg = _config(eval_per_doubling=1)
+    assert config_hash(cfg) != config_hash(_config())  # a different schedule is a different run
+    straight = _trainer(warm, cfg)
+    assert straight.run(RunStore(tmp_path / "straight")).steps == 6
+    # C = 16: crosses 1.5, 3, 6, 12; 32: 24; 48: 48; 96: the last. Step 0, 1, 2, 3, 6
+    assert list(RunStore(tmp_path / "straight").rows("evals")["step"]) == [0, 1, 2, 3, 6]
+    assert power.evaluation_steps(96, 16, 1) == [0, 1, 2, 3, 6]
+    resumed, result = _killed_then_resumed(warm, cfg, tmp_path / "resumed", kill_at=5)
+    assert result.status == "finished"
+    _assert_same_run(RunStore(tmp_path / "straight"), RunStore(tmp_path / "resumed"), straight.model, resumed.model)
 
 
 def test_resume_after_corrupt_checkpoint(warm, tmp_path):

@@ -309,11 +309,46 @@ def _search(p: StudyParams) -> Iterable[Finding]:
                       f"{max(earliest.values()):,}, where a stop can rest on its fit")
 
 
+def _decision_at_target(p: StudyParams, size: tuple[int, int] | None = None) -> Iterable[Finding]:
+    """Can the study answer at C* (science §9.3, §9.4)? C* against eta x c_max, and the tolerance against what
+    the validation set, eval_k and seeds resolve."""
+    c_star, eta, c_max = p.target_budget, p.sweep.search.eta, p.sweep.c_max
+    reach = ("study.target_budget", "sweep.c_max")
+    if c_star > eta * c_max:
+        yield Finding("error", reach, f"C* = {c_star:,} rollouts is beyond eta = {eta:g} times c_max = {c_max:,}: "
+                      "no fit reaches it, so every key is unknown there", f"sweep.c_max: {math.ceil(c_star / eta):,} "
+                      f"or more (C* / eta), or {c_star:,} to see C* itself")
+    elif c_star > c_max:
+        yield Finding("note", reach, f"C* = {c_star:,} is {c_star / c_max:.2f} x c_max: answered by extrapolation "
+                      f"(up to eta = {eta:g}), with wider intervals (docs/benchmarks.md: about twice at 1.8 x)")
+    val = size[1] if size else p.bucket.val_size
+    seeds = len(p.sweep.seeds)
+    if val == 0 or seeds < 2:
+        return  # the size and seed findings say why there is no interval
+    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    var = power.interval_pass_variance(*bounds[p.sweep.bucket]) if p.sweep.bucket in bounds else 0.25
+    se = power.avg_at_k_se(val, p.sweep.eval_k, var)
+    half = power.Z95 * math.sqrt(2.0 / seeds) * se  # D of two keys' means over seeds (measured: docs/benchmarks.md)
+    eps = p.study.tolerance
+    msg = (f"with {seeds} seeds and avg@{p.sweep.eval_k} over {val} validation problems (SE {se:.3f}), D between two "
+           f"keys is known to about +-{half:.3f}; tolerance {eps:g} settles keys worse by {2 * half - eps:.3f} or more "
+           "(upper bound of D <= tolerance in most studies)")
+    if half <= eps:
+        yield Finding("note", ("study.tolerance",), msg + ", and can decide between keys of equal reward")
+        return
+    more_seeds = math.ceil(2.0 * (power.Z95 * se / eps) ** 2 - 1e-9)
+    more_val = math.ceil(val * (half / eps) ** 2 - 1e-9)
+    yield Finding("note", ("study.tolerance", "sweep.seeds", "bucket.val_size"), msg + "; two keys of equal reward "
+                  "stay 'not decided'", f"study.tolerance: {math.ceil(100 * half - 1e-9) / 100:.2f} or more to decide between keys of equal reward; "
+                  "or sweep.seeds: "
+                  f"{more_seeds} seeds, or bucket.val_size: {more_val:,}")
+
+
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
     found = [*_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
-             *_truncation(params, known.profile)]
+             *_truncation(params, known.profile), *_decision_at_target(params)]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])
 

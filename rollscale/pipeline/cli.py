@@ -159,6 +159,9 @@ def parser() -> argparse.ArgumentParser:
     p_init.add_argument("--model", required=True, help="a model folder, a .gguf file, a hub id, or smollm2")
     p_init.add_argument("--data", required=True, help="a .jsonl/.json/.parquet/.csv file or a hub dataset id")
     p_init.add_argument("--gpu", default="none", help="H100, A100, ..., a memory such as 40GB, or none (CPU)")
+    p_init.add_argument("--budget", type=int, default=None,
+                        help="rollouts of your production run: the study decides at this C* (study.target_budget) "
+                             "and trains to at least C* / eta")
     p_init.add_argument("--out", default="params.yaml")
     p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
@@ -232,7 +235,8 @@ def command(argv: list[str] | None = None) -> int:
     if args.command == "init":
         from rollscale.pipeline.init import init_params
 
-        return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force)), debug)
+        return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force,
+                                                               args.budget)), debug)
     return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 

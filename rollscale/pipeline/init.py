@@ -1,4 +1,4 @@
-"""``rollscale init --model M --data D [--gpu H100|none] [--out params.yaml] [--force]``.
+"""``rollscale init --model M --data D [--gpu H100|none] [--budget C] [--out params.yaml] [--force]``.
 
 Reads the model's files (:mod:`rollscale.lm.model_info`) and a sample of the data
 (:mod:`rollscale.core.problems.data_sample`, lengths in the model's own tokens), lets
@@ -8,6 +8,7 @@ and runs the check (:mod:`rollscale.pipeline.check`) on what it wrote.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 __all__ = ["init_params"]
@@ -36,9 +37,24 @@ def _data_arg(data: str) -> str:
         return str(path.resolve())
 
 
-def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False) -> str:
+def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
+    """``--budget C``: the study answers at C* = C rollouts (science §9), so ``study.target_budget`` = C and
+    ``sweep.c_max`` at least C / eta (a fit is trusted eta times past its data, A3), kept when already larger."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"--budget: expected the rollouts of your production run (an integer >= 1), got {budget!r}")
+    values["study.target_budget"] = budget
+    why["study.target_budget"] = "C*: the rollouts of your production run (rollscale init --budget)"
+    need = math.ceil(budget / eta)
+    if values.get("sweep.c_max", 0) < need:
+        values["sweep.c_max"] = need
+        why["sweep.c_max"] = (f"rollouts per run: C* / eta = {budget:,} / {eta:g}, so the decision at C* is at most an "
+                              f"extrapolation of eta (science §9.3); {budget:,} would see C* itself")
+
+
+def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
+                budget: int | None = None) -> str:
     """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check)."""
-    from rollscale.config import load_params
+    from rollscale.config import StudyParams, load_params
     from rollscale.pipeline.init_values import Machine, render, suggest, write_params
     from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
     from rollscale.config_data import TableParams
@@ -64,14 +80,18 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
                              answer_format=sample.answer_format, reward=sample.reward)
         table_problems(source, limit=50)  # the mapping must read the file's rows (DataRowError names a bad one)
     values, why = suggest(info, sample, data_path, count_rows(data) if Path(data).exists() else None, machine)
-    header = [f"rollscale study parameters, written by `rollscale init --model {model} --data {data} --gpu {gpu}`.",
+    if budget is not None:
+        budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
+    flags = f" --budget {budget}" if budget is not None else ""
+    header = [f"rollscale study parameters, written by `rollscale init --model {model} --data {data} --gpu {gpu}{flags}`.",
               "Each comment says why its value; everything else is the schema's default (rollscale/config.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
     path = write_params(out, render(values, why, header), force)
     params = load_params(path)
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
-                                                       "sampling.max_new_tokens", "sweep.c_max"))
+                                                       "sampling.max_new_tokens", "sweep.c_max")
+                       + (("study.target_budget",) if budget is not None else ()))
     return (f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
             f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "
             f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"

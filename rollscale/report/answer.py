@@ -1,4 +1,8 @@
-"""The report's first screen: the answer, or "no answer yet" and what to change (science §7).
+"""The report's first screen: the decision at C*, or the answer, or "no answer yet" and what to change.
+
+With a ``decision`` table (science §9) the first line is the decision at the target budget
+(:mod:`rollscale.report.decision_text`), its table follows, and the claims below (frontier, rules, the
+CRS comparison) are read beside it; without one (an older fit), the claims lead (science §7).
 
 The study answers when at least one claim is decided by its interval: a best n
 that every bootstrap refit agrees on, a rule whose ratio to uniform excludes 1,
@@ -20,6 +24,7 @@ import pandas as pd
 from rollscale.core.fit import power
 from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, stages_not_run
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
+from rollscale.report.decision_text import decision_headline, decision_spec, fmt_budget
 from rollscale.report.search_charts import search_cost, search_sentence
 
 __all__ = ["Answer", "study_answer"]
@@ -34,6 +39,7 @@ class Answer:
     fixes: list[str]  # what to change, each naming its params key
     claims: TableSpec
     observations: TableSpec | None
+    decision: TableSpec | None = None  # the decision at C* (science §9.4), first below the headline
 
 
 def _seeds_per_setting(runs: pd.DataFrame) -> int:
@@ -80,8 +86,8 @@ def _answer_text(decided: pd.DataFrame) -> str:
     best = decided[decided["claim"] == "best n at budget"]
     for where, g in best.sort_values("c").groupby("where", sort=False):
         runs = (g["best_n"] != g["best_n"].shift()).cumsum()
-        spans = [f"n* = {int(r['best_n'].iloc[0])} at C = {fmt_value(r['c'].min())}"
-                 + (f"-{fmt_value(r['c'].max())}" if len(r) > 1 else "") for _, r in g.groupby(runs)]
+        spans = [f"n* = {int(r['best_n'].iloc[0])} at C = {fmt_budget(r['c'].min())}"
+                 + (f"-{fmt_budget(r['c'].max())}" if len(r) > 1 else "") for _, r in g.groupby(runs)]
         low = g["share"].min()
         agree = "every bootstrap refit agrees" if low >= 1 else f"{low:.0%} or more of bootstrap refits agree"
         parts.append(f"{where}: {', '.join(spans)} ({agree})")
@@ -120,7 +126,18 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
     else:
         headline = "No answer yet: the data cannot decide. " + (
             "To answer, change what is listed below." if fixes else "")
-    headline = headline.strip()
+    headline, answered, table = headline.strip(), not decided.empty, None
+    if not not_run and (decision := t.get("decision")) is not None:
+        headline, answered, to_decide = decision_headline(decision, _eval_k(t.get("evals")))
+        fixes = to_decide + fixes
+        table = decision_spec(decision)
     if (cost := search_cost(t)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
-    return Answer(not decided.empty, headline, fixes, claims, observations)
+    return Answer(answered, headline, fixes, claims, observations, table)
+
+
+def _eval_k(evals: pd.DataFrame | None) -> int | None:
+    """The k of validation avg@k, from the evaluations (None when they do not say)."""
+    if evals is None or "k" not in evals.columns or not as_numeric(evals["k"]).notna().any():
+        return None
+    return int(as_numeric(evals["k"]).max())

@@ -15,8 +15,10 @@ import pandas as pd
 
 from rollscale.core.fit.bootstrap import ONE_SEED
 from rollscale.report.base import TableSpec, absent, as_numeric, fmt_value
+from rollscale.report.decision_text import fmt_budget
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
+NEAR_C_STAR = 0.25  # best-n claims within 2^0.25 of C* are left to the decision at C*
 AGREE = 0.95  # share of seed resamples that must agree on the observed best n for it to be a claim
 # what a headline row rests on: only DECIDED rows answer; ONE_SEED rows are observations, never claims
 DECIDED, OVERLAP, UNDECIDED, CAVEAT, WARNING = "decided", "intervals overlap", "undecided", "caveat", "warning"
@@ -52,7 +54,7 @@ def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
             else:
                 verdict, basis = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
                                   f"n in [{fmt_value(lo)}, {fmt_value(hi)}]"), OVERLAP
-            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {fmt_value(r['c'])}",
+            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {fmt_budget(r['c'])}",
                          "finding": verdict, "basis": basis, "best_n": best, "c": float(r["c"]), "share": share})
     return rows
 
@@ -136,7 +138,12 @@ def claim_rows(t: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
     against uniform, unbent curves, A2 warnings, the CRS check."""
     rows: list[dict[str, Any]] = []
     if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
-        rows += _best_n_claims(t["frontier"][as_numeric(t["frontier"]["best_key"]).notna()])
+        best = _best_n_claims(t["frontier"][as_numeric(t["frontier"]["best_key"]).notna()])
+        if t.get("decision") is not None and "c_star" in t["decision"].columns:
+            # at C* the decision (science §9.4) answers, within its tolerance: no exact-argmax claim beside it
+            c_star = float(as_numeric(t["decision"]["c_star"]).iloc[0])
+            best = [r for r in best if abs(math.log2(r["c"] / c_star)) > NEAR_C_STAR]
+        rows += best
     if t.get("fits") is not None and "kind" in t["fits"].columns:
         rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"]) + _a2_claims(t["fits"])
     if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:

@@ -61,7 +61,7 @@ def _summary_markdown(charts: list[ChartSpec], tables: list[TableSpec], answer: 
     if answer.fixes:
         out += [("What would sharpen it:" if answer.answered else "What to change:"), ""]
         out += [f"- {fix}" for fix in answer.fixes] + [""]
-    for spec in (answer.claims, answer.observations):
+    for spec in (answer.decision, answer.claims, answer.observations):
         if spec is None:
             continue
         out += [f"## {spec.title}", "", spec.caption, ""]
@@ -147,6 +147,8 @@ def _html_answer(answer: Answer) -> list[str]:
     if answer.fixes:
         parts.append(f"<p>{'What would sharpen it' if answer.answered else 'What to change'}:</p>")
         parts.append('<ul class="fixes">' + "".join(f"<li>{_html_text(f)}</li>" for f in answer.fixes) + "</ul>")
+    if answer.decision is not None:
+        parts += _html_spec_table(answer.decision)
     parts += _html_spec_table(answer.claims)
     if answer.observations is not None:
         parts += _html_spec_table(answer.observations)

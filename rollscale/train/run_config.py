@@ -37,7 +37,11 @@ class RunConfig(BaseModel):
         train: the GRPO step's settings (loss, optimizer, micro-batching, science §3).
         sampling: how training rollouts are sampled (temperature > 0, since the
             loss needs the log-probs of the sampling distribution).
-        eval_every: evaluate every this many steps (and at step 0 and at the end).
+        eval_every: evaluate every this many steps (and at step 0 and at the end), when
+            ``eval_per_doubling`` is 0.
+        eval_per_doubling: > 0: evaluate on the shared budget schedule instead (science §9.1:
+            the first step whose C reaches each of ``eval_per_doubling`` budgets per doubling,
+            :func:`rollscale.core.fit.power.budget_schedule`), and at step 0 and the end.
         eval_k: samples per validation problem (science §5).
         eval_temperature: temperature of those samples.
         checkpoint_every: checkpoint every this many steps (and at the end).
@@ -58,6 +62,7 @@ class RunConfig(BaseModel):
     train: TrainParams = Field(default_factory=TrainParams)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     eval_every: int = Field(10, ge=1)
+    eval_per_doubling: int = Field(0, ge=0)
     eval_k: int = Field(4, ge=1)
     eval_temperature: float = Field(0.6, ge=0)
     checkpoint_every: int = Field(10, ge=1)
@@ -136,6 +141,7 @@ def readable_run_id(config: RunConfig) -> str:
 # every older run had implicitly). Fixed: a new rule or setting adds nothing here.
 _FIRST_RULE_ARGS = ("m", "n_pilot", "pool_factor", "max_draws")
 _TRAIN_SINCE_HASHING = {"policy_loss": "clip"}
+_SINCE_HASHING = {"eval_per_doubling": 0}
 
 
 def config_hash(config: RunConfig) -> str:
@@ -145,6 +151,9 @@ def config_hash(config: RunConfig) -> str:
     for key, default in _TRAIN_SINCE_HASHING.items():
         if data["train"].get(key) == default:
             del data["train"][key]
+    for key, default in _SINCE_HASHING.items():
+        if data.get(key) == default:
+            del data[key]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -29,11 +29,12 @@ __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
 
 def search_settings(sweep: SweepParams, study: DecisionParams | None = None) -> SearchSettings:
     """The search's settings (``sweep.search``, science §8, §9.4) with the sweep's evaluation interval, and the
-    decision's C* and tolerance (``study``; its defaults when None)."""
+    decision's C* and tolerance (``study``; its defaults when None). On the shared budget schedule (science
+    §9.1) a run evaluates at the first step past each rung's budget, so a leg ends there (``eval_every`` None)."""
     s, d = sweep.search, study if study is not None else DecisionParams()
     return SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
                           resamples=s.bootstrap_resamples, bootstrap_seed=s.bootstrap_seed, bin_width=s.bin_width,
-                          grid_points=s.grid_points, eval_every=sweep.eval_every,
+                          grid_points=s.grid_points, eval_every=None if sweep.eval_per_doubling else sweep.eval_every,
                           method="decision" if s.method == "decision" else "frontier",
                           target_budget=d.target_budget, tolerance=d.tolerance,
                           seeds_max=s.seeds_max if s.seeds_max is not None else len(set(sweep.seeds)))

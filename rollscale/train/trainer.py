@@ -7,7 +7,8 @@ calls the engine, science §4) -> advantages -> gradient noise (optional,
 science §6) -> loss over micro-batches and the optimizer step
 (:func:`~rollscale.train.step.policy_update`) -> weight sync to the engine ->
 log. Every rollout generated counts in ``C`` (science §1). :meth:`GRPOTrainer.run`
-adds the outer loop: evaluation at step 0, every ``eval_every`` steps and at the
+adds the outer loop: evaluation at step 0, on the shared budget schedule (science §9.1) or every
+``eval_every`` steps, and at the
 end (science §5), checkpoints every ``checkpoint_every`` steps into a
 :class:`~rollscale.train.checkpoint.RunStore`, and resuming from its newest
 valid checkpoint.
@@ -33,6 +34,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rollscale.core.fit.power import budget_schedule, eval_due
 from rollscale.core.grpo.allocation import allocate
 from rollscale.core.grpo.shaping import warmup_factor
 from rollscale.core.grpo.logprobs import token_logprobs
@@ -138,6 +140,7 @@ class GRPOTrainer:
         # Run progress: everything a checkpoint must hold besides weights and optimizer.
         self.step = self.c = self.c_tokens = self.prompts_drawn = 0
         self.last_eval_step = -1
+        self._schedule = budget_schedule(config.c_max, config.eval_per_doubling) if config.eval_per_doubling else None
         # gradient noise (science §6), measured every noise_every steps
         self.noise_ema = EmaNoiseScale(config.noise_ema)
         self.last_noise_prompts: list[dict] = []
@@ -329,6 +332,12 @@ class GRPOTrainer:
         self.rule.load_state_dict(s.get("rule_state", {}))
         set_rng_state(s["rng"], cuda=self.device.type == "cuda")
 
+    def _eval_due(self, c_before: int) -> bool:
+        """Evaluate after this step: on the shared budget schedule (science §9.1) or every ``eval_every`` steps."""
+        if self.config.eval_per_doubling:
+            return eval_due(c_before, self.c, self._schedule)
+        return self.step % self.config.eval_every == 0
+
     def _result(self, status: str, error: str | None) -> RunResult:
         return RunResult(self.config.run_id, status, error, self.step, self.c, self.c_tokens)
 
@@ -370,12 +379,13 @@ class GRPOTrainer:
             if self.last_eval_step < 0:
                 log_eval()  # step 0: before training
             while self.c < end:
+                c_before = self.c
                 step_rows.append(self.train_step())
                 if on_step is not None:
                     on_step(step_rows[-1])
                 if progress is not None:
                     progress(self.c, cfg.c_max)
-                if self.step % cfg.eval_every == 0:
+                if self._eval_due(c_before):
                     log_eval()
                 if self.step % cfg.checkpoint_every == 0:
                     self._save(store, step_rows, eval_rows)

@@ -18,9 +18,10 @@ from numpy.typing import ArrayLike
 from rollscale.core.fit.curves import SIGMOID_MIN_POINTS
 
 __all__ = [
-    "EVALS_COMFORTABLE", "FIT_MIN_EVALS", "Z95", "avg_at_k_se", "detectable_difference", "epochs_per_run",
-    "evaluations_per_run", "interval_pass_variance", "max_new_tokens_for_truncation", "pass_variance",
-    "steps_per_run", "truncated_share_at",
+    "EVAL_DOUBLINGS", "EVALS_COMFORTABLE", "FIT_MIN_EVALS", "Z95", "avg_at_k_se", "budget_schedule",
+    "detectable_difference", "epochs_per_run", "eval_due", "evaluation_steps", "evaluations_per_run",
+    "interval_pass_variance", "max_new_tokens_for_truncation", "pass_variance", "steps_per_run",
+    "truncated_share_at",
 ]
 
 # a key's sigmoid needs this many distinct compute values; its record points are a subset of the
@@ -49,6 +50,34 @@ def evaluations_per_run(steps: int, eval_every: int) -> int:
     the last step (science §5; :func:`rollscale.train.run_loop.run`)."""
     steps, eval_every = _positive_int("steps", steps), _positive_int("eval_every", eval_every)
     return 1 + steps // eval_every + (1 if steps % eval_every else 0)
+
+
+# the shared schedule's first budget is c_max / 2^EVAL_DOUBLINGS (625 of the default's 40,000 rollouts): the
+# search's first rung (c_max / 16) and every rung after it (eta = 2) are budgets of the schedule
+EVAL_DOUBLINGS = 6
+
+
+def budget_schedule(c_max: int, per_doubling: int) -> np.ndarray:
+    """The budgets every run is evaluated at (science §9.1): ``c_j = c_first * 2^(j / k)`` for
+    ``k = per_doubling``, ``c_first = c_max / 2^EVAL_DOUBLINGS``, up to ``c_max``."""
+    c_max, k = _positive_int("c_max", c_max), _positive_int("per_doubling", per_doubling)
+    j = np.arange(EVAL_DOUBLINGS * k + 1)
+    return c_max * np.exp2((j - EVAL_DOUBLINGS * k) / k)
+
+
+def eval_due(c_before: float, c_after: float, schedule: np.ndarray) -> bool:
+    """Whether a step from cumulative C ``c_before`` to ``c_after`` crosses a budget of ``schedule``:
+    the run evaluates at the first step whose C reaches each one (science §9.1)."""
+    return bool(np.any((schedule > c_before) & (schedule <= c_after)))
+
+
+def evaluation_steps(c_max: int, rollouts_per_step: int, per_doubling: int) -> list[int]:
+    """The steps a run of ``rollouts_per_step`` rollouts a step evaluates at on the shared budget schedule:
+    step 0, the first step past each budget, and its last step (where B exceeds a spacing, every step)."""
+    schedule = budget_schedule(c_max, per_doubling)
+    last = steps_per_run(c_max, rollouts_per_step)
+    steps = np.unique(np.minimum(np.ceil(schedule / rollouts_per_step - 1e-9).astype(int), last))
+    return sorted({0, last, *steps.tolist()})
 
 
 def avg_at_k_se(val_size: int, eval_k: int, pass_var: float = 0.25) -> float:

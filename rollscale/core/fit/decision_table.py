@@ -1,0 +1,84 @@
+"""The ``decision`` table (science §9): one row per design group and key at the target budget C*.
+
+Groups are the frontier's (:func:`rollscale.core.fit.tables.design_groups`: per bucket and rule, the n
+design, B_problem at each fixed n, n at each fixed total batch B); every group is decided at C* in rollouts
+by :func:`rollscale.core.fit.decision.decide`, all runs fitted in one batch. Rows carry what the headline
+needs: the key's B_problem and n, its steps M = C* / B, and for a group not decided, what would decide it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from rollscale.core.fit.columns import EVAL_COLUMNS, require
+from rollscale.core.fit.decision import decide, fit_groups
+from rollscale.core.fit.tables import DESIGNS, REWARD_MAX, design_groups
+
+__all__ = ["DECISION_COLUMNS", "decision_table", "to_decide"]
+
+DECISION_COLUMNS = [
+    "design", "bucket", "rule", "fixed", "key", "c_star", "tolerance", "status", "leader", "decided",
+    "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "settled", "settled_by", "within_tolerance",
+    "extrapolated", "unknown", "seeds", "c_seen", "n", "b_problem", "steps", "leader_share", "r0", "df",
+    "to_decide",
+]
+
+
+def to_decide(rows: pd.DataFrame, c_star: float, eta: float) -> str:
+    """What would settle an undecided group (science §9.4): budget for unknown keys, else seeds.
+
+    Seeds: the key still open with the largest upper bound of D needs its interval's half-width to fall to
+    ``tolerance - d`` (half-widths fall as 1 / sqrt(seeds) for it and the leader alike); "" when decided.
+    """
+    if rows["decided"].all():
+        return ""
+    open_rows = rows[(rows["status"] != "leader") & ~rows["settled"]]
+    if open_rows["unknown"].any():
+        return f"sweep.c_max >= {math.ceil(c_star / eta):,} (C* / eta) for every key, so that C* is within reach"
+    if not open_rows["d_hi"].notna().any():
+        return "no interval with one seed per key: at least 2 seeds for every key (sweep.seeds)"
+    worst = open_rows.loc[open_rows["d_hi"].idxmax()]
+    gap = float(worst["tolerance"] - worst["d"])
+    half = float(worst["d_hi"] - worst["d"])
+    if not (gap > 0 and half > 0):
+        return f"key {int(worst['key'])} may be the better one: more seeds for it and the leader (sweep.seeds)"
+    seeds = int(math.ceil(max(worst["seeds"], rows.loc[rows["status"] == "leader", "seeds"].max()) * (half / gap) ** 2))
+    return (f"about {seeds} seeds each for the leader and key {int(worst['key'])} (sweep.seeds), or "
+            f"study.tolerance {math.ceil(100 * float(worst['d_hi'])) / 100:.2f}")
+
+
+def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: float,
+                   resamples: int = 200, seed: int = 0, reward_max: float | None = REWARD_MAX) -> pd.DataFrame:
+    """Every design group decided at ``c_star`` (``evals``: :func:`rollscale.core.fit.analysis.run_evals`'s table)."""
+    require(evals, "evals", EVAL_COLUMNS)
+    if not (math.isfinite(c_star) and c_star > 0):
+        raise ValueError(f"c_star: expected a positive number of rollouts, got {c_star!r}")
+    frames, labelled = [], []
+    for design in DESIGNS:
+        for g in design_groups(evals, design)[0]:
+            label = f"{design}|{g.bucket}|{g.rule}|{g.fixed}"
+            labelled.append((label, design, g))
+            frames.append(g.rows.assign(_group=label, _key=g.rows[g.key_col]))
+    if not frames:
+        return pd.DataFrame(columns=DECISION_COLUMNS)
+    curves = fit_groups(pd.concat(frames, ignore_index=True), "_key", "_group", reward_max)
+    out = []
+    for label, design, g in labelled:
+        rows = decide(curves[label], c_star, tolerance, eta, rollout_axis=g.key_col == "n" and design != "iso_batch",
+                      reward_max=reward_max, resamples=resamples, seed=seed)
+        per_key = g.rows.groupby(g.key_col)
+        for col in ("n", "b_problem"):
+            rows[col] = rows["key"].map(per_key[col].agg(lambda v: int(v.iloc[0]) if v.nunique() == 1 else np.nan))
+        rows["steps"] = [math.ceil(c_star / b) if np.isfinite(b) else np.nan
+                         for b in rows["n"].astype(float) * rows["b_problem"].astype(float)]
+        rows = rows.assign(design=design, bucket=g.bucket, rule=g.rule, fixed=g.fixed, c_star=float(c_star),
+                           tolerance=float(tolerance), r0=curves[label].r0)
+        rows["to_decide"] = to_decide(rows, c_star, eta)
+        out.append(rows[DECISION_COLUMNS])
+    table = pd.concat(out, ignore_index=True)
+    for col in ("leader", "n", "b_problem", "steps"):
+        table[col] = pd.array([None if pd.isna(v) else int(v) for v in table[col]], dtype="Int64")
+    return table
