@@ -4,7 +4,7 @@
     python benchmarks/search_budget.py --per-family 10 --tradeoff
 
 Studies: rollscale.core.search.simulate (rollout axis, B_problem 16, C_max = C* = 40,000, avg@4 over
-100 problems, evaluations on the §9.1 schedule from 312.5 rollouts, 4 per doubling), its five families
+100 problems, evaluations on the §9.1 schedule from C_max / 64, 4 per doubling, the sweep's default), its five families
 and the three of MORE_FAMILIES; the search runs through rollscale.core.search.decisions with method
 "decision" (rollscale.core.search.simulate_budget). Prints markdown: per family, the share of studies
 whose answer is within epsilon of the true best at C* ("right"), the share decided, the median and
@@ -26,7 +26,7 @@ from rollscale.core.search.decisions import SearchSettings  # noqa: E402
 from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, make_studies  # noqa: E402
 from rollscale.core.search.simulate_budget import simulate_decision, summarise_decision  # noqa: E402
 
-SCHEDULE = (312.5, 4)
+SCHEDULE = (625.0, 4)  # the sweep's default: sweep.eval_per_doubling 4 from c_max / 64
 
 
 def run(per: int, seeds_min: int, seeds_max: int, **kw: float) -> tuple:
@@ -42,12 +42,15 @@ def main() -> None:
     ap.add_argument("--per-family", type=int, default=40)
     ap.add_argument("--seeds-min", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--seeds-max", type=int, default=3)
+    ap.add_argument("--eta", type=float, default=1.41)
+    ap.add_argument("--alpha", type=float, default=0.3)
     ap.add_argument("--tradeoff", action="store_true", help="one row per epsilon x alpha x eta x seeds_min")
     args = ap.parse_args()
     if not args.tradeoff:
         for m in args.seeds_min:
-            table, cpu = run(args.per_family, m, max(m, args.seeds_max))
-            print(f"\nseeds_min {m}, seeds_max {max(m, args.seeds_max)}, epsilon 0.02, alpha 0.3, eta 2 "
+            table, cpu = run(args.per_family, m, max(m, args.seeds_max), eta=args.eta, alpha=args.alpha)
+            print(f"\nseeds_min {m}, seeds_max {max(m, args.seeds_max)}, epsilon 0.02, alpha {args.alpha:g}, "
+                  f"eta {args.eta:g} "
                   f"({cpu:.0f} CPU s)\n")
             print("| family | studies | A2 holds | right (regret <= epsilon) | decided | median spent | max spent | "
                   "mean regret | seeds added |")

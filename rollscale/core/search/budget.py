@@ -39,13 +39,15 @@ two-sided level 1 - 2 alpha so that its interval ends are the one-sided
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from rollscale.core.fit.decision import decide, fit_groups
+from rollscale.core.fit.decision import RunCurves, decide, fit_groups
 from rollscale.core.fit.tables import REWARD_MAX
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.core.search.view import BRACKET_SHARE, MIN_POINTS, level
@@ -67,6 +69,23 @@ def c_star(group: SearchGroup, settings: SearchSettings) -> float:
 def seed_cap(group: SearchGroup, settings: SearchSettings) -> int:
     """The most seeds a key may reach where the decision hangs (``seeds_max``)."""
     return settings.seeds_max if settings.seeds_max is not None else len(group.seeds) + settings.extra_seeds
+
+
+RUN_FIELDS = ("run_id", "key", "reach", "theta", "r0_step0")  # RunCurves' per-run arrays
+
+
+def _trusted(rc: RunCurves, c: float) -> np.ndarray:
+    """Runs whose key's curve may be read at ``c``: within its data, or beyond it where the key's runs have
+    bent (every run's C_mid within its data): an unbent curve's extrapolation is its asymptote's guess, which the
+    seeds' spread does not bound (simulated family ``unbent``: settled wrongly in 4 of 8 studies)."""
+    out = np.ones(len(rc.key), bool)
+    for k in np.unique(rc.key):
+        mine = rc.key == k
+        seen = float(rc.reach[mine].min())
+        mids = 10.0 ** rc.theta[mine, 2]
+        if c > seen * (1 + 1e-9) and not (mids <= seen).all():
+            out[mine] = False
+    return out
 
 
 @dataclass(frozen=True)
@@ -100,7 +119,11 @@ def standings(points: pd.DataFrame, groups: list[SearchGroup], rungs: dict[str, 
         evals = mine.groupby(["key", "run_id"]).size().groupby(level=0).min()
 
         def at(c: float) -> pd.DataFrame:
-            table = decide(rc, c, settings.tolerance, settings.eta, rollout_axis=g.axis == "rollout",
+            trusted = _trusted(rc, c)
+            if not trusted.any():
+                trusted[:] = True  # nothing to compare: the decision says every key is unknown
+            table = decide(dataclasses.replace(rc, **{f: getattr(rc, f)[trusted] for f in RUN_FIELDS}), c,
+                           settings.tolerance, settings.eta, rollout_axis=g.axis == "rollout",
                            level=level(settings), resamples=max(settings.resamples, 1), seed=settings.bootstrap_seed)
             table["key"] = [back[int(k)] for k in table["key"]]
             table["leader"] = [back[int(k)] if k is not None and k == k else None for k in table["leader"]]
@@ -193,6 +216,8 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
 
     def emit(key: Any, seeds: Any, action: str, rule: str, c_train: float, note: str) -> None:
         nums = _numbers(table, key, target)
+        if nums["leader"] is None and standing is not None and standing.rung["leader"].iloc[0] is not None:
+            nums["leader"] = str(standing.rung["leader"].iloc[0])  # C* out of reach: the leader at c_r
         n_points = int(table.loc[key, "evals"]) if table is not None and key in table.index else 0
         for seed in seeds:
             rows.append({**base, **nums, "key": str(key), "seed": int(seed), "action": action, "rule": rule,
@@ -200,14 +225,17 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
 
     live = [key for key in st.keys if key not in st.stopped]
     verdict = {key: (_settled(standing, key, group, settings) if standing is not None and key in standing.star.index
-                     else (None, "no fit: no evaluations yet")) for key in live}
+                     else (None, "no fit at C*: no evaluations yet, or C* beyond its data and its curve not bent"))
+               for key in live}
     adds = _bracket(standing, group, st)
     lead = table["leader"].iloc[0] if table is not None else None
     unsettled = [key for key in live if verdict[key][0] is None]
     if lead not in unsettled and len(unsettled) == 1:
         lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
     open_keys = [key for key in unsettled if key != lead]
-    decided = lead in live and not open_keys and not adds
+    # decided: every key in play but the leader settled (a leader stopped earlier, settled then against another,
+    # still answers: its curve is read at C* with the rest)
+    decided = lead is not None and not open_keys and not adds
     cap = seed_cap(group, settings)
     seeds_to: list[Any] = []
     if last and not decided and lead in live:
@@ -222,7 +250,7 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
         here, ahead = leg_budget(group, key, c_r, settings), leg_budget(group, key, next_c, settings)
         if rule is not None:
             emit(key, st.seeds[key], "stop", rule, here, note)
-        elif decided:
+        elif decided and key == lead:
             emit(key, st.seeds[key], "stop", "decided", here,
                  f"every other key is settled at C* = {target:,.0f}: the answer is {key}")
         elif last:

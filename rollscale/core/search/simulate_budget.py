@@ -79,7 +79,7 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings) -> Budg
         rows.append({
             "group": s.name, "family": s.family, "c_star": target, "answer": answer,
             "true_best": max(truth, key=truth.get), "regret": best - truth[answer] if answer else math.nan,
-            "decided": bool((mine["rule"] == "decided").any()),
+            "decided": not bool((mine["rule"] == "undecided").any()),
             "stops": ", ".join(f"{k}@{c:,.0f}({r})" for k, c, r, a in
                                zip(final["key"], final["c"], final["rule"], final["action"], strict=True) if a == "stop"),
             "seeds_added": int((mine["action"] == "seed").sum()), "added": ",".join(mine.loc[mine["action"] == "add",
