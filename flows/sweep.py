@@ -115,7 +115,8 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
         configs = in_play(search, alone)
         rungs = rung_budgets(sweep.c_max, sweep.search.eta, sweep.search.first_rung)
         if groups.groups:
-            print(f"sweep: frontier search over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
+            what = "frontier search" if sweep.search.method == "frontier" else "search to the decision at C*"
+            print(f"sweep: {what} over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
                   f"{', '.join(f'{c:,}' for c in rungs)} (eta {sweep.search.eta}, alpha {sweep.search.alpha})")
         else:
             print("sweep: frontier search: no two keys to choose between in this grid; every run trains to C_max")
