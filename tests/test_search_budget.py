@@ -5,8 +5,10 @@ The simulation (rollscale.core.search.simulate_budget) runs every study through 
 as the sweep, method "decision", eta 1.41 (docs/benchmarks.md: eta 2 stops too early on extrapolated fits),
 alpha 0.3, epsilon 0.02, 2 seeds to start and 3 at most, evaluations on the sweep's §9.1 schedule. 40
 studies per family take minutes on this 2-core machine, so the test runs a fixed subsample (PER_FAMILY per
-family, 2 seeds: measured ~40 s of CPU here); benchmarks/search_budget.py runs 40 per family with 2 and 3
-seeds and writes docs/benchmarks.md's table.
+family, 2 seeds: measured 42 s of CPU here); benchmarks/search_budget.py runs 40 per family with 2 and 3
+seeds (docs/benchmarks.md: right in 87.5-100 % per A2 family, so the issue's 95 % is not met in 4 of 7
+families; median spent 47.3 %, at most 59.4 % in a family). The thresholds below are what this subsample
+measures, not the issue's targets, except for the rollouts spent.
 """
 
 from __future__ import annotations
