@@ -98,3 +98,16 @@ def test_leader_settled_and_within_tolerance():
     narrow = decide(curves, tie.c_max, 1e-4, 2.0).set_index("key")
     assert narrow.loc[other, "status"] == "open" and not narrow["decided"].any()
     assert (narrow["d_hi"] >= narrow["d"]).all() and (narrow["d_lo"] <= narrow["d"]).all()
+
+
+def test_the_decision_table_names_groups_keys_and_what_would_decide():
+    from rollscale.core.fit.decision_table import DECISION_COLUMNS, decision_table
+
+    studies, ev = _studies(1, 2, seed=3)
+    table = decision_table(ev, 40_000, 0.02, 2.0)
+    assert list(table.columns) == DECISION_COLUMNS and set(table["bucket"]) == {s.name for s in studies}
+    assert (table.groupby("bucket")["status"].apply(lambda s: (s == "leader").sum()) == 1).all()
+    assert (table["steps"] == np.ceil(40_000 / (table["n"] * 16))).all()
+    assert ((table["to_decide"] == "") == table["decided"]).all()
+    no_r0 = decision_table(ev[ev["c"] > 0], 40_000, 0.02, 2.0)
+    assert no_r0["r0"].isna().all() and no_r0["to_decide"].str.startswith("no run has a step-0 evaluation").all()

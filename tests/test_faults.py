@@ -70,7 +70,7 @@ def check_complete_rows(run_dir: Path, c_max: int, eval_every: int, eval_per_dou
     if eval_per_doubling:
         schedule = power.budget_schedule(c_max, eval_per_doubling)
         c = [0, *steps["c"].tolist()]
-        wanted = sorted({0, last, *(i for i in range(1, last + 1) if power.eval_due(c[i - 1], c[i], schedule))})
+        wanted = sorted({0, last, *(i for i in range(1, last + 1) if power.eval_due(i, c[i - 1], c[i], eval_every, schedule))})
     else:
         wanted = sorted({0, *range(eval_every, last + 1, eval_every), last})
     assert evals["step"].tolist() == wanted, f"{run_dir.name}: evaluations lost or duplicated"

@@ -60,8 +60,8 @@ def _fit_fixes(t: Mapping[str, pd.DataFrame | None]) -> list[str]:
             have = f"runs have {int(per_run.min())}-{int(per_run.max())} evaluations; " if len(per_run) else ""
             fixes.append(f"more evaluations per run: {len(failed)} of {len(sig)} reward curves could not be fitted "
                          f"({failed['status'].astype(str).iloc[0]}); {have}a sigmoid needs {power.FIT_MIN_EVALS} "
-                         f"record points at distinct budgets, about {power.EVALS_COMFORTABLE} evaluations: lower "
-                         "sweep.eval_every or raise sweep.c_max")
+                         f"record points at distinct budgets, about {power.EVALS_COMFORTABLE} evaluations: raise "
+                         "sweep.eval_per_doubling (lower sweep.eval_every when it is 0) or sweep.c_max")
     elif fits is not None and t.get("frontier") is None:
         fixes.append("more evaluations per run (sweep.eval_every, sweep.c_max): no curve could be fitted")
     return fixes

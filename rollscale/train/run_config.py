@@ -7,9 +7,11 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollscale.config import TrainParams
+from rollscale.core.fit.power import budget_schedule
 from rollscale.core.grpo.allocation import AllocationRule, make_rule
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.core.grpo.shaping import sqrt_scaled_lr
@@ -112,6 +114,11 @@ class RunConfig(BaseModel):
         the batch the gradient averages over.
         """
         return sqrt_scaled_lr(self.train.lr_base, self.allocation_rule().trained_per_step, self.train.b_base)
+
+    @property
+    def eval_schedule(self) -> np.ndarray | None:
+        """The budgets the run is evaluated at (science §9.1), or None for every ``eval_every`` steps."""
+        return budget_schedule(self.c_max, self.eval_per_doubling) if self.eval_per_doubling else None
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")

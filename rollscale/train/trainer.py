@@ -8,10 +8,8 @@ science §6) -> loss over micro-batches and the optimizer step
 (:func:`~rollscale.train.step.policy_update`) -> weight sync to the engine ->
 log. Every rollout generated counts in ``C`` (science §1). :meth:`GRPOTrainer.run`
 adds the outer loop: evaluation at step 0, on the shared budget schedule (science §9.1) or every
-``eval_every`` steps, and at the
-end (science §5), checkpoints every ``checkpoint_every`` steps into a
-:class:`~rollscale.train.checkpoint.RunStore`, and resuming from its newest
-valid checkpoint.
+``eval_every`` steps, and at the end (science §5), checkpoints every ``checkpoint_every`` steps into a
+:class:`~rollscale.train.checkpoint.RunStore`, and resuming from its newest valid checkpoint.
 
 Repeatability: the data order is a permutation seeded by ``(seed, epoch)`` and
 each sampling call is seeded by ``(seed, step, call)``, so a resumed run
@@ -34,7 +32,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.core.fit.power import budget_schedule, eval_due
+from rollscale.core.fit.power import eval_due
 from rollscale.core.grpo.allocation import allocate
 from rollscale.core.grpo.shaping import warmup_factor
 from rollscale.core.grpo.logprobs import token_logprobs
@@ -140,7 +138,6 @@ class GRPOTrainer:
         # Run progress: everything a checkpoint must hold besides weights and optimizer.
         self.step = self.c = self.c_tokens = self.prompts_drawn = 0
         self.last_eval_step = -1
-        self._schedule = budget_schedule(config.c_max, config.eval_per_doubling) if config.eval_per_doubling else None
         # gradient noise (science §6), measured every noise_every steps
         self.noise_ema = EmaNoiseScale(config.noise_ema)
         self.last_noise_prompts: list[dict] = []
@@ -332,12 +329,6 @@ class GRPOTrainer:
         self.rule.load_state_dict(s.get("rule_state", {}))
         set_rng_state(s["rng"], cuda=self.device.type == "cuda")
 
-    def _eval_due(self, c_before: int) -> bool:
-        """Evaluate after this step: on the shared budget schedule (science §9.1) or every ``eval_every`` steps."""
-        if self.config.eval_per_doubling:
-            return eval_due(c_before, self.c, self._schedule)
-        return self.step % self.config.eval_every == 0
-
     def _result(self, status: str, error: str | None) -> RunResult:
         return RunResult(self.config.run_id, status, error, self.step, self.c, self.c_tokens)
 
@@ -385,7 +376,7 @@ class GRPOTrainer:
                     on_step(step_rows[-1])
                 if progress is not None:
                     progress(self.c, cfg.c_max)
-                if self._eval_due(c_before):
+                if eval_due(self.step, c_before, self.c, cfg.eval_every, cfg.eval_schedule):  # science §9.1
                     log_eval()
                 if self.step % cfg.checkpoint_every == 0:
                     self._save(store, step_rows, eval_rows)

@@ -102,7 +102,8 @@ def fit_groups(evals: pd.DataFrame, key_col: str, group_col: str, a_max: float |
         x[i, :len(p)], y[i, :len(p)], w[i, :len(p)] = np.log10(p["c"].to_numpy(float)), p["avg_at_k"], 1.0
     r0s = np.array([p[1] for p in parts], float)
     theta = np.full((len(parts), 4), math.nan)
-    fit = np.isfinite(r0s)
+    # a run needs _MIN_POINTS evaluations past step 0 (the refits also ask for as many distinct C)
+    fit = np.isfinite(r0s) & (w.sum(axis=1) >= _MIN_POINTS)
     if fit.any():
         theta[fit] = _fit_at_r0(x[fit], y[fit], w[fit], r0s[fit], a_max, iterations)
     out = {}

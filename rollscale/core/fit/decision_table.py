@@ -35,6 +35,8 @@ def to_decide(rows: pd.DataFrame, c_star: float, eta: float) -> str:
     """
     if rows["decided"].all():
         return ""
+    if rows["r0"].isna().all():
+        return "no run has a step-0 evaluation, so the curves have no shared R0 (science §9.2): rerun the sweep"
     open_rows = rows[(rows["status"] != "leader") & ~rows["settled"]]
     if open_rows["unknown"].any():
         return f"sweep.c_max >= {math.ceil(c_star / eta):,} (C* / eta) for every key, so that C* is within reach"

@@ -65,9 +65,11 @@ def budget_schedule(c_max: int, per_doubling: int) -> np.ndarray:
     return c_max * np.exp2((j - EVAL_DOUBLINGS * k) / k)
 
 
-def eval_due(c_before: float, c_after: float, schedule: np.ndarray) -> bool:
-    """Whether a step from cumulative C ``c_before`` to ``c_after`` crosses a budget of ``schedule``:
-    the run evaluates at the first step whose C reaches each one (science §9.1)."""
+def eval_due(step: int, c_before: float, c_after: float, eval_every: int, schedule: np.ndarray | None) -> bool:
+    """Whether a run evaluates after ``step`` (from cumulative C ``c_before`` to ``c_after``): at the first step
+    whose C reaches each budget of ``schedule`` (science §9.1), or with no schedule every ``eval_every`` steps."""
+    if schedule is None:
+        return step % eval_every == 0
     return bool(np.any((schedule > c_before) & (schedule <= c_after)))
 
 
