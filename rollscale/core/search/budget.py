@@ -3,32 +3,44 @@
 ``sweep.search.method: decision``. Runs advance in the rungs of §8
 (:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
 group's seeds (``seeds_min``). After each rung :func:`decide_group` reads the
-decision at the target budget C* (:func:`standing`: each key's reward
-``R_k(C*)`` over refits, the leader L with the largest median, and the
-one-sided 1 - alpha bounds of ``D_k = R_k(C*) - R_L(C*)``) and, per key:
+decision (:func:`standings`) at the target budget C* (each key's reward
+``R_k(C*)``, the leader L with the largest median over paired refits, the
+one-sided 1 - alpha bounds of ``D_k = R_k(C*) - R_L(C*)``), at the rung's
+budget c_r, and as far toward C* as the fits reach (min(C*, eta c_r)), and
+per key:
 
 * **stop**, rule ``epsilon``: settled, the upper bound of D_k is <= epsilon
   (``tolerance``): it cannot beat the leader at C* by more than epsilon;
-* **stop**, rule ``a2``: settled on the rollout axis under A2, an n below the
-  leader's n that the leader beats at the current rung in >= 1 - alpha of
-  refits (it will not overtake at a larger budget);
-* **stop**, rule ``decided``: the leader, once every other key is settled
-  (the group is done: the answer is the leader);
+* **stop**, rule ``a2`` (rollout axis, A2: n* does not fall with budget): an
+  n below the leader at c_r that loses to it there by more than epsilon (the
+  upper bound of its D at c_r below -epsilon), once that leader has risen a
+  record bin (``bin_width``) above R0; or, at C*, an n below the leader
+  beaten where both ran (the decision's own A2). At the rung, a margin of
+  epsilon and the risen leader keep the curves pinned at R0 at small C, whose
+  differences look sure and are not, from stopping keys (docs/benchmarks.md);
+* **stop**, rule ``decided``: the leader, once every other key in play is
+  settled (the group is done: the answer is the leader, also a leader stopped
+  at an earlier rung, whose curve is read at C* with the rest; before C* is in
+  reach, the one key every other was settled against by A2);
 * otherwise the leader and the unsettled keys **continue** to the next rung;
   at C_max they **finish** (rule ``budget``), and a **seed** (rule
   ``undecided``) goes to the leader and to the unsettled key with the
   largest upper bound of D_k, each up to ``seeds_max`` seeds, and the last
-  rung is decided again; with both at the cap the leader's and that key's
-  rows say "not decided" (rule ``undecided``) and the group is done;
+  rung is decided again; with both at the cap every row left says "not
+  decided" (rule ``undecided``) and the group is done;
 * **add** (rule ``bracket``, not for rules): the first or last key in play
-  is best at C* in >= 50 % of refits: the key beyond it joins with the
-  group's seeds and catches up.
+  leads in >= 50 % of paired refits at C*, or as far toward it as the fits
+  reach while C* is beyond them: the key beyond it joins with the group's
+  seeds and catches up.
 
 A key whose C* lies beyond eta times its data (A3) is unknown: it cannot be
-settled. A key whose runs have fewer than :data:`MIN_POINTS` evaluations
-each (it or the leader) is not settled either. Every row carries C*
-(``c_star``), the key's reward there (``r_star``) and the one-sided
-1 - alpha bounds of D_k (``d_lo``, ``d_hi``) beside §8's columns that apply.
+settled. A curve not bent within its data (a run's fitted C_mid past its
+largest C) is not read past its data at all (simulated family ``unbent``:
+its extrapolations settled keys wrongly). A key whose runs have fewer than
+:data:`MIN_POINTS` evaluations each (it or the leader) is not settled
+either. Every row carries C* (``c_star``), the key's reward there
+(``r_star``) and the one-sided 1 - alpha bounds of D_k (``d_lo``, ``d_hi``)
+beside §8's columns that apply.
 
 The numbers are the decision's own (:func:`rollscale.core.fit.decision.decide`,
 science §9.2-9.3: one shared R0, every run fitted at it, the seed spread

@@ -284,7 +284,10 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
     the group types it), optionally ``b`` (rollouts per step, for
     :func:`rollscale.core.search.state.truncate`). Each run is read only up to
     the budget the decisions so far trained it to, so extra rows (a run
-    trained further earlier, a grid replayed) change nothing.
+    trained further earlier, a grid replayed) change nothing. With
+    ``settings.method == "decision"`` the rows are science §9.4's
+    (:func:`rollscale.core.search.budget.decide_group`, on the decision's own
+    fits, :mod:`rollscale.core.fit.decision`); the loop around it is the same.
     """
     require(points, "points", POINT_COLUMNS)
     names = [g.group for g in groups]
