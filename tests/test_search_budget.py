@@ -81,3 +81,9 @@ def test_sweep_search_method_decision_starts_keys_with_seeds_min_and_shares_epsi
                                                                                              30_000)
     frontier = parse_params({"sweep": {"search": {"method": "frontier"}}}).sweep
     assert search_settings(frontier).method == "frontier" and search_plan(frontier).groups[0].seeds == (0, 1, 2)
+
+
+def test_the_same_runs_give_the_same_decisions_so_a_rerun_resumes_to_them():
+    studies = make_studies(1, seed=3, families=("cross", "edge_low"), seeds=(0, 1), schedule=(625.0, 4))
+    first, again = simulate_decision(studies, SETTINGS), simulate_decision(studies, SETTINGS)
+    assert len(first.decisions) and first.decisions.equals(again.decisions)
