@@ -101,7 +101,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     # Frontier search (science §8): runs advance in rungs of budget, and after each rung of a group the
     # keys that cannot be best at any budget to come stop there; grid: every run trains to C_max.
     search, alone = None, []
-    if sweep.search.method == "frontier":
+    if sweep.search.method in ("frontier", "decision"):  # §8, or §9.4: one loop, the method in the settings
         groups = search_plan(sweep)
         grid = {c.run_id: c for c in configs}
 
@@ -109,13 +109,14 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
             config = point_config(sweep, sampling, groups.point(group, key, seed))
             return grid.get(config.run_id, config)
 
-        search = FrontierSearch(groups, search_settings(sweep), sweep_dir, sweep.bucket, config_of,
+        search = FrontierSearch(groups, search_settings(sweep, params.study), sweep_dir, sweep.bucket, config_of,
                                 lambda c: runs_dir / c.run_id)
         alone = [point_config(sweep, sampling, p) for p in groups.alone]
         configs = in_play(search, alone)
         rungs = rung_budgets(sweep.c_max, sweep.search.eta, sweep.search.first_rung)
         if groups.groups:
-            print(f"sweep: frontier search over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
+            what = "frontier search" if sweep.search.method == "frontier" else "search to the decision at C*"
+            print(f"sweep: {what} over {groups.design} in {len(groups.groups)} group(s), rungs at C = "
                   f"{', '.join(f'{c:,}' for c in rungs)} (eta {sweep.search.eta}, alpha {sweep.search.alpha})")
         else:
             print("sweep: frontier search: no two keys to choose between in this grid; every run trains to C_max")

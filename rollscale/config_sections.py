@@ -100,7 +100,9 @@ class SearchParams(Section):
     beyond a grid edge that wins, and adds seeds where the answer is undecided.
     """
 
-    method: Literal["grid", "frontier"] = "grid"
+    # grid: every run to C_max; frontier: science §8; decision: science §9.4, stop when the decision at
+    # study.target_budget (C*) is made within study.tolerance (rollscale/core/search/budget.py)
+    method: Literal["grid", "frontier", "decision"] = "grid"
     # rung factor c_(r+1) = eta c_r, and A3: a fit is trusted at most eta times past the largest C it saw
     eta: float = Field(2.0, gt=1)
     # bounds behind a stop are one-sided 1 - alpha bootstrap bounds (expanded percentile: with 3 seeds near the
@@ -111,6 +113,10 @@ class SearchParams(Section):
     first_rung: float = Field(0.0625, gt=0)
     # seeds beyond sweep.seeds a key may get where the last rung's answer is undecided; 0 = none
     extra_seeds: int = Field(0, ge=0)
+    # method decision: each key starts with the first seeds_min of sweep.seeds; seeds are added (at C_max, to the
+    # leader and the closest unsettled key) up to seeds_max where the decision hangs; null = len(sweep.seeds)
+    seeds_min: int = Field(2, ge=1)
+    seeds_max: int | None = Field(None, ge=1)
     # bracket limits: the smallest / largest key the bracket may add; null = n >= 2 (B_problem >= 1),
     # and up to b_max / B_problem (b_max / n; iso-batch: B)
     key_min: int | None = Field(None, ge=1)

@@ -62,9 +62,12 @@ def test_a_point_alone_in_its_group_trains_to_c_max_and_one_key_is_no_search():
 
 
 def test_the_settings_are_the_search_sections_own():
-    sweep = parse_params({"sweep": {"eval_every": 7, "search": {"alpha": 0.2, "bootstrap_resamples": 50}},
+    sweep = parse_params({"sweep": {"eval_every": 7, "eval_per_doubling": 0,
+                                    "search": {"alpha": 0.2, "bootstrap_resamples": 50}},
                           "fit": {"bootstrap_resamples": 999}}).sweep
     s = search_settings(sweep)
     assert (s.alpha, s.resamples, s.eval_every, s.eta) == (0.2, 50, 7, 2.0)
+    # on the shared budget schedule (science §9.1) a leg ends at its rung, where the run evaluates anyway
+    assert search_settings(parse_params({"sweep": {"eval_every": 7}}).sweep).eval_every is None
     with pytest.raises(ValueError, match="alpha"):
         parse_params({"sweep": {"search": {"alpha": 0.5}}})

@@ -112,3 +112,21 @@ def test_a_stopped_run_says_why_a_rerun_trains_nothing_and_a_grid_trains_it_on(p
     assert pd.read_parquet(art / "sweep" / "search.parquet").empty
     assert len(list((art / "sweep" / "archive").glob("search-*.parquet"))) == 2
     pd.testing.assert_frame_equal(evals, tables(grid / "artifacts")[1])
+
+
+def test_the_search_to_the_decision_at_c_star_runs_in_the_same_loop_as_its_replay(prepared, grid, tmp_path):
+    """science §9.4 (sweep.search.method: decision): the sweep's decisions are the replay's of the same grid,
+    every row carries C*, and the group ends with every key stopped or finished."""
+    sweep = {**SWEEP, "search": {**SWEEP["search"], "method": "decision", "seeds_min": 2}}
+    art = copy_study(prepared, tmp_path)
+    params = write_params(tmp_path, sweep=sweep)
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    decisions = pd.read_parquet(art / "sweep" / "search.parquet")
+    assert set(decisions["group"]) == {GROUP} and (decisions["c_star"] == 192).all()
+    last = decisions[decisions["decision"] == decisions["decision"].max()]
+    assert set(last["action"]) <= {"stop", "finish"}
+    p = load_params(params)
+    grid_runs, grid_evals = tables(grid / "artifacts")
+    replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep, p.study), b_max=p.sweep.b_max)
+    pd.testing.assert_frame_equal(decisions.reset_index(drop=True), replayed.decisions.reset_index(drop=True),
+                                  check_dtype=False)

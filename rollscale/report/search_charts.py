@@ -40,6 +40,10 @@ RULE_WHY = {
     "a": "beaten at the rung by the leader, a larger n, in ≥ 1 − α of refits (A2)",
     "b": "its asymptote's upper bound below the leader's lower bound",
     "c": "its upper bound below the leader's lower bound at every budget still to come (A3)",
+    # science §9.4 (sweep.search.method: decision)
+    "epsilon": "settled: it cannot beat the leader at C* by more than the tolerance (upper bound of D ≤ ε)",
+    "a2": "settled: an n below the leader, beaten by it (A2: it will not overtake at a larger budget)",
+    "decided": "the leader at C*, every other key settled: the decision is made",
 }
 # the key each design's group varies (its name's prefix, rollscale.core.search.replay.replay_groups)
 KEY_NAMES = {"n": "n", "iso_batch": "n", "b_problem": "B_problem", "rule": "rule"}
@@ -207,8 +211,9 @@ def table_search(t: Mapping[str, pd.DataFrame | None]) -> TableSpec:
     name, title = "search", "Frontier search decisions"
     caption = ("Each decision of the frontier search (science §8), one row per key with its seeds: the rung and its "
                "budget C, the action (continue, stop, add, seed, finish), the rule behind it (a, b, c: stops; "
-               "bracket: a key added at the grid's edge; undecided: a seed added), the leader at the rung, the "
-               "record points behind the key's fit, and why in words.")
+               "bracket: a key added at the grid's edge; undecided: a seed added; science §9.4's search: epsilon, "
+               "a2 and decided), the leader, the points behind the key's fit, and why in words; a §9.4 search "
+               "adds each key's reward at C* and the upper bound of its difference D to the leader.")
     s = _search(t)
     if s is None:
         return TableSpec(name, title, caption, missing=_no_search(t, "search decision to list"))
@@ -218,5 +223,8 @@ def table_search(t: Mapping[str, pd.DataFrame | None]) -> TableSpec:
                "seeds": _fold(g["seed"].sort_values())}
         for col in ("action", "rule", "leader", "n_points", "note"):
             row[col] = _fold(g[col]) if col in g.columns else "—"
+        for col, label in (("r_star", "R at C*"), ("d_hi", "D upper bound")):  # science §9.4's rows only
+            if col in s.columns and as_numeric(s[col]).notna().any():
+                row[label] = _fold(as_numeric(g[col]).round(3))
         rows.append(row)
     return TableSpec(name, title, caption, frame=pd.DataFrame(rows))

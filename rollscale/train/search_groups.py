@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollscale.config import SweepParams
+from rollscale.config import DecisionParams, SweepParams
 from rollscale.core.grpo.allocation import RuleParams
 from rollscale.core.search.decisions import SearchGroup, SearchSettings, bracket_limits
 from rollscale.core.search.replay import DESIGNS
@@ -27,15 +27,17 @@ from rollscale.train.sweep import GridPoint, plan_runs
 __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
 
 
-def search_settings(sweep: SweepParams) -> SearchSettings:
-    """The search's settings (``sweep.search``, science §8) with the sweep's evaluation interval: on the shared
-    budget schedule (science §9.1) a run evaluates at the first step past each rung's budget, so a leg ends there
-    (``eval_every`` None)."""
-    s = sweep.search
+def search_settings(sweep: SweepParams, study: DecisionParams | None = None) -> SearchSettings:
+    """The search's settings (``sweep.search``, science §8, §9.4) with the sweep's evaluation interval, and the
+    decision's C* and tolerance (``study``; its defaults when None). On the shared budget schedule (science
+    §9.1) a run evaluates at the first step past each rung's budget, so a leg ends there (``eval_every`` None)."""
+    s, d = sweep.search, study if study is not None else DecisionParams()
     return SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
                           resamples=s.bootstrap_resamples, bootstrap_seed=s.bootstrap_seed, bin_width=s.bin_width,
-                          grid_points=s.grid_points,
-                          eval_every=None if sweep.eval_per_doubling else sweep.eval_every)
+                          grid_points=s.grid_points, eval_every=None if sweep.eval_per_doubling else sweep.eval_every,
+                          method="decision" if s.method == "decision" else "frontier",
+                          target_budget=d.target_budget, tolerance=d.tolerance,
+                          seeds_max=s.seeds_max if s.seeds_max is not None else len(set(sweep.seeds)))
 
 
 def search_design(sweep: SweepParams) -> str | None:
@@ -90,6 +92,8 @@ def search_plan(sweep: SweepParams) -> SearchPlan:
         name = f"{design}:" + "/".join(f"{c}={value[c](p)}" for c in fixed_cols)
         members.setdefault(name, []).append(p)
     groups, fixed, alone = [], {}, []
+    seeds = tuple(sorted(set(sweep.seeds)))  # science §9.4: keys start with seeds_min seeds, more where it hangs
+    seeds = seeds[:sweep.search.seeds_min] if sweep.search.method == "decision" else seeds
     for name, ps in sorted(members.items()):
         keys = sorted({key_of(p) for p in ps}, key=str if axis == "rule" else int)
         if len(keys) < 2:
@@ -97,7 +101,7 @@ def search_plan(sweep: SweepParams) -> SearchPlan:
             continue
         held = None if axis == "rule" else int(value[fixed_cols[-1]](ps[0]))
         lo, hi = bracket_limits(axis, held, sweep.b_max, sweep.search.key_min, sweep.search.key_max)
-        groups.append(SearchGroup(name, axis, tuple(keys), tuple(sweep.seeds), float(sweep.c_max), fixed=held,
+        groups.append(SearchGroup(name, axis, tuple(keys), seeds, float(sweep.c_max), fixed=held,
                                   key_min=lo, key_max=hi))
         fixed[name] = (None, (ps[0].n, ps[0].b_problem)) if axis == "rule" else (ps[0].rule, held)
     return SearchPlan(design, groups, fixed, alone, rules)

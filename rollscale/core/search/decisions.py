@@ -78,6 +78,8 @@ from numpy.typing import NDArray
 from rollscale.core.fit.bootstrap import interval
 from rollscale.core.fit.columns import require
 from rollscale.core.fit.curve_bank import POINT_COLUMNS, CurveBank
+from rollscale.core.search.budget import decide_group as decide_at_budget
+from rollscale.core.search.budget import standings
 from rollscale.core.search.state import (
     ACTIONS,
     AXES,
@@ -95,12 +97,22 @@ from rollscale.core.search.state import (
     states,
     truncate,
 )
-from rollscale.core.search.view import View, a2_contradicted, fit_bank, frontier_answer, group_view, level
+from rollscale.core.search.view import (
+    BRACKET_SHARE,
+    MIN_POINTS,
+    View,
+    a2_contradicted,
+    fit_bank,
+    frontier_answer,
+    group_view,
+    level,
+)
 
 __all__ = [
     "ACTIONS",
     "AXES",
     "DECISION_COLUMNS",
+    "MIN_POINTS",
     "POINT_COLUMNS",
     "SearchGroup",
     "SearchSettings",
@@ -117,10 +129,6 @@ __all__ = [
     "truncate",
 ]
 
-BRACKET_SHARE = 0.5  # science §8: an edge key best in >= 50 % of refits at some budget
-# a stop or an add rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise
-# stop keys; the replay of the default grid: fewer added n = 32 on a 3-point fit of n = 16, docs/benchmarks.md)
-MIN_POINTS = 8
 
 
 def _numbers(view: View | None, k: int | None, j: int, later: NDArray[np.bool_] | None,
@@ -276,7 +284,10 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
     the group types it), optionally ``b`` (rollouts per step, for
     :func:`rollscale.core.search.state.truncate`). Each run is read only up to
     the budget the decisions so far trained it to, so extra rows (a run
-    trained further earlier, a grid replayed) change nothing.
+    trained further earlier, a grid replayed) change nothing. With
+    ``settings.method == "decision"`` the rows are science §9.4's
+    (:func:`rollscale.core.search.budget.decide_group`, on the decision's own
+    fits, :mod:`rollscale.core.fit.decision`); the loop around it is the same.
     """
     require(points, "points", POINT_COLUMNS)
     names = [g.group for g in groups]
@@ -287,8 +298,14 @@ def decide(points: pd.DataFrame, groups: list[SearchGroup], decisions: pd.DataFr
     if not pending:
         return empty_decisions()
     pts = truncate(points[points["group"].isin([g.group for g in pending])], budgets)
-    bank = fit_bank(pts, settings, cache)
-    rows = [r for g, st in zip(pending, states(pending, decisions, settings), strict=True)
-            for r in _decide_group(g, st, bank, settings)]
+    sts = states(pending, decisions, settings)
+    if settings.method == "decision":  # science §9.4: the decision at C* (rollscale.core.search.budget)
+        rungs = {g.group: float(st.budgets[int(st.rung) - 1]) for g, st in zip(pending, sts, strict=True)}
+        tables = standings(pts, pending, rungs, settings)
+        rows = [r for g, st in zip(pending, sts, strict=True)
+                for r in decide_at_budget(g, st, tables.get(g.group), settings)]
+    else:  # science §8
+        bank = fit_bank(pts, settings, cache)
+        rows = [r for g, st in zip(pending, sts, strict=True) for r in _decide_group(g, st, bank, settings)]
     out = pd.DataFrame(rows, columns=DECISION_COLUMNS)
     return out.astype({"decision": int, "rung": int, "seed": int, "n_points": int})

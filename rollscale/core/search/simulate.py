@@ -44,7 +44,7 @@ from rollscale.core.search.decisions import (
     plan,
 )
 
-__all__ = ["FAMILIES", "SimStudy", "SimResult", "grid_tables", "make_studies", "simulate", "summarise"]
+__all__ = ["FAMILIES", "MORE_FAMILIES", "UNIVERSE", "Runs", "SimStudy", "SimResult", "grid_tables", "make_studies", "simulate", "summarise"]
 
 R0 = 0.37
 # family -> (grid keys, gains A - R0 for n = 2, 4, 8, 16, C_mid for n = 2, 4, 8, 16)
@@ -54,6 +54,15 @@ FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]
     "edge_high": ((2, 4, 8), (0.12, 0.15, 0.19, 0.26), (3000, 5000, 8000, 12000)),
     "tie": ((2, 4, 8, 16), (0.13, 0.20, 0.20, 0.14), (5000, 6000, 6000, 20000)),
     "a2": ((2, 4, 8, 16), (0.30, 0.20, 0.16, 0.12), (15000, 8000, 2000, 2000)),
+}
+# science §9.4's proof adds three shapes §8's did not have (rollscale.core.search.simulate_budget)
+MORE_FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {
+    # a late bloomer: n = 16 rises last and highest, below n = 8 until past C_max / 2 (about 25,000)
+    "late": ((2, 4, 8, 16), (0.14, 0.17, 0.19, 0.32), (2500, 4000, 6000, 22000)),
+    # a close race: n = 4 and n = 8 end within 0.01 of each other at C_max (closer than epsilon 0.02)
+    "close": ((2, 4, 8, 16), (0.13, 0.19, 0.20, 0.14), (3000, 5000, 7000, 20000)),
+    # curves unbent at C_max: every C_mid at or past 25,000, still rising steeply at 40,000
+    "unbent": ((2, 4, 8, 16), (0.22, 0.28, 0.34, 0.40), (25000, 40000, 60000, 100000)),
 }
 UNIVERSE = (2, 4, 8, 16)  # every key a study may train: the bracket's limits
 SEED_SD = (0.015, 0.05, 0.1)  # a seed's shift of A, log10 C_mid, log beta
@@ -73,19 +82,24 @@ class SimStudy:
     b_problem: int = 16
     eval_every: int = 20
     eval_draws: int = 400  # avg@4 over 100 problems
+    # science §9.1: evaluations at the first step reaching c_first * 2^(j / k), (c_first, k); None: every
+    # eval_every steps
+    schedule: tuple[float, int] | None = None
 
     def group(self) -> SearchGroup:
         return SearchGroup(self.name, "rollout", self.keys, self.seeds, self.c_max, fixed=self.b_problem,
                            key_min=min(UNIVERSE), key_max=max(UNIVERSE))
 
 
-def make_studies(per_family: int, seed: int = 0, families: tuple[str, ...] = tuple(FAMILIES)) -> list[SimStudy]:
-    """``per_family`` studies of each family; each study jitters its family's curves (gain sd 0.01, log10 C_mid
-    sd 0.08, beta in [1.2, 2])."""
+def make_studies(per_family: int, seed: int = 0, families: tuple[str, ...] = tuple(FAMILIES),
+                 seeds: tuple[int, ...] = (0, 1, 2), schedule: tuple[float, int] | None = None) -> list[SimStudy]:
+    """``per_family`` studies of each family (:data:`FAMILIES` or :data:`MORE_FAMILIES`); each study jitters
+    its family's curves (gain sd 0.01, log10 C_mid sd 0.08, beta in [1.2, 2]); ``seeds`` each key starts with."""
     rng = np.random.default_rng(seed)
     out = []
+    shapes = {**FAMILIES, **MORE_FAMILIES}
     for family in families:
-        keys, gains, mids = FAMILIES[family]
+        keys, gains, mids = shapes[family]
         for i in range(per_family):
             beta = rng.uniform(1.2, 2.0)
             curves = {}
@@ -95,11 +109,12 @@ def make_studies(per_family: int, seed: int = 0, families: tuple[str, ...] = tup
                              beta)
             if family == "tie":
                 curves[8] = curves[4]
-            out.append(SimStudy(f"{family}-{i}", family, keys, curves, int(rng.integers(2**31))))
+            out.append(SimStudy(f"{family}-{i}", family, keys, curves, int(rng.integers(2**31)), seeds=tuple(seeds),
+                                schedule=schedule))
     return out
 
 
-class _Runs:
+class Runs:
     """Every simulated run's evaluations: the true curve and noise of each step drawn once, read at any leg."""
 
     def __init__(self, studies: list[SimStudy]) -> None:
@@ -124,13 +139,23 @@ class _Runs:
             self.cache[key] = (c.astype(float), y)
         return self.cache[key]
 
+    def eval_steps(self, study: SimStudy, n: int, last: int) -> np.ndarray:
+        """The steps up to ``last`` a run of ``n`` evaluates at (step 0 too)."""
+        if study.schedule is None:
+            return np.arange(0, last + 1, study.eval_every)
+        c_first, per = study.schedule
+        doublings = max(0.0, math.log2(study.c_max / c_first))
+        budgets = c_first * 2.0 ** (np.arange(int(math.floor(doublings * per + 1e-9)) + 1) / per)
+        steps = np.ceil(budgets / (study.b_problem * n) - 1e-9).astype(int)
+        return np.union1d([0], steps[steps <= last])
+
     def points(self, legs: dict[tuple, set]) -> pd.DataFrame:
         """Evaluations of runs ``(study, n, seed)`` trained through the leg-end steps ``legs[run]``."""
         cols: dict[str, list] = {"group": [], "key": [], "run_id": [], "seed": [], "c": [], "avg_at_k": [], "b": []}
         for (name, n, seed), ends in legs.items():
             study = self.studies[name]
             c, y = self.curve(study, n, seed)
-            steps = np.union1d(np.arange(0, max(ends) + 1, study.eval_every), sorted(ends))
+            steps = np.union1d(self.eval_steps(study, n, max(ends)), sorted(ends))
             size = len(steps)
             for col, value in (("group", name), ("key", n), ("run_id", f"n{n}_s{seed}"), ("seed", seed),
                                ("b", float(study.b_problem * n))):
@@ -149,7 +174,7 @@ class _Runs:
 
 def grid_tables(studies: list[SimStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The full grid of ``studies`` as the sweep's ``runs`` and ``evals`` tables (one bucket per study)."""
-    runs = _Runs(studies)
+    runs = Runs(studies)
     legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE for seed in s.seeds}
     pts = runs.points(legs)
     b_problem = {s.name: s.b_problem for s in studies}
@@ -175,7 +200,7 @@ class SimResult:
 def simulate(studies: list[SimStudy], settings: SearchSettings, level: float = 0.95) -> SimResult:
     """Run every study as a grid and as a frontier search (module docstring); A2 checked on both answers."""
     settings = replace(settings, eval_every=studies[0].eval_every)  # legs end at evaluations, as the stage's do
-    runs = _Runs(studies)
+    runs = Runs(studies)
     groups = [s.group() for s in studies]
     grid_legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE
                  for seed in s.seeds}

@@ -25,6 +25,7 @@ __all__ = [
     "ACTIONS",
     "AXES",
     "DECISION_COLUMNS",
+    "METHODS",
     "GroupState",
     "SearchGroup",
     "SearchSettings",
@@ -44,9 +45,12 @@ AXES: tuple[str, ...] = ("rollout", "prompt", "iso_batch", "rule")
 # continue: train on to the next rung; stop: no further (rule a, b or c); add: a new key (bracket);
 # seed: a new seed of a key (undecided); finish: the run reached C_max at the last rung
 ACTIONS: tuple[str, ...] = ("continue", "stop", "add", "seed", "finish")
+METHODS: tuple[str, ...] = ("frontier", "decision")  # science §8, §9.4 (rollscale.core.search.budget)
+# the last four: the decision at C* behind a §9.4 row (NaN for §8's): C*, the key's median reward there over
+# refits, and the one-sided 1 - alpha bounds of its difference to the leader D_k
 DECISION_COLUMNS = ["group", "decision", "rung", "c", "key", "seed", "action", "rule", "c_train", "leader",
                     "beaten_share", "margin_lo", "a_hi", "leader_lo", "key_hi", "best_share", "at_c", "n_points",
-                    "note"]
+                    "note", "c_star", "r_star", "d_lo", "d_hi"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,13 @@ class SearchSettings:
     ``eval_every``: the sweep's evaluation interval in steps: a run's leg
     ends at its first evaluation at or past the rung's budget, so the search
     reads exactly the evaluations a grid run has there (None: at the budget).
+
+    ``method``: ``frontier`` (science §8, :mod:`rollscale.core.search.decisions`)
+    or ``decision`` (§9.4, :mod:`rollscale.core.search.budget`), which also reads
+    ``target_budget`` (C*; None: each group's C_max), ``tolerance`` (epsilon)
+    and ``seeds_max`` (the seeds a key may reach where the decision hangs;
+    None: the group's seeds plus ``extra_seeds``). Under ``decision`` a group's
+    seeds are the ones each key starts with (``seeds_min``).
     """
 
     eta: float = 2.0
@@ -72,9 +83,17 @@ class SearchSettings:
     bin_width: float = 0.02
     grid_points: int = 50
     eval_every: int | None = None
+    method: str = "frontier"
+    target_budget: float | None = None
+    tolerance: float = 0.02
+    seeds_max: int | None = None
 
     def __post_init__(self) -> None:
-        checks = {"eta": self.eta > 1, "alpha": 0 < self.alpha < 0.5, "first_rung": self.first_rung > 0,
+        if self.method not in METHODS:
+            raise ValueError(f"search settings: method must be one of {list(METHODS)}, got {self.method!r}")
+        checks = {"target_budget": self.target_budget is None or self.target_budget > 0,
+                  "tolerance": 0 < self.tolerance < 1, "seeds_max": self.seeds_max is None or self.seeds_max >= 1,
+                  "eta": self.eta > 1, "alpha": 0 < self.alpha < 0.5, "first_rung": self.first_rung > 0,
                   "extra_seeds": self.extra_seeds >= 0, "resamples": self.resamples >= 0,
                   "bin_width": self.bin_width > 0, "grid_points": self.grid_points >= 2,
                   "eval_every": self.eval_every is None or self.eval_every >= 1}
@@ -217,6 +236,8 @@ def _state(group: SearchGroup, rows: dict[str, np.ndarray], settings: SearchSett
             rung += 1
         elif not np.isin(action[last], ["add", "seed"]).any():
             rung = None  # the last rung decided without adding anything: done
+        if rung is not None and keys <= stopped.keys() and not np.isin(action[last], ["add", "seed"]).any():
+            rung = None  # every key stopped (science §9.4: decided, the leader stops too): done
     return GroupState(tuple(sorted(keys)), stopped, {k: tuple(sorted(v)) for k, v in seeds.items()}, added, rung,
                       count, budgets)
 

@@ -24,7 +24,12 @@ from rollscale.core.fit.frontier import a2_check, log_grid, pairwise_beats, reac
 from rollscale.core.fit.tables import REWARD_MAX
 from rollscale.core.search.state import SearchGroup, SearchSettings
 
-__all__ = ["View", "a2_contradicted", "fit_bank", "frontier_answer", "group_view", "level"]
+__all__ = ["BRACKET_SHARE", "MIN_POINTS", "View", "a2_contradicted", "fit_bank", "frontier_answer", "group_view", "level"]
+
+BRACKET_SHARE = 0.5  # science §8: an edge key best in >= 50 % of refits at some budget (§9.4: at C*)
+# a stop or an add rests on fits with 2+ record points per parameter (benchmarks/search_sim.py: fewer let noise
+# stop keys; the replay of the default grid: fewer added n = 32 on a 3-point fit of n = 16, docs/benchmarks.md)
+MIN_POINTS = 8
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,78 @@
+"""The search of science §9.4 on simulated studies, per family: the answer at C* against the truth, rollouts spent.
+
+    python benchmarks/search_budget.py --per-family 40 --seeds-min 2 3
+    python benchmarks/search_budget.py --per-family 10 --tradeoff
+
+Studies: rollscale.core.search.simulate (rollout axis, B_problem 16, C_max = C* = 40,000, avg@4 over
+100 problems, evaluations on the §9.1 schedule from C_max / 64, 4 per doubling, the sweep's default), its five families
+and the three of MORE_FAMILIES; the search runs through rollscale.core.search.decisions with method
+"decision" (rollscale.core.search.simulate_budget). Prints markdown: per family, the share of studies
+whose answer is within epsilon of the true best at C* ("right"), the share decided, the median and
+largest rollouts spent against the grid's (every key, seeds_max seeds, to C_max), the mean regret and
+the seeds added; with --tradeoff one row per setting moved from epsilon 0.02, alpha 0.3, eta 1.41,
+seeds_min 2 (one at a time), over all families.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollscale.core.search.decisions import SearchSettings  # noqa: E402
+from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, make_studies  # noqa: E402
+from rollscale.core.search.simulate_budget import simulate_decision, summarise_decision  # noqa: E402
+
+SCHEDULE = (625.0, 4)  # the sweep's default: sweep.eval_per_doubling 4 from c_max / 64
+
+
+def run(per: int, seeds_min: int, seeds_max: int, **kw: float) -> tuple:
+    studies = make_studies(per, seed=0, families=tuple(FAMILIES) + tuple(MORE_FAMILIES),
+                           seeds=tuple(range(seeds_min)), schedule=SCHEDULE)
+    t = time.process_time()
+    result = simulate_decision(studies, SearchSettings(method="decision", seeds_max=seeds_max, **kw))
+    return summarise_decision(result), time.process_time() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--per-family", type=int, default=40)
+    ap.add_argument("--seeds-min", type=int, nargs="+", default=[2, 3])
+    ap.add_argument("--seeds-max", type=int, default=3)
+    ap.add_argument("--eta", type=float, default=1.41)
+    ap.add_argument("--alpha", type=float, default=0.3)
+    ap.add_argument("--tradeoff", action="store_true", help="one row per epsilon x alpha x eta x seeds_min")
+    args = ap.parse_args()
+    if not args.tradeoff:
+        for m in args.seeds_min:
+            table, cpu = run(args.per_family, m, max(m, args.seeds_max), eta=args.eta, alpha=args.alpha)
+            print(f"\nseeds_min {m}, seeds_max {max(m, args.seeds_max)}, epsilon 0.02, alpha {args.alpha:g}, "
+                  f"eta {args.eta:g} "
+                  f"({cpu:.0f} CPU s)\n")
+            print("| family | studies | A2 holds | right (regret <= epsilon) | decided | median spent | max spent | "
+                  "mean regret | seeds added |")
+            print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+            for fam, r in table.iterrows():
+                print(f"| {fam} | {r['studies']} | {'yes' if r['a2_holds'] else 'no'} | {r['right']:.1%} | "
+                      f"{r['decided']:.0%} | {r['median_spent']:.1%} | {r['max_spent']:.1%} | "
+                      f"{r['mean_regret']:.4f} | {r['seeds_added']:.2f} |")
+        return
+    print("| epsilon | alpha | eta | seeds_min | right, worst family | right, all | median spent | worst family's "
+          "median spent | CPU s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    base = (0.02, args.alpha, args.eta, 2)  # one setting moved at a time from the tested one
+    moves = [base, (0.01, *base[1:]), (0.04, *base[1:]), (base[0], 0.1, *base[2:]), (*base[:2], 2.0, 2),
+             (*base[:3], 3)]
+    for eps, alpha, eta, m in moves:
+        table, cpu = run(args.per_family, m, max(m, args.seeds_max), tolerance=eps, alpha=alpha, eta=eta)
+        fams = table.drop(index="all")
+        holds = fams[fams["a2_holds"].astype(bool)]
+        print(f"| {eps:g} | {alpha:g} | {eta:g} | {m} | {holds['right'].min():.1%} | {table.loc['all', 'right']:.1%} | "
+              f"{table.loc['all', 'median_spent']:.1%} | {fams['median_spent'].max():.1%} | {cpu:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

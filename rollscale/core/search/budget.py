@@ -1,0 +1,281 @@
+"""The search that stops when the decision is made (science §9.4): the answer at C* for part of the grid.
+
+``sweep.search.method: decision``. Runs advance in the rungs of §8
+(:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
+group's seeds (``seeds_min``). After each rung :func:`decide_group` reads the
+decision (:func:`standings`) at the target budget C* (each key's reward
+``R_k(C*)``, the leader L with the largest median over paired refits, the
+one-sided 1 - alpha bounds of ``D_k = R_k(C*) - R_L(C*)``), at the rung's
+budget c_r, and as far toward C* as the fits reach (min(C*, eta c_r)), and
+per key:
+
+* **stop**, rule ``epsilon``: settled, the upper bound of D_k is <= epsilon
+  (``tolerance``): it cannot beat the leader at C* by more than epsilon;
+* **stop**, rule ``a2`` (rollout axis, A2: n* does not fall with budget): an
+  n below the leader at c_r that loses to it there by more than epsilon (the
+  upper bound of its D at c_r below -epsilon), once that leader has risen a
+  record bin (``bin_width``) above R0; or, at C*, an n below the leader
+  beaten where both ran (the decision's own A2). At the rung, a margin of
+  epsilon and the risen leader keep the curves pinned at R0 at small C, whose
+  differences look sure and are not, from stopping keys (docs/benchmarks.md);
+* **stop**, rule ``decided``: the leader, once every other key in play is
+  settled (the group is done: the answer is the leader, also a leader stopped
+  at an earlier rung, whose curve is read at C* with the rest; before C* is in
+  reach, the one key every other was settled against by A2);
+* otherwise the leader and the unsettled keys **continue** to the next rung;
+  at C_max they **finish** (rule ``budget``), and a **seed** (rule
+  ``undecided``) goes to the leader and to the unsettled key with the
+  largest upper bound of D_k, each up to ``seeds_max`` seeds, and the last
+  rung is decided again; with both at the cap every row left says "not
+  decided" (rule ``undecided``) and the group is done;
+* **add** (rule ``bracket``, not for rules): the first or last key in play
+  leads in >= 50 % of paired refits at C*, or as far toward it as the fits
+  reach while C* is beyond them: the key beyond it joins with the group's
+  seeds and catches up.
+
+A key whose C* lies beyond eta times its data (A3) is unknown: it cannot be
+settled. A curve not bent within its data (a run's fitted C_mid past its
+largest C) is not read past its data at all (simulated family ``unbent``:
+its extrapolations settled keys wrongly). A key whose runs have fewer than
+:data:`MIN_POINTS` evaluations each (it or the leader) is not settled
+either. Every row carries C* (``c_star``), the key's reward there
+(``r_star``) and the one-sided 1 - alpha bounds of D_k (``d_lo``, ``d_hi``)
+beside §8's columns that apply.
+
+The numbers are the decision's own (:func:`rollscale.core.fit.decision.decide`,
+science §9.2-9.3: one shared R0, every run fitted at it, the seed spread
+pooled across the group's keys, paired refits for the leader), asked at the
+two-sided level 1 - 2 alpha so that its interval ends are the one-sided
+1 - alpha bounds of §9.4: one interval method for the search and the answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rollscale.core.fit.decision import RunCurves, decide, fit_groups
+from rollscale.core.fit.tables import REWARD_MAX
+from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
+from rollscale.core.search.view import BRACKET_SHARE, MIN_POINTS, level
+
+__all__ = ["RULES", "Standing", "c_star", "decide_group", "seed_cap", "standings"]
+
+# rule -> what it says (the `rule` column of a §9.4 row)
+RULES = {"epsilon": "settled: the upper bound of D_k <= epsilon", "a2": "settled: below the leader's n, beaten at c_r",
+         "decided": "the leader, every other key settled", "bracket": "the key beyond a winning edge at C*",
+         "undecided": "a seed where the decision hangs, or not decided at the cap", "budget": "reached C_max",
+         "none": "not settled"}
+
+
+def c_star(group: SearchGroup, settings: SearchSettings) -> float:
+    """The target budget C* of ``group``: ``target_budget``, else its C_max."""
+    return float(settings.target_budget) if settings.target_budget is not None else float(group.c_max)
+
+
+def seed_cap(group: SearchGroup, settings: SearchSettings) -> int:
+    """The most seeds a key may reach where the decision hangs (``seeds_max``)."""
+    return settings.seeds_max if settings.seeds_max is not None else len(group.seeds) + settings.extra_seeds
+
+
+RUN_FIELDS = ("run_id", "key", "reach", "theta", "r0_step0")  # RunCurves' per-run arrays
+
+
+def _trusted(rc: RunCurves, c: float) -> np.ndarray:
+    """Runs whose key's curve may be read at ``c``: within its data, or beyond it where the key's runs have
+    bent (every run's C_mid within its data): an unbent curve's extrapolation is its asymptote's guess, which the
+    seeds' spread does not bound (simulated family ``unbent``: settled wrongly in 4 of 8 studies)."""
+    out = np.ones(len(rc.key), bool)
+    for k in np.unique(rc.key):
+        mine = rc.key == k
+        seen = float(rc.reach[mine].min())
+        mids = 10.0 ** rc.theta[mine, 2]
+        if c > seen * (1 + 1e-9) and not (mids <= seen).all():
+            out[mine] = False
+    return out
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One group's decision read at three budgets (tables of :func:`rollscale.core.fit.decision.decide`, one row
+    per key, ``key`` as the group types it, ``evals`` the fewest evaluations past C = 0 of any of its runs)."""
+
+    star: pd.DataFrame  # at C*: the leader, D_k and its bounds, settled by epsilon (science §9.4)
+    rung: pd.DataFrame  # at c_r: the leader there, and the smaller n it beats (A2)
+    reach: pd.DataFrame  # at min(C*, eta c_r), the farthest the fits reach toward C*: the bracket's edge
+    rise: float  # the leader at c_r's reward there above the shared R0
+
+
+def standings(points: pd.DataFrame, groups: list[SearchGroup], rungs: dict[str, float],
+              settings: SearchSettings) -> dict[str, Standing]:
+    """The decision of every group with evaluations (``rungs``: group -> its rung budget c_r). All groups'
+    runs are fitted in one batch, each group at its own shared R0."""
+    if points.empty:
+        return {}
+    by_name = {g.group: g for g in groups}
+    pts = points[points["group"].isin(list(by_name))]
+    # the decision's fits take integer keys: rules by their place among the group's keys (bracket keys too)
+    index = {name: {k: (i if by_name[name].axis == "rule" else int(k)) for i, k in enumerate(sorted(set(keys)))}
+             for name, keys in pts.groupby("group")["key"]}
+    pts = pts.assign(key_ix=[index[g][k] for g, k in zip(pts["group"], pts["key"], strict=True)])
+    curves = fit_groups(pts, "key_ix", "group", REWARD_MAX if pts["avg_at_k"].between(0, REWARD_MAX).all() else None)
+    out = {}
+    for name, rc in curves.items():
+        g, back = by_name[name], {v: k for k, v in index[name].items()}
+        mine = pts[(pts["group"] == name) & (pts["c"] > 0)]
+        evals = mine.groupby(["key", "run_id"]).size().groupby(level=0).min()
+
+        def at(c: float) -> pd.DataFrame:
+            trusted = _trusted(rc, c)
+            if not trusted.any():
+                trusted[:] = True  # nothing to compare: the decision says every key is unknown
+            table = decide(dataclasses.replace(rc, **{f: getattr(rc, f)[trusted] for f in RUN_FIELDS}), c,
+                           settings.tolerance, settings.eta, rollout_axis=g.axis == "rollout",
+                           level=level(settings), resamples=max(settings.resamples, 1), seed=settings.bootstrap_seed)
+            table["key"] = [back[int(k)] for k in table["key"]]
+            table["leader"] = [back[int(k)] if k is not None and k == k else None for k in table["leader"]]
+            table["evals"] = table["key"].map(evals).fillna(0).astype(int)
+            return table.set_index("key", drop=False)
+
+        target, c_r = c_star(g, settings), rungs[name]
+        star = at(target)
+        reach = star if target <= settings.eta * c_r * (1 + 1e-9) else at(settings.eta * c_r)
+        rung = at(c_r)
+        lead_r = rung["leader"].iloc[0]
+        rise = float(rung.loc[lead_r, "reward"] - rc.r0) if lead_r is not None else math.nan
+        out[name] = Standing(star, rung, reach, rise)
+    return out
+
+
+def _settled(s: Standing, key: Any, group: SearchGroup, settings: SearchSettings) -> tuple[str | None, str]:
+    """(rule, note) when ``key`` is settled; (None, why not) otherwise."""
+    t, r = s.star, s.rung
+    lead, lead_r = t["leader"].iloc[0], r["leader"].iloc[0]
+    if (group.axis == "rollout" and key in r.index and lead_r is not None and key < lead_r and r.loc[key, "d_hi"] < -settings.tolerance
+            and s.rise >= settings.bin_width and min(r.loc[key, "evals"], r.loc[lead_r, "evals"]) >= MIN_POINTS):
+        # A2: the best n does not fall with budget, so an n below the leader at c_r is not best at C* >= c_r
+        return "a2", (f"A2: n = {key} is below n = {lead_r}, the leader at c_r, which beats it there "
+                      f"(upper bound of D {r.loc[key, 'd_hi']:+.3f} < 0)")
+    if lead is None:
+        return None, "no key's fit reaches C*: nothing is settled by epsilon yet"
+    if key == lead:
+        return None, "leader at C*"
+    row = t.loc[key]
+    if row["unknown"]:
+        return None, "C* lies beyond eta times its data: unknown, cannot be settled"
+    if min(row["evals"], t.loc[lead, "evals"]) < MIN_POINTS:
+        return None, f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
+    if row["settled_by"] == "tolerance":
+        return "epsilon", (f"D = R({key}) - R({lead}) at C* has upper bound {row['d_hi']:+.3f} <= epsilon "
+                           f"{settings.tolerance:g}: it cannot beat the leader by more")
+    if row["settled_by"] == "a2":
+        return "a2", f"A2: n = {key} is below the leader n = {lead}, beaten by it where both ran (upper bound < 0)"
+    return None, f"D's upper bound {row['d_hi']:+.3f} > epsilon {settings.tolerance:g}: could still beat the leader"
+
+
+def _numbers(t: pd.DataFrame | None, key: Any, target: float) -> dict[str, Any]:
+    """The columns a row carries for ``key`` (the decision at C*; §8's bounds NaN)."""
+    nan = math.nan
+    out: dict[str, Any] = {"leader": None, "beaten_share": nan, "margin_lo": nan, "a_hi": nan, "leader_lo": nan,
+                           "key_hi": nan, "best_share": nan, "at_c": nan, "c_star": target, "r_star": nan,
+                           "d_lo": nan, "d_hi": nan}
+    if t is None or t["leader"].iloc[0] is None:
+        return out
+    lead = t["leader"].iloc[0]
+    out.update(leader=str(lead), leader_lo=float(t.loc[lead, "reward_lo"]), best_share=float(t["leader_share"].iloc[0]),
+               at_c=target)
+    if key is not None and key in t.index:
+        row = t.loc[key]
+        out.update(r_star=float(row["reward"]), d_lo=float(row["d_lo"]), d_hi=float(row["d_hi"]),
+                   key_hi=float(row["reward_hi"]))
+    return out
+
+
+def _bracket(s: Standing | None, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
+    """The key beyond a grid edge that leads at C* (or as far toward it as the fits reach) in >= 50 % of paired
+    refits: (key, note)."""
+    t = s.reach if s is not None else None
+    if t is None or group.axis == "rule" or t["leader"].iloc[0] is None or len(st.keys) < 2:
+        return []
+    lead, share = t["leader"].iloc[0], float(t["leader_share"].iloc[0])
+    out = []
+    for edge, cand in ((min(st.keys), min(st.keys) // 2), (max(st.keys), max(st.keys) * 2)):
+        if edge != lead or cand in st.keys or cand == edge or not group.allows(cand):
+            continue
+        if t.loc[edge, "evals"] < MIN_POINTS or share < BRACKET_SHARE:
+            continue
+        side = "first" if cand < edge else "last"
+        out.append((cand, f"{edge}, the {side} key in play, leads toward C* in {share:.0%} of refits: add {cand}"))
+    return out
+
+
+def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, settings: SearchSettings,
+                 ) -> list[dict]:
+    """The next decision of one group (module docstring) from its :class:`Standing` (None: no evaluations yet):
+    rows of the ``search`` table, as §8's decide makes."""
+    r, budgets = int(st.rung), st.budgets  # type: ignore[arg-type]
+    c_r, last = float(budgets[r - 1]), r == len(budgets)
+    next_c = float(group.c_max if last else budgets[r])
+    target = c_star(group, settings)
+    table = standing.star if standing is not None else None
+    base = {"group": group.group, "decision": st.decision, "rung": r, "c": c_r}
+    rows: list[dict] = []
+
+    def emit(key: Any, seeds: Any, action: str, rule: str, c_train: float, note: str) -> None:
+        nums = _numbers(table, key, target)
+        if nums["leader"] is None and standing is not None and standing.rung["leader"].iloc[0] is not None:
+            nums["leader"] = str(standing.rung["leader"].iloc[0])  # C* out of reach: the leader at c_r
+        n_points = int(table.loc[key, "evals"]) if table is not None and key in table.index else 0
+        for seed in seeds:
+            rows.append({**base, **nums, "key": str(key), "seed": int(seed), "action": action, "rule": rule,
+                         "c_train": c_train, "n_points": n_points, "note": note})
+
+    live = [key for key in st.keys if key not in st.stopped]
+    verdict = {key: (_settled(standing, key, group, settings) if standing is not None and key in standing.star.index
+                     else (None, "no fit at C*: no evaluations yet, or C* beyond its data and its curve not bent"))
+               for key in live}
+    adds = _bracket(standing, group, st)
+    lead = table["leader"].iloc[0] if table is not None else None
+    unsettled = [key for key in live if verdict[key][0] is None]
+    if lead not in unsettled and len(unsettled) == 1:
+        lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
+    open_keys = [key for key in unsettled if key != lead]
+    # decided: every key in play but the leader settled (a leader stopped earlier, settled then against another,
+    # still answers: its curve is read at C* with the rest)
+    decided = lead is not None and not open_keys and not adds
+    cap = seed_cap(group, settings)
+    seeds_to: list[Any] = []
+    if last and not decided and lead in live:
+        def upper(q: Any) -> float:
+            d_hi = table.loc[q, "d_hi"] if table is not None and q in table.index else math.nan
+            return float(d_hi) if math.isfinite(d_hi) else -math.inf
+        contender = max(open_keys, key=upper, default=None)
+        seeds_to = [q for q in (lead, contender) if q is not None and len(st.seeds[q]) < cap]
+    hangs = last and not decided and not seeds_to and not adds
+    for key in live:
+        rule, note = verdict[key]
+        here, ahead = leg_budget(group, key, c_r, settings), leg_budget(group, key, next_c, settings)
+        if rule is not None:
+            emit(key, st.seeds[key], "stop", rule, here, note)
+        elif decided and key == lead:
+            emit(key, st.seeds[key], "stop", "decided", here,
+                 f"every other key is settled at C* = {target:,.0f}: the answer is {key}")
+        elif last:
+            emit(key, st.seeds[key], "finish", "undecided" if hangs else "budget", here,
+                 f"not decided at C* = {target:,.0f} with {cap} seeds: {note}" if hangs else f"reached C_max; {note}")
+        else:
+            emit(key, st.seeds[key], "continue", "none", ahead, note)
+    for key, note in adds:
+        emit(key, group.seeds, "add", "bracket", leg_budget(group, key, next_c, settings), note)
+    for key in seeds_to:
+        emit(key, [max(st.seeds[key]) + 1], "seed", "undecided", float(group.c_max),
+             f"the decision at C* = {target:,.0f} hangs between {lead} and {open_keys}: one more seed")
+    if decided:  # the answer is the leader, also where the decision at C* had none
+        for row in rows:
+            row["leader"] = str(lead)
+    return rows

@@ -1,0 +1,107 @@
+"""Proof of the search of science §9.4 by simulation: per family, the key it names at C* against the truth.
+
+The studies are :mod:`rollscale.core.search.simulate`'s (rollout axis,
+B_problem 16, C_max 40,000, validation avg@4 over 100 problems), in its five
+families and the three of :data:`rollscale.core.search.simulate.MORE_FAMILIES`
+(a late bloomer, a close race, curves unbent at C_max). Each study runs the
+search with ``method = decision`` through the same
+:func:`~rollscale.core.search.decisions.plan` /
+:func:`~rollscale.core.search.decisions.decide` loop the sweep uses, every
+study at once. Its answer (the leader of the last decision) is judged against
+the study's true curves at C* (the curve of a median seed): the regret is
+the true best reward at C* minus the answer's; the search is right when the
+regret is at most epsilon. Rollouts spent are against the grid's: every key
+a study may train (:data:`rollscale.core.search.simulate.UNIVERSE`, the
+bracket's key included), ``seeds_max`` seeds, to C_max.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from rollscale.core.search.budget import c_star, seed_cap
+from rollscale.core.search.decisions import SearchSettings, decide, empty_decisions, plan
+from rollscale.core.search.simulate import UNIVERSE, Runs, SimStudy
+
+__all__ = ["BudgetResult", "simulate_decision", "summarise_decision", "true_reward"]
+
+
+def true_reward(study: SimStudy, n: int, c: float) -> float:
+    """The reward of key ``n`` at budget ``c`` on the study's true curve (a median seed's)."""
+    r0, a, c_mid, beta = study.curves[n]
+    return float(r0 + (min(a, 1.0) - r0) / (1.0 + (c_mid / c) ** beta))
+
+
+def a2_holds(study: SimStudy, points: int = 60) -> bool:
+    """Whether the study's true best n is non-decreasing in C up to C_max (science §8, A2)."""
+    c = np.geomspace(study.c_max / 64, study.c_max, points)
+    best = [max(UNIVERSE, key=lambda n: true_reward(study, n, x)) for x in c]
+    return bool(np.all(np.diff(best) >= 0))
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    """Per study the answer, its regret at C*, the rollouts spent, and the decisions behind them."""
+
+    studies: pd.DataFrame
+    decisions: pd.DataFrame
+
+
+def simulate_decision(studies: list[SimStudy], settings: SearchSettings) -> BudgetResult:
+    """Run every study as a §9.4 search (module docstring); ``settings.method`` is set to ``decision``."""
+    every = None if studies[0].schedule is not None else studies[0].eval_every
+    settings = replace(settings, method="decision", eval_every=every)  # legs end at evaluations, as the stage's
+    runs = Runs(studies)
+    groups = [s.group() for s in studies]
+    decisions, legs, cache = empty_decisions(), {}, {}
+    while not (todo := plan(groups, decisions, settings)).empty:
+        for group, key, seed, c in zip(todo["group"], todo["key"], todo["seed"], todo["c"], strict=True):
+            legs.setdefault((group, int(key), int(seed)), set()).add(runs.steps(runs.studies[group], int(key), c))
+        decisions = pd.concat([decisions, decide(runs.points(legs), groups, decisions, settings, cache)],
+                              ignore_index=True)
+    spent = runs.spent(legs)
+    last = decisions.groupby("group").tail(1).set_index("group")
+    rules = decisions.drop_duplicates(["group", "key"], keep="last")
+    rows = []
+    for s, g in zip(studies, groups, strict=True):
+        target = c_star(g, settings)
+        truth = {n: true_reward(s, n, target) for n in UNIVERSE}
+        best = max(truth.values())
+        answer = last["leader"].get(s.name)
+        answer = int(answer) if isinstance(answer, str) else None
+        grid = sum(runs.steps(s, n, s.c_max) * s.b_problem * n for n in UNIVERSE) * seed_cap(g, settings)
+        mine = decisions[decisions["group"] == s.name]
+        final = rules[rules["group"] == s.name]
+        rows.append({
+            "group": s.name, "family": s.family, "c_star": target, "answer": answer,
+            "true_best": max(truth, key=truth.get), "regret": best - truth[answer] if answer else math.nan,
+            "decided": not bool((mine["rule"] == "undecided").any()),
+            "stops": ", ".join(f"{k}@{c:,.0f}({r})" for k, c, r, a in
+                               zip(final["key"], final["c"], final["rule"], final["action"], strict=True) if a == "stop"),
+            "seeds_added": int((mine["action"] == "seed").sum()), "added": ",".join(mine.loc[mine["action"] == "add",
+                                                                                          "key"].unique()),
+            "search_rollouts": float(spent.get(s.name, 0.0)), "grid_rollouts": float(grid), "a2_holds": a2_holds(s)})
+    out = pd.DataFrame(rows)
+    out["spent"] = out["search_rollouts"] / out["grid_rollouts"]
+    out["right"] = out["regret"] <= settings.tolerance + 1e-12
+    return BudgetResult(out, decisions)
+
+
+def summarise_decision(result: BudgetResult) -> pd.DataFrame:
+    """One row per family: studies, share right (regret <= epsilon), share decided, median / max spent, seeds added,
+    whether A2 holds in every study; and an ``all`` row."""
+    s = result.studies
+
+    def row(t: pd.DataFrame) -> dict:
+        return {"studies": len(t), "right": float(t["right"].mean()), "decided": float(t["decided"].mean()),
+                "median_spent": float(t["spent"].median()), "max_spent": float(t["spent"].max()),
+                "mean_regret": float(t["regret"].mean()), "seeds_added": float(t["seeds_added"].mean()),
+                "a2_holds": bool(t["a2_holds"].all())}
+
+    table = pd.DataFrame({f: row(t) for f, t in s.groupby("family", sort=False)}).T
+    table.loc["all"] = row(s)
+    return table
