@@ -55,6 +55,7 @@ class DataKnown:
     pool_size: int | None = None
     pool_exact: bool = False
     profile: pd.DataFrame | None = None
+    data_errors: tuple[str, ...] = ()  # what the stages would refuse in the data (:func:`read_tables`)
 
 
 def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") -> DataKnown:
@@ -83,7 +84,45 @@ def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") 
         size = count_rows(d.path)
     if size is not None and d.limit is not None:
         size = min(size, d.limit)
+    if d.source == "table" and (read := read_tables(params)) is not None:
+        return DataKnown(read[0], read[0] is not None, None, read[1])
     return DataKnown(size, False, None)
+
+
+# local tables up to this many rows are read whole by the check, as the base stage reads them (seconds)
+READ_ROWS_MAX = 200_000
+
+
+def read_tables(params: StudyParams) -> tuple[int | None, tuple[str, ...]] | None:
+    """The pool the stages would load from local tables, read as they read them (each row mapped, duplicate
+    prompts dropped, mixed to ``data.limit``): its size and what they would refuse (a missing column, a
+    limit the tables cannot fill), or None when a table is a hub dataset or too large to read here."""
+    from rollscale.core.problems.problem import DataRowError
+    from rollscale.core.problems.data_sample import count_rows
+    from rollscale.core.problems.sources import mix_problems, table_problems
+
+    d = params.data
+    if any(t.path is None or (count_rows(t.path) or 0) > READ_ROWS_MAX for t in d.tables):
+        return None
+    parts = []
+    for t in d.tables:
+        try:
+            parts.append((t.label, table_problems(t, d.skip_malformed), t.weight))
+        except (DataRowError, ValueError, OSError) as err:
+            where = f"bad data row at {err.where}: {err.reason}" if isinstance(err, DataRowError) else str(err)
+            return None, (f"{where.splitlines()[0][:300]}",)
+    try:
+        pool = parts[0][1] if len(parts) == 1 and d.limit is None else mix_problems(parts, d.limit, d.seed)
+    except ValueError as err:
+        return sum(len(p) for _, p, _ in parts), (f"data.limit {d.limit}: {err} (after dropping duplicate "
+                                                   "prompts)",)
+    return len(pool), ()
+
+
+def _data(known: DataKnown) -> Iterable[Finding]:
+    for problem in known.data_errors:
+        yield Finding("error", ("data.tables", "data.limit"), f"the stages would refuse the data as they load the "
+                      f"pool: {problem}", "fix the table or the params (data.tables' columns, data.limit) as it says")
 
 
 def _cross_section(p: StudyParams) -> Iterable[Finding]:
@@ -312,7 +351,7 @@ def _search(p: StudyParams) -> Iterable[Finding]:
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
-    found = [*_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
+    found = [*_data(known), *_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
              *_truncation(params, known.profile)]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])
