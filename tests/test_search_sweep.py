@@ -118,7 +118,8 @@ def test_a_damaged_ended_run_is_shown_damaged_and_retrained_to_the_untouched_tab
     """Issue 31, part 1: with the search done (so nothing is in its plan), a finished run whose run.parquet
     was edited and a stopped run with a byte flipped in an evals part are "damaged" in `status` and for the
     study; the next sweep trains them again from their last good checkpoints (the stopped one back to its
-    stop budget, marked stopped again) to the untouched tables, and leaves nothing damaged to record."""
+    stop budget, marked stopped again) to the untouched tables, and leaves nothing damaged to record. Then a
+    grid change the sweep refuses (it would drop ended runs) moves nothing, the search table included."""
     from rollscale.pipeline.outputs import run_damage, stage_problem, unrebuilt_damage, write_outputs_manifest
     from rollscale.pipeline.status import sweep_progress
 
@@ -166,3 +167,11 @@ def test_a_damaged_ended_run_is_shown_damaged_and_retrained_to_the_untouched_tab
     pd.testing.assert_frame_equal(sweep_rows(art, "evals"), evals)
     write_outputs_manifest(art, "sweep")
     assert not any(run_damage(art, d) for d in runs_dir.iterdir())
+
+    # part 2: a grid that would drop ended runs is refused before anything is moved (the search table too)
+    decisions = (art / "sweep" / "search.parquet").read_bytes()
+    write_params(tmp_path, sweep={**SWEEP, "n": [2, 4]})
+    with pytest.raises(ValueError, match="would move 2 ended runs"):
+        sweep_flow(params_path=str(params), artifacts=str(art))
+    assert (art / "sweep" / "search.parquet").read_bytes() == decisions
+    assert not (art / "sweep" / "archive").exists() and stage_problem(art, "sweep") is None
