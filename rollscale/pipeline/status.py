@@ -88,7 +88,7 @@ def _recorded(root: Path, artifacts: Path, name: str, spec: StageSpec, specs: di
         return StageStatus(name, "stale", f"{ran}; since then: {', '.join(differences)}")
     behind = "dvc.lock records an older run" if in_lock else "not recorded in dvc.lock"
     # not `dvc commit`: it would record the outputs as they are, unchecked; the study checks them as it records them
-    return StageStatus(name, "done", f"{ran}; {behind}: `rollscale study` records it")
+    return StageStatus(name, "done", f"{ran}; {behind}: `rollscale study` reruns and records it")
 
 
 def stage_statuses(root: str | os.PathLike[str] | None = None,
