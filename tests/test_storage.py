@@ -195,6 +195,29 @@ def test_damage_found_when_a_stage_starts_must_be_rebuilt_before_its_record_is_w
     assert outputs_problem(tmp_path, "fit", unfinished_ok=True) is None
 
 
+def test_an_ended_run_is_checked_as_fit_reads_it_from_any_working_folder(tmp_path, monkeypatch):
+    """Issue 31, part 1: a finished run's committed parts, newest checkpoint and run.parquet / done.json
+    (against the sweep's record) are one check, with the artifacts folder given relative (as the CLI does)."""
+    from rollscale.pipeline.outputs import run_damage, write_outputs_manifest
+
+    monkeypatch.chdir(tmp_path)
+    store = RunStore(Path("artifacts/sweep/runs/r1"))
+    save(store, 5, [{"run_id": "r1", "step": 5}])
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["finished"]}), store.root / "run.parquet")
+    store.mark_done("finished", steps=5)
+    write_outputs_manifest("artifacts", "sweep")
+    assert run_damage("artifacts", store.root) is None
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["failed"]}), store.root / "run.parquet")
+    assert run_damage("artifacts", store.root).startswith("artifacts/sweep/runs/r1/run.parquet ")
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["finished"]}), store.root / "run.parquet")
+    assert run_damage("artifacts", store.root) is None
+    part = store.root / "steps-000005.parquet"
+    part.write_bytes(part.read_bytes()[:-1] + b"!")
+    assert "steps-000005.parquet does not match its sha256" in run_damage("artifacts", store.root)
+    store.mark_done("failed", error="x")  # a failed run is resumed anyway: not judged
+    assert run_damage("artifacts", store.root) is None
+
+
 def test_query_time_limit_and_bad_text(tmp_path):
     from rollscale.pipeline.storage import QueryTimeout
 

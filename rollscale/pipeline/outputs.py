@@ -108,7 +108,8 @@ def _problems(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Pat
             continue
         meta = recorded.get(str(rel))
         if meta is None:
-            yield rel, f"{folder / rel} was not written by the stage's last finished run (not in its {OUTPUTS_MANIFEST})"
+            yield rel, (f"{folder / rel} was not written by the stage's last finished run "
+                        f"(not in its {OUTPUTS_MANIFEST})")
             continue
         size = meta.get("bytes") or 0
         problem = check_file(folder / rel, meta, hash_it=not quick or size <= QUICK_HASH_BYTES)
@@ -184,9 +185,9 @@ def run_damage(artifacts: str | os.PathLike[str], run_dir: str | os.PathLike[str
     if problem is None:
         folder = Path(artifacts) / "sweep"
         recorded = (_read(folder) or {}).get("files")
-        files = [run_dir / name for name in RUN_RESULT_FILES
-                 if (run_dir / name).exists() or (isinstance(recorded, dict) and
-                                                   str((run_dir / name).relative_to(folder)) in recorded)]
+        rel = run_dir.resolve().relative_to(folder.resolve())  # the record names files from the stage folder
+        files = [rel / name for name in RUN_RESULT_FILES
+                 if (run_dir / name).exists() or (isinstance(recorded, dict) and str(rel / name) in recorded)]
         problem = outputs_problem(artifacts, "sweep", files, quick, unfinished_ok)
     return problem
 
