@@ -52,8 +52,9 @@ def explain(err: BaseException) -> tuple[str, int]:
     if _is(err, "StageFailedError"):  # the stage's own message and exit status, passed on
         return _first_lines(err, 1), err.code
     if type(err).__name__ == "LockError" and type(err).__module__.startswith("dvc"):  # as a stage already running
-        return (f"another DVC command is using this project ({_first_lines(err, 1).rstrip(': ')}); wait for it to "
-                "end (`rollscale status` shows what runs) and run again"), 1
+        what = _first_lines(err, 1).split(", it is being blocked")[0].rstrip(": ")  # DVC lists the holders below
+        return (f"another DVC command is using this project ({what}); wait for it to end (`rollscale status` "
+                "shows what runs) and run again"), 1
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
         text = _first_lines(err.strerror or err) + where

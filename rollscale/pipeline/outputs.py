@@ -150,12 +150,15 @@ def unrebuilt_damage(artifacts: str | os.PathLike[str], stage: str) -> Callable[
     folder = Path(artifacts) / stage
     if _unfinished(folder, stage):  # its own unfinished run changed files: they are rebuilt or refused by the run
         return lambda: None
-    found = {rel: (why, _digest(folder / rel)) for rel, why in _problems(artifacts, stage, None, False, False)}
+    # (an unreadable record checks nothing: the run's new record replaces it)
+    found = {rel: (why, _digest(folder / rel)) for rel, why in _problems(artifacts, stage, None, False, False)
+             if rel != Path(OUTPUTS_MANIFEST)}
 
     def left() -> str | None:
         for rel, (why, digest) in found.items():
             if digest is not None and _digest(folder / rel) == digest:
-                return f"{why}; the stage ran but did not rebuild it, so its record of checksums is kept"
+                return (f"{why}; the stage did not rebuild it, so its record of checksums is kept: restore or "
+                        "delete that file and run the stage again")
         return None
 
     return left
