@@ -11,11 +11,13 @@ two lines (:mod:`rollscale.pipeline.errors`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 from pathlib import Path
 
+from rollscale.files import write_json_atomic
 from rollscale.pipeline.errors import DEBUG_ENV, debug_enabled, run_guarded
 
 EPHEMERAL_TIMEOUT_S = "180"  # Prefect's 20 s default fails on a busy machine
@@ -44,7 +46,8 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     from rollscale.config import load_params
 
     study = load_params(params)  # bad config fails before any work, and before Prefect is even imported
-    from rollscale.pipeline.outputs import clear_outputs_manifest, write_outputs_manifest
+    from rollscale.pipeline.outputs import unrebuilt_damage, write_outputs_manifest
+    from rollscale.pipeline.storage import DamagedResultError
     from rollscale.pipeline.stage_record import fingerprint, started_by, write_record
     from rollscale.pipeline.stages import load_stage_specs, now, project_root, stage_lock, upstream
     from tasks.common import quiet_prefect
@@ -53,13 +56,17 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     # what this run runs on, taken before its code is imported (rollscale.pipeline.stage_record)
     ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params,
                          upstream(specs[stage], specs))
+    # the record of the last good outputs stays until this run finishes; what was damaged since it must be
+    # rebuilt by this run, never recorded as it is
+    left_damaged = unrebuilt_damage(artifacts, stage)
     with stage_lock(stage, artifacts) as info:
-        clear_outputs_manifest(artifacts, stage)  # the record describes a finished run's files only
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it
             sys.modules["torch"].set_num_threads(study.torch_threads)
         quiet_prefect(debug)
         keep_our_signal_handlers(flow)(params_path=params, artifacts=artifacts)
+        if damage := left_damaged():
+            raise DamagedResultError(damage)
         write_outputs_manifest(artifacts, stage)
         write_record(Path(artifacts) / stage, stage, info, ran_on, now(), started_by(stage))
 
@@ -115,7 +122,17 @@ def main(argv: list[str] | None = None) -> int:
                 interrupts.say(interrupted_line(interrupts.signal_of(err)))
                 raise
 
-    code = run_guarded(go, debug, prog="rollscale")
+    def record_exit(message: str, code: int) -> None:
+        """What the study that started this stage through DVC says (DVC reports any failure as exit 255)."""
+        from rollscale.pipeline.stages import STAGE_EXIT, now
+
+        folder = Path(args.artifacts) / args.stage
+        if folder.is_dir():
+            with contextlib.suppress(OSError):
+                write_json_atomic({"stage": args.stage, "message": message, "code": code, "at": now()},
+                                  folder / STAGE_EXIT)
+
+    code = run_guarded(go, debug, prog="rollscale", on_error=record_exit)
     if interrupts.received():  # do not wait for work still ending in a thread: nothing of it is committed
         interrupts.exit_now(code)
     return code

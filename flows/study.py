@@ -31,10 +31,12 @@ from rollscale.config import load_params
 from rollscale.pipeline import interrupts
 from rollscale.pipeline.errors import debug_enabled
 from rollscale.pipeline.interrupts import Interrupted
-from rollscale.pipeline.outputs import outputs_problem
+from rollscale.pipeline.outputs import OUTPUTS_MANIFEST, stage_problem
 from rollscale.pipeline.stage_record import COMMAND_ENV
 from rollscale.pipeline.stages import (
     RUN_INFO,
+    STAGE_EXIT,
+    StageFailedError,
     busy_error,
     dvc_changes,
     load_stage_specs,
@@ -97,19 +99,55 @@ def reproduce(stage: str, root: str, force: bool) -> None:
     artifacts = Path(root) / "artifacts"
     if stage_running(artifacts, stage):  # else the stage's own refusal would come wrapped in DVC's error
         raise busy_error(stage, artifacts)
-    env = dict(os.environ)
+    env = stage_env()
     url = _api_url()
     if url and url.startswith("http"):
         env["PREFECT_API_URL"] = url
+    (artifacts / stage / STAGE_EXIT).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", *(["--force"] if force else []), stage]
     dvc = subprocess.Popen(cmd, cwd=root, env=env)
     try:
         code = dvc.wait()
     except (KeyboardInterrupt, TerminationSignal) as err:  # TerminationSignal: Prefect's, in a served run
         signum = getattr(err, "signal", None) or interrupts.signal_of(err)
-        raise StageInterrupted(signum, stage, stop_stage(dvc, stage, artifacts, signum)) from None
+        reported = stop_stage(dvc, stage, artifacts, signum)
+        restore_outputs(stage, root, env)
+        raise StageInterrupted(signum, stage, reported) from None
     if code != 0:
-        raise RuntimeError(f"stage {stage!r} failed (dvc repro exit {code}); its error is printed above")
+        restore_outputs(stage, root, env)
+        said = read_json(artifacts / stage / STAGE_EXIT) or {}
+        if said.get("message"):  # the stage's own reason and exit status (DVC says 255 for any failure)
+            raise StageFailedError(f"stage {stage!r} stopped: {said['message']}", int(said.get("code") or 1))
+        raise StageFailedError(f"stage {stage!r} failed (dvc repro exit {code}); its error is printed above", 1)
+
+
+def stage_env() -> dict[str, str]:
+    """The environment of ``dvc repro``: the folder of this interpreter first on PATH, so the stage command
+    ``python -m flows <stage>`` runs with rollscale's own Python (its venv need not be activated)."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), *filter(None, [env.get("PATH")])])
+    return env
+
+
+def restore_outputs(stage: str, root: str, env: dict[str, str]) -> None:
+    """After a stage that failed or was stopped: where DVC had removed its earlier outputs before running it
+    (a stage without ``persist``), put them back from DVC's cache (``dvc checkout``), or say in one line how."""
+    folder = Path(root) / "artifacts" / stage
+    lock = Path(root) / "dvc.lock"
+    import yaml
+
+    if (folder / OUTPUTS_MANIFEST).exists() or not lock.exists():
+        return
+    if stage not in ((yaml.safe_load(lock.read_text()) or {}).get("stages") or {}):
+        return  # never recorded: nothing to put back
+    r = subprocess.run([sys.executable, "-m", "dvc", "checkout", "--force", stage], cwd=root, env=env,
+                       capture_output=True, text=True)
+    if r.returncode == 0 and (folder / OUTPUTS_MANIFEST).exists():
+        print(f"study: {stage}: its earlier outputs (as dvc.lock records them) were put back from DVC's cache",
+              flush=True)
+    else:
+        print(f"study: {stage}: DVC removed its earlier outputs before it ran and could not put them back "
+              f"(`dvc checkout {stage}` restores them from DVC's cache)", file=sys.stderr, flush=True)
 
 
 @flow(name="study")
@@ -127,7 +165,7 @@ def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None
     for name in chosen:
         changed = dvc_changes(root, name).get(name)  # asked again each time: an upstream stage may just have run
         # a file changed under an unchanged size and mtime: DVC trusts its cached hash, the stage's record does not
-        damaged = outputs_problem(Path(root) / "artifacts", name)
+        damaged = stage_problem(Path(root) / "artifacts", name)
         if not changed and not damaged and not force:
             print(f"study: {name}: up to date with dvc.lock, skipped")
             outcome[name] = "skipped"
@@ -225,7 +263,7 @@ def up_to_date(stages: list[str] | None) -> bool:
     Prefect server (measured: 3.9 s instead of ~15)."""
     root = project_root()
     stale = dvc_changes(root)
-    return not any(name in stale or outputs_problem(root / "artifacts", name)
+    return not any(name in stale or stage_problem(root / "artifacts", name)
                    for name in select_stages(load_stage_specs(root), stages))
 
 

@@ -27,6 +27,7 @@ from rollscale.files import write_json_atomic
 from rollscale.train.search_groups import search_plan, search_settings
 from rollscale.train.sweep import point_config, run_configs
 from rollscale.train.run_config import RunConfig, config_hash
+from rollscale.pipeline.outputs import run_damage
 from rollscale.pipeline.stages import ARCHIVE_STALE_ENV
 from rollscale.pipeline.status import runs_kept, sweep_progress
 from rollscale.pipeline.trackers import tracker_targets
@@ -55,11 +56,10 @@ def stale_run_dirs(runs_dir: Path, wanted: dict[str, dict]) -> list[Path]:
     return stale
 
 
-def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict], allowed: bool) -> None:
-    """Move run folders of other configs out of the ``runs`` tables (kept under archive/).
-
-    Params alone never take ended runs (done.json: finished or failed) out of the tables: that
-    needs ``allowed`` (``rollscale run sweep --archive-stale``), else a ValueError names them."""
+def refuse_stale_runs(runs_dir: Path, wanted: dict[str, dict], allowed: bool) -> list[Path]:
+    """The run folders of other configs (:func:`stale_run_dirs`). Params alone never take ended runs
+    (done.json: finished or failed) out of the tables: that needs ``allowed`` (``rollscale run sweep
+    --archive-stale``), else a ValueError names them, before the sweep has moved anything."""
     stale = stale_run_dirs(runs_dir, wanted)
     ended = [d.name for d in stale if (d / "done.json").exists()]
     if ended and not allowed:
@@ -67,11 +67,30 @@ def archive_stale_runs(runs_dir: Path, wanted: dict[str, dict], allowed: bool) -
         raise ValueError(f"sweep: this grid would move {len(ended)} ended runs out of the runs/steps/evals tables "
                          f"(not in the grid, or their config changed): {shown}; to archive them run `rollscale run "
                          "sweep --archive-stale` (or `rollscale study --archive-stale`), to keep them restore the grid")
+    return stale
+
+
+def archive_stale_runs(runs_dir: Path, stale: list[Path]) -> None:
+    """Move run folders of other configs out of the ``runs`` tables (kept under archive/)."""
     for run_dir in stale:
         dest = runs_dir.parent / "archive" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         dest.parent.mkdir(parents=True, exist_ok=True)
         print(f"sweep: archiving {run_dir.name} (not in this sweep's grid, or its config changed) to {dest}")
         shutil.move(str(run_dir), dest)
+
+
+def reopen_damaged_runs(artifacts: Path, run_dirs: list[Path]) -> set[str]:
+    """Ended runs (finished, or stopped by the search) whose stored results fail the checks ``fit`` reads
+    them with (:func:`rollscale.pipeline.outputs.run_damage`): named, and their done marker removed, so
+    each is trained again from its newest good checkpoint (the run store skips damaged ones) to the
+    untouched run's rows; never recorded as it is. Their ids."""
+    damaged = set()
+    for run_dir in run_dirs:
+        if problem := run_damage(artifacts, run_dir):
+            print(f"sweep: {run_dir.name} is damaged ({problem}): training it again from its last good checkpoint")
+            (run_dir / "done.json").unlink(missing_ok=True)
+            damaged.add(run_dir.name)
+    return damaged
 
 
 def in_play(search: FrontierSearch, alone: list[RunConfig]) -> list[RunConfig]:
@@ -113,6 +132,11 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
                                 lambda c: runs_dir / c.run_id)
         alone = [point_config(sweep, sampling, p) for p in groups.alone]
         configs = in_play(search, alone)
+    wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
+    # the input is checked before anything is moved: a refused sweep leaves its outputs as they were
+    stale = refuse_stale_runs(runs_dir, wanted, os.environ.get(ARCHIVE_STALE_ENV, "") == "1")
+    if search:
+        search.begin()
         rungs = rung_budgets(sweep.c_max, sweep.search.eta, sweep.search.first_rung)
         if groups.groups:
             what = "frontier search" if sweep.search.method == "frontier" else "search to the decision at C*"
@@ -122,8 +146,8 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
             print("sweep: frontier search: no two keys to choose between in this grid; every run trains to C_max")
     else:
         no_search(sweep_dir)
-    wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
-    archive_stale_runs(runs_dir, wanted, os.environ.get(ARCHIVE_STALE_ENV, "") == "1")
+    archive_stale_runs(runs_dir, stale)
+    damaged = reopen_damaged_runs(root, [runs_dir / c.run_id for c in configs])
     print(f"sweep: {sweep.design} on bucket {sweep.bucket!r} ({len(train)} train / {len(val)} val problems), "
           f"{len(configs)} runs of C_max = {sweep.c_max:,} rollouts: {', '.join(c.run_id for c in configs)}")
     for i, config in enumerate(configs, 1):
@@ -147,6 +171,8 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     # the longest runs (most steps: more evaluations and per-step work) go first, so the pool's
     # last round is short runs, not one long run beside an idle worker
     first = search.start() + [(c, None) for c in alone] if search else [(c, None) for c in configs]
+    if search:
+        first += search.repair(damaged - {c.run_id for c, _ in first})
     units, labels = zip(*[unit(c, b) for c, b in sorted(first, key=lambda u: -u[0].nominal_steps)]) if first else ((), ())
 
     def finished(i: int, result) -> list[tuple[dict, str]]:

@@ -63,9 +63,10 @@ def _archive(path: Path, why: str) -> None:
     shutil.move(str(path), dest)
 
 
-def load_decisions(sweep_dir: Path, identity: dict[str, Any]) -> pd.DataFrame:
+def load_decisions(sweep_dir: Path, identity: dict[str, Any], archive: bool = True) -> pd.DataFrame:
     """The decisions of an earlier sweep with the same settings and groups; other decisions are archived
-    (the runs keep their progress: the run store resumes them)."""
+    (the runs keep their progress: the run store resumes them), or with ``archive=False`` only not read
+    (a sweep moves nothing before it has checked its input)."""
     table, ident = sweep_dir / SEARCH_TABLE, sweep_dir / SEARCH_IDENTITY
     if not table.exists():
         return empty_decisions()
@@ -73,7 +74,8 @@ def load_decisions(sweep_dir: Path, identity: dict[str, Any]) -> pd.DataFrame:
     same = ident.exists() and json.loads(ident.read_text()) == identity
     if same or stored.empty:
         return stored if same else empty_decisions()
-    _archive(table, "the search's settings or groups changed")
+    if archive:
+        _archive(table, "the search's settings or groups changed")
     return empty_decisions()
 
 
@@ -137,7 +139,7 @@ class FrontierSearch:
         self.search, self.settings, self.sweep_dir, self.bucket = search, settings, sweep_dir, bucket
         self.config_of, self.run_dir = config_of, run_dir
         self.identity = search_identity(search, settings)
-        self.decisions = load_decisions(sweep_dir, self.identity)
+        self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
         self.pending: dict[str, tuple[SearchGroup, Any]] = {}  # run id -> (group, key) of a rung still training
         self.cache: dict = {}  # fits of unchanged curves, kept between decisions
 
@@ -152,9 +154,28 @@ class FrontierSearch:
                     out[c.run_id] = c
         return list(out.values())
 
+    def begin(self) -> None:
+        """Archive decisions made under other settings or groups (after the sweep checked its input)."""
+        load_decisions(self.sweep_dir, self.identity)
+
     def start(self) -> list[Unit]:
         """The runs of every group's next rung."""
         return [u for g in self.search.groups for u in self._advance(g, decide_now=False)]
+
+    def repair(self, damaged: set[str]) -> list[Unit]:
+        """The runs in ``damaged`` (ended runs whose stored results failed their checks, the done marker
+        removed) that :meth:`start` did not give: each trained again to where the search had it, its key's
+        stop budget (marked stopped again when it comes back) or C_max."""
+        units = []
+        for g in self.search.groups:
+            st = group_state(g, self.decisions, self.settings)
+            for key in st.keys:
+                for seed in st.seeds[key]:
+                    config = self.config_of(g.group, key, seed)
+                    if config.run_id in damaged and config.run_id not in self.pending:
+                        self.pending[config.run_id] = (g, key)
+                        units.append((config, st.stopped.get(key)))
+        return units
 
     def finished(self, config: RunConfig, result: RunResult) -> list[Unit]:
         """A run came back: the runs of its group's next rung once the group's rung is complete."""

@@ -16,6 +16,7 @@ import yaml
 
 from rollscale.config import load_params, parse_params
 from rollscale.pipeline import cli
+from rollscale.core.problems.sources import table_problems
 from rollscale.pipeline.check import DataKnown, known_data, study_findings
 from tests.verl_data import write_verl_table
 
@@ -66,7 +67,7 @@ def by_key(findings) -> dict[str, list]:
 def test_the_issues_settings_are_each_named_before_the_profile(project):
     params = load_params("params.yaml")
     known = known_data(params, "artifacts")
-    assert known == DataKnown(40, False, None)  # 300 rows counted from the Parquet footer, data.limit 40
+    assert known == DataKnown(40, True, None)  # the 300 rows read as the loader reads them, mixed to data.limit 40
     found = by_key(study_findings(params, known))
     (xh,) = found["profile.k_extreme"]
     assert xh.level == "error" and "bucket.extremely_hard: false" in xh.fix
@@ -223,3 +224,26 @@ def test_the_check_says_whether_the_study_can_answer_at_its_target_budget():
     assert tol.fix.startswith("study.tolerance: 0.06 or more")
     (wide,) = by_key(study_findings(parse_params({"study": {"tolerance": 0.06}})))["study.tolerance"]
     assert "can decide between keys of equal reward" in wide.message and not wide.fix
+
+
+def test_the_check_refuses_what_the_stages_would_refuse_in_the_data(project):
+    """Issue 31, part 3: a CSV without its answer column, and a data.limit the table cannot fill once its
+    duplicate prompts are dropped (as the loader drops them), are errors before any stage runs."""
+    pd.DataFrame({"question": [f"What is {i} + 1?" for i in range(20)]}).to_csv(project / "data" / "q.csv", index=False)
+    params = parse_params({**ISSUE, "data": {"source": "table", "tables": [
+        {"path": "data/q.csv", "prompt": "question", "answer": "answer", "reward": "numeric"}]}})
+    [error] = [f for f in study_findings(params, known_data(params, None)) if f.level == "error"
+               and "data.tables" in f.keys]
+    assert "data/q.csv" in error.message and "'answer'" in error.message, error.message
+
+    table = pd.read_parquet(project / "data" / "arith.parquet")
+    pd.concat([table.iloc[:299], table.iloc[[0]]]).to_parquet(project / "data" / "arith.parquet")  # row 0 twice
+    params = parse_params({**ISSUE, "data": {**ISSUE["data"], "limit": 300}})
+    problems = len(table_problems(params.data.tables[0]))  # as the stages load the pool
+    assert problems < 300
+    known = known_data(params, None)
+    [error] = [f for f in study_findings(params, known) if f.level == "error" and "data.limit" in f.keys]
+    assert f"{problems} problems" in error.message and "300" in error.message, error.message
+    params = parse_params({**ISSUE, "data": {**ISSUE["data"], "limit": problems}})
+    known = known_data(params, None)
+    assert (known.pool_size, known.pool_exact, known.data_errors) == (problems, True, ())

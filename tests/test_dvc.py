@@ -288,14 +288,13 @@ def test_status_knows_a_stage_run_outside_dvc_and_says_dvc_lock_is_behind(clone,
     fit = states()["fit"]
     assert fit["state"] == "done", fit
     assert fit["detail"].startswith("ran by `rollscale run fit`, ended "), fit
-    assert fit["detail"].endswith("dvc.lock records an older run: `dvc commit -f fit` records it, "
-                                  "or `rollscale study`"), fit
+    # no advice to `dvc commit`, which would record the outputs unchecked (issue 31)
+    assert fit["detail"].endswith("dvc.lock records an older run: `rollscale study` reruns and records it"), fit
 
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     del lock["stages"]["fit"]  # a stage dvc.lock has never recorded
     (root / "dvc.lock").write_text(yaml.safe_dump(lock))
-    assert states()["fit"]["detail"].endswith("not recorded in dvc.lock: `dvc commit -f fit` records it, "
-                                              "or `rollscale study`")
+    assert states()["fit"]["detail"].endswith("not recorded in dvc.lock: `rollscale study` reruns and records it")
     r = run(["dvc", "commit", "-f", "fit"], root, env)
     assert r.returncode == 0, r.stderr
     assert states()["fit"] == {"stage": "fit", "state": "done", "detail": "up to date with dvc.lock"}
@@ -335,3 +334,27 @@ def test_ctrl_c_stops_the_study_in_one_line_and_the_next_study_resumes(clone, tm
     for run_dir in sorted(runs.glob("*")):
         check_complete_rows(run_dir, 160, 8)
     assert "sweep:" not in run(["dvc", "status", "sweep"], root, env).stdout
+
+
+def test_a_stage_refused_under_the_study_says_why_in_one_line_and_its_outputs_are_put_back(clone, tmp_path):
+    """Issue 31, parts 2 and 4: `rollscale study` from a shell whose PATH lacks the venv (it runs the stages
+    with its own interpreter); a forced fit that refuses a damaged evals part ends with fit's own reason and
+    exit status in one line (not "internal error ... dvc repro exit 255"), and the fit tables DVC removed
+    before running it are put back from DVC's cache."""
+    root = tmp_path / "study"
+    shutil.copytree(clone[0], root, symlinks=True)
+    env = {**clone[1], "PATH": "/usr/bin:/bin"}
+    fit = root / "artifacts" / "fit"
+    tables = {p.name: p.read_bytes() for p in fit.iterdir() if p.is_file() and not p.name.startswith(".")}
+    assert "MANIFEST.json" in tables and len(tables) > 2
+    part = sorted((root / "artifacts" / "sweep" / "runs").glob("*/evals-*.parquet"))[0]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    r = cli(root, env, "study", "--stages", "fit", "--force", "--no-check")
+    assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("rollscale: stage 'fit' stopped: ") and "does not match its sha256" in last, r.stderr
+    assert "internal error" not in r.stderr and "No module named" not in r.stderr, r.stderr[-3000:]
+    assert "put back from DVC's cache" in r.stdout, r.stdout[-2000:]
+    assert {p.name: p.read_bytes() for p in fit.iterdir() if p.is_file() and not p.name.startswith(".")} == tables

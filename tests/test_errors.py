@@ -90,3 +90,18 @@ def test_stage_errors_are_short_and_name_the_place(tmp_path):
     err, code = out["model"]
     message = short(err)
     assert code != 0 and str(missing) in message
+
+
+def test_lock_races_and_refused_stages_are_one_line_not_internal_errors():
+    """Issue 31, part 4: DVC's lock held by another study, and a stage that `dvc repro` ran and that refused
+    (its own message and exit status passed on, not DVC's exit 255), are no internal errors."""
+    from dvc.lock import LockError
+
+    from rollscale.pipeline.errors import explain
+    from rollscale.pipeline.stages import StageFailedError
+
+    message, code = explain(LockError("'/s/artifacts/measure' is busy, it is being blocked by:"))
+    assert code == 1 and "internal error" not in message and "\n" not in message, message
+    assert "'/s/artifacts/measure' is busy" in message and "run again" in message
+    message, code = explain(StageFailedError("stage 'fit' stopped: bucket: bucket 'easy' is empty", 2))
+    assert (message, code) == ("stage 'fit' stopped: bucket: bucket 'easy' is empty", 2)

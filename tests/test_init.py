@@ -172,3 +172,21 @@ def test_budget_keeps_a_larger_c_max_and_refuses_nonsense():
     assert values["sweep.c_max"] == 4501 and "C* / eta" in why["sweep.c_max"]
     with pytest.raises(ValueError, match="--budget: expected"):
         budget_values(values, why, 0, 2.0)
+
+
+def test_init_counts_the_problems_as_the_loader_does(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 31, part 3: a 300-row table with repeated prompts has fewer problems (the loader drops the
+    duplicates), so init's data.limit is what the pool fills, not 300."""
+    import pandas as pd
+
+    from rollscale.core.problems.sources import table_problems
+
+    path = write_verl_table(tmp_path / "data" / "arith.parquet", rows=300)
+    table = pd.read_parquet(path)
+    pd.concat([table.iloc[:299], table.iloc[[0]]]).to_parquet(path)  # row 0 again as row 300
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(path)]) == 0
+    assert "0 error(s)" in capsys.readouterr().out
+    params = load_params("params.yaml")
+    problems = len(table_problems(params.data.tables[0]))  # as the stages load the pool
+    assert problems < 300 and params.data.limit == problems

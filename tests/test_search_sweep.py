@@ -130,3 +130,66 @@ def test_the_search_to_the_decision_at_c_star_runs_in_the_same_loop_as_its_repla
     replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep, p.study), b_max=p.sweep.b_max)
     pd.testing.assert_frame_equal(decisions.reset_index(drop=True), replayed.decisions.reset_index(drop=True),
                                   check_dtype=False)
+
+
+def test_a_damaged_ended_run_is_shown_damaged_and_retrained_to_the_untouched_tables(prepared, tmp_path, monkeypatch):
+    """Issue 31, part 1: with the search done (so nothing is in its plan), a finished run whose run.parquet
+    was edited and a stopped run with a byte flipped in an evals part are "damaged" in `status` and for the
+    study; the next sweep trains them again from their last good checkpoints (the stopped one back to its
+    stop budget, marked stopped again) to the untouched tables, and leaves nothing damaged to record. Then a
+    grid change the sweep refuses (it would drop ended runs) moves nothing, the search table included."""
+    from rollscale.pipeline.outputs import run_damage, stage_problem, unrebuilt_damage, write_outputs_manifest
+    from rollscale.pipeline.status import sweep_progress
+
+    decide = search_tasks.decide
+
+    def stop_n8_at_rung_1(points, groups, decisions, settings, cache=None):
+        rows = decide(points, groups, decisions, settings, cache)
+        forced = (rows["rung"] == 1) & (rows["key"] == "8")
+        rows.loc[forced, ["action", "rule", "note"]] = ["stop", "b", "forced"]
+        rows.loc[forced, "c_train"] = rows.loc[forced, "c"]  # as a stop decides: trained to this rung's budget
+        return rows
+
+    monkeypatch.setattr(search_tasks, "decide", stop_n8_at_rung_1)
+    art = copy_study(prepared, tmp_path)
+    params = write_params(tmp_path, sweep=SWEEP)
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    write_outputs_manifest(art, "sweep")  # as the stage does when it finishes
+    runs_dir = art / "sweep" / "runs"
+    untouched = {p.relative_to(runs_dir): p.read_bytes() for p in runs_dir.glob("*/*") if p.is_file()
+                 and p.name in ("run.parquet", "done.json")}
+    steps, evals = sweep_rows(art, "steps"), sweep_rows(art, "evals")
+    runs, _ = tables(art)
+    finished = runs.loc[runs["status"] == "finished", "run_id"].iloc[0]
+    stopped = runs.loc[runs["status"] == "stopped", "run_id"].iloc[0]
+    assert stage_problem(art, "sweep") is None
+
+    edited = runs_dir / finished / "run.parquet"
+    pd.read_parquet(edited).assign(status="failed").to_parquet(edited, index=False)
+    part = sorted((runs_dir / stopped).glob("evals-*.parquet"))[0]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+
+    shown = {r.run_id: r for r in sweep_progress(art, sweep_running=False)}
+    assert shown[finished].status == "damaged" and f"{finished}/run.parquet" in shown[finished].error
+    assert shown[stopped].status == "damaged" and part.name in shown[stopped].error
+    assert stage_problem(art, "sweep") is not None  # `rollscale study` runs the sweep again
+    left = unrebuilt_damage(art, "sweep")
+
+    sweep_flow(params_path=str(params), artifacts=str(art))
+    assert left() is None  # every damaged file rebuilt: the stage may record its outputs
+    assert {p.relative_to(runs_dir): p.read_bytes() for p in runs_dir.glob("*/*") if p.is_file()
+            and p.name in ("run.parquet", "done.json")} == untouched
+    pd.testing.assert_frame_equal(sweep_rows(art, "steps"), steps)
+    pd.testing.assert_frame_equal(sweep_rows(art, "evals"), evals)
+    write_outputs_manifest(art, "sweep")
+    assert not any(run_damage(art, d) for d in runs_dir.iterdir())
+
+    # part 2: a grid that would drop ended runs is refused before anything is moved (the search table too)
+    decisions = (art / "sweep" / "search.parquet").read_bytes()
+    write_params(tmp_path, sweep={**SWEEP, "n": [2, 4]})
+    with pytest.raises(ValueError, match="would move 2 ended runs"):
+        sweep_flow(params_path=str(params), artifacts=str(art))
+    assert (art / "sweep" / "search.parquet").read_bytes() == decisions
+    assert not (art / "sweep" / "archive").exists() and stage_problem(art, "sweep") is None

@@ -2,6 +2,7 @@
 DuckDB views that never lock readers out."""
 
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -162,6 +163,59 @@ def test_stage_record_covers_its_files_and_names_what_changed(tmp_path):
     (tmp_path / "sweep/runs/r2/run.parquet").unlink()
     (store.root / "run.parquet").unlink()
     assert "run.parquet is missing" in outputs_problem(tmp_path, "sweep")
+
+
+def test_damage_found_when_a_stage_starts_must_be_rebuilt_before_its_record_is_written(tmp_path):
+    """Issue 31, part 2: a stage that starts after a finished run takes the files that no longer match the
+    record; one the run leaves as it found it is named (its record is not rewritten over it), one it
+    rewrote is not. After an unfinished run (its run record there) the files it changed are its own, and
+    queries do not judge files written after the record while a run is unfinished."""
+    from rollscale.pipeline.outputs import outputs_problem, unrebuilt_damage, write_outputs_manifest
+    from rollscale.pipeline.stages import RUN_INFO
+
+    folder = tmp_path / "fit"
+    folder.mkdir()
+    (folder / "fits.parquet").write_text("good")
+    (folder / "frontier.parquet").write_text("good")
+    write_outputs_manifest(tmp_path, "fit")
+    (folder / "fits.parquet").write_text("edit")
+    (folder / "frontier.parquet").write_text("edit")
+    left = unrebuilt_damage(tmp_path, "fit")
+    (folder / "frontier.parquet").write_text("rebuilt")  # the run rewrote one of them
+    assert "fits.parquet does not match its sha256" in left() and "did not rebuild it" in left()
+    (folder / "fits.parquet").write_text("new!")
+    assert left() is None
+
+    write_outputs_manifest(tmp_path, "fit")
+    (folder / RUN_INFO).write_text("{}")  # a run that did not finish
+    (folder / "fits.parquet").write_text("half")
+    assert unrebuilt_damage(tmp_path, "fit")() is None
+    os.utime(folder / "fits.parquet", (time.time() + 5, time.time() + 5))
+    assert "fits.parquet" in outputs_problem(tmp_path, "fit")
+    assert outputs_problem(tmp_path, "fit", unfinished_ok=True) is None
+
+
+def test_an_ended_run_is_checked_as_fit_reads_it_from_any_working_folder(tmp_path, monkeypatch):
+    """Issue 31, part 1: a finished run's committed parts, newest checkpoint and run.parquet / done.json
+    (against the sweep's record) are one check, with the artifacts folder given relative (as the CLI does)."""
+    from rollscale.pipeline.outputs import run_damage, write_outputs_manifest
+
+    monkeypatch.chdir(tmp_path)
+    store = RunStore(Path("artifacts/sweep/runs/r1"))
+    save(store, 5, [{"run_id": "r1", "step": 5}])
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["finished"]}), store.root / "run.parquet")
+    store.mark_done("finished", steps=5)
+    write_outputs_manifest("artifacts", "sweep")
+    assert run_damage("artifacts", store.root) is None
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["failed"]}), store.root / "run.parquet")
+    assert run_damage("artifacts", store.root).startswith("artifacts/sweep/runs/r1/run.parquet ")
+    write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["finished"]}), store.root / "run.parquet")
+    assert run_damage("artifacts", store.root) is None
+    part = store.root / "steps-000005.parquet"
+    part.write_bytes(part.read_bytes()[:-1] + b"!")
+    assert "steps-000005.parquet does not match its sha256" in run_damage("artifacts", store.root)
+    store.mark_done("failed", error="x")  # a failed run is resumed anyway: not judged
+    assert run_damage("artifacts", store.root) is None
 
 
 def test_query_time_limit_and_bad_text(tmp_path):

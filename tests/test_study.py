@@ -212,3 +212,27 @@ def test_a_busy_stage_refuses_a_second_run_through_the_cli(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "stage 'bucket' is already running (pid" in r.stderr and "Traceback" not in r.stderr
     assert not (art / "bucket" / "buckets.parquet").exists()
+
+
+def test_a_refused_stage_keeps_its_last_good_outputs_and_their_record(tmp_path_factory, tmp_path):
+    """Issue 31, part 2: the record of a stage's last good outputs stays until a finished run replaces it,
+    so a refused run leaves the outputs and their checksums as they were, and an edit of them afterwards is
+    still named (not served)."""
+    from rollscale.pipeline.outputs import outputs_problem
+
+    art = copy_study(prepared_study(tmp_path_factory), tmp_path)
+    params = write_params(tmp_path)
+    cmd = [sys.executable, "-m", "rollscale.pipeline.cli", "--artifacts", str(art), "run", "bucket", "--params",
+           str(params)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    manifest, table = art / "bucket" / "MANIFEST.json", art / "bucket" / "buckets.parquet"
+    record, good = manifest.read_bytes(), table.read_bytes()
+    write_params(tmp_path, bucket={**TINY["bucket"], "used": ["easy"], "val_size": 1000})  # the bucket stage refuses
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "val_size" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert manifest.read_bytes() == record and table.read_bytes() == good
+    assert outputs_problem(art, "bucket") is None
+    pd.read_parquet(table).iloc[1:].to_parquet(table, index=False)
+    assert "buckets.parquet" in outputs_problem(art, "bucket")

@@ -26,6 +26,7 @@ import pandas as pd
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.core.problems.buckets import BucketError, assign_buckets, make_splits
+from rollscale.pipeline.check_budget import decision_findings
 from rollscale.pipeline.check_profile import model_fit_findings
 
 __all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
@@ -56,6 +57,7 @@ class DataKnown:
     pool_size: int | None = None
     pool_exact: bool = False
     profile: pd.DataFrame | None = None
+    data_errors: tuple[str, ...] = ()  # what the stages would refuse in the data (:func:`read_tables`)
 
 
 def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") -> DataKnown:
@@ -84,7 +86,45 @@ def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") 
         size = count_rows(d.path)
     if size is not None and d.limit is not None:
         size = min(size, d.limit)
+    if d.source == "table" and (read := read_tables(params)) is not None:
+        return DataKnown(read[0], read[0] is not None, None, read[1])
     return DataKnown(size, False, None)
+
+
+# local tables up to this many rows are read whole by the check, as the base stage reads them (seconds)
+READ_ROWS_MAX = 200_000
+
+
+def read_tables(params: StudyParams) -> tuple[int | None, tuple[str, ...]] | None:
+    """The pool the stages would load from local tables, read as they read them (each row mapped, duplicate
+    prompts dropped, mixed to ``data.limit``): its size and what they would refuse (a missing column, a
+    limit the tables cannot fill), or None when a table is a hub dataset or too large to read here."""
+    from rollscale.core.problems.problem import DataRowError
+    from rollscale.core.problems.data_sample import count_rows
+    from rollscale.core.problems.sources import mix_problems, table_problems
+
+    d = params.data
+    if any(t.path is None or (count_rows(t.path) or 0) > READ_ROWS_MAX for t in d.tables):
+        return None
+    parts = []
+    for t in d.tables:
+        try:
+            parts.append((t.label, table_problems(t, d.skip_malformed), t.weight))
+        except (DataRowError, ValueError, OSError) as err:
+            where = f"bad data row at {err.where}: {err.reason}" if isinstance(err, DataRowError) else str(err)
+            return None, (f"{where.splitlines()[0][:300]}",)
+    try:
+        pool = parts[0][1] if len(parts) == 1 and d.limit is None else mix_problems(parts, d.limit, d.seed)
+    except ValueError as err:
+        return sum(len(p) for _, p, _ in parts), (f"data.limit {d.limit}: {err} (after dropping duplicate "
+                                                   "prompts)",)
+    return len(pool), ()
+
+
+def _data(known: DataKnown) -> Iterable[Finding]:
+    for problem in known.data_errors:
+        yield Finding("error", ("data.tables", "data.limit"), f"the stages would refuse the data as they load the "
+                      f"pool: {problem}", "fix the table or the params (data.tables' columns, data.limit) as it says")
 
 
 def _cross_section(p: StudyParams) -> Iterable[Finding]:
@@ -332,47 +372,12 @@ def _search(p: StudyParams) -> Iterable[Finding]:
                       f"{max(earliest.values()):,}, where a stop can rest on its fit")
 
 
-def _decision_at_target(p: StudyParams, size: tuple[int, int] | None = None) -> Iterable[Finding]:
-    """Can the study answer at C* (science §9.3, §9.4)? C* against eta x c_max, and the tolerance against what
-    the validation set, eval_k and seeds resolve."""
-    c_star, eta, c_max = p.target_budget, p.sweep.search.eta, p.sweep.c_max
-    reach = ("study.target_budget", "sweep.c_max")
-    if c_star > eta * c_max:
-        yield Finding("error", reach, f"C* = {c_star:,} rollouts is beyond eta = {eta:g} times c_max = {c_max:,}: "
-                      "no fit reaches it, so every key is unknown there", f"sweep.c_max: {math.ceil(c_star / eta):,} "
-                      f"or more (C* / eta), or {c_star:,} to see C* itself")
-    elif c_star > c_max:
-        yield Finding("note", reach, f"C* = {c_star:,} is {c_star / c_max:.2f} x c_max: answered by extrapolation "
-                      f"(up to eta = {eta:g}), with wider intervals (docs/benchmarks.md: about twice at 1.8 x)")
-    val = size[1] if size else p.bucket.val_size
-    seeds = len(p.sweep.seeds)
-    if val == 0 or seeds < 2:
-        return  # the size and seed findings say why there is no interval
-    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
-    var = power.interval_pass_variance(*bounds[p.sweep.bucket]) if p.sweep.bucket in bounds else 0.25
-    se = power.avg_at_k_se(val, p.sweep.eval_k, var)
-    half = power.Z95 * math.sqrt(2.0 / seeds) * se  # D of two keys' means over seeds (measured: docs/benchmarks.md)
-    eps = p.study.tolerance
-    msg = (f"with {seeds} seeds and avg@{p.sweep.eval_k} over {val} validation problems (SE {se:.3f}), D between two "
-           f"keys is known to about +-{half:.3f}; tolerance {eps:g} settles keys worse by {2 * half - eps:.3f} or more "
-           "(upper bound of D <= tolerance in most studies)")
-    if half <= eps:
-        yield Finding("note", ("study.tolerance",), msg + ", and can decide between keys of equal reward")
-        return
-    more_seeds = math.ceil(2.0 * (power.Z95 * se / eps) ** 2 - 1e-9)
-    more_val = math.ceil(val * (half / eps) ** 2 - 1e-9)
-    yield Finding("note", ("study.tolerance", "sweep.seeds", "bucket.val_size"), msg + "; two keys of equal reward "
-                  "stay 'not decided'", f"study.tolerance: {math.ceil(100 * half - 1e-9) / 100:.2f} or more to decide between keys of equal reward; "
-                  "or sweep.seeds: "
-                  f"{more_seeds} seeds, or bucket.val_size: {more_val:,}")
-
-
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
-    found = [*_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
+    found = [*_data(known), *_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
              *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
-             *_decision_at_target(params)]
+             *(Finding(*f) for f in decision_findings(params))]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])
 

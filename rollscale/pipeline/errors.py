@@ -49,6 +49,12 @@ def explain(err: BaseException) -> tuple[str, int]:
         return _first_lines(err.args[0] if err.args else err), 2
     if _is(err, "DamagedResultError") or _is(err, "StageBusyError"):
         return _first_lines(err), 1
+    if _is(err, "StageFailedError"):  # the stage's own message and exit status, passed on
+        return _first_lines(err, 1), err.code
+    if type(err).__name__ == "LockError" and type(err).__module__.startswith("dvc"):  # as a stage already running
+        what = _first_lines(err, 1).split(", it is being blocked")[0].rstrip(": ")  # DVC lists the holders below
+        return (f"another DVC command is using this project ({what}); wait for it to end (`rollscale status` "
+                "shows what runs) and run again"), 1
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
         text = _first_lines(err.strerror or err) + where
@@ -63,8 +69,10 @@ def explain(err: BaseException) -> tuple[str, int]:
     return f"internal error {type(err).__name__}: {_first_lines(err, 1)} (run with --debug for the traceback)", 3
 
 
-def run_guarded(fn: Callable[[], object], debug: bool = False, prog: str = "rollscale") -> int:
-    """Call ``fn``; print any error as :func:`explain` says (plus the traceback when debugging)."""
+def run_guarded(fn: Callable[[], object], debug: bool = False, prog: str = "rollscale",
+                on_error: Callable[[str, int], object] | None = None) -> int:
+    """Call ``fn``; print any error as :func:`explain` says (plus the traceback when debugging);
+    ``on_error(message, exit status)`` is told it too."""
     try:
         fn()
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: 130 / 143, one line (the caller's, if it said one)
@@ -77,5 +85,7 @@ def run_guarded(fn: Callable[[], object], debug: bool = False, prog: str = "roll
             traceback.print_exc()
         message, code = explain(err)
         print(f"{prog}: {message}", file=sys.stderr)
+        if on_error is not None:
+            on_error(message, code)
         return code
     return 0

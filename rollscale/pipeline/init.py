@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-__all__ = ["init_params"]
+__all__ = ["init_params", "problem_count"]
 
 
 def _token_counter(name_or_path: str, gguf_file: str | None):
@@ -37,6 +37,18 @@ def _data_arg(data: str) -> str:
         return str(path.resolve())
 
 
+def problem_count(source) -> int | None:
+    """The problems a local table gives as the stages load it (duplicate prompts dropped), so the
+    ``data.limit`` init writes is one the pool can fill; its rows, unread, when it is too large to read
+    here (:data:`rollscale.pipeline.check.READ_ROWS_MAX`)."""
+    from rollscale.core.problems.data_sample import count_rows
+    from rollscale.core.problems.sources import table_problems
+    from rollscale.pipeline.check import READ_ROWS_MAX
+
+    rows = count_rows(source.path)
+    return len(table_problems(source)) if rows is not None and rows <= READ_ROWS_MAX else rows
+
+
 def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
     """``--budget C``: the study answers at C* = C rollouts (science §9), so ``study.target_budget`` = C and
     ``sweep.c_max`` at least C / eta (a fit is trusted eta times past its data, A3), kept when already larger."""
@@ -58,7 +70,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     ``budget``: the rollouts of the production run, the study's C* (:func:`budget_values`)."""
     from rollscale.config import StudyParams, load_params
     from rollscale.pipeline.init_values import Machine, render, suggest, write_params
-    from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
+    from rollscale.core.problems.data_sample import inspect_rows, read_sample
     from rollscale.config_data import TableParams
     from rollscale.core.problems.sources import table_problems
     from rollscale.lm.model_info import inspect_model, resolve_model
@@ -82,7 +94,8 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
         source = TableParams(path=data_path, prompt=sample.prompt, answer=sample.answer,
                              answer_format=sample.answer_format, reward=sample.reward)
         table_problems(source, limit=50)  # the mapping must read the file's rows (DataRowError names a bad one)
-    values, why = suggest(info, sample, data_path, count_rows(data) if Path(data).exists() else None, machine)
+    pool = problem_count(source) if Path(data).exists() else None
+    values, why = suggest(info, sample, data_path, pool, machine)
     if engine:
         values["sampling.backend"], why["sampling.backend"] = engine, f"--engine {engine}"
         if engine == "vllm":  # one engine per worker process (the config refuses more)

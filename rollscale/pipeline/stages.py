@@ -37,6 +37,9 @@ log = logging.getLogger("rollscale.pipeline.stages")
 LOCK = ".stage.lock"
 RUN_INFO = ".stage.run.json"
 FAILED = ".stage.failed.json"
+# how the stage's last command ended when it failed or refused: its one line and exit status, which
+# `rollscale study` passes on (DVC reports every failed stage as exit 255)
+STAGE_EXIT = ".stage.exit.json"
 # set to "1" by `rollscale run sweep --archive-stale` / `rollscale study --archive-stale`: a DVC stage
 # command takes no flags, so the consent to archive ended sweep runs reaches the stage this way
 ARCHIVE_STALE_ENV = "ROLLSCALE_ARCHIVE_STALE"
@@ -44,6 +47,14 @@ ARCHIVE_STALE_ENV = "ROLLSCALE_ARCHIVE_STALE"
 
 class StageBusyError(RuntimeError):
     """The stage is already running in a live process; two writers would mix their outputs."""
+
+
+class StageFailedError(RuntimeError):
+    """A stage that ``dvc repro`` ran failed or refused; ``code``: its own exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ArtifactsNotWritableError(OSError):

@@ -8,8 +8,10 @@ lock files. Sweep runs are read from ``artifacts/sweep/runs/<run_id>/``:
 ``run.parquet`` (status), the newest checkpoint that passes its manifest check
 (step and C, science §1; :func:`rollscale.train.checkpoint.verify_checkpoint`),
 ``done.json`` and ``attempts.jsonl`` (one row per start of the run in a worker).
-A finished run whose final checkpoint or committed rows fail the check is
-reported "damaged": the next sweep retrains it from its newest good checkpoint.
+A finished or stopped run whose checkpoint, committed rows, ``run.parquet`` or
+``done.json`` fail their checks (:func:`rollscale.pipeline.outputs.run_damage`,
+the checks ``fit`` reads them with) is reported "damaged": the next sweep
+retrains it from its newest good checkpoint.
 
 Plain functions over files: no Prefect. Times are UTC ISO strings.
 """
@@ -85,7 +87,8 @@ def _recorded(root: Path, artifacts: Path, name: str, spec: StageSpec, specs: di
     if differences := record_differences(record, now):
         return StageStatus(name, "stale", f"{ran}; since then: {', '.join(differences)}")
     behind = "dvc.lock records an older run" if in_lock else "not recorded in dvc.lock"
-    return StageStatus(name, "done", f"{ran}; {behind}: `dvc commit -f {name}` records it, or `rollscale study`")
+    # not `dvc commit`: it would record the outputs as they are, unchecked; the study checks them as it records them
+    return StageStatus(name, "done", f"{ran}; {behind}: `rollscale study` reruns and records it")
 
 
 def stage_statuses(root: str | os.PathLike[str] | None = None,
@@ -137,11 +140,11 @@ def stage_statuses(root: str | os.PathLike[str] | None = None,
 def _with_damage(status: StageStatus, artifacts: Path) -> StageStatus:
     """A finished stage ("done" or "stale") whose files no longer match its record of checksums
     is "damaged", naming the file (:mod:`rollscale.pipeline.outputs`)."""
-    from rollscale.pipeline.outputs import outputs_problem
+    from rollscale.pipeline.outputs import stage_problem
 
     if status.state not in ("done", "stale"):
         return status
-    problem = outputs_problem(artifacts, status.stage, quick=True)
+    problem = stage_problem(artifacts, status.stage, quick=True)
     if problem is None:
         return status
     return StageStatus(status.stage, "damaged", f"{problem}; `rollscale study` runs it again")
@@ -227,6 +230,8 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
     is "pending"; a damaged checkpoint makes it "damaged" (with why). Step and
     C are those of the newest checkpoint that passes its check (what a resumed
     run starts from)."""
+    from rollscale.pipeline.outputs import run_damage
+
     runs_dir = Path(artifacts) / "sweep" / "runs"
     if not runs_dir.is_dir():
         return []
@@ -240,7 +245,7 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
         if status == "running" and not sweep_running:
             status = "interrupted"
         error = (done or {}).get("error") or row.get("error")
-        if problem and not sweep_running:
+        if not sweep_running and (problem := problem or run_damage(artifacts, run_dir, quick=True, unfinished_ok=True)):
             status, error = "damaged", f"{problem}; the next sweep retrains from the last good checkpoint"
         c_max = row.get("c_max") or (state.get("config") or {}).get("c_max")
         attempts = read_attempts(run_dir)

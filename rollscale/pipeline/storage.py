@@ -93,11 +93,14 @@ def _dataset(name: str, files: list[Path]):
 
 def checked_table_files(artifacts: str | Path, name: str) -> list[Path]:
     """:func:`table_files`, each checked against its stage's record of checksums
-    (:mod:`rollscale.pipeline.outputs`); :class:`DamagedResultError` names the first bad file."""
+    (:mod:`rollscale.pipeline.outputs`; files written after the record by a run that has not finished
+    are not judged); :class:`DamagedResultError` names the first bad file."""
     from rollscale.pipeline.outputs import outputs_problem
 
     files = table_files(artifacts, name)
-    if name not in RUN_PART_TABLES and (problem := outputs_problem(artifacts, table_stage(name), files)):
+    # while its stage runs (or after a run that did not finish), the files that run wrote are its own
+    if name not in RUN_PART_TABLES and (problem := outputs_problem(artifacts, table_stage(name), files,
+                                                                   unfinished_ok=True)):
         raise DamagedResultError(f"{problem}; {_rerun(name)}")
     return files
 
