@@ -79,7 +79,7 @@ def test_the_issues_settings_are_each_named_before_the_profile(project):
     (noise,) = found["bucket.val_size"]
     assert noise.level == "warning" and "differences below 0.400 are not detectable" in noise.message
     # issue 32: no validation size the pool cannot hold (193 was proposed for 40 problems): eval_k makes it up
-    assert noise.fix == ("sweep.eval_k: 258, or bucket.val_size: 32 (the most: the pool has at most 40, 8 of them "
+    assert noise.fix == ("sweep.eval_k: 258, or bucket.val_size: 32 (the most: the pool has 40, 8 of them "
                          "train per step) with sweep.eval_k: 25, resolves 0.05")
 
 

@@ -358,3 +358,23 @@ def test_a_stage_refused_under_the_study_says_why_in_one_line_and_its_outputs_ar
     assert "internal error" not in r.stderr and "No module named" not in r.stderr, r.stderr[-3000:]
     assert "put back from DVC's cache" in r.stdout, r.stdout[-2000:]
     assert {p.name: p.read_bytes() for p in fit.iterdir() if p.is_file() and not p.name.startswith(".")} == tables
+
+
+def test_an_interrupted_forced_rerun_puts_the_stage_outputs_back(clone, tmp_path):
+    """Issue 31, part 4: SIGTERM to `rollscale study --stages measure --force` once DVC has removed the
+    outputs of this stage without `persist`: exit 143, and the earlier outputs are back from DVC's cache
+    (the study says so) instead of an empty folder under "nothing partial was kept"."""
+    from tests.test_faults import interrupt
+
+    root = tmp_path / "study"
+    shutil.copytree(clone[0], root, symlinks=True)
+    measure = root / "artifacts" / "measure"
+    tables = {p.name: p.read_bytes() for p in measure.iterdir() if p.is_file() and not p.name.startswith(".")}
+    assert "MANIFEST.json" in tables and len(tables) > 2
+    rc, _, after, _ = interrupt(["study", "--stages", "measure", "--force", "--no-check"], signal.SIGTERM,
+                                lambda: not (measure / "MANIFEST.json").exists(), "DVC to remove measure's outputs",
+                                tmp_path / "study.log", clone[1], root)
+    assert rc == 143, after[-3000:]
+    assert "put back from DVC's cache" in after, after[-3000:]
+    assert {p.name: p.read_bytes() for p in measure.iterdir() if p.is_file() and not p.name.startswith(".")} == tables
+    assert not stage_running(root / "artifacts", "measure")

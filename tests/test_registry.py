@@ -154,7 +154,8 @@ BEFORE = {
 
 
 def test_run_ids_and_config_hashes_of_stored_studies_are_unchanged(caplog):
-    sweep = SweepParams(n=[2, 4, 8], rules=["uniform", "dynamic", "pods", "pilot"], seeds=[0, 1],
+    # the stored studies evaluated every eval_every steps (eval_per_doubling 0, before science §9.1's schedule)
+    sweep = SweepParams(n=[2, 4, 8], rules=["uniform", "dynamic", "pods", "pilot"], seeds=[0, 1], eval_per_doubling=0,
                         train=TrainParams(agg_mode="seq-mean-token-sum-norm", clip_higher=True))
     configs = {c.run_id: c for c in run_configs(sweep, SamplingConfig())}
     # n = 2: PODS would keep m = 2 of 2 and Pilot-Commit's 2 pilot rollouts are not below n
