@@ -111,3 +111,19 @@ def test_the_decision_table_names_groups_keys_and_what_would_decide():
     assert ((table["to_decide"] == "") == table["decided"]).all()
     no_r0 = decision_table(ev[ev["c"] > 0], 40_000, 0.02, 2.0)
     assert no_r0["r0"].isna().all() and no_r0["to_decide"].str.startswith("no run has a step-0 evaluation").all()
+
+
+def test_an_unknown_key_names_the_runs_that_stopped_short_or_the_budget():
+    """The fix for a key beyond eta x its data (science §9.3): where the budget reached C* / eta (a search
+    stopped the key's runs early), train those runs on, not a larger c_max the study already has."""
+    from rollscale.core.fit.decision_table import to_decide
+
+    rows = pd.DataFrame({"key": [4, 8, 16], "status": ["leader", "unknown", "unknown"], "decided": False,
+                         "settled": False, "unknown": [False, True, True], "r0": 0.37,
+                         "c_seen": [40_000.0, 10_000.0, 15_000.0]})
+    said = to_decide(rows, 40_000, 2.0)
+    assert said.startswith("train key 8 (its runs reached C = 10,000), 16 (its runs reached C = 15,000) on to "
+                           "C >= 20,000"), said
+    assert "sweep.c_max" not in said
+    short = rows.assign(c_seen=[10_000.0, 10_000.0, 10_000.0])  # no run reached C* / eta: the budget is short
+    assert to_decide(short, 40_000, 2.0).startswith("sweep.c_max >= 20,000 (C* / eta) for every key")

@@ -39,7 +39,14 @@ def to_decide(rows: pd.DataFrame, c_star: float, eta: float) -> str:
         return "no run has a step-0 evaluation, so the curves have no shared R0 (science §9.2): rerun the sweep"
     open_rows = rows[(rows["status"] != "leader") & ~rows["settled"]]
     if open_rows["unknown"].any():
-        return f"sweep.c_max >= {math.ceil(c_star / eta):,} (C* / eta) for every key, so that C* is within reach"
+        need = math.ceil(c_star / eta)
+        unknown = open_rows[open_rows["unknown"]]
+        if float(rows["c_seen"].max()) >= need * (1 - 1e-9):  # the budget reaches: those keys' runs stopped short
+            short = ", ".join(f"{int(k)} (its runs reached C = {c:,.0f})"
+                              for k, c in zip(unknown["key"], unknown["c_seen"], strict=True))
+            return (f"train key {short} on to C >= {need:,} (C* / eta): a search stopped it before C* was within "
+                    "reach (sweep.search.method: decision trains every key the decision at C* needs)")
+        return f"sweep.c_max >= {need:,} (C* / eta) for every key, so that C* is within reach"
     if not open_rows["d_hi"].notna().any():
         return "no interval with one seed per key: at least 2 seeds for every key (sweep.seeds)"
     worst = open_rows.loc[open_rows["d_hi"].idxmax()]
