@@ -40,6 +40,7 @@ from scipy.special import expit
 from scipy.stats import t as student_t
 
 from rollscale.core.fit.bootstrap import LEVEL, sigmoid_refits
+from rollscale.core.fit.sigmoid import sigmoid_model
 
 __all__ = ["STATUS", "KeyRewards", "RunCurves", "decide", "fit_groups", "fit_runs", "key_rewards", "paired_refits",
            "shared_r0"]
@@ -135,7 +136,7 @@ def _fit_at_r0(x: np.ndarray, y: np.ndarray, w: np.ndarray, r0: np.ndarray, a_ma
         for b0 in (0.5, 1.0, 2.0):
             start = np.column_stack([r0, span, np.nan_to_num(m0), np.full(rows, b0)])
             theta = sigmoid_refits(x, y, w, np.clip(start, lower, upper), lower, upper, iterations, dedupe=False)
-            f = theta[:, :1] + theta[:, 1:2] * expit(theta[:, 3:] * _LN10 * (x - theta[:, 2:3]))
+            f = sigmoid_model(theta.T[:, :, None], x)  # (rows, points)
             ssr = np.nansum(w * (f - y) ** 2, axis=1)
             better = np.isfinite(theta).all(axis=1) & (ssr < best_ssr)
             best[better], best_ssr[better] = theta[better], ssr[better]
