@@ -9,6 +9,12 @@ from pathlib import Path
 if os.environ.get("PYTEST_XDIST_WORKER") or "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="rollscale-prefect-")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Under pytest-xdist every worker is a process of its own on the 2 shared cores: torch's default of
+# one thread per core in each would put 4 threads on 2 cores (two torch threads per core ran 18x
+# slower here). Set before torch is imported; stage subprocesses set their own (study.torch_threads).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 import pytest  # noqa: E402
