@@ -1,7 +1,7 @@
 """Replay a stored grid study's decision at C* (science §9): from its runs cut short, and through both searches.
 
     python benchmarks/replay_decision.py /tmp/fresh/artifacts --params /tmp/fresh/params.yaml
-    python benchmarks/replay_decision.py artifacts --cuts 1 0.5 0.25 --far-eta 4 --resamples 200
+    python benchmarks/replay_decision.py artifacts --cuts 1 0.5 0.25 --far-eta 4 --tolerance 0.05
 
 Reads the study's ``runs`` and ``evals`` tables (through DuckDB, rollscale.pipeline.storage: nothing is
 written) of a grid (every key, every seed, to C_max) and prints two markdown tables for docs/benchmarks.md:
@@ -54,7 +54,8 @@ def _decision_cells(row: pd.Series) -> dict[str, object]:
             "R_leader(C*) [95 %]": _interval(row) + (" (extrapolated)" if row["extrapolated"] else ""),
             "same leader as grid": "yes" if row["same_leader"] else "no",
             "leader within ε of grid's": "yes" if row["within_grid"] else "no",
-            "not ruled out by grid": "yes" if row["not_ruled_out"] else "no",
+            "grid's D of leader": "—" if pd.isna(row["grid_gap"]) else f"{row['grid_gap']:+.3f}",
+            "D >= -ε": "yes" if row["gap_within"] else "no",
             "covers grid's R": "yes" if row["covers_grid"] else "no"}
 
 
@@ -64,12 +65,12 @@ def truncation_table(ev: pd.DataFrame, c_max: float, c_star: float, tolerance: f
     rows, notes = [], []
     for cut in cuts:
         kept = truncated(ev, cut * c_max)
-        for label, e in ((f"{eta:g}", eta), (f"{far_eta:g} (beyond A3)", far_eta)):
-            if e is None:
-                continue
-            agree = decision_agreement(ev, kept, c_star, tolerance, e, resamples, seed)
-            if e != eta and not (agree["unknown"] != "").any():
-                continue  # the far eta is only asked where the study's own eta leaves keys unknown
+        agree = decision_agreement(ev, kept, c_star, tolerance, eta, resamples, seed)
+        reads = [(f"{eta:g}", agree)]
+        if far_eta is not None and (agree["unknown"] != "").any():  # read again only where eta leaves keys unknown
+            reads.append((f"{far_eta:g} (beyond A3)", decision_agreement(ev, kept, c_star, tolerance, far_eta,
+                                                                         resamples, seed)))
+        for label, agree in reads:
             for _, r in agree.iterrows():
                 rows.append({"runs cut at": f"C_max × {cut:g} = {cut * c_max:,.0f}", "eta": label,
                              "group": f"{r['design']}: {r['bucket']}/{r['rule']}/{r['fixed']}",
@@ -126,10 +127,13 @@ def main() -> None:
     ap.add_argument("--far-eta", type=float, default=4.0, help="eta to read a cut again where every key is unknown")
     ap.add_argument("--design", choices=list(DESIGNS), help="the search's design (default: the sweep's)")
     ap.add_argument("--resamples", type=int, help="instead of params.yaml's fit.bootstrap_resamples")
+    ap.add_argument("--tolerance", type=float, help="instead of params.yaml's study.tolerance (epsilon)")
     args = ap.parse_args()
     if not all(0 < c <= 1 for c in args.cuts):
         ap.error(f"--cuts: fractions of C_max in (0, 1], got {args.cuts}")
     params = load_params(args.params)
+    if args.tolerance is not None:
+        params = params.model_copy(update={"study": params.study.model_copy(update={"tolerance": args.tolerance})})
     runs = query("SELECT * FROM runs", args.artifacts)
     evals = query("SELECT * FROM evals", args.artifacts)
     ev = run_evals(runs, evals, params.fit.run_status)

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from rollscale.core.fit.analysis import run_evals
+from rollscale.core.fit.decision_table import decision_table
 from rollscale.core.search.agreement import AGREEMENT_COLUMNS, decision_agreement, truncated
 from rollscale.core.search.decisions import SearchSettings
 from rollscale.core.search.replay import replay
@@ -89,7 +90,7 @@ def test_the_decision_at_c_star_on_a_truncated_grid_against_the_full_grid():
     same = decision_agreement(ev, ev, 40_000, 0.02, 2.0, resamples=50)
     (row,) = same.to_dict("records")
     assert list(same.columns) == AGREEMENT_COLUMNS and row["leader"] == row["grid_leader"] == 2
-    assert row["same_leader"] and row["within_grid"] and row["not_ruled_out"] and row["covers_grid"]
+    assert row["same_leader"] and row["within_grid"] and row["gap_within"] and row["covers_grid"] and row["grid_gap"] == 0
     assert not row["extrapolated"] and row["decided"] and row["settled"] == "4, 8, 16"
     (half,) = decision_agreement(ev, truncated(ev, 20_000), 40_000, 0.02, 2.0, resamples=50).to_dict("records")
     assert half["extrapolated"] and half["unknown"] == "" and half["same_leader"]
@@ -97,9 +98,14 @@ def test_the_decision_at_c_star_on_a_truncated_grid_against_the_full_grid():
     quarter_ev = truncated(ev, 10_000)
     (quarter,) = decision_agreement(ev, quarter_ev, 40_000, 0.02, 2.0, resamples=50).to_dict("records")
     assert quarter["leader"] is None and quarter["unknown"] == "2, 4, 8, 16"
-    assert not (quarter["same_leader"] or quarter["within_grid"] or quarter["not_ruled_out"] or quarter["covers_grid"])
+    assert not (quarter["same_leader"] or quarter["within_grid"] or quarter["gap_within"] or quarter["covers_grid"])
     (far,) = decision_agreement(ev, quarter_ev, 40_000, 0.02, 4.0, resamples=50).to_dict("records")
     assert far["unknown"] == "" and far["extrapolated"] and far["leader"] is not None
+    # without the grid's leader's runs another key leads: the grid's D of it is its gap to the grid's leader
+    (other,) = decision_agreement(ev, ev[ev["n"] != 2], 40_000, 0.02, 2.0, resamples=50).to_dict("records")
+    full = decision_table(ev, 40_000, 0.02, 2.0, 50).set_index("key")
+    assert other["leader"] != 2 and other["grid_gap"] == full.loc[other["leader"], "d"] < -0.02
+    assert not (other["same_leader"] or other["within_grid"] or other["gap_within"])
 
 
 def test_replaying_the_decision_search_starts_with_seeds_min_and_keeps_what_it_trained():
@@ -119,6 +125,6 @@ def test_replaying_the_decision_search_starts_with_seeds_min_and_keeps_what_it_t
     trained = res.runs.set_index(res.runs["run_id"].astype(str))["search_c"]
     assert (kept == trained[kept.index]).all() and len(kept) == (trained > 0).sum()
     (agree,) = decision_agreement(run_evals(runs, evals), res.evals, 40_000, 0.02, 2.0, resamples=50).to_dict("records")
-    assert agree["grid_leader"] == agree["leader"] == 2 and agree["same_leader"] and agree["not_ruled_out"]
+    assert agree["grid_leader"] == agree["leader"] == 2 and agree["same_leader"] and agree["gap_within"]
     with pytest.raises(ValueError, match="seeds_min"):
         replay(runs, evals, "n", settings, b_max=256, seeds_min=0)

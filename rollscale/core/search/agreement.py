@@ -39,8 +39,8 @@ def truncated(evals: pd.DataFrame, budget: float) -> pd.DataFrame:
 # one row per design group of the decision table: the decision at C* on some runs beside the grid's on all of them
 AGREEMENT_COLUMNS = ["design", "bucket", "rule", "fixed", "c_star", "c_seen", "leader", "decided", "within", "settled",
                      "open", "unknown", "reward", "reward_lo", "reward_hi", "extrapolated", "rewards", "grid_leader",
-                     "grid_decided", "grid_within", "grid_reward", "same_leader", "within_grid", "not_ruled_out",
-                     "covers_grid"]
+                     "grid_decided", "grid_within", "grid_reward", "same_leader", "within_grid", "grid_gap",
+                     "gap_within", "covers_grid"]
 
 
 def decision_agreement(grid: pd.DataFrame, evals: pd.DataFrame, c_star: float, tolerance: float, eta: float,
@@ -52,9 +52,10 @@ def decision_agreement(grid: pd.DataFrame, evals: pd.DataFrame, c_star: float, t
     ``within`` / ``settled`` / ``open`` / ``unknown``: the other keys by status (a settled key also within
     epsilon is listed as within); ``reward`` with its interval and ``extrapolated``: the leader's at C*;
     ``rewards``: every key's; ``same_leader``: the grid's leader; ``within_grid``: the leader is the grid's or
-    within epsilon of it by the grid's decision; ``not_ruled_out``: the grid's decision did not settle the leader
-    (it is the grid's leader, within epsilon, open or unknown there: where the grid is not decided, any of
-    those is an answer the grid cannot contradict); ``covers_grid``: the leader's interval holds the grid's estimate
+    within epsilon of it by the grid's decision (the lower bound of the grid's D_k >= -epsilon); ``grid_gap``: the
+    grid's estimate of the leader's D_k (its reward at C* less the grid leader's); ``gap_within``: that gap is
+    >= -epsilon (science §9.4's criterion, "a true reward within epsilon of the true best", with the grid's
+    estimates standing for the truth); ``covers_grid``: the leader's interval holds the grid's estimate
     of that key's reward at C*.
     """
     ids = ["design", "bucket", "rule", "fixed"]
@@ -83,8 +84,8 @@ def decision_agreement(grid: pd.DataFrame, evals: pd.DataFrame, c_star: float, t
             "grid_reward": float(g.loc[g["key"] == g_lead, "reward"].iloc[0]) if g_lead is not None else math.nan,
             "same_leader": lead is not None and lead == g_lead,
             "within_grid": lead is not None and (lead == g_lead or bool(g_row is not None and g_row["within_tolerance"])),
-            "not_ruled_out": lead is not None and (lead == g_lead or bool(
-                g_row is not None and (g_row["within_tolerance"] or not g_row["settled"]))),
+            "grid_gap": float(g_row["d"]) if g_row is not None else math.nan,
+            "gap_within": bool(g_row is not None and g_row["d"] >= -tolerance),
             "covers_grid": bool(lead_row is not None and g_row is not None
                                 and lead_row["reward_lo"] <= g_row["reward"] <= lead_row["reward_hi"]),
         })
