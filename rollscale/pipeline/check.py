@@ -27,7 +27,13 @@ from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.core.problems.buckets import BucketError, assign_buckets, make_splits
 from rollscale.pipeline.check_budget import decision_findings
-from rollscale.pipeline.check_evals import c_at_evaluation, evaluations_fix, run_evaluation_steps, search_fix
+from rollscale.pipeline.check_evals import (
+    c_at_evaluation,
+    cadence_key,
+    evaluations_fix,
+    run_evaluation_steps,
+    search_fix,
+)
 from rollscale.pipeline.check_profile import model_fit_findings
 
 __all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
@@ -188,7 +194,7 @@ def _grid(p: StudyParams) -> Iterable[Finding]:
                       + ("no interval, and the report shows no single-seed observation as a claim" if seeds == 1
                          else "bootstrap intervals from 2 seeds are crude"), "sweep.seeds: [0, 1, 2]")
     evals = {(n, b): len(run_evaluation_steps(p, n * b)) for n, b in shapes}
-    cadence = "sweep.eval_per_doubling" if p.sweep.eval_per_doubling else "sweep.eval_every"
+    cadence = cadence_key(p)
     fix = evaluations_fix(p, [n * b for n, b in shapes])
     shown = ", ".join(f"n={n} x B_problem={b}: {e}" for (n, b), e in evals.items())
     unfit = [s for s, e in evals.items() if e < power.FIT_MIN_EVALS]
@@ -345,7 +351,7 @@ def _search(p: StudyParams) -> Iterable[Finding]:
                       "every run trains to c_max, as in a grid")
         return
     rungs = rung_budgets(p.sweep.c_max, s.eta, s.first_rung)
-    cadence = "sweep.eval_per_doubling" if p.sweep.eval_per_doubling else "sweep.eval_every"
+    cadence = cadence_key(p)
     said = f"rungs at C = {', '.join(f'{c:,}' for c in rungs)}"
     last = rungs[-2] if len(rungs) > 1 else 0  # the last rung that can stop a key before c_max
     # C at which a key's runs have MIN_POINTS evaluations past step 0 (records are at most the evaluations)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 
-__all__ = ["c_at_evaluation", "evaluations_fix", "run_evaluation_steps", "search_fix"]
+__all__ = ["c_at_evaluation", "cadence_key", "evaluations_fix", "run_evaluation_steps", "search_fix"]
 
 
 def run_evaluation_steps(p: StudyParams, rollouts_per_step: int) -> list[int]:
@@ -24,6 +24,11 @@ def run_evaluation_steps(p: StudyParams, rollouts_per_step: int) -> list[int]:
     (:func:`rollscale.core.fit.power.eval_due`; the shared budget schedule of science §9.1, or every
     ``sweep.eval_every`` steps when ``sweep.eval_per_doubling`` is 0)."""
     return power.evaluation_steps(p.sweep.c_max, rollouts_per_step, p.sweep.eval_per_doubling, p.sweep.eval_every)
+
+
+def cadence_key(p: StudyParams) -> str:
+    """The params key the runs' evaluations follow."""
+    return "sweep.eval_per_doubling" if p.sweep.eval_per_doubling else "sweep.eval_every"
 
 
 def evaluations_fix(p: StudyParams, batches: list[int]) -> str:
