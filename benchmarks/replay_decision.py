@@ -23,6 +23,7 @@ written) of a grid (every key, every seed, to C_max) and prints two markdown tab
 from __future__ import annotations
 
 import argparse
+import inspect
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollscale.config import load_params  # noqa: E402
 from rollscale.core.fit.analysis import run_evals  # noqa: E402
+from rollscale.core.fit.decision_table import decision_table  # noqa: E402
 from rollscale.core.search.agreement import decision_agreement, truncated  # noqa: E402
 from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
 from rollscale.pipeline.storage import query  # noqa: E402
@@ -91,7 +93,9 @@ def search_table(runs: pd.DataFrame, evals: pd.DataFrame, ev: pd.DataFrame, para
         start = time.perf_counter()
         res = replay(runs, evals, design, settings, sweep.b_max, seeds_min=seeds_min)
         seconds = time.perf_counter() - start
-        agree = decision_agreement(ev, res.evals, c_star, params.study.tolerance, search.eta, resamples, seed)
+        # the fit stage reads the sweep's search table beside the runs where its decision takes it (science §9.4)
+        table = res.decisions if "search" in inspect.signature(decision_table).parameters else None
+        agree = decision_agreement(ev, res.evals, c_star, params.study.tolerance, search.eta, resamples, seed, table)
         for _, s in res.summary.iterrows():
             # the decision table's group of this search group (one per bucket and rule on these designs)
             bucket, rule = (dict(p.split("=", 1) for p in s["group"].split(":", 1)[1].split("/"))[k]

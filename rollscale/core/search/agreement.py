@@ -44,7 +44,7 @@ AGREEMENT_COLUMNS = ["design", "bucket", "rule", "fixed", "c_star", "c_seen", "l
 
 
 def decision_agreement(grid: pd.DataFrame, evals: pd.DataFrame, c_star: float, tolerance: float, eta: float,
-                       resamples: int = 200, seed: int = 0) -> pd.DataFrame:
+                       resamples: int = 200, seed: int = 0, search: pd.DataFrame | None = None) -> pd.DataFrame:
     """The decision at ``c_star`` on ``evals`` (a search's kept runs, or the grid :func:`truncated`) against the
     grid's on all its runs (``grid``), both by the fit stage's
     :func:`rollscale.core.fit.decision_table.decision_table` (science §9.3-9.4), one row per design group.
@@ -56,11 +56,14 @@ def decision_agreement(grid: pd.DataFrame, evals: pd.DataFrame, c_star: float, t
     grid's estimate of the leader's D_k (its reward at C* less the grid leader's); ``gap_within``: that gap is
     >= -epsilon (science §9.4's criterion, "a true reward within epsilon of the true best", with the grid's
     estimates standing for the truth); ``covers_grid``: the leader's interval holds the grid's estimate
-    of that key's reward at C*.
+    of that key's reward at C*. ``search``: the replayed search's decisions (its ``search`` table), passed on to
+    the decision on ``evals`` as the fit stage passes the sweep's (only when given: a decision table that reads
+    the search's verdicts takes it).
     """
     ids = ["design", "bucket", "rule", "fixed"]
     full = decision_table(grid, c_star, tolerance, eta, resamples, seed)
-    part = decision_table(evals, c_star, tolerance, eta, resamples, seed)
+    given = {"search": search} if search is not None else {}
+    part = decision_table(evals, c_star, tolerance, eta, resamples, seed, **given)
     rows = []
     for group, t in part.groupby(ids, sort=True, dropna=False):
         g = full.merge(pd.DataFrame([group], columns=ids), on=ids)
