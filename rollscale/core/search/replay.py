@@ -12,9 +12,10 @@ and the search's on what it kept, are read with the same code
 (:func:`rollscale.core.search.decisions.frontier_answer`) at the grid's budgets.
 The decision at C* (science §9) is compared the same way by
 :func:`rollscale.core.search.agreement.decision_agreement` on the grid's
-evaluations the search kept (:attr:`ReplayResult.evals`). With ``seeds_min`` every key starts with the grid's first
-``seeds_min`` seeds, as ``sweep.search.method: decision`` starts them; the
-grid's other seeds come in only where a ``seed`` decision asks for them.
+evaluations the search kept (:attr:`ReplayResult.evals`). With ``seeds_min``
+every key starts with the grid's first ``seeds_min`` seeds, as
+``sweep.search.method: decision`` starts them; the grid's other seeds come in
+only where a ``seed`` decision asks for them.
 
 Designs (:data:`DESIGNS`): ``n`` (rollout axis: key n, per family and
 B_problem), ``b_problem`` (prompt axis: key B_problem, per n), ``iso_batch``
