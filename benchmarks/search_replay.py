@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, help="instead of params.yaml's sweep.search.alpha")
     args = ap.parse_args()
     params = load_params(args.params)
-    settings = search_settings(params.sweep)
+    settings = search_settings(params.sweep, params.study)
     settings = dataclasses.replace(settings, **{k: v for k, v in (("eta", args.eta), ("alpha", args.alpha))
                                                  if v is not None})
     runs = query("SELECT * FROM runs", args.artifacts)
@@ -52,7 +52,9 @@ def main() -> None:
     if args.start_keys:
         keys = tuple(k if args.design == "rule" else int(k) for k in args.start_keys)
         start = _all_groups(runs, evals, args.design, params.sweep.b_max, keys, settings)
-    result = replay(runs, evals, args.design, settings, params.sweep.b_max, start)
+    # method decision: keys start with seeds_min of the grid's seeds, as the sweep's search starts them
+    seeds_min = params.sweep.search.seeds_min if settings.method == "decision" else None
+    result = replay(runs, evals, args.design, settings, params.sweep.b_max, start, seeds_min=seeds_min)
     print(f"{args.artifacts}: {len(runs)} runs; search eta {settings.eta:g}, alpha {settings.alpha:g}, "
           f"first rung {settings.first_rung:g}, extra seeds {settings.extra_seeds}\n")
     table = result.summary.assign(spent=lambda d: d["spent"].map("{:.1%}".format),

@@ -27,6 +27,13 @@ from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.core.problems.buckets import BucketError, assign_buckets, make_splits
 from rollscale.pipeline.check_budget import decision_findings
+from rollscale.pipeline.check_evals import (
+    c_at_evaluation,
+    cadence_key,
+    evaluations_fix,
+    run_evaluation_steps,
+    search_fix,
+)
 from rollscale.pipeline.check_profile import model_fit_findings
 
 __all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
@@ -186,24 +193,17 @@ def _grid(p: StudyParams) -> Iterable[Finding]:
         yield Finding("warning", ("sweep.seeds",), f"{seeds} seed(s) per grid point: "
                       + ("no interval, and the report shows no single-seed observation as a claim" if seeds == 1
                          else "bootstrap intervals from 2 seeds are crude"), "sweep.seeds: [0, 1, 2]")
-    evals = {(n, b): power.evaluations_per_run(power.steps_per_run(p.sweep.c_max, n * b), p.sweep.eval_every)
-             for n, b in shapes}
-    widest = max(n * b for n, b in shapes)
-    steps_min = power.steps_per_run(p.sweep.c_max, widest)
-    every = max(1, steps_min // (power.EVALS_COMFORTABLE - 1))
-    c_needed = widest * p.sweep.eval_every * (power.EVALS_COMFORTABLE - 1)
-    fix = (f"sweep.eval_every: {every} (or less)" if steps_min >= power.EVALS_COMFORTABLE - 1 else
-           f"sweep.c_max: {c_needed} or more (the widest batch B = {widest} runs only {steps_min} steps)")
-    if steps_min >= power.EVALS_COMFORTABLE - 1 and c_needed > p.sweep.c_max:
-        fix += f", or sweep.c_max: {c_needed}"
+    evals = {(n, b): len(run_evaluation_steps(p, n * b)) for n, b in shapes}
+    cadence = cadence_key(p)
+    fix = evaluations_fix(p, [n * b for n, b in shapes])
     shown = ", ".join(f"n={n} x B_problem={b}: {e}" for (n, b), e in evals.items())
     unfit = [s for s, e in evals.items() if e < power.FIT_MIN_EVALS]
     weak = [s for s, e in evals.items() if power.FIT_MIN_EVALS <= e < power.EVALS_COMFORTABLE]
     if len(unfit) == len(evals):
-        yield Finding("error", ("sweep.c_max", "sweep.eval_every"), f"evaluations per run ({shown}) are below the "
+        yield Finding("error", ("sweep.c_max", cadence), f"evaluations per run ({shown}) are below the "
                       f"{power.FIT_MIN_EVALS} distinct budgets a sigmoid needs: no frontier can be fitted", fix)
     elif unfit or weak:
-        yield Finding("warning", ("sweep.c_max", "sweep.eval_every"), f"evaluations per run ({shown}): "
+        yield Finding("warning", ("sweep.c_max", cadence), f"evaluations per run ({shown}): "
                       f"a sigmoid needs {power.FIT_MIN_EVALS} record points, and records are only the rising "
                       f"evaluations; below {power.EVALS_COMFORTABLE} its fit often fails", fix)
     tokens = len(plan.runs) * p.sweep.c_max * p.sampling.max_new_tokens
@@ -351,25 +351,25 @@ def _search(p: StudyParams) -> Iterable[Finding]:
                       "every run trains to c_max, as in a grid")
         return
     rungs = rung_budgets(p.sweep.c_max, s.eta, s.first_rung)
+    cadence = cadence_key(p)
     said = f"rungs at C = {', '.join(f'{c:,}' for c in rungs)}"
     last = rungs[-2] if len(rungs) > 1 else 0  # the last rung that can stop a key before c_max
-    # C at which a key's runs have MIN_POINTS evaluations (records are at most the evaluations)
-    earliest = {(g.group, k): MIN_POINTS * p.sweep.eval_every * (g.step_rollouts(k) or 0) for g in groups for k in g.keys}
+    # C at which a key's runs have MIN_POINTS evaluations past step 0 (records are at most the evaluations)
+    earliest = {(g.group, k): c_at_evaluation(p, g.step_rollouts(k) or 0, MIN_POINTS) for g in groups for k in g.keys}
     late = {key: c for key, c in earliest.items() if c > last}
-    widest = max(g.step_rollouts(k) or 0 for g in groups for k in g.keys)
-    every = max(1, int(last // (MIN_POINTS * widest))) if last else None
-    fix = f"sweep.eval_every: {every} (or less)" if every else "sweep.search.first_rung: 0.0625"
+    fix = search_fix(p, [g.step_rollouts(k) or 0 for g in groups for k in g.keys], last)
     if len(late) == len(earliest):
-        yield Finding("warning", ("sweep.search", "sweep.eval_every"), f"{said}: no key has {MIN_POINTS} "
+        yield Finding("warning", ("sweep.search", cadence), f"{said}: no key has {MIN_POINTS} "
                       "evaluations by the last rung before c_max, so the search can stop nothing and spends what "
                       "the grid does", fix)
     elif late:
-        shown = ", ".join(f"{k} (from C = {c:,})" for (_, k), c in sorted(late.items(), key=lambda kv: kv[1]))
-        yield Finding("note", ("sweep.search", "sweep.eval_every"), f"{said}; a key is stopped only on a fit of "
+        shown = ", ".join(f"{k} (from C = {c:,.0f})" if math.isfinite(c) else f"{k} (never)"
+                          for (_, k), c in sorted(late.items(), key=lambda kv: kv[1]))
+        yield Finding("note", ("sweep.search", cadence), f"{said}; a key is stopped only on a fit of "
                       f"{MIN_POINTS} record points, so {shown} cannot be stopped before c_max", fix)
     else:
         yield Finding("note", ("sweep.search",), f"{said}; every key has {MIN_POINTS} evaluations by C = "
-                      f"{max(earliest.values()):,}, where a stop can rest on its fit")
+                      f"{max(earliest.values()):,.0f}, where a stop can rest on its fit")
 
 
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
+from rollscale.pipeline.check_evals import run_evaluation_steps
 
 __all__ = ["EXTREME_SHARE_WARN", "model_fit_findings", "sweep_time_findings"]
 
@@ -74,9 +75,8 @@ def sweep_time_findings(p: StudyParams, artifacts: str | Path | None,
         return []
     rollouts = 0
     for point, _ in plan.runs:
-        steps = power.steps_per_run(p.sweep.c_max, point.n * point.b_problem)
-        rollouts += p.sweep.c_max + power.evaluations_per_run(steps, p.sweep.eval_every) * p.bucket.val_size * (
-            p.sweep.eval_k + 1)
+        evaluations = len(run_evaluation_steps(p, point.n * point.b_problem))
+        rollouts += p.sweep.c_max + evaluations * p.bucket.val_size * (p.sweep.eval_k + 1)
     seconds = rollouts * length / rate
     msg = (f"the sweep's generation alone takes about {_hours(seconds)} here: {len(plan.runs)} runs, {rollouts:,} "
            f"rollouts with their evaluations, x {length:.0f} tokens (the profile's mean response) at the "

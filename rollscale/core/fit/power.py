@@ -65,21 +65,30 @@ def budget_schedule(c_max: int, per_doubling: int) -> np.ndarray:
     return c_max * np.exp2((j - EVAL_DOUBLINGS * k) / k)
 
 
-def eval_due(step: int, c_before: float, c_after: float, eval_every: int, schedule: np.ndarray | None) -> bool:
+def eval_due(step: ArrayLike, c_before: ArrayLike, c_after: ArrayLike, eval_every: int,
+             schedule: np.ndarray | None) -> bool | np.ndarray:
     """Whether a run evaluates after ``step`` (from cumulative C ``c_before`` to ``c_after``): at the first step
-    whose C reaches each budget of ``schedule`` (science §9.1), or with no schedule every ``eval_every`` steps."""
+    whose C reaches each budget of ``schedule`` (science §9.1), or with no schedule every ``eval_every`` steps.
+    Arrays of steps give an array (:func:`evaluation_steps`); the trainer asks one step at a time."""
     if schedule is None:
-        return step % eval_every == 0
-    return bool(np.any((schedule > c_before) & (schedule <= c_after)))
+        due = np.asarray(step) % eval_every == 0
+    else:  # a budget in (c_before, c_after]
+        budgets = np.sort(np.asarray(schedule, float))
+        due = np.searchsorted(budgets, c_after, "right") > np.searchsorted(budgets, c_before, "right")
+    return bool(due) if np.ndim(due) == 0 else np.asarray(due)
 
 
-def evaluation_steps(c_max: int, rollouts_per_step: int, per_doubling: int) -> list[int]:
-    """The steps a run of ``rollouts_per_step`` rollouts a step evaluates at on the shared budget schedule:
-    step 0, the first step past each budget, and its last step (where B exceeds a spacing, every step)."""
-    schedule = budget_schedule(c_max, per_doubling)
+def evaluation_steps(c_max: int, rollouts_per_step: int, per_doubling: int, eval_every: int = 1) -> list[int]:
+    """The steps a run of ``rollouts_per_step`` rollouts a step evaluates at, as the trainer decides them
+    (:func:`eval_due`, one function for both): step 0, every step due on the shared budget schedule of
+    ``per_doubling`` budgets per doubling (science §9.1; where B exceeds a spacing, every step), or every
+    ``eval_every`` steps when ``per_doubling`` is 0, and its last step."""
     last = steps_per_run(c_max, rollouts_per_step)
-    steps = np.unique(np.minimum(np.ceil(schedule / rollouts_per_step - 1e-9).astype(int), last))
-    return sorted({0, last, *steps.tolist()})
+    schedule = budget_schedule(c_max, per_doubling) if per_doubling else None
+    steps = np.arange(1, last + 1)
+    due = eval_due(steps, (steps - 1) * rollouts_per_step, steps * rollouts_per_step,
+                   _positive_int("eval_every", eval_every), schedule)
+    return sorted({0, last, *steps[due].tolist()})
 
 
 def avg_at_k_se(val_size: int, eval_k: int, pass_var: float = 0.25) -> float:

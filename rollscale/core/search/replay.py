@@ -10,6 +10,12 @@ rung. Keys or seeds the search would add that the grid lacks are reported
 never decide anything. At the end both answers, the grid's on all its points
 and the search's on what it kept, are read with the same code
 (:func:`rollscale.core.search.decisions.frontier_answer`) at the grid's budgets.
+The decision at C* (science §9) is compared the same way by
+:func:`rollscale.core.search.agreement.decision_agreement` on the grid's
+evaluations the search kept (:attr:`ReplayResult.evals`). With ``seeds_min``
+every key starts with the grid's first ``seeds_min`` seeds, as
+``sweep.search.method: decision`` starts them; the grid's other seeds come in
+only where a ``seed`` decision asks for them.
 
 Designs (:data:`DESIGNS`): ``n`` (rollout axis: key n, per family and
 B_problem), ``b_problem`` (prompt axis: key B_problem, per n), ``iso_batch``
@@ -56,22 +62,29 @@ class ReplayResult:
     grid's frontier budgets with both best keys and shares. ``summary``: one
     row per group (rollouts spent against the grid's, stops by rule, keys
     and seeds it would add that the grid lacks, agreement where the grid's
-    share >= 95 %, and whether the answers match at every such budget).
+    share >= 95 %, and whether the answers match at every such budget; under
+    ``method: decision`` the search's own answer too). ``evals``: the grid's
+    :func:`rollscale.core.fit.analysis.run_evals` rows the search would have
+    (what the fit stage reads after it; :func:`rollscale.core.search.agreement.decision_agreement`).
     """
 
     decisions: pd.DataFrame
     runs: pd.DataFrame
     budgets: pd.DataFrame
     summary: pd.DataFrame
+    evals: pd.DataFrame
 
 
 def replay_groups(evals: pd.DataFrame, design: str, b_max: int, start_keys: dict[str, tuple] | None = None,
-                  ) -> tuple[list[SearchGroup], pd.DataFrame]:
+                  seeds_min: int | None = None) -> tuple[list[SearchGroup], pd.DataFrame]:
     """The search groups of a grid's :func:`rollscale.core.fit.analysis.run_evals` table, and its points.
 
     ``start_keys`` (group -> keys) starts a group's search from a subset of
-    the grid's keys (the rest can only come in through the bracket).
+    the grid's keys (the rest can only come in through the bracket);
+    ``seeds_min`` from the first ``seeds_min`` of its seeds (the points hold every seed).
     """
+    if seeds_min is not None and seeds_min < 1:
+        raise ValueError(f"seeds_min: expected an integer >= 1, got {seeds_min!r}")
     if design not in DESIGNS:
         raise ValueError(f"design: expected one of {list(DESIGNS)}, got {design!r}")
     axis, key_col, fixed_cols = DESIGNS[design]
@@ -84,8 +97,8 @@ def replay_groups(evals: pd.DataFrame, design: str, b_max: int, start_keys: dict
         lo, hi = bracket_limits(axis, fixed, b_max)
         c_max = float(g["c_max"].max()) if g["c_max"].notna().any() else float(g["c"].max())
         keys = start_keys.get(name, tuple(g[key_col].unique())) if start_keys else tuple(g[key_col].unique())
-        groups.append(SearchGroup(name, axis, keys, tuple(int(s) for s in g["seed"].unique()), c_max, fixed=fixed,
-                                  key_min=lo, key_max=hi))
+        seeds = tuple(sorted(int(s) for s in g["seed"].unique()))[:seeds_min]
+        groups.append(SearchGroup(name, axis, keys, seeds, c_max, fixed=fixed, key_min=lo, key_max=hi))
         points.append(pd.DataFrame({"group": name, "key": g[key_col].to_numpy() if axis == "rule" else
                                     g[key_col].to_numpy(int), "run_id": g["run_id"].to_numpy(),
                                     "seed": g["seed"].to_numpy(int), "c": g["c"].to_numpy(float),
@@ -95,14 +108,16 @@ def replay_groups(evals: pd.DataFrame, design: str, b_max: int, start_keys: dict
 
 
 def replay(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: SearchSettings, b_max: int = 1024,
-           start_keys: dict[str, tuple] | None = None, level: float = 0.95) -> ReplayResult:
+           start_keys: dict[str, tuple] | None = None, level: float = 0.95, seeds_min: int | None = None,
+           ) -> ReplayResult:
     """Replay the finished runs of a grid through the search (module docstring); pure, no files.
 
     ``runs`` / ``evals`` are the sweep's tables (finished runs are used);
-    ``settings`` the search's (its ``eval_every`` should be the sweep's).
+    ``settings`` the search's (its ``eval_every`` should be the sweep's);
+    ``seeds_min``: keys start with that many of the grid's seeds (``sweep.search.seeds_min``).
     """
     ev = run_evals(runs, evals)
-    groups, points = replay_groups(ev, design, b_max, start_keys)
+    groups, points = replay_groups(ev, design, b_max, start_keys, seeds_min)
     decisions = empty_decisions()
     have = set(zip(points["group"], points["key"], points["seed"], strict=True))
     while not plan(groups, decisions, settings).empty:
@@ -124,7 +139,9 @@ def replay(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: Searc
     table = pd.DataFrame({"group": both["group"], "c": both["c"], "grid_key": both["best_key_grid"],
                           "grid_share": both["best_share_grid"], "search_key": both["best_key_search"],
                           "search_share": both["best_share_search"]})
-    return ReplayResult(decisions, per_run, table, _summary(groups, decisions, budgets, per_run, table, level))
+    kept_evals = ev.merge(kept[["run_id", "c"]].drop_duplicates(), on=["run_id", "c"], how="inner")
+    summary = _summary(groups, decisions, budgets, per_run, table, level, settings.method == "decision")
+    return ReplayResult(decisions, per_run, table, summary, kept_evals)
 
 
 def _lookup(groups: list[SearchGroup], names: pd.Series) -> list[SearchGroup]:
@@ -141,7 +158,7 @@ def _runs(points: pd.DataFrame, kept: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summary(groups: list[SearchGroup], decisions: pd.DataFrame, budgets: pd.DataFrame, runs: pd.DataFrame,
-             table: pd.DataFrame, level: float) -> pd.DataFrame:
+             table: pd.DataFrame, level: float, at_c_star: bool) -> pd.DataFrame:
     rows = []
     for g in groups:
         d = decisions[decisions["group"] == g.group]
@@ -165,4 +182,8 @@ def _summary(groups: list[SearchGroup], decisions: pd.DataFrame, budgets: pd.Dat
             "decided_budgets": int(len(decided)), "agree": float(agree.mean()) if len(decided) else math.nan,
             "answer_matches": bool(agree.all()) if len(decided) else None,
         })
+        if at_c_star:  # science §9.4: the search's own answer, its last decision's rows
+            last = d[d["decision"] == d["decision"].max()] if len(d) else d
+            rows[-1].update(search_leader=last["leader"].dropna().iloc[-1] if last["leader"].notna().any() else None,
+                            search_decided=bool((last["rule"] == "decided").any()))
     return pd.DataFrame(rows)
