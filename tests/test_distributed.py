@@ -4,8 +4,13 @@ paused at a checkpoint resumes to the same end."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import signal
 import socket
+import time
+from unittest.mock import patch
 
 import numpy as np
 import pandas as pd
@@ -15,9 +20,11 @@ import torch.multiprocessing as mp
 
 from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig
-from rollscale.lm.models import char_tokenizer, tiny_llama
+from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama
 from rollscale.train.checkpoint import RunStore
+from rollscale.train.manifest import check_file, read_manifest
 from rollscale.train.distributed import Ranks, destroy_ranks, group_rows, init_ranks
+from rollscale.train.online_noise import noise_figures
 from rollscale.train.run_config import RunConfig
 from rollscale.train.trainer import GRPOTrainer
 
@@ -33,38 +40,65 @@ def odd_length_reward(completion: str, gold: str) -> float:
     return float(len(completion) % 2 == 1)
 
 
-def _config() -> RunConfig:
+def _config(**update) -> RunConfig:
     # 4 steps of 4 prompts x 4 rollouts; KL on (the sharded reference), two PPO epochs (clip_frac > 0),
-    # small micro-batches so the ranks run different numbers of them
-    return RunConfig(n=4, b_problem=4, c_max=64, seed=3, eval_every=2, eval_k=2, checkpoint_every=2,
+    # small micro-batches so the ranks run different numbers of them; gradient noise (§6) every 2 steps
+    return RunConfig(n=4, b_problem=4, c_max=64, seed=3, eval_every=2, eval_k=2, checkpoint_every=2, noise_every=2,
                      sampling=SamplingConfig(temperature=1.0, max_new_tokens=6),
                      train=dict(lr_base=1e-2, b_base=16, warmup_steps=0, kl_coef=0.05, entropy_coef=0.0,
                                 zero_var_filter=False, overlong_filter=False, ppo_epochs=2,
-                                micro_batch_tokens=40))
+                                micro_batch_tokens=40)).model_copy(update=update)
 
 
-def _trainer(ranks: Ranks | None) -> GRPOTrainer:
-    tok = char_tokenizer()
-    problems = reasoning_gym_problems("chain_sum", 24, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
-                                      prompt_style="expression")
-    model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
-    return GRPOTrainer(model, tok, problems[:16], problems[16:], _config(), reward=odd_length_reward,
-                       use_chat_template=False, ranks=ranks)
+def _problems(n: int = 24):
+    return reasoning_gym_problems("chain_sum", n, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+                                  prompt_style="expression")
 
 
-def _full_params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+def _model():
+    return tiny_llama(len(char_tokenizer()), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                      max_positions=32)
+
+
+def _trainer(ranks: Ranks | None, lora: bool = False) -> GRPOTrainer:
+    problems = _problems()
+    if lora:
+        torch.manual_seed(0)  # the adapters' initial values, the same in every process
+    model = add_lora(_model(), 4, 8, 0.0, ["q_proj", "v_proj"]) if lora else _model()
+    return GRPOTrainer(model, char_tokenizer(), problems[:16], problems[16:], _config(), reward=odd_length_reward,
+                       use_chat_template=False, ranks=ranks, lora=lora)
+
+
+def _full_params(trainer: GRPOTrainer, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in trainer.model.named_parameters()}
+            for name, p in trainer.model.named_parameters() if p.requires_grad or not trainable_only}
 
 
 def _runs(store_root: str, ranks: Ranks | None) -> dict:
-    """A run paused after 2 steps (its checkpoint), then resumed by a fresh trainer to the end."""
-    first = _trainer(ranks)
-    paused = first.run(RunStore(os.path.join(store_root, "run")), budget=32)
-    del first
-    second = _trainer(ranks)
-    result = second.run(RunStore(os.path.join(store_root, "run")))
-    return {"paused": paused.status, "status": result.status, "steps": result.steps, "params": _full_params(second)}
+    """What the tests compare, from one process or one launch of 2: a run paused after 2 steps (its
+    checkpoint), then resumed by a fresh trainer to the end; the same run uninterrupted; the Gram
+    matrices (science §6) the noise steps measured; one LoRA step."""
+    grams: list[np.ndarray] = []
+
+    def record(gram, *args):
+        grams.append(gram.copy())
+        return noise_figures(gram, *args)
+
+    out = {}
+    with patch("rollscale.train.trainer.noise_figures", record):
+        first = _trainer(ranks)
+        out["paused"] = first.run(RunStore(os.path.join(store_root, "run")), budget=32).status
+        del first
+        second = _trainer(ranks)
+        result = second.run(RunStore(os.path.join(store_root, "run")))
+        out |= {"status": result.status, "steps": result.steps, "params": _full_params(second), "grams": list(grams)}
+        if ranks is not None:  # bit-identical resume: the same launch's uninterrupted run
+            straight = _trainer(ranks)
+            straight.run(RunStore(os.path.join(store_root, "straight")))
+            out["straight"] = _full_params(straight)
+    lora = _trainer(ranks, lora=True)
+    out["lora_row"], out["lora"] = lora.train_step(), _full_params(lora, trainable_only=True)
+    return out
 
 
 def _rank_main(rank: int, root: str, port: int) -> None:
@@ -125,31 +159,53 @@ def test_two_process_run_equals_one_process_run(both_runs):
         torch.testing.assert_close(two["params"][name], p, rtol=0, atol=2e-5, msg=name)
 
 
-def test_sweep_worker_launches_a_sharded_run_with_torchrun(tmp_path):
-    """``tasks.sweep.train_run`` with 2 devices: torchrun starts 2 ranks, rank 0 writes the run's
-    store, and the runs table row says it finished."""
-    from rollscale.config import SamplingParams
-    from rollscale.lm.models import ModelRef
-    from tasks.sweep import train_run
+def test_sharded_checkpoints_resume_bit_identical_and_load_in_one_process(both_runs):
+    """Checkpoints written by every rank with torch.distributed.checkpoint (no model.pt gathered on
+    rank 0); pausing and resuming from them ends bit-identical to the uninterrupted 2-process run;
+    one process reads the 2-process checkpoint (another number of ranks) to the same weights."""
+    root, one, two = both_runs
+    ckpt = RunStore(root / "sharded" / "run").latest()
+    assert ckpt.step == 4 and ckpt.shards is not None
+    assert sorted(p.name for p in ckpt.path.iterdir()) == ["MANIFEST.json", "shards", "state.json"]
+    assert sorted(p.name for p in ckpt.shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    for name, p in two["straight"].items():
+        assert torch.equal(two["params"][name], p), name
+    reader = _trainer(None)
+    reader.load_checkpoint(ckpt)
+    assert (reader.step, reader.c) == (4, 64)
+    for name, p in reader.model.named_parameters():
+        assert torch.equal(p.detach(), two["params"][name]), name
+    exp_avg = [s["exp_avg"] for s in reader.optimizer.state.values()]
+    assert len(exp_avg) == len(two["params"]) and all(float(t.abs().sum()) > 0 for t in exp_avg)
 
-    tok = char_tokenizer()
-    model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    problems = reasoning_gym_problems("chain_sum", 12, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
-                                      prompt_style="expression")
-    config = _config().model_copy(update={"c_max": 32})
-    result = train_run.fn(ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny"), config, "easy",
-                          problems[:8], problems[8:], str(tmp_path / "run"), None, "cpu", None,
-                          SamplingParams(temperature=1.0, max_new_tokens=6), None, devices=2)
-    assert (result.status, result.steps, result.c) == ("finished", 2, 32)
-    assert list(RunStore(tmp_path / "run").rows("steps")["step"]) == [1, 2]
-    assert pd.read_parquet(tmp_path / "run" / "run.parquet")["status"].tolist() == ["finished"]
+
+def test_two_process_gram_equals_one_process_gram(both_runs):
+    """Gradient noise (science §6) in a sharded run: the Gram matrix over all of the step's rollouts,
+    each rank's share of the parameters summed over ranks, equals the one-process matrix."""
+    root, one, two = both_runs
+    assert len(one["grams"]) == len(two["grams"]) == 2  # steps 2 and 4 (noise_every: 2)
+    for k1, k2 in zip(one["grams"], two["grams"]):
+        assert k1.shape == (16, 16) and np.all(np.diag(k1) >= 0) and np.abs(k1).max() > 0
+        np.testing.assert_allclose(k2, k1, rtol=1e-5, atol=1e-6 * np.abs(k1).max())
+    a, b = RunStore(root / "one" / "run").rows("steps"), RunStore(root / "sharded" / "run").rows("steps")
+    noise = ["trace_sigma", "g_norm2", "b_simple", "rollout_noise", "prompt_noise"]
+    np.testing.assert_allclose(b[noise].to_numpy(float), a[noise].to_numpy(float), rtol=1e-5, equal_nan=True)
+
+
+def test_two_process_lora_step_equals_one_process_step(both_runs):
+    """LoRA over 2 processes (the frozen base sharded too): the adapters after one step and the
+    step's row equal the one-process step's."""
+    _, one, two = both_runs
+    assert set(one["lora"]) == set(two["lora"]) and all("lora_" in name for name in one["lora"])
+    for name, p in one["lora"].items():
+        torch.testing.assert_close(two["lora"][name], p, rtol=0, atol=2e-5, msg=name)
+    assert any(not torch.equal(p, two["lora"][name]) for name, p in _trainer(None, lora=True).trainable.items())
+    for column in COLUMNS:
+        np.testing.assert_allclose(two["lora_row"][column], one["lora_row"][column], rtol=RTOL, atol=ATOL, err_msg=column)
 
 
 @pytest.mark.parametrize("settings, message", [
     ({"sweep": {"devices_per_run": 2}, "sampling": {"backend": "vllm"}, "workers": 1}, "sampling.backend: hf"),
-    ({"sweep": {"devices_per_run": 2, "noise_every": 5}}, "sweep.noise_every: 0"),
     ({"sweep": {"devices_per_run": 4}, "workers": 2}, "workers >= 4"),
 ])
 def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message):
@@ -157,15 +213,108 @@ def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message)
 
     with pytest.raises(ValueError, match=message):
         parse_params(settings)
-    assert parse_params({"sweep": {"devices_per_run": 2}}).sweep.devices_per_run == 2
+    assert parse_params({"sweep": {"devices_per_run": 2, "noise_every": 5}}).sweep.devices_per_run == 2
 
 
-def test_sharded_trainer_refuses_gradient_noise():
-    """The Gram matrix (science §6) would cover only a rank's rollouts: refused, naming the setting."""
-    with pytest.raises(ValueError, match="sweep.noise_every"):
-        tok = char_tokenizer()
-        problems = reasoning_gym_problems("chain_sum", 4, 0, dict(min_terms=2, max_terms=2, min_digits=1,
-                                                                   max_digits=1), prompt_style="expression")
-        model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
-        GRPOTrainer(model, tok, problems[:2], problems[2:], _config().model_copy(update={"noise_every": 1}),
-                    use_chat_template=False, ranks=Ranks(0, 2))
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux /proc; each thread's children)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in glob.glob(f"/proc/{parent}/task/*/children"):
+            with contextlib.suppress(OSError), open(task) as fh:
+                kids = [int(k) for k in fh.read().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def _rank_pids(rank: int | None = None) -> list[int]:
+    """The pids of this test's sharded-run ranks (all, or the one with RANK=rank)."""
+    found = []
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as fh:
+            env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+            if b"tasks.sharded_run" in open(f"/proc/{pid}/cmdline", "rb").read() and b"RANK" in env:
+                if rank is None or env[b"RANK"] == str(rank).encode():
+                    found.append(pid)
+    return found
+
+
+def _wait(condition, timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_sharded_run_stops_on_a_killed_rank_or_ctrl_c_and_resumes(both_runs, tmp_path):
+    """The sweep worker's torchrun launch (``tasks.sweep.train_run``, 2 devices) of the fixture's
+    run, made long: a SIGKILL of rank 1 ends the run (the worker raises, no rank left); the rerun
+    resumes from the last checkpoint, and SIGINT to its process group (Ctrl-C) stops every rank in
+    seconds; a third launch pauses at a budget with the runs row saying so, and the committed rows are
+    the uninterrupted one-process run's, each step once."""
+    import threading
+
+    from rollscale.config import SamplingParams
+    from rollscale.lm.models import ModelRef
+    from tasks.sweep import train_run
+
+    root, one, _ = both_runs
+    tok, model = char_tokenizer(), _model()
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    problems, run_dir = _problems(), tmp_path / "run"
+    store = RunStore(run_dir)
+    args = (ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny"), _config(c_max=64 * 100),
+            "easy", problems[:16], problems[16:], str(run_dir), None, "cpu", None,
+            SamplingParams(temperature=1.0, max_new_tokens=6))
+
+    def launch(budget=None) -> tuple[threading.Thread, list]:
+        outcome: list = []
+        thread = threading.Thread(target=lambda: outcome.append(_call(train_run.fn, *args, budget, devices=2)))
+        thread.start()
+        return thread, outcome
+
+    def newest() -> int:
+        latest = store.latest()
+        return latest.step if latest else 0
+
+    # 1. SIGKILL one rank: the worker's torchrun ends the other, the worker raises
+    thread, outcome = launch()
+    _wait(lambda: newest() >= 2, 120, "the first checkpoint")
+    os.kill(_rank_pids(1)[0], signal.SIGKILL)
+    stopped = _wait(lambda: not thread.is_alive(), 60, "the run to end after rank 1 was killed")
+    assert isinstance(outcome[0], RuntimeError) and "resumes from its last checkpoint" in str(outcome[0])
+    assert _rank_pids() == [] and stopped < 30
+    killed_at = newest()
+    committed = read_manifest(store.latest().path)["parts"]
+
+    # 2. the rerun resumes from that checkpoint; Ctrl-C (SIGINT to torchrun and its ranks) stops it
+    thread, outcome = launch()
+    _wait(lambda: newest() > killed_at, 120, "a checkpoint after the resumed one")
+    torchrun = [p for p in _descendants(os.getpid()) if b"torch.distributed.run" in open(f"/proc/{p}/cmdline", "rb").read()]
+    for pid in torchrun + _rank_pids():
+        os.kill(pid, signal.SIGINT)
+    stopped = _wait(lambda: not thread.is_alive() and not _rank_pids(), 60, "every rank to stop after Ctrl-C")
+    assert isinstance(outcome[0], RuntimeError) and stopped < 15
+    assert all(check_file(run_dir / name, meta) is None for name, meta in committed.items())  # rows kept as committed
+
+    # 3. a last launch pauses at a budget 2 steps on; the runs table row says so
+    at = store.latest().state["c"]
+    result = train_run.fn(*args, at + 32, devices=2)
+    assert (result.status, result.c) == ("paused", at + 32)
+    assert pd.read_parquet(run_dir / "run.parquet")["status"].tolist() == ["paused"]
+    rows = store.rows("steps")
+    assert list(rows["step"]) == list(range(1, result.steps + 1))  # each step once, through the kill and Ctrl-C
+    a = RunStore(root / "one" / "run").rows("steps")
+    pd.testing.assert_frame_equal(a[COLUMNS], rows[COLUMNS].iloc[:4], check_exact=False, rtol=RTOL, atol=ATOL)
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:  # the test thread reports what the worker raised
+        return err

@@ -11,7 +11,7 @@ of one micro-batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -47,9 +47,12 @@ def _no_checkpointing(model: torch.nn.Module):
 
 def batch_gram(
     model: torch.nn.Module, batch: TrainBatch, settings: StepSettings, pad_id: int,
-    ref_logprobs: RefLogprobs | None = None,
+    ref_logprobs: RefLogprobs | None = None, exclude: Sequence[str] = (),
 ) -> np.ndarray:
-    """Gram matrix ``K_ij = <g_i, g_j>`` of the batch's per-rollout loss terms (science §6.1)."""
+    """Gram matrix ``K_ij = <g_i, g_j>`` of the batch's per-rollout loss terms (science §6.1), over
+    the trainable parameters but those named in ``exclude`` (all excluded: zeros)."""
+    if set(exclude) >= {name for name, p in model.named_parameters() if p.requires_grad}:
+        return np.zeros((len(batch), len(batch)))
     device = next(model.parameters()).device
     norm = batch_normalizers(batch, settings.max_new_tokens)
 
@@ -60,7 +63,7 @@ def batch_gram(
 
     model.train()
     with _no_checkpointing(model):
-        return gram_matrix(model, loss_terms, len(batch),
+        return gram_matrix(model, loss_terms, len(batch), exclude=exclude,
                            chunk_size=gram_chunk_size(batch, settings.train.micro_batch_tokens))
 
 

@@ -48,7 +48,8 @@ from rollscale.train.online_noise import batch_gram, noise_figures
 from rollscale.train.rng_state import rng_state, set_rng_state
 from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.data_order import DataOrder
-from rollscale.train.distributed import Ranks, checkpoint_state, rank_rows, rank_store, restore_state, shard_run
+from rollscale.train.distributed import Ranks, gram_over_ranks, rank_rows, shard_run
+from rollscale.train.sharded_checkpoint import checkpoint_state, rank_store, restore_state
 from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, StepSettings, TrainBatch, policy_update, train_batch
 
 # Purposes that keep the seed streams of data order, training and evaluation apart.
@@ -268,7 +269,10 @@ class GRPOTrainer:
         """Gradient-noise figures of this step's batch before its update (science §6): the
         step-level numbers for the ``steps`` row; per-prompt rows in ``last_noise_prompts``."""
         t0 = time.perf_counter()
-        gram = batch_gram(self.model, batch, self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs)
+        gram = functools.partial(batch_gram, self.model, batch, self.step_settings, self.tokenizer.pad_token_id,
+                                 self._ref_logprobs)
+        # a sharded run: each rank the blocks of its share of the parameters, summed over ranks
+        gram = gram() if self.ranks is None else gram_over_ranks(self.model, self.ranks, gram)
         figures, prompt_rows = noise_figures(  # groups of equal size (RunConfig checks the rule)
             gram, np.stack(rewards), self.noise_ema, lambda gi: np.random.default_rng(self._seed(_NOISE, step, gi))
         )
