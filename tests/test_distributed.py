@@ -246,23 +246,22 @@ def _wait(condition, timeout: float, what: str) -> float:
     while not condition():
         if time.monotonic() - start > timeout:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.2)  # polling must not take the ranks' CPU (2 cores)
     return time.monotonic() - start
 
 
-def test_sharded_run_stops_on_a_killed_rank_or_ctrl_c_and_resumes(both_runs, tmp_path):
+def test_sharded_run_stops_on_a_killed_rank_or_ctrl_c_and_resumes(tmp_path):
     """The sweep worker's torchrun launch (``tasks.sweep.train_run``, 2 devices) of the fixture's
     run, made long: a SIGKILL of rank 1 ends the run (the worker raises, no rank left); the rerun
     resumes from the last checkpoint, and SIGINT to its process group (Ctrl-C) stops every rank in
-    seconds; a third launch pauses at a budget with the runs row saying so, and the committed rows are
-    the uninterrupted one-process run's, each step once."""
+    seconds; one process then resumes the 2-process checkpoint and pauses at a budget, the runs row
+    saying so, and the committed rows hold each step once."""
     import threading
 
     from rollscale.config import SamplingParams
     from rollscale.lm.models import ModelRef
     from tasks.sweep import train_run
 
-    root, one, _ = both_runs
     tok, model = char_tokenizer(), _model()
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
@@ -278,9 +277,8 @@ def test_sharded_run_stops_on_a_killed_rank_or_ctrl_c_and_resumes(both_runs, tmp
         thread.start()
         return thread, outcome
 
-    def newest() -> int:
-        latest = store.latest()
-        return latest.step if latest else 0
+    def newest() -> int:  # the newest committed checkpoint, without hashing it (cheap to poll)
+        return max([s for s, path in store.checkpoint_dirs() if (path / "MANIFEST.json").exists()], default=0)
 
     # 1. SIGKILL one rank: the worker's torchrun ends the other, the worker raises
     thread, outcome = launch()
@@ -302,15 +300,13 @@ def test_sharded_run_stops_on_a_killed_rank_or_ctrl_c_and_resumes(both_runs, tmp
     assert isinstance(outcome[0], RuntimeError) and stopped < 15
     assert all(check_file(run_dir / name, meta) is None for name, meta in committed.items())  # rows kept as committed
 
-    # 3. a last launch pauses at a budget 2 steps on; the runs table row says so
+    # 3. the run goes on in one process from the 2-process checkpoint (DCP reshards), pauses 2 steps on
     at = store.latest().state["c"]
-    result = train_run.fn(*args, at + 32, devices=2)
+    result = train_run.fn(*args, at + 32, devices=1)
     assert (result.status, result.c) == ("paused", at + 32)
     assert pd.read_parquet(run_dir / "run.parquet")["status"].tolist() == ["paused"]
-    rows = store.rows("steps")
-    assert list(rows["step"]) == list(range(1, result.steps + 1))  # each step once, through the kill and Ctrl-C
-    a = RunStore(root / "one" / "run").rows("steps")
-    pd.testing.assert_frame_equal(a[COLUMNS], rows[COLUMNS].iloc[:4], check_exact=False, rtol=RTOL, atol=ATOL)
+    rows = store.rows("steps")  # each step once, through the kill and Ctrl-C, C counting 16 rollouts a step
+    assert list(rows["step"]) == list(range(1, result.steps + 1)) and list(rows["c"]) == [16 * s for s in rows["step"]]
 
 
 def _call(fn, *args, **kwargs):
