@@ -8,15 +8,16 @@ import contextlib
 import glob
 import os
 import signal
-import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 from unittest.mock import patch
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig
@@ -60,12 +61,12 @@ def _model():
                       max_positions=32)
 
 
-def _trainer(ranks: Ranks | None, lora: bool = False) -> GRPOTrainer:
+def _trainer(ranks: Ranks | None, lora: bool = False, **update) -> GRPOTrainer:
     problems = _problems()
     if lora:
         torch.manual_seed(0)  # the adapters' initial values, the same in every process
     model = add_lora(_model(), 4, 8, 0.0, ["q_proj", "v_proj"]) if lora else _model()
-    return GRPOTrainer(model, char_tokenizer(), problems[:16], problems[16:], _config(), reward=odd_length_reward,
+    return GRPOTrainer(model, char_tokenizer(), problems[:16], problems[16:], _config(**update), reward=odd_length_reward,
                        use_chat_template=False, ranks=ranks, lora=lora)
 
 
@@ -101,26 +102,25 @@ def _runs(store_root: str, ranks: Ranks | None) -> dict:
     return out
 
 
-def _rank_main(rank: int, root: str, port: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_main(root: str) -> None:
+    """A rank of the fixture's one torchrun launch: the runs the tests compare, then a long run that
+    the fixture stops with Ctrl-C."""
     torch.set_num_threads(1)
     ranks = init_ranks("cpu")
     try:
         out = _runs(os.path.join(root, "sharded"), ranks)
         if ranks.leader:
-            torch.save(out, os.path.join(root, "sharded.pt"))
+            torch.save(out, os.path.join(root, "sharded.tmp"))
+            os.replace(os.path.join(root, "sharded.tmp"), os.path.join(root, "sharded.pt"))
+        _trainer(ranks, c_max=64 * 100, noise_every=0).run(RunStore(os.path.join(root, "long")))
     finally:
         destroy_ranks()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def both_runs(tmp_path_factory):
+    """The one-process runs here; the 2-process ones in one ``torchrun`` launch (gloo), which, once
+    they are done and its long run has a checkpoint, gets Ctrl-C (SIGINT to torchrun and its ranks)."""
     root = tmp_path_factory.mktemp("sharded")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -128,8 +128,24 @@ def both_runs(tmp_path_factory):
         one = _runs(str(root / "one"), None)
     finally:
         torch.set_num_threads(threads)
-    mp.start_processes(_rank_main, args=(str(root), _free_port()), nprocs=WORLD, join=True, start_method="spawn")
-    return root, one, torch.load(root / "sharded.pt", weights_only=False)
+    launch = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={WORLD}", "-m", "tests.test_distributed", str(root)],
+                              cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        _wait(lambda: launch.poll() is not None or ((root / "sharded.pt").exists() and _newest(root / "long") >= 2),
+              600, "the 2-process runs and a checkpoint of the long one")
+        assert launch.poll() is None, f"the 2-process launch ended early (status {launch.returncode}; errors above)"
+        ranks = _descendants(launch.pid)
+        t0 = time.monotonic()
+        for pid in [launch.pid, *ranks]:
+            os.kill(pid, signal.SIGINT)
+        launch.wait(60)
+        _wait(lambda: not any(map(_alive, ranks)), 60, "every rank to stop after Ctrl-C")
+        ctrl_c = {"seconds": time.monotonic() - t0, "status": launch.returncode, "ranks": len(ranks)}
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    return root, one, torch.load(root / "sharded.pt", weights_only=False), ctrl_c
 
 
 def test_group_rows_split_whole_groups():
@@ -139,7 +155,7 @@ def test_group_rows_split_whole_groups():
 
 
 def test_two_process_run_equals_one_process_run(both_runs):
-    root, one, two = both_runs
+    root, one, two, _ = both_runs
     assert (one["paused"], one["status"], one["steps"]) == ("paused", "finished", 4)
     assert (two["paused"], two["status"], two["steps"]) == ("paused", "finished", 4)
     a, b = RunStore(root / "one" / "run").rows("steps"), RunStore(root / "sharded" / "run").rows("steps")
@@ -163,7 +179,7 @@ def test_sharded_checkpoints_resume_bit_identical_and_load_in_one_process(both_r
     """Checkpoints written by every rank with torch.distributed.checkpoint (no model.pt gathered on
     rank 0); pausing and resuming from them ends bit-identical to the uninterrupted 2-process run;
     one process reads the 2-process checkpoint (another number of ranks) to the same weights."""
-    root, one, two = both_runs
+    root, one, two, _ = both_runs
     ckpt = RunStore(root / "sharded" / "run").latest()
     assert ckpt.step == 4 and ckpt.shards is not None
     assert sorted(p.name for p in ckpt.path.iterdir()) == ["MANIFEST.json", "shards", "state.json"]
@@ -182,7 +198,7 @@ def test_sharded_checkpoints_resume_bit_identical_and_load_in_one_process(both_r
 def test_two_process_gram_equals_one_process_gram(both_runs):
     """Gradient noise (science §6) in a sharded run: the Gram matrix over all of the step's rollouts,
     each rank's share of the parameters summed over ranks, equals the one-process matrix."""
-    root, one, two = both_runs
+    root, one, two, _ = both_runs
     assert len(one["grams"]) == len(two["grams"]) == 2  # steps 2 and 4 (noise_every: 2)
     for k1, k2 in zip(one["grams"], two["grams"]):
         assert k1.shape == (16, 16) and np.all(np.diag(k1) >= 0) and np.abs(k1).max() > 0
@@ -195,7 +211,7 @@ def test_two_process_gram_equals_one_process_gram(both_runs):
 def test_two_process_lora_step_equals_one_process_step(both_runs):
     """LoRA over 2 processes (the frozen base sharded too): the adapters after one step and the
     step's row equal the one-process step's."""
-    _, one, two = both_runs
+    _, one, two, _ = both_runs
     assert set(one["lora"]) == set(two["lora"]) and all("lora_" in name for name in one["lora"])
     for name, p in one["lora"].items():
         torch.testing.assert_close(two["lora"][name], p, rtol=0, atol=2e-5, msg=name)
@@ -229,6 +245,14 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _rank_pids(rank: int | None = None) -> list[int]:
     """The pids of this test's sharded-run ranks (all, or the one with RANK=rank)."""
     found = []
@@ -238,7 +262,12 @@ def _rank_pids(rank: int | None = None) -> list[int]:
             if b"tasks.sharded_run" in open(f"/proc/{pid}/cmdline", "rb").read() and b"RANK" in env:
                 if rank is None or env[b"RANK"] == str(rank).encode():
                     found.append(pid)
-    return found
+    return [pid for pid in found if _alive(pid)]
+
+
+def _newest(run_dir: Path) -> int:
+    """The newest committed checkpoint's step, without hashing it (cheap to poll)."""
+    return max([s for s, path in RunStore(run_dir).checkpoint_dirs() if (path / "MANIFEST.json").exists()], default=0)
 
 
 def _wait(condition, timeout: float, what: str) -> float:
@@ -250,12 +279,19 @@ def _wait(condition, timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
-def test_sharded_run_stops_on_a_killed_rank_or_ctrl_c_and_resumes(tmp_path):
-    """The sweep worker's torchrun launch (``tasks.sweep.train_run``, 2 devices) of the fixture's
-    run, made long: a SIGKILL of rank 1 ends the run (the worker raises, no rank left); the rerun
-    resumes from the last checkpoint, and SIGINT to its process group (Ctrl-C) stops every rank in
-    seconds; one process then resumes the 2-process checkpoint and pauses at a budget, the runs row
-    saying so, and the committed rows hold each step once."""
+def test_ctrl_c_stops_every_rank_in_seconds(both_runs):
+    """SIGINT to torchrun and its ranks (what Ctrl-C sends the sweep's process group) during a
+    2-process run: torchrun exits non-zero and no rank is left, within seconds."""
+    root, _, _, ctrl_c = both_runs
+    assert ctrl_c["ranks"] == WORLD and ctrl_c["status"] != 0 and ctrl_c["seconds"] < 15
+    assert _newest(root / "long") >= 2 and RunStore(root / "long").latest() is not None
+
+
+def test_a_killed_rank_stops_the_run_and_the_rerun_resumes(tmp_path):
+    """The sweep worker's torchrun launch (``tasks.sweep.train_run``, 2 devices) of a long run: a
+    SIGKILL of rank 1 after a checkpoint ends the run (the worker raises, no rank left); the rerun,
+    here in one process (DCP reshards the 2-process checkpoint), resumes from that checkpoint,
+    pauses at a budget with the runs row saying so, and the committed rows hold each step once."""
     import threading
 
     from rollscale.config import SamplingParams
@@ -270,42 +306,22 @@ def test_sharded_run_stops_on_a_killed_rank_or_ctrl_c_and_resumes(tmp_path):
     args = (ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny"), _config(c_max=64 * 100, noise_every=0),
             "easy", problems[:16], problems[16:], str(run_dir), None, "cpu", None,
             SamplingParams(temperature=1.0, max_new_tokens=6))
-
-    def launch(budget=None) -> tuple[threading.Thread, list]:
-        outcome: list = []
-        thread = threading.Thread(target=lambda: outcome.append(_call(train_run.fn, *args, budget, devices=2)))
-        thread.start()
-        return thread, outcome
-
-    def newest() -> int:  # the newest committed checkpoint, without hashing it (cheap to poll)
-        return max([s for s, path in store.checkpoint_dirs() if (path / "MANIFEST.json").exists()], default=0)
-
-    # 1. SIGKILL one rank: the worker's torchrun ends the other, the worker raises
-    thread, outcome = launch()
-    _wait(lambda: newest() >= 2, 120, "the first checkpoint")
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_call(train_run.fn, *args, None, devices=2)))
+    thread.start()
+    _wait(lambda: _newest(run_dir) >= 2 or not thread.is_alive(), 300, "the first checkpoint")
     os.kill(_rank_pids(1)[0], signal.SIGKILL)
     stopped = _wait(lambda: not thread.is_alive(), 60, "the run to end after rank 1 was killed")
     assert isinstance(outcome[0], RuntimeError) and "resumes from its last checkpoint" in str(outcome[0])
     assert _rank_pids() == [] and stopped < 30
-    killed_at = newest()
-    committed = read_manifest(store.latest().path)["parts"]
+    killed = store.latest()
+    committed = read_manifest(killed.path)["parts"]
 
-    # 2. the rerun resumes from that checkpoint; Ctrl-C (SIGINT to torchrun and its ranks) stops it
-    thread, outcome = launch()
-    _wait(lambda: newest() > killed_at, 120, "a checkpoint after the resumed one")
-    torchrun = [p for p in _descendants(os.getpid()) if b"torch.distributed.run" in open(f"/proc/{p}/cmdline", "rb").read()]
-    for pid in torchrun + _rank_pids():
-        os.kill(pid, signal.SIGINT)
-    stopped = _wait(lambda: not thread.is_alive() and not _rank_pids(), 60, "every rank to stop after Ctrl-C")
-    assert isinstance(outcome[0], RuntimeError) and stopped < 15
-    assert all(check_file(run_dir / name, meta) is None for name, meta in committed.items())  # rows kept as committed
-
-    # 3. the run goes on in one process from the 2-process checkpoint (DCP reshards), pauses 2 steps on
-    at = store.latest().state["c"]
-    result = train_run.fn(*args, at + 32, devices=1)
-    assert (result.status, result.c) == ("paused", at + 32)
+    result = train_run.fn(*args, killed.state["c"] + 32, devices=1)
+    assert (result.status, result.c, result.steps) == ("paused", killed.state["c"] + 32, killed.step + 2)
     assert pd.read_parquet(run_dir / "run.parquet")["status"].tolist() == ["paused"]
-    rows = store.rows("steps")  # each step once, through the kill and Ctrl-C, C counting 16 rollouts a step
+    assert all(check_file(run_dir / name, meta) is None for name, meta in committed.items())  # rows kept as committed
+    rows = store.rows("steps")  # each step once, C counting 16 rollouts a step
     assert list(rows["step"]) == list(range(1, result.steps + 1)) and list(rows["c"]) == [16 * s for s in rows["step"]]
 
 
@@ -314,3 +330,7 @@ def _call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except Exception as err:  # the test thread reports what the worker raised
         return err
+
+
+if __name__ == "__main__":  # a rank of the fixture's torchrun launch
+    _rank_main(sys.argv[1])
