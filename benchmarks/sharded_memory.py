@@ -17,6 +17,7 @@ import os
 import resource
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,7 +29,9 @@ from rollscale.core.problems.sets import reasoning_gym_problems  # noqa: E402
 from rollscale.core.rollouts import SamplingConfig  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama  # noqa: E402
 from rollscale.train.distributed import destroy_ranks, init_ranks  # noqa: E402
+from rollscale.train.checkpoint import RunStore  # noqa: E402
 from rollscale.train.run_config import RunConfig  # noqa: E402
+from rollscale.train.sharded_checkpoint import checkpoint_state, rank_store  # noqa: E402
 from rollscale.train.trainer import GRPOTrainer  # noqa: E402
 
 
@@ -68,6 +71,16 @@ def _rank(rank: int, world: int, port: int, hidden: int, layers: int, out: str) 
            "reference_mb": _local_mb(trainer.ref_model.parameters()) if trainer.ref_model is not None else 0.0,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
            "params": sum((p.full_tensor() if hasattr(p, "full_tensor") else p).numel() for p in trainer.trainable.values())}
+    # one checkpoint: N = 1 writes model.pt + optimizer.pt; N > 1 each rank its DCP shard file
+    store = rank_store(RunStore(f"{out}.{world}.store"), ranks)
+    t0 = time.perf_counter()
+    ckpt = store.save(1, *checkpoint_state(trainer.model, trainer.optimizer, trainer.trainable, ranks), {"step": 1})
+    row["save_s"] = time.perf_counter() - t0
+    if ranks is not None:
+        ranks.barrier()
+        ckpt = RunStore(f"{out}.{world}.store").latest()
+    files = [ckpt.shards / f"__{rank}_0.distcp"] if ckpt.shards else [ckpt.path / "model.pt", ckpt.path / "optimizer.pt"]
+    row["ckpt_mb"] = sum(f.stat().st_size for f in files) / 2**20
     torch.save(row, f"{out}.{world}.{rank}.pt")
     destroy_ranks()
 
@@ -91,12 +104,14 @@ def main() -> None:
                            start_method="spawn")
         rows += [torch.load(f"{out}.{world}.{r}.pt") for r in range(world)]
     print(f"model: {rows[0]['params'] / 1e6:.1f} M trainable parameters (hidden {args.hidden}, {args.layers} layers)")
-    print("| N | weights per rank, MB | AdamW state per rank, MB | KL reference per rank, MB | peak RSS growth per rank, MB (max over ranks) |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| N | weights per rank, MB | AdamW state per rank, MB | KL reference per rank, MB | peak RSS growth per rank, MB "
+          "(max over ranks) | checkpoint written per rank, MB | checkpoint save, s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for world in args.devices:
         mine = [r for r in rows if r["world"] == world]
         print(f"| {world} | {max(r['weights_mb'] for r in mine):.1f} | {max(r['adamw_mb'] for r in mine):.1f} | "
-              f"{max(r['reference_mb'] for r in mine):.1f} | {max(r['peak_rss_mb'] for r in mine):.0f} |")
+              f"{max(r['reference_mb'] for r in mine):.1f} | {max(r['peak_rss_mb'] for r in mine):.0f} | "
+              f"{max(r['ckpt_mb'] for r in mine):.1f} | {max(r['save_s'] for r in mine):.2f} |")
 
 
 if __name__ == "__main__":

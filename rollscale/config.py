@@ -326,9 +326,6 @@ class StudyParams(Section):
         if n > 1 and self.sampling.backend != "hf":
             raise ValueError(f"sweep.devices_per_run: a sharded run ({n} processes) samples with the 'hf' engine; "
                              f"set sampling.backend: hf (got {self.sampling.backend!r})")
-        if n > 1 and self.sweep.noise_every:
-            raise ValueError(f"sweep.noise_every: the gradient-noise Gram matrix needs every rollout on one "
-                             f"process; set sweep.noise_every: 0 or sweep.devices_per_run: 1 (got {n})")
         if n > 1 and self.sweep.executor == "local" and self.workers < n:
             raise ValueError(f"sweep.devices_per_run: a run of {n} processes takes {n} of the local pool's "
                              f"slots; set workers >= {n} (got {self.workers})")

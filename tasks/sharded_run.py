@@ -5,7 +5,8 @@ GRPO run (:mod:`rollscale.train.distributed`).
 :func:`train_sharded` (called by :func:`tasks.sweep.train_run` in its worker) writes the
 run's arguments to ``<run_dir>/.sharded-args.pt``, starts ``torchrun --standalone
 --nproc_per_node N -m tasks.sharded_run <that file>`` and reads the result rank 0 wrote.
-Rank 0 writes the run's store (checkpoints, rows, done marker); every rank resumes from it.
+Every rank writes its shards of each checkpoint, rank 0 the rows, manifests and done marker
+(:mod:`rollscale.train.sharded_checkpoint`); every rank resumes from it.
 One rank failing or killed ends the others (torchrun's agent stops the group), and the run
 resumes from its last checkpoint when it is started again.
 """

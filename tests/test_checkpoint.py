@@ -12,6 +12,7 @@ import torch
 import rollscale.train.checkpoint as checkpoint_module
 import rollscale.train.manifest as manifest_module
 from rollscale.train.checkpoint import RunStore
+from rollscale.train.manifest import read_manifest
 
 
 def _model_state(step: int) -> dict:
@@ -62,6 +63,26 @@ def test_keeps_last_two_checkpoints_and_all_rows(tmp_path):
     assert list(store.rows("steps")["step"]) == [1, 2, 3, 4, 5, 6]
     assert list(store.rows("evals")["step"]) == [2, 4, 6]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_sharded_checkpoint_lists_its_shards_and_a_damaged_shard_falls_back(tmp_path):
+    """A sharded run's save (``shards=``, the ranks' torch.distributed.checkpoint folder): the folder
+    moves into the checkpoint as shards/, every file in the manifest; a changed shard is caught."""
+    store = RunStore(tmp_path)
+    _save(store, 2, 1)
+    folder = store.shard_folder(4)
+    folder.mkdir()
+    for name, data in ((".metadata", b"meta"), ("__0_0.distcp", b"rank 0"), ("__1_0.distcp", b"rank 1")):
+        (folder / name).write_bytes(data)
+    ckpt = store.save(4, None, None, {"c": 40}, [{"step": 3}, {"step": 4}], shards=folder)
+    assert not folder.exists() and ckpt.shards == ckpt.path / "shards"
+    assert sorted(read_manifest(ckpt.path)["files"]) == ["shards/.metadata", "shards/__0_0.distcp",
+                                                         "shards/__1_0.distcp", "state.json"]
+    assert store.latest().step == 4 and list(store.rows("steps")["step"]) == [1, 2, 3, 4]
+    assert store.latest().shards is not None and RunStore(tmp_path).checkpoint_dirs()[0][0] == 2
+    (ckpt.shards / "__1_0.distcp").write_bytes(b"rank X")  # same size, other bytes
+    with pytest.warns(RuntimeWarning, match=r"ckpt-000004.*__1_0\.distcp.*sha256.*using .*ckpt-000002"):
+        assert store.latest().step == 2
 
 
 def test_corrupt_checkpoint_falls_back_with_warning(tmp_path):

@@ -4,20 +4,28 @@ paused at a checkpoint resumes to the same end."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
-import socket
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.core.rollouts import SamplingConfig
-from rollscale.lm.models import char_tokenizer, tiny_llama
+from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama
 from rollscale.train.checkpoint import RunStore
+from rollscale.train.manifest import check_file, read_manifest
 from rollscale.train.distributed import Ranks, destroy_ranks, group_rows, init_ranks
+from rollscale.train.online_noise import noise_figures
 from rollscale.train.run_config import RunConfig
 from rollscale.train.trainer import GRPOTrainer
 
@@ -33,60 +41,86 @@ def odd_length_reward(completion: str, gold: str) -> float:
     return float(len(completion) % 2 == 1)
 
 
-def _config() -> RunConfig:
+def _config(**update) -> RunConfig:
     # 4 steps of 4 prompts x 4 rollouts; KL on (the sharded reference), two PPO epochs (clip_frac > 0),
-    # small micro-batches so the ranks run different numbers of them
-    return RunConfig(n=4, b_problem=4, c_max=64, seed=3, eval_every=2, eval_k=2, checkpoint_every=2,
+    # small micro-batches so the ranks run different numbers of them; gradient noise (§6) every 2 steps
+    return RunConfig(n=4, b_problem=4, c_max=64, seed=3, eval_every=2, eval_k=2, checkpoint_every=2, noise_every=2,
                      sampling=SamplingConfig(temperature=1.0, max_new_tokens=6),
                      train=dict(lr_base=1e-2, b_base=16, warmup_steps=0, kl_coef=0.05, entropy_coef=0.0,
                                 zero_var_filter=False, overlong_filter=False, ppo_epochs=2,
-                                micro_batch_tokens=40))
+                                micro_batch_tokens=40)).model_copy(update=update)
 
 
-def _trainer(ranks: Ranks | None) -> GRPOTrainer:
-    tok = char_tokenizer()
-    problems = reasoning_gym_problems("chain_sum", 24, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
-                                      prompt_style="expression")
-    model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
-    return GRPOTrainer(model, tok, problems[:16], problems[16:], _config(), reward=odd_length_reward,
-                       use_chat_template=False, ranks=ranks)
+def _problems(n: int = 24):
+    return reasoning_gym_problems("chain_sum", n, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+                                  prompt_style="expression")
 
 
-def _full_params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+def _model():
+    return tiny_llama(len(char_tokenizer()), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                      max_positions=32)
+
+
+def _trainer(ranks: Ranks | None, lora: bool = False, **update) -> GRPOTrainer:
+    problems = _problems()
+    if lora:
+        torch.manual_seed(0)  # the adapters' initial values, the same in every process
+    model = add_lora(_model(), 4, 8, 0.0, ["q_proj", "v_proj"]) if lora else _model()
+    return GRPOTrainer(model, char_tokenizer(), problems[:16], problems[16:], _config(**update), reward=odd_length_reward,
+                       use_chat_template=False, ranks=ranks, lora=lora)
+
+
+def _full_params(trainer: GRPOTrainer, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in trainer.model.named_parameters()}
+            for name, p in trainer.model.named_parameters() if p.requires_grad or not trainable_only}
 
 
 def _runs(store_root: str, ranks: Ranks | None) -> dict:
-    """A run paused after 2 steps (its checkpoint), then resumed by a fresh trainer to the end."""
-    first = _trainer(ranks)
-    paused = first.run(RunStore(os.path.join(store_root, "run")), budget=32)
-    del first
-    second = _trainer(ranks)
-    result = second.run(RunStore(os.path.join(store_root, "run")))
-    return {"paused": paused.status, "status": result.status, "steps": result.steps, "params": _full_params(second)}
+    """What the tests compare, from one process or one launch of 2: a run paused after 2 steps (its
+    checkpoint), then resumed by a fresh trainer to the end; the same run uninterrupted; the Gram
+    matrices (science §6) the noise steps measured; one LoRA step."""
+    grams: list[np.ndarray] = []
+
+    def record(gram, *args):
+        grams.append(gram.copy())
+        return noise_figures(gram, *args)
+
+    out = {}
+    with patch("rollscale.train.trainer.noise_figures", record):
+        first = _trainer(ranks)
+        out["paused"] = first.run(RunStore(os.path.join(store_root, "run")), budget=32).status
+        del first
+        second = _trainer(ranks)
+        result = second.run(RunStore(os.path.join(store_root, "run")))
+        out |= {"status": result.status, "steps": result.steps, "params": _full_params(second), "grams": list(grams)}
+        if ranks is not None:  # bit-identical resume: the same launch's uninterrupted run
+            straight = _trainer(ranks)
+            straight.run(RunStore(os.path.join(store_root, "straight")))
+            out["straight"] = _full_params(straight)
+    lora = _trainer(ranks, lora=True)
+    out["lora_row"], out["lora"] = lora.train_step(), _full_params(lora, trainable_only=True)
+    return out
 
 
-def _rank_main(rank: int, root: str, port: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_main(root: str) -> None:
+    """A rank of the fixture's one torchrun launch: the runs the tests compare, then a long run that
+    the fixture stops with Ctrl-C."""
     torch.set_num_threads(1)
     ranks = init_ranks("cpu")
     try:
         out = _runs(os.path.join(root, "sharded"), ranks)
         if ranks.leader:
-            torch.save(out, os.path.join(root, "sharded.pt"))
+            torch.save(out, os.path.join(root, "sharded.tmp"))
+            os.replace(os.path.join(root, "sharded.tmp"), os.path.join(root, "sharded.pt"))
+        _trainer(ranks, c_max=64 * 100, noise_every=0).run(RunStore(os.path.join(root, "long")))
     finally:
         destroy_ranks()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def both_runs(tmp_path_factory):
+    """The one-process runs here; the 2-process ones in one ``torchrun`` launch (gloo), which, once
+    they are done and its long run has a checkpoint, gets Ctrl-C (SIGINT to torchrun and its ranks)."""
     root = tmp_path_factory.mktemp("sharded")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -94,8 +128,24 @@ def both_runs(tmp_path_factory):
         one = _runs(str(root / "one"), None)
     finally:
         torch.set_num_threads(threads)
-    mp.start_processes(_rank_main, args=(str(root), _free_port()), nprocs=WORLD, join=True, start_method="spawn")
-    return root, one, torch.load(root / "sharded.pt", weights_only=False)
+    launch = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={WORLD}", "-m", "tests.test_distributed", str(root)],
+                              cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        _wait(lambda: launch.poll() is not None or ((root / "sharded.pt").exists() and _newest(root / "long") >= 2),
+              600, "the 2-process runs and a checkpoint of the long one")
+        assert launch.poll() is None, f"the 2-process launch ended early (status {launch.returncode}; errors above)"
+        ranks = _descendants(launch.pid)
+        t0 = time.monotonic()
+        for pid in [launch.pid, *ranks]:
+            os.kill(pid, signal.SIGINT)
+        launch.wait(60)
+        _wait(lambda: not any(map(_alive, ranks)), 60, "every rank to stop after Ctrl-C")
+        ctrl_c = {"seconds": time.monotonic() - t0, "status": launch.returncode, "ranks": len(ranks)}
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    return root, one, torch.load(root / "sharded.pt", weights_only=False), ctrl_c
 
 
 def test_group_rows_split_whole_groups():
@@ -105,7 +155,7 @@ def test_group_rows_split_whole_groups():
 
 
 def test_two_process_run_equals_one_process_run(both_runs):
-    root, one, two = both_runs
+    root, one, two, _ = both_runs
     assert (one["paused"], one["status"], one["steps"]) == ("paused", "finished", 4)
     assert (two["paused"], two["status"], two["steps"]) == ("paused", "finished", 4)
     a, b = RunStore(root / "one" / "run").rows("steps"), RunStore(root / "sharded" / "run").rows("steps")
@@ -125,31 +175,53 @@ def test_two_process_run_equals_one_process_run(both_runs):
         torch.testing.assert_close(two["params"][name], p, rtol=0, atol=2e-5, msg=name)
 
 
-def test_sweep_worker_launches_a_sharded_run_with_torchrun(tmp_path):
-    """``tasks.sweep.train_run`` with 2 devices: torchrun starts 2 ranks, rank 0 writes the run's
-    store, and the runs table row says it finished."""
-    from rollscale.config import SamplingParams
-    from rollscale.lm.models import ModelRef
-    from tasks.sweep import train_run
+def test_sharded_checkpoints_resume_bit_identical_and_load_in_one_process(both_runs):
+    """Checkpoints written by every rank with torch.distributed.checkpoint (no model.pt gathered on
+    rank 0); pausing and resuming from them ends bit-identical to the uninterrupted 2-process run;
+    one process reads the 2-process checkpoint (another number of ranks) to the same weights."""
+    root, one, two, _ = both_runs
+    ckpt = RunStore(root / "sharded" / "run").latest()
+    assert ckpt.step == 4 and ckpt.shards is not None
+    assert sorted(p.name for p in ckpt.path.iterdir()) == ["MANIFEST.json", "shards", "state.json"]
+    assert sorted(p.name for p in ckpt.shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    for name, p in two["straight"].items():
+        assert torch.equal(two["params"][name], p), name
+    reader = _trainer(None)
+    reader.load_checkpoint(ckpt)
+    assert (reader.step, reader.c) == (4, 64)
+    for name, p in reader.model.named_parameters():
+        assert torch.equal(p.detach(), two["params"][name]), name
+    exp_avg = [s["exp_avg"] for s in reader.optimizer.state.values()]
+    assert len(exp_avg) == len(two["params"]) and all(float(t.abs().sum()) > 0 for t in exp_avg)
 
-    tok = char_tokenizer()
-    model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    problems = reasoning_gym_problems("chain_sum", 12, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
-                                      prompt_style="expression")
-    config = _config().model_copy(update={"c_max": 32})
-    result = train_run.fn(ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny"), config, "easy",
-                          problems[:8], problems[8:], str(tmp_path / "run"), None, "cpu", None,
-                          SamplingParams(temperature=1.0, max_new_tokens=6), None, devices=2)
-    assert (result.status, result.steps, result.c) == ("finished", 2, 32)
-    assert list(RunStore(tmp_path / "run").rows("steps")["step"]) == [1, 2]
-    assert pd.read_parquet(tmp_path / "run" / "run.parquet")["status"].tolist() == ["finished"]
+
+def test_two_process_gram_equals_one_process_gram(both_runs):
+    """Gradient noise (science §6) in a sharded run: the Gram matrix over all of the step's rollouts,
+    each rank's share of the parameters summed over ranks, equals the one-process matrix."""
+    root, one, two, _ = both_runs
+    assert len(one["grams"]) == len(two["grams"]) == 2  # steps 2 and 4 (noise_every: 2)
+    for k1, k2 in zip(one["grams"], two["grams"]):
+        assert k1.shape == (16, 16) and np.all(np.diag(k1) >= 0) and np.abs(k1).max() > 0
+        np.testing.assert_allclose(k2, k1, rtol=1e-5, atol=1e-6 * np.abs(k1).max())
+    a, b = RunStore(root / "one" / "run").rows("steps"), RunStore(root / "sharded" / "run").rows("steps")
+    noise = ["trace_sigma", "g_norm2", "b_simple", "rollout_noise", "prompt_noise"]
+    np.testing.assert_allclose(b[noise].to_numpy(float), a[noise].to_numpy(float), rtol=1e-5, equal_nan=True)
+
+
+def test_two_process_lora_step_equals_one_process_step(both_runs):
+    """LoRA over 2 processes (the frozen base sharded too): the adapters after one step and the
+    step's row equal the one-process step's."""
+    _, one, two, _ = both_runs
+    assert set(one["lora"]) == set(two["lora"]) and all("lora_" in name for name in one["lora"])
+    for name, p in one["lora"].items():
+        torch.testing.assert_close(two["lora"][name], p, rtol=0, atol=2e-5, msg=name)
+    assert any(not torch.equal(p, two["lora"][name]) for name, p in _trainer(None, lora=True).trainable.items())
+    for column in COLUMNS:
+        np.testing.assert_allclose(two["lora_row"][column], one["lora_row"][column], rtol=RTOL, atol=ATOL, err_msg=column)
 
 
 @pytest.mark.parametrize("settings, message", [
     ({"sweep": {"devices_per_run": 2}, "sampling": {"backend": "vllm"}, "workers": 1}, "sampling.backend: hf"),
-    ({"sweep": {"devices_per_run": 2, "noise_every": 5}}, "sweep.noise_every: 0"),
     ({"sweep": {"devices_per_run": 4}, "workers": 2}, "workers >= 4"),
 ])
 def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message):
@@ -157,15 +229,108 @@ def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message)
 
     with pytest.raises(ValueError, match=message):
         parse_params(settings)
-    assert parse_params({"sweep": {"devices_per_run": 2}}).sweep.devices_per_run == 2
+    assert parse_params({"sweep": {"devices_per_run": 2, "noise_every": 5}}).sweep.devices_per_run == 2
 
 
-def test_sharded_trainer_refuses_gradient_noise():
-    """The Gram matrix (science §6) would cover only a rank's rollouts: refused, naming the setting."""
-    with pytest.raises(ValueError, match="sweep.noise_every"):
-        tok = char_tokenizer()
-        problems = reasoning_gym_problems("chain_sum", 4, 0, dict(min_terms=2, max_terms=2, min_digits=1,
-                                                                   max_digits=1), prompt_style="expression")
-        model = tiny_llama(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=32)
-        GRPOTrainer(model, tok, problems[:2], problems[2:], _config().model_copy(update={"noise_every": 1}),
-                    use_chat_template=False, ranks=Ranks(0, 2))
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux /proc; each thread's children)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in glob.glob(f"/proc/{parent}/task/*/children"):
+            with contextlib.suppress(OSError), open(task) as fh:
+                kids = [int(k) for k in fh.read().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _rank_pids(rank: int | None = None) -> list[int]:
+    """The pids of this test's sharded-run ranks (all, or the one with RANK=rank)."""
+    found = []
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as fh:
+            env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+            if b"tasks.sharded_run" in open(f"/proc/{pid}/cmdline", "rb").read() and b"RANK" in env:
+                if rank is None or env[b"RANK"] == str(rank).encode():
+                    found.append(pid)
+    return [pid for pid in found if _alive(pid)]
+
+
+def _newest(run_dir: Path) -> int:
+    """The newest committed checkpoint's step, without hashing it (cheap to poll)."""
+    return max([s for s, path in RunStore(run_dir).checkpoint_dirs() if (path / "MANIFEST.json").exists()], default=0)
+
+
+def _wait(condition, timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)  # polling must not take the ranks' CPU (2 cores)
+    return time.monotonic() - start
+
+
+def test_ctrl_c_stops_every_rank_in_seconds(both_runs):
+    """SIGINT to torchrun and its ranks (what Ctrl-C sends the sweep's process group) during a
+    2-process run: torchrun exits non-zero and no rank is left, within seconds."""
+    root, _, _, ctrl_c = both_runs
+    assert ctrl_c["ranks"] == WORLD and ctrl_c["status"] != 0 and ctrl_c["seconds"] < 15
+    assert _newest(root / "long") >= 2 and RunStore(root / "long").latest() is not None
+
+
+def test_a_killed_rank_stops_the_run_and_the_rerun_resumes(tmp_path):
+    """The sweep worker's torchrun launch (``tasks.sweep.train_run``, 2 devices) of a long run: a
+    SIGKILL of rank 1 after a checkpoint ends the run (the worker raises, no rank left); the rerun,
+    here in one process (DCP reshards the 2-process checkpoint), resumes from that checkpoint,
+    pauses at a budget with the runs row saying so, and the committed rows hold each step once."""
+    import threading
+
+    from rollscale.config import SamplingParams
+    from rollscale.lm.models import ModelRef
+    from tasks.sweep import train_run
+
+    tok, model = char_tokenizer(), _model()
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    problems, run_dir = _problems(), tmp_path / "run"
+    store = RunStore(run_dir)
+    args = (ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny"), _config(c_max=64 * 100, noise_every=0),
+            "easy", problems[:16], problems[16:], str(run_dir), None, "cpu", None,
+            SamplingParams(temperature=1.0, max_new_tokens=6))
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_call(train_run.fn, *args, None, devices=2)))
+    thread.start()
+    _wait(lambda: _newest(run_dir) >= 2 or not thread.is_alive(), 300, "the first checkpoint")
+    os.kill(_rank_pids(1)[0], signal.SIGKILL)
+    stopped = _wait(lambda: not thread.is_alive(), 60, "the run to end after rank 1 was killed")
+    assert isinstance(outcome[0], RuntimeError) and "resumes from its last checkpoint" in str(outcome[0])
+    assert _rank_pids() == [] and stopped < 30
+    killed = store.latest()
+    committed = read_manifest(killed.path)["parts"]
+
+    result = train_run.fn(*args, killed.state["c"] + 32, devices=1)
+    assert (result.status, result.c, result.steps) == ("paused", killed.state["c"] + 32, killed.step + 2)
+    assert pd.read_parquet(run_dir / "run.parquet")["status"].tolist() == ["paused"]
+    assert all(check_file(run_dir / name, meta) is None for name, meta in committed.items())  # rows kept as committed
+    rows = store.rows("steps")  # each step once, C counting 16 rollouts a step
+    assert list(rows["step"]) == list(range(1, result.steps + 1)) and list(rows["c"]) == [16 * s for s in rows["step"]]
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:  # the test thread reports what the worker raised
+        return err
+
+
+if __name__ == "__main__":  # a rank of the fixture's torchrun launch
+    _rank_main(sys.argv[1])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollscale.config import load_params
+from rollscale.config import load_params, parse_params
 from rollscale.pipeline.init_values import Machine, full_finetune_gb, render, suggest
 from rollscale.core.fit import power
 from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
@@ -99,6 +99,27 @@ def test_lora_and_its_learning_rate_follow_the_model_size_and_machine(verl):
         assert power.evaluations_per_run(steps, v["sweep.eval_every"]) >= power.EVALS_COMFORTABLE
     thinking, why = suggest(model(0.6e9, template="{% if enable_thinking %}"), sample, str(verl), 120, h100)
     assert thinking["sampling.chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_a_node_of_gpus_shards_full_fine_tuning_where_only_the_shards_fit(verl, tiny_folder, tmp_path):
+    """--gpu H100 --gpus 8: a 7.6B model, LoRA on one GPU, trains in full sharded over 8 (~7.6 GB of
+    state + logits per GPU, estimates); 2 GPUs are not enough (~40 GB); check says what a rank holds."""
+    sample = inspect_rows(read_sample(str(verl)))
+    one, _ = suggest(model(7.6e9), sample, str(verl), 120, Machine.from_arg("H100"))
+    node, why = suggest(model(7.6e9), sample, str(verl), 120, Machine.from_arg("H100", gpus=8))
+    two, _ = suggest(model(7.6e9), sample, str(verl), 120, Machine.from_arg("H100", gpus=2))
+    assert one["model.lora.enabled"] is True and "sweep.devices_per_run" not in one
+    assert node["model.lora.enabled"] is False and node["sweep.train.lr_base"] == 1e-6
+    assert (node["sweep.devices_per_run"], node["workers"], node["sampling.backend"]) == (8, 8, "hf")
+    assert "sharded over the node's 8 GPUs" in why["model.lora.enabled"] and "estimates" in why["model.lora.enabled"]
+    assert two["model.lora.enabled"] is True and "sweep.devices_per_run" not in two
+    assert full_finetune_gb(int(7.6e9), "bfloat16", 16384, 151936, ranks=8) < 40
+    with pytest.raises(ValueError, match="--gpus 8: needs --gpu"):
+        Machine.from_arg("none", gpus=8)
+    params = parse_params({"model": {"kind": "hf", "name_or_path": str(tiny_folder)}, "workers": 2,
+                           "sweep": {"devices_per_run": 2}})
+    [note] = [f for f in study_findings(params) if f.keys == ("sweep.devices_per_run",)]
+    assert note.level == "note" and "per rank of 2 (estimates" in note.message and "AdamW state" in note.message
 
 
 def test_max_new_tokens_from_reference_solutions():

@@ -157,3 +157,37 @@ def test_an_interrupt_cancels_the_ray_tasks_on_a_cluster_it_did_not_start(tmp_pa
         assert seconds < 5 and cluster_up and not (tmp_path / "done").exists()
     finally:
         ray.shutdown()
+
+
+def test_a_sharded_run_is_one_ray_task_that_launches_its_ranks(tmp_path, capsys):
+    """``sweep.devices_per_run: 2`` on a local Ray of this machine's 2 CPUs: the run is one Ray task
+    holding 2 x ray_cpus_per_run CPUs, which starts torchrun with 2 ranks; the run finishes, its
+    checkpoint has both ranks' shards, and its worker was not this process."""
+    from rollscale.config import SamplingParams
+    from rollscale.lm.models import ModelRef, char_tokenizer
+    from rollscale.train.checkpoint import RunStore
+    from tasks.ray_sweep import train_runs_on_ray
+    from tests.test_distributed import _config, _model, _problems
+
+    char_tokenizer().save_pretrained(tmp_path / "model")
+    _model().save_pretrained(tmp_path / "model")
+    problems = _problems(12)
+    sweep = parse_params({"workers": 2, "sweep": {"executor": "ray", "ray_cpus_per_run": 1,
+                                                  "devices_per_run": 2}}).sweep
+    unit = dict(ref=ModelRef(str(tmp_path / "model"), chat_template=False, fingerprint="tiny"),
+                config=_config(c_max=32, noise_every=0), bucket="easy", train_problems=problems[:8],
+                val_problems=problems[8:], run_dir=str(tmp_path / "run"), lora=None, torch_threads=1, device="cpu",
+                trackers=None, sampling=SamplingParams(temperature=1.0, max_new_tokens=6), budget=None, devices=2)
+
+    @flow
+    def sharded_sweep():
+        return train_runs_on_ray([unit], ["sharded"], sweep, device="cpu")
+
+    results, errors = sharded_sweep()
+    assert errors == [] and (results[0].status, results[0].c) == ("finished", 32)
+    assert "(2 CPU, 0 GPU per run)" in capsys.readouterr().out
+    store = RunStore(tmp_path / "run")
+    assert list(store.rows("steps")["step"]) == [1, 2]
+    assert sorted(p.name for p in store.latest().shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    [attempt] = read_attempts(tmp_path / "run")
+    assert attempt["pid"] != os.getpid()

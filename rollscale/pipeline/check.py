@@ -34,6 +34,7 @@ from rollscale.pipeline.check_evals import (
     run_evaluation_steps,
     search_fix,
 )
+from rollscale.pipeline.check_memory import sharded_memory_findings
 from rollscale.pipeline.check_profile import model_fit_findings
 
 __all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
@@ -377,7 +378,8 @@ def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[
     known = known or DataKnown()
     found = [*_data(known), *_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
              *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
-             *(Finding(*f) for f in decision_findings(params))]
+             *(Finding(*f) for f in decision_findings(params)),
+             *(Finding(*f) for f in sharded_memory_findings(params))]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])
 

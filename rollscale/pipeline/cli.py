@@ -199,6 +199,8 @@ def parser() -> argparse.ArgumentParser:
     p_init.add_argument("--model", required=True, help="a model folder, a .gguf file, a hub id, or smollm2")
     p_init.add_argument("--data", required=True, help="a .jsonl/.json/.parquet/.csv file or a hub dataset id")
     p_init.add_argument("--gpu", default="none", help="H100, A100, ..., a memory such as 40GB, or none (CPU)")
+    p_init.add_argument("--gpus", type=int, default=1,
+                        help="GPUs of one node: a run is sharded over them (FSDP2) when only so full fine-tuning fits")
     p_init.add_argument("--engine", choices=["hf", "vllm"], default=None,
                         help="the sampler: hf (transformers generate) or vllm (default: vllm on a GPU, hf on CPU)")
     p_init.add_argument("--budget", type=int, default=None,
@@ -281,7 +283,7 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.pipeline.init import init_params
 
         return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force,
-                                                     args.engine, args.budget)), debug)
+                                                     args.engine, args.budget, args.gpus)), debug)
     return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 

@@ -64,10 +64,11 @@ def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
 
 
 def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
-                engine: str | None = None, budget: int | None = None) -> str:
+                engine: str | None = None, budget: int | None = None, gpus: int = 1) -> str:
     """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check).
     ``engine`` (hf | vllm): the sampler, else the machine's (vLLM on a GPU, transformers on CPU);
-    ``budget``: the rollouts of the production run, the study's C* (:func:`budget_values`)."""
+    ``budget``: the rollouts of the production run, the study's C* (:func:`budget_values`);
+    ``gpus``: the GPUs of one node, over which a run is sharded when only so full fine-tuning fits."""
     from rollscale.config import StudyParams, load_params
     from rollscale.pipeline.init_values import Machine, render, suggest, write_params
     from rollscale.core.problems.data_sample import inspect_rows, read_sample
@@ -79,7 +80,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
 
     if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
         raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
-    machine = Machine.from_arg(gpu)
+    machine = Machine.from_arg(gpu, gpus)
     name_or_path, gguf_file = resolve_model(model)
     info = inspect_model(name_or_path, gguf_file)
     try:  # datasets draws a progress bar per file it reads; init prints its own summary
@@ -103,7 +104,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     if budget is not None:
         budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
     command = (f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
-               + (f" --budget {budget}" if budget is not None else ""))
+               + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else ""))
     header = [f"rollscale study parameters, written by `{command}`.",
               "Each comment says why its value; everything else is the schema's default (rollscale/config.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
@@ -113,6 +114,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
                                                        "sampling.max_new_tokens", "sweep.c_max")
+                       + (("sweep.devices_per_run",) if "sweep.devices_per_run" in values else ())
                        + (("study.target_budget",) if budget is not None else ()))
     return (f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
             f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "

@@ -51,29 +51,46 @@ class Machine:
     """Where the study runs: a GPU (its memory) or this machine's CPU (its RAM)."""
 
     gpu: str | None
-    memory_gb: float
+    memory_gb: float  # of one GPU (or this machine's RAM)
     cores: int
+    gpus: int = 1  # on one node: a run may shard over them (sweep.devices_per_run)
 
     @classmethod
-    def from_arg(cls, gpu: str) -> "Machine":
+    def from_arg(cls, gpu: str, gpus: int = 1) -> "Machine":
         cores = os.cpu_count() or 1
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise ValueError(f"--gpus: expected the GPUs of one node (an integer >= 1), got {gpus!r}")
         if gpu.lower() in ("none", "cpu"):
+            if gpus > 1:
+                raise ValueError(f"--gpus {gpus}: needs --gpu (which GPU); a CPU study runs one process per run")
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
             return cls(None, ram, cores)
         name = gpu.upper()
         if name.endswith("GB") and name[:-2].isdigit():
-            return cls(name, float(name[:-2]), cores)
+            return cls(name, float(name[:-2]), cores, gpus)
         if name not in GPU_MEMORY_GB:
             raise ValueError(f"--gpu: expected none, one of {', '.join(GPU_MEMORY_GB)} or a memory such as 40GB, "
                              f"got {gpu!r}")
-        return cls(name, float(GPU_MEMORY_GB[name]), cores)
+        return cls(name, float(GPU_MEMORY_GB[name]), cores, gpus)
 
 
-def full_finetune_gb(n_params: int, dtype: str, micro_batch_tokens: int, vocab: int) -> float:
-    """GB that full fine-tuning holds: weights, gradients and AdamW's moments, plus one
-    micro-batch's logits and their gradient (docs/gpu.md's accounting)."""
+def full_finetune_gb(n_params: int, dtype: str, micro_batch_tokens: int, vocab: int, ranks: int = 1) -> float:
+    """GB that full fine-tuning holds per process: weights, gradients and AdamW's moments (sharded
+    over ``ranks`` by FSDP2, so / ranks), plus one micro-batch's logits and their gradient
+    (docs/gpu.md's accounting; an estimate from shapes)."""
     width = 4 if dtype == "float32" else 2
-    return (n_params * 4 * width + micro_batch_tokens * vocab * width * 2) / 1e9
+    return (n_params * 4 * width / ranks + micro_batch_tokens * vocab * width * 2) / 1e9
+
+
+def sharded_choice(machine: Machine, need_one: float, need_sharded: float, budget: float) -> tuple[int, str]:
+    """(devices per run, why) for full fine-tuning on ``machine``: 1 when it fits one GPU or the node
+    has one; the node's GPUs (FSDP2, ``sweep.devices_per_run``) when only the sharded state fits."""
+    if machine.gpus == 1 or need_one <= budget:
+        return 1, ""
+    if need_sharded > budget:
+        return 1, f"; sharded over {machine.gpus} GPUs it would still need ~{need_sharded:.1f} GB per GPU"
+    return machine.gpus, (f"; sharded over the node's {machine.gpus} GPUs (FSDP2, sweep.devices_per_run) it needs "
+                          f"~{need_sharded:.1f} GB per GPU: full fine-tuning, each run on all {machine.gpus}")
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -132,12 +149,14 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
     workers = 1 if gpu else max(1, min(2, machine.cores))
     budget = machine.memory_gb * (0.5 if gpu else 0.5 / workers)
     need = full_finetune_gb(model.n_params, dtype, micro, model.vocab_size)
-    lora = need > budget
+    devices, sharded = sharded_choice(machine, need, full_finetune_gb(model.n_params, dtype, micro, model.vocab_size,
+                                                                      machine.gpus), budget)
+    lora = need > budget and devices == 1
     where = f"{machine.gpu} ({machine.memory_gb:.0f} GB, half left to the sampler)" if gpu else \
         f"this machine ({machine.memory_gb:.0f} GB RAM, {workers} worker(s) side by side)"
     put("model.lora.enabled", lora, f"full fine-tuning needs ~{need:.1f} GB (16 B a parameter in float32, 8 in "
-                                    f"bfloat16, plus one micro-batch's logits); {where} has {budget:.1f} GB for it: "
-                                    + ("LoRA" if lora else "full fine-tuning fits"))
+                                    f"bfloat16, plus one micro-batch's logits; estimates); {where} has {budget:.1f} GB "
+                                    "for it" + sharded + ": " + ("LoRA" if lora else "full fine-tuning fits"))
     put("model.lora.r", 32, "rank 32 on every linear layer: verl found it matched full fine-tuning at 0.5B")
     put("model.lora.alpha", 64, "alpha = 2 r")
     put("model.lora.target_modules", model.linear_modules)
@@ -148,6 +167,12 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
     put("workers", workers, "one vLLM engine per GPU: spread runs with sweep.executor ray" if gpu
         else "processes side by side, one per core")
     put("torch_threads", 1)
+    if devices > 1:  # a sharded run: its N processes take N worker slots and sample with hf (docs/gpu.md)
+        put("sweep.devices_per_run", devices, f"each run trains on the node's {devices} GPUs (FSDP2): full fine-tuning "
+                                              "fits only sharded")
+        put("workers", devices, "a run of N processes takes N of the local pool's slots: one run at a time")
+        put("sampling.backend", "hf", "a sharded run samples with transformers generate on every rank (vLLM per rank "
+                                      "is not wired yet, docs/gpu.md)")
     put("sampling.batch_size", 256 if gpu else 64, "rollouts per generate call: bounds the KV cache")
     max_new, reason = _max_new_tokens(data)
     put("sampling.max_new_tokens", max_new, reason)

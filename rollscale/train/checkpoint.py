@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from rollscale.files import sha256_bytes, write_bytes_atomic
+from rollscale.files import sha256_bytes, sha256_file, write_bytes_atomic
 from rollscale.train.manifest import (
     CHECKPOINT_RE,
     MANIFEST,
+    SHARDS,
     MANIFEST_VERSION,
     PART_RE,
     read_manifest,
@@ -130,6 +131,13 @@ class Checkpoint:
         import torch
 
         return torch.load(self.path / "optimizer.pt", map_location=map_location, weights_only=True)
+
+    @property
+    def shards(self) -> Path | None:
+        """The torch.distributed.checkpoint folder of a sharded run's checkpoint (weights and
+        optimizer state, one file per rank), or None for a one-file checkpoint (``model.pt``)."""
+        path = self.path / SHARDS
+        return path if path.is_dir() else None
 
 
 class RunStore:
@@ -227,8 +235,13 @@ class RunStore:
         state: Mapping[str, Any],
         step_rows: Sequence[Mapping[str, Any]] = (),
         eval_rows: Sequence[Mapping[str, Any]] = (),
+        shards: Path | None = None,
     ) -> Checkpoint:
         """Write checkpoint ``step`` with the rows produced since the previous one.
+
+        ``shards``: a sharded run's folder of torch.distributed.checkpoint files (every rank
+        wrote its own, see :meth:`shard_folder`), moved into the checkpoint as ``shards/`` and
+        listed in its manifest in place of ``model.pt`` and ``optimizer.pt`` (both then None).
 
         Order: row parts (each atomically), then the checkpoint files in a
         temporary directory, its manifest last, then ``os.replace`` into
@@ -241,11 +254,11 @@ class RunStore:
         if not isinstance(state, Mapping):
             raise ValueError(f"state must be a mapping, got {type(state).__name__}")
         # Serialise before touching the disk, so bad input never leaves half a checkpoint.
-        blobs = {
+        blobs = {} if shards is not None else {
             "model.pt": _torch_bytes(dict(model_state)),
             "optimizer.pt": _torch_bytes(dict(optimizer_state)),
-            "state.json": _json_bytes(dict(state, step=step)),
         }
+        blobs["state.json"] = _json_bytes(dict(state, step=step))
         parts = {
             f"{kind}-{step:06d}.parquet": _parquet_bytes(rows)
             for kind, rows in (("steps", step_rows), ("evals", eval_rows))
@@ -265,10 +278,15 @@ class RunStore:
             tmp.mkdir()
             for name, data in blobs.items():
                 _write_bytes(tmp / name, data)
+            files = {name: {"sha256": sha256_bytes(d), "bytes": len(d)} for name, d in blobs.items()}
+            if shards is not None:
+                os.replace(shards, tmp / SHARDS)
+                files |= {f"{SHARDS}/{f.name}": {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+                          for f in sorted((tmp / SHARDS).iterdir())}
             manifest = {
                 "step": step,
                 "version": MANIFEST_VERSION,
-                "files": {name: {"sha256": sha256_bytes(d), "bytes": len(d)} for name, d in blobs.items()},
+                "files": files,
                 # every part committed so far: one manifest verifies all the run's rows
                 "parts": {**earlier_parts,
                           **{name: {"sha256": sha256_bytes(d), "bytes": len(d)} for name, d in parts.items()}},
@@ -291,6 +309,11 @@ class RunStore:
             ) from err
         self._prune()
         return Checkpoint(step, target, dict(state, step=step))
+
+    def shard_folder(self, step: int) -> Path:
+        """An empty folder for checkpoint ``step``'s shards (``save(..., shards=)``); a crash
+        leaves it as a temporary file that :meth:`rollback_to` removes."""
+        return self.root / f"{_TMP_PREFIX}{SHARDS}-{step:06d}"
 
     def _prune(self) -> None:
         for _, path in self.checkpoint_dirs()[: -self.keep]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -96,17 +96,22 @@ def destroy_ranks() -> None:
 def shard_model(model: torch.nn.Module, bf16: bool = False) -> torch.nn.Module:
     """``fully_shard`` each decoder layer (the model's ``_no_split_modules``) and then the root, in
     place; ``bf16``: compute in bfloat16, reduce gradients in float32 (as today's autocast)."""
-    layer_names = set(getattr(model, "_no_split_modules", None) or ())
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
-    layer_names |= set(getattr(inner, "_no_split_modules", None) or ())
+    inner = _root(model)
+    layer_names = set(getattr(model, "_no_split_modules", None) or ()) | set(getattr(inner, "_no_split_modules", None) or ())
     if not layer_names:
         raise ValueError(f"{type(model).__name__}: no decoder layer class (_no_split_modules) to shard by")
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     layers = [m for m in model.modules() if type(m).__name__ in layer_names]
     for layer in layers:
         fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    fully_shard(inner, mp_policy=mp)
     return model
+
+
+def _root(model: torch.nn.Module) -> torch.nn.Module:
+    """The module every forward goes through: the model, or the transformers model a peft (LoRA)
+    model wraps (peft's ``generate`` calls it directly, so FSDP's root is there)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 class _Unsharded:
@@ -115,7 +120,7 @@ class _Unsharded:
 
     def __init__(self, model: torch.nn.Module):
         self.modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-        self.root = model
+        self.root = _root(model)
 
     def __enter__(self):
         for m in self.modules:
@@ -174,9 +179,6 @@ def shard_run(model, ref_model, engine: SamplingEngine, config, ranks: Ranks
     and the trainable parameters (sharded: the optimizer must be built on these). On CUDA with
     ``train.autocast_bf16`` FSDP computes in bfloat16 and reduces gradients in float32."""
     bf16 = config.train.autocast_bf16 and next(model.parameters()).device.type == "cuda"
-    if config.noise_every:
-        raise ValueError("sweep.noise_every: the gradient-noise Gram matrix (science §6) needs every rollout's "
-                         "gradient on one process; set sweep.noise_every: 0 or sweep.devices_per_run: 1")
     shard_model(model, bf16)
     if ref_model is not None:
         shard_model(ref_model, bf16)
@@ -184,86 +186,26 @@ def shard_run(model, ref_model, engine: SamplingEngine, config, ranks: Ranks
     return ShardedSampler(engine, model, ranks), trainable
 
 
+def gram_over_ranks(model: torch.nn.Module, ranks: Ranks, gram: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+    """The Gram matrix of every rollout's gradient (science §6.1) in a sharded run, equal to the
+    one-process matrix: with full parameters on every rank (as for sampling), each rank runs the
+    whole batch and computes the blocks of its share of the trainable parameters (``gram(exclude)``
+    with the others excluded; shares balanced by size), and the shares' matrices are summed over ranks."""
+    sizes = sorted(((p.numel(), name) for name, p in model.named_parameters() if p.requires_grad), reverse=True)
+    load, exclude = [0] * ranks.world, []
+    for numel, name in sizes:  # largest first, each to the least-loaded rank: the same on every rank
+        owner = load.index(min(load))
+        load[owner] += numel
+        if owner != ranks.rank:
+            exclude.append(name)
+    with _Unsharded(model):
+        k = torch.from_numpy(np.ascontiguousarray(gram(exclude), dtype=np.float64))
+    dist.all_reduce(k, op=dist.ReduceOp.SUM)
+    return k.numpy()
+
+
 def rank_rows(ranks: Ranks | None, groups: Sequence[Sequence]) -> dict:
     """``policy_update``'s arguments for this rank's share of the step's groups ({} in one process)."""
     if ranks is None:
         return {}
     return {"rows": group_rows([len(g) for g in groups], ranks), "ranks": ranks}
-
-
-def _state_options(**kw):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
-
-
-def checkpoint_state(model, optimizer, trainable, ranks: Ranks | None) -> tuple[dict, dict]:
-    """The trainable weights and the optimizer state to checkpoint. Sharded: gathered whole onto
-    rank 0 (empty dicts on the others; collective, every rank calls it), the optimizer state keyed
-    by parameter name."""
-    if ranks is None:
-        return {name: p.detach().cpu().clone() for name, p in trainable.items()}, optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    weights = get_model_state_dict(model, options=_state_options())
-    optim = get_optimizer_state_dict(model, optimizer, options=_state_options())
-    return {k: v for k, v in weights.items() if k in trainable}, optim
-
-
-def restore_state(model, optimizer, trainable, ckpt, ranks: Ranks | None) -> None:
-    """Load ``ckpt``'s weights and optimizer state. Sharded: rank 0 reads them and scatters them
-    to every rank's shards."""
-    if ranks is None:
-        ckpt.load_weights(trainable)
-        optimizer.load_state_dict(ckpt.optimizer_state())
-        return
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    weights, optim = {}, {}
-    if ranks.leader:
-        weights, optim = ckpt.model_state(), ckpt.optimizer_state()
-        if set(weights) != set(trainable):
-            raise ValueError(f"checkpoint {ckpt.path} does not fit this model (parameter names differ)")
-    options = _state_options(broadcast_from_rank0=True, strict=False)
-    set_model_state_dict(model, weights, options=options)
-    set_optimizer_state_dict(model, optimizer, optim, options=options)
-
-
-def rank_store(store, ranks: Ranks | None):
-    """The run's store as this rank uses it: itself in one process; in a sharded run rank 0 writes
-    and the others only read, and every save ends at a barrier, so no rank reads a checkpoint
-    (to resume) before it is whole."""
-    if ranks is None:
-        return store
-    return _RankStore(store, ranks)
-
-
-class _RankStore:
-    """A sharded run's view of its :class:`~rollscale.train.checkpoint.RunStore` (see :func:`rank_store`)."""
-
-    def __init__(self, store, ranks: Ranks):
-        self.store, self.ranks = store, ranks
-
-    def latest(self):
-        return self.store.latest()
-
-    def done(self):
-        return self.store.done()
-
-    def check_same_run(self, *args) -> None:
-        self.store.check_same_run(*args)
-
-    def save(self, *args, **kwargs):
-        try:
-            return self.store.save(*args, **kwargs) if self.ranks.leader else None
-        finally:
-            self.ranks.barrier()
-
-    def rollback_to(self, checkpoint) -> None:
-        if self.ranks.leader:
-            self.store.rollback_to(checkpoint)
-        self.ranks.barrier()
-
-    def mark_done(self, *args, **kwargs) -> None:
-        if self.ranks.leader:
-            self.store.mark_done(*args, **kwargs)

@@ -7,6 +7,10 @@ Layout of a run directory::
         model.pt              state_dict of the trainable parameters
         optimizer.pt          optimizer state_dict
         state.json            step, C, data position, RNG states, config hash, ...
+        shards/               instead of model.pt and optimizer.pt, in a sharded run
+                              (sweep.devices_per_run > 1): torch.distributed.checkpoint's
+                              .metadata and one __<rank>_0.distcp per rank (each rank's
+                              shards of the trainable weights and AdamW state)
         MANIFEST.json         sha256 and size of the files above and of every
                               row part committed so far (this checkpoint's and
                               all earlier ones); written last: it commits the checkpoint
@@ -38,6 +42,16 @@ MANIFEST_VERSION = 2
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d{6,})$")
 PART_RE = re.compile(r"^(steps|evals)-(\d{6,})\.parquet$")
 CHECKPOINT_FILES = ("model.pt", "optimizer.pt", "state.json")
+SHARDS = "shards"  # a sharded checkpoint's torch.distributed.checkpoint folder
+
+
+def _expected_files(files: Mapping[str, Any]) -> bool:
+    """A one-file checkpoint's three files, or a sharded one's state.json and shards (with DCP's metadata)."""
+    if set(files) == set(CHECKPOINT_FILES):
+        return True
+    shards = set(files) - {"state.json"}
+    return "state.json" in files and f"{SHARDS}/.metadata" in shards and all(
+        name.startswith(f"{SHARDS}/") for name in shards)
 
 
 def read_manifest(path: Path) -> dict:
@@ -73,8 +87,8 @@ def verify_checkpoint(root: Path, step: int, path: Path, quick: bool = False) ->
     if manifest.get("step") != step:
         return f"{MANIFEST} is unreadable or does not describe step {step}"
     files = manifest.get("files", {})
-    if set(files) != set(CHECKPOINT_FILES):
-        return f"{MANIFEST} lists {sorted(files)}, expected {list(CHECKPOINT_FILES)}"
+    if not _expected_files(files):
+        return f"{MANIFEST} lists {sorted(files)}, expected {list(CHECKPOINT_FILES)} or state.json and {SHARDS}/"
     entries = [(path / name, meta, not quick or name == "state.json") for name, meta in files.items()]
     entries += [(root / name, meta, True) for name, meta in manifest.get("parts", {}).items()]
     for file, meta, hash_it in entries:

@@ -11,7 +11,7 @@ of one micro-batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -21,6 +21,7 @@ from rollscale.core.noise.gram import gram_matrix
 from rollscale.core.noise.estimators import decompose
 from rollscale.core.noise.correlation import k_sat, k_sat_null, split_half_rho
 from rollscale.core.noise.ema import EmaNoiseScale
+from rollscale.train.distributed import Ranks, gram_over_ranks
 from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_normalizers, micro_batch, micro_batch_loss
 
 
@@ -47,9 +48,16 @@ def _no_checkpointing(model: torch.nn.Module):
 
 def batch_gram(
     model: torch.nn.Module, batch: TrainBatch, settings: StepSettings, pad_id: int,
-    ref_logprobs: RefLogprobs | None = None,
+    ref_logprobs: RefLogprobs | None = None, exclude: Sequence[str] = (), ranks: Ranks | None = None,
 ) -> np.ndarray:
-    """Gram matrix ``K_ij = <g_i, g_j>`` of the batch's per-rollout loss terms (science §6.1)."""
+    """Gram matrix ``K_ij = <g_i, g_j>`` of the batch's per-rollout loss terms (science §6.1), over
+    the trainable parameters but those named in ``exclude`` (all excluded: zeros). A sharded run
+    (``ranks``): each rank the blocks of its share of the parameters, summed over ranks
+    (:func:`~rollscale.train.distributed.gram_over_ranks`), the same matrix on every rank."""
+    if ranks is not None:
+        return gram_over_ranks(model, ranks, lambda mine: batch_gram(model, batch, settings, pad_id, ref_logprobs, mine))
+    if set(exclude) >= {name for name, p in model.named_parameters() if p.requires_grad}:
+        return np.zeros((len(batch), len(batch)))
     device = next(model.parameters()).device
     norm = batch_normalizers(batch, settings.max_new_tokens)
 
@@ -60,7 +68,7 @@ def batch_gram(
 
     model.train()
     with _no_checkpointing(model):
-        return gram_matrix(model, loss_terms, len(batch),
+        return gram_matrix(model, loss_terms, len(batch), exclude=exclude,
                            chunk_size=gram_chunk_size(batch, settings.train.micro_batch_tokens))
 
 

@@ -48,7 +48,8 @@ from rollscale.train.online_noise import batch_gram, noise_figures
 from rollscale.train.rng_state import rng_state, set_rng_state
 from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.data_order import DataOrder
-from rollscale.train.distributed import Ranks, checkpoint_state, rank_rows, rank_store, restore_state, shard_run
+from rollscale.train.distributed import Ranks, rank_rows, shard_run
+from rollscale.train.sharded_checkpoint import checkpoint_state, rank_store, restore_state
 from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, StepSettings, TrainBatch, policy_update, train_batch
 
 # Purposes that keep the seed streams of data order, training and evaluation apart.
@@ -123,9 +124,7 @@ class GRPOTrainer:
         if not self.trainable:
             raise ValueError("model has no trainable parameters (requires_grad)")
         # The KL reference (science §3) is the initial policy; LoRA gets it by disabling adapters.
-        self.ref_model = None
-        if config.train.kl_coef > 0 and not lora:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if config.train.kl_coef > 0 and not lora else None
         if config.train.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ranks = ranks  # sharded: FSDP2 here, before the optimizer is built on the shards
@@ -141,8 +140,7 @@ class GRPOTrainer:
         self._prompt_ids: dict[str, list[int]] = {}
         self.data_order = DataOrder(len(self.train_problems), config.seed, _DATA)
         # Run progress: everything a checkpoint must hold besides weights and optimizer.
-        self.step = self.c = self.c_tokens = self.prompts_drawn = 0
-        self.last_eval_step = -1
+        self.step, self.c, self.c_tokens, self.prompts_drawn, self.last_eval_step = 0, 0, 0, 0, -1
         # gradient noise (science §6), measured every noise_every steps
         self.noise_ema = EmaNoiseScale(config.noise_ema)
         self.last_noise_prompts: list[dict] = []
@@ -268,7 +266,8 @@ class GRPOTrainer:
         """Gradient-noise figures of this step's batch before its update (science §6): the
         step-level numbers for the ``steps`` row; per-prompt rows in ``last_noise_prompts``."""
         t0 = time.perf_counter()
-        gram = batch_gram(self.model, batch, self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs)
+        gram = batch_gram(self.model, batch, self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs,
+                          ranks=self.ranks)  # sharded: each rank its parameters' blocks, summed over ranks
         figures, prompt_rows = noise_figures(  # groups of equal size (RunConfig checks the rule)
             gram, np.stack(rewards), self.noise_ema, lambda gi: np.random.default_rng(self._seed(_NOISE, step, gi))
         )
