@@ -175,6 +175,9 @@ def _settled(s: Standing, key: Any, group: SearchGroup, settings: SearchSettings
                            f"{settings.tolerance:g}: it cannot beat the leader by more")
     if row["settled_by"] == "a2":
         return "a2", f"A2: n = {key} is below the leader n = {lead}, beaten by it where both ran (upper bound < 0)"
+    if row["extrapolated"] or t.loc[lead, "extrapolated"]:
+        return None, (f"D's upper bound {row['d_hi']:+.3f} > 0 on curves read past their data (A3): an "
+                      "extrapolated read settles only a key below the leader")
     return None, f"D's upper bound {row['d_hi']:+.3f} > epsilon {settings.tolerance:g}: could still beat the leader"
 
 
@@ -214,6 +217,19 @@ def _bracket(s: Standing | None, group: SearchGroup, st: GroupState) -> list[tup
     return out
 
 
+def _edge_answer(lead: Any, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
+    """The key beyond an answer at the edge of the keys in play, where the bracket allows one not yet tried:
+    an answer is never the grid's edge untested against its neighbour (simulated ``edge_high``: n = 8 decided
+    on A2 stops of n = 2 and 4 at c_r, n = 16 never trained, in 2 of 40 studies)."""
+    if group.axis == "rule" or len(st.keys) < 2:
+        return []
+    out = []
+    for edge, cand in ((min(st.keys), min(st.keys) // 2), (max(st.keys), max(st.keys) * 2)):
+        if edge == lead and cand not in st.keys and cand != edge and group.allows(cand):
+            out.append((cand, f"{edge}, the answer, is the {'first' if cand < edge else 'last'} key in play: add {cand}"))
+    return out
+
+
 def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, settings: SearchSettings,
                  ) -> list[dict]:
     """The next decision of one group (module docstring) from its :class:`Standing` (None: no evaluations yet):
@@ -245,6 +261,8 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
     if lead not in unsettled and len(unsettled) == 1:
         lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
     open_keys = [key for key in unsettled if key != lead]
+    if lead is not None and not open_keys and not adds:
+        adds = _edge_answer(lead, group, st)
     # decided: every key in play but the leader settled (a leader stopped earlier, settled then against another,
     # still answers: its curve is read at C* with the rest)
     decided = lead is not None and not open_keys and not adds

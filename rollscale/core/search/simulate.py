@@ -172,10 +172,12 @@ class Runs:
         return pd.Series(out)
 
 
-def grid_tables(studies: list[SimStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The full grid of ``studies`` as the sweep's ``runs`` and ``evals`` tables (one bucket per study)."""
+def grid_tables(studies: list[SimStudy], legs: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The full grid of ``studies`` as the sweep's ``runs`` and ``evals`` tables (one bucket per study); with
+    ``legs`` ((study, n, seed) -> leg-end steps, a search's) only those runs, each to where it stopped."""
     runs = Runs(studies)
-    legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE for seed in s.seeds}
+    if legs is None:
+        legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE for seed in s.seeds}
     pts = runs.points(legs)
     b_problem = {s.name: s.b_problem for s in studies}
     evals = pd.DataFrame({"run_id": pts["group"] + "/" + pts["run_id"], "step": pts["c"] / pts["b"],

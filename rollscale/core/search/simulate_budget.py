@@ -49,6 +49,7 @@ class BudgetResult:
 
     studies: pd.DataFrame
     decisions: pd.DataFrame
+    legs: dict  # (study, n, seed) -> the leg-end steps each run was trained through
 
 
 def simulate_decision(studies: list[SimStudy], settings: SearchSettings) -> BudgetResult:
@@ -88,7 +89,7 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings) -> Budg
     out = pd.DataFrame(rows)
     out["spent"] = out["search_rollouts"] / out["grid_rollouts"]
     out["right"] = out["regret"] <= settings.tolerance + 1e-12
-    return BudgetResult(out, decisions)
+    return BudgetResult(out, decisions, legs)
 
 
 def summarise_decision(result: BudgetResult) -> pd.DataFrame:
