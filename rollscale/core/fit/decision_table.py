@@ -35,7 +35,8 @@ _SETTLING = ("epsilon", "a2")  # the search's rules that settle a key (science Â
 @dataclass(frozen=True)
 class SearchVerdict:
     """What the sweep's search (``sweep.search.method: decision``) concluded for one group: the key it named
-    (when it decided: every other key settled) and, per key it settled, the budget and bounds it was settled at."""
+    (the one it decided on, else the leader of its last decision) and, per key it settled, the budget and the
+    bounds it was settled at."""
 
     leader: int | None
     settled: dict  # key -> (rule, C of the rung, d_lo, d_hi)
@@ -49,7 +50,9 @@ def search_verdicts(search: pd.DataFrame | None) -> dict[str, SearchVerdict]:
     for name, rows in search[search["c_star"].notna()].groupby("group", sort=False):
         stops = rows[rows["action"] == "stop"].drop_duplicates("key", keep="last")
         last = rows[rows["decision"] == rows["decision"].max()]
+        # the search's answer: the key it decided on, else the leader of its last decision (not decided)
         lead = last.loc[(last["action"] == "stop") & (last["rule"] == "decided"), "key"]
+        lead = lead if len(lead) else last["leader"].dropna()
         # a key seeded or trained on after its stop (the undecided rule) is no longer settled by that stop
         later = rows.drop_duplicates("key", keep="last").set_index("key")["decision"]
         settled = {_as_key(k): (r, float(c), float(lo), float(hi))
