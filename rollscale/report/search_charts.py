@@ -94,18 +94,27 @@ def _keys_text(rows: pd.DataFrame) -> str:
     return "; ".join(f"{name} = {', '.join(values)}" for name, values in by_name.items())
 
 
+def _method(s: pd.DataFrame) -> str:
+    """Which search ran: ``decision`` (science §9.4: its rows carry C*) or ``frontier`` (§8)."""
+    return "decision" if "c_star" in s.columns and as_numeric(s["c_star"]).notna().any() else "frontier"
+
+
+def _search_name(s: pd.DataFrame) -> str:
+    return "the search of science §9.4" if _method(s) == "decision" else "the frontier search"
+
+
 def _stops_text(s: pd.DataFrame, runs: pd.DataFrame | None) -> str:
-    """What the search stopped and why, for a caption (science §8); with no stop, what the runs did."""
+    """What the search stopped and why, for a caption (science §8, §9.4); with no stop, what the runs did."""
     stops = s[s["action"] == "stop"]
     if stops.empty:
-        return f"the frontier search stopped no key; {runs_reached_text(runs)}"
+        return f"{_search_name(s)} stopped no key; {runs_reached_text(runs)}"
     parts = []
     for (group, key, rung, rule), g in stops.groupby(["group", "key", "rung", "rule"], sort=False):
         seeds = ", ".join(fmt_value(v) for v in sorted(g["seed"].unique()))
         why = RULE_WHY.get(rule, rule)
         parts.append(f"{_key_label(group, key)} (seed {seeds}) at rung {fmt_value(rung)} "
                      f"(C = {fmt_value(g['c'].iloc[0])}) by rule {rule}, {why}")
-    return "the frontier search stopped " + "; ".join(parts)
+    return f"{_search_name(s)} stopped " + "; ".join(parts)
 
 
 def _stopped_points(runs: pd.DataFrame | None, ev: pd.DataFrame) -> pd.DataFrame:
@@ -157,6 +166,8 @@ def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
         lines,
     ]
     stopped = _stopped_points(t.get("runs"), ev)
+    if _method(s) == "decision":
+        title = "The search of science §9.4: every run's curve to where it stopped, the rungs, and why"
     if not stopped.empty:
         layers.append(
             alt.Chart(inline_records(stopped)).mark_point(filled=True, size=110, color="#d62728", stroke="black",
@@ -203,7 +214,7 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
     spent, grid = float(as_numeric(done["c"]).sum()), float(as_numeric(done["c_max"]).sum())
     if done.empty or grid <= 0:
         return None
-    method = "decision" if "c_star" in s.columns and as_numeric(s["c_star"]).notna().any() else "frontier"
+    method = _method(s)
     if method == "decision" and "c_train" in s.columns:
         trained = as_numeric(s["c_train"]).groupby([s["group"], s["key"], s["seed"]]).max()
         spent = float(trained.sum())
