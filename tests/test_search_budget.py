@@ -13,6 +13,7 @@ rollouts spent are the issue's targets.
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from rollscale.config import parse_params
@@ -129,3 +130,7 @@ def test_the_fit_stages_decision_agrees_with_the_search_on_the_runs_it_trained(s
     assert checked >= 0.9 * len(studies)
     # without the search's table the same runs leave keys stopped short unknown: the disagreement this fixes
     assert (unsearched["status"] == "unknown").sum() > (table["status"] == "unknown").sum()
+    # a search made at another C* (the target changed after the sweep) says nothing about this one
+    moved = decision_table(run_evals(runs, evals, None), 40_000, SETTINGS.tolerance, SETTINGS.eta,
+                           search=search.assign(c_star=30_000.0))
+    pd.testing.assert_frame_equal(moved.drop(columns="settled_at"), unsearched.drop(columns="settled_at"))

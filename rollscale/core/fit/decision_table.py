@@ -42,12 +42,15 @@ class SearchVerdict:
     settled: dict  # key -> (rule, C of the rung, d_lo, d_hi)
 
 
-def search_verdicts(search: pd.DataFrame | None) -> dict[str, SearchVerdict]:
-    """The search table's verdicts by group (science §9.4); none for a search by §8's frontier (no C*)."""
+def search_verdicts(search: pd.DataFrame | None, c_star: float | None = None) -> dict[str, SearchVerdict]:
+    """The search table's verdicts by group (science §9.4); none for a search by §8's frontier (no C*), nor for
+    one made at another C* than ``c_star`` (the target changed after the sweep: its verdicts do not apply)."""
     if search is None or search.empty or "c_star" not in search.columns:
         return {}
+    at = pd.to_numeric(search["c_star"], errors="coerce")
+    keep = at.notna() if c_star is None else (at - c_star).abs() <= 1e-9 * c_star
     out = {}
-    for name, rows in search[search["c_star"].notna()].groupby("group", sort=False):
+    for name, rows in search[keep].groupby("group", sort=False):
         stops = rows[rows["action"] == "stop"].drop_duplicates("key", keep="last")
         last = rows[rows["decision"] == rows["decision"].max()]
         # the search's answer: the key it decided on, else the leader of its last decision (not decided)
@@ -153,7 +156,7 @@ def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: fl
     if not frames:
         return pd.DataFrame(columns=DECISION_COLUMNS)
     curves = fit_groups(pd.concat(frames, ignore_index=True), "_key", "_group", reward_max)
-    out, verdicts = [], search_verdicts(search)
+    out, verdicts = [], search_verdicts(search, c_star)
     for label, design, g in labelled:
         verdict = verdicts.get(_search_group(design, g))
         rows = decide(curves[label], c_star, tolerance, eta, rollout_axis=g.key_col == "n" and design != "iso_batch",
