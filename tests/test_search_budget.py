@@ -114,7 +114,8 @@ def test_the_fit_stages_decision_agrees_with_the_search_on_the_runs_it_trained(s
         rows = table[table["bucket"] == s.name].set_index("key")
         mine = result.decisions[result.decisions["group"] == s.name]
         last = mine[mine["decision"] == mine["decision"].max()]
-        stops = mine[(mine["action"] == "stop") & mine["rule"].isin(["epsilon", "a2"])].drop_duplicates("key", keep="last")
+        stops = mine[(mine["action"] == "stop") & mine["rule"].isin(["epsilon", "a2"])]
+        stops = stops.drop_duplicates("key", keep="last")
         answer = last["leader"].dropna().iloc[0]  # the search's answer leads the fit's table too
         assert (rows["leader"] == int(answer)).all(), (s.name, rows[["status", "leader"]])
         for key, c in zip(stops["key"], stops["c"], strict=True):

@@ -233,7 +233,8 @@ def search_sentence(cost: Mapping[str, Any]) -> str:
                 f"seeds_max seeds to C_max; it settled {cost['stopped'] or 'no key'}")
     else:
         text = (f"The frontier search spent {cost['spent']:,.0f} rollouts, {cost['share']:.0%} of the "
-                f"{cost['grid']:,.0f} a grid of the same runs trains to C_max; it stopped {cost['stopped'] or 'no key'}")
+                f"{cost['grid']:,.0f} a grid of the same runs trains to C_max; "
+                f"it stopped {cost['stopped'] or 'no key'}")
     return text + (f" and added {cost['added']}." if cost["added"] else ".")
 
 

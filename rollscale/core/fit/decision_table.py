@@ -89,7 +89,8 @@ def with_search(rows: pd.DataFrame, verdict: SearchVerdict | None, tolerance: fl
         # the key the search named, also where C* lies beyond eta x its data (decided on A2 at a rung): its reward
         # there is bounds only, the answer is still the search's
         rows["leader"] = verdict.leader
-        rows.loc[rows["key"] == verdict.leader, ["d", "d_lo", "d_hi", "settled", "settled_by"]] = 0.0, 0.0, 0.0, False, ""
+        mine = rows["key"] == verdict.leader
+        rows.loc[mine, ["d", "d_lo", "d_hi", "settled", "settled_by"]] = 0.0, 0.0, 0.0, False, ""
     lead = rows["leader"].iloc[0]
     for pos in rows.index:
         k = int(rows.at[pos, "key"])

@@ -238,7 +238,8 @@ def _edge_answer(lead: Any, group: SearchGroup, st: GroupState) -> list[tuple[An
     out = []
     for edge, cand in ((min(st.keys), min(st.keys) // 2), (max(st.keys), max(st.keys) * 2)):
         if edge == lead and cand not in st.keys and cand != edge and group.allows(cand):
-            out.append((cand, f"{edge}, the answer, is the {'first' if cand < edge else 'last'} key in play: add {cand}"))
+            side = "first" if cand < edge else "last"
+            out.append((cand, f"{edge}, the answer, is the {side} key in play: add {cand}"))
     return out
 
 
