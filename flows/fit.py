@@ -73,7 +73,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> dict[str, pd.DataFrame]:
     params = read_params(params_path)
     root = Path(artifacts)
-    study = read_tables(root, ["runs", "evals", "noise_steps", "steps"])
+    study = read_tables(root, ["runs", "evals", "noise_steps", "steps", "search"])
     if study["runs"] is None or study["evals"] is None:
         raise FileNotFoundError(f"{root / 'sweep' / 'runs'} has no runs with evaluations: "
                                 "run the 'sweep' stage first (dvc repro sweep)")
@@ -88,7 +88,9 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     stepped = steps_to_target(evals, params.fit)
     rules = rule_comparison(evals, study["steps"], params.fit)
     crs = crs_prediction(evals, study["noise_steps"], params.fit)
-    decided = decision(evals, params.target_budget, params.study.tolerance, params.sweep.search.eta, params.fit)
+    # the search's verdicts join the decision: a key it settled at a rung stays settled (science §9.4)
+    decided = decision(evals, params.target_budget, params.study.tolerance, params.sweep.search.eta, params.fit,
+                       study["search"])
 
     tables = {
         "record_points": points,

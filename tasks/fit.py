@@ -67,7 +67,9 @@ def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None, fit_pa
 
 
 @retried_task(name="decision")
-def decision(evals: pd.DataFrame, c_star: int, tolerance: float, eta: float, fit_params: FitParams) -> pd.DataFrame:
-    # the refits that name the leader use the fit stage's resamples and seed (science §9.4)
+def decision(evals: pd.DataFrame, c_star: int, tolerance: float, eta: float, fit_params: FitParams,
+             search: pd.DataFrame | None = None) -> pd.DataFrame:
+    # the refits that name the leader use the fit stage's resamples and seed (science §9.4); the sweep's search
+    # table carries the keys it settled and the key it named
     return decision_table(evals, c_star, tolerance, eta, max(fit_params.bootstrap_resamples, 1),
-                          fit_params.bootstrap_seed)
+                          fit_params.bootstrap_seed, search=search)

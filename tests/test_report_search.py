@@ -83,7 +83,8 @@ def test_chart_marks_the_stopped_runs_and_the_rungs(tables):
 
 def test_search_cost_against_the_grid(tables):
     cost = search_cost(tables)
-    assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "stopped": "n = 16", "added": ""}
+    assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "method": "frontier",
+                    "stopped": "n = 16", "added": ""}
     added = pd.concat([tables["search"], pd.DataFrame([_decision(1, 12800.0, 4, 0, "add", "bracket", "edge")])])
     assert search_cost(dict(tables, search=added))["added"] == "n = 4"
     assert study_answer(dict(tables, search=added)).headline.endswith("it stopped n = 16 and added n = 4.")
@@ -131,3 +132,21 @@ def test_the_written_report_shows_the_search(tables, tmp_path):
     assert 'id="chart-search"' in page and "search" in paths.pngs and "search" not in paths.missing
     assert "Frontier search: every run" in page and "## Frontier search decisions" in md
     assert paths.headline.endswith(SENTENCE) and "75% of the 102,400" in page
+
+
+def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_seeds(tables):
+    """Science §9.4's search: the method named, spent = each run's largest c_train in the search table (a run
+    reused at C_max counts only as far as the search trained it), the grid every key with seeds_max seeds."""
+    search = tables["search"].assign(c_star=C_MAX, rule=tables["search"]["rule"].replace({"b": "epsilon"}))
+    reused = dict(tables, search=search, runs=tables["runs"].assign(c=C_MAX))  # runs an earlier grid trained
+    cost = search_cost(reused, {"sweep": {"seeds": [0, 1, 2], "search": {"seeds_max": 4}}})
+    assert cost["method"] == "decision" and cost["spent"] == 2 * 12800.0 + 2 * C_MAX
+    assert cost["grid"] == 2 * 4 * C_MAX and cost["share"] == pytest.approx(76800 / 204800)
+    assert search_cost(reused, {"sweep": {"seeds": [0, 1, 2]}})["grid"] == 2 * 3 * C_MAX  # null: len(seeds)
+    headline = study_answer(reused, {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3}}}).headline
+    assert "The search that stops when the decision is made (science §9.4) spent 76,800 rollouts, 50% of" in headline
+    assert "frontier search" not in headline and headline.endswith("it settled n = 16.")
+    chart = chart_search(reused, {})  # each run's curve to where it stopped, which key was settled at which rung
+    assert chart.title.startswith("The search of science §9.4") and "frontier" not in chart.caption
+    assert "the search of science §9.4 stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule epsilon, settled" \
+        in chart.caption

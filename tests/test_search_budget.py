@@ -2,34 +2,39 @@
 against the true curves, and the rollouts it spends against the grid's (every key, seeds_max seeds, to C_max).
 
 The simulation (rollscale.core.search.simulate_budget) runs every study through the same plan / decide loop
-as the sweep, method "decision", eta 1.41 (docs/benchmarks.md: eta 2 stops too early on extrapolated fits),
-alpha 0.3, epsilon 0.02, 2 seeds to start and 3 at most, evaluations on the sweep's §9.1 schedule. 40
-studies per family take minutes on this 2-core machine, so the test runs a fixed subsample (PER_FAMILY per
-family, 2 seeds: measured 42 s of CPU here); benchmarks/search_budget.py runs 40 per family with 2 and 3
-seeds (docs/benchmarks.md: right in 87.5-100 % per A2 family, so the issue's 95 % is not met in 4 of 7
-families; median spent 47.3 %, at most 59.4 % in a family). The thresholds below are what this subsample
-measures, not the issue's targets, except for the rollouts spent.
+as the sweep, method "decision", eta 1.41, alpha 0.3, epsilon 0.02, 2 seeds to start and 4 at most (the
+embedded default, params.yaml), evaluations on the sweep's §9.1 schedule. 40 studies per family take
+minutes on this 2-core machine, so the test runs a fixed subsample (PER_FAMILY per family, 2 seeds);
+benchmarks/search_budget.py runs 40 per family (docs/benchmarks.md has the per-family table: the issue's
+95 % is met in 5 of 7 A2 families there, not in cross, edge_low). The accuracy thresholds below are
+what this subsample measures (1 miss in 8 in unbent, none elsewhere), not the issue's targets; the
+rollouts spent are the issue's targets.
 """
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from rollscale.config import parse_params
 from rollscale.core.search.budget import RULES
 from rollscale.core.search.decisions import ACTIONS, DECISION_COLUMNS, SearchSettings
-from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, make_studies
+from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, grid_tables, make_studies
 from rollscale.core.search.simulate_budget import simulate_decision, summarise_decision
 from rollscale.train.search_groups import search_plan, search_settings
 
 PER_FAMILY = 8
 ALL = tuple(FAMILIES) + tuple(MORE_FAMILIES)
-SETTINGS = SearchSettings(method="decision", eta=1.41, alpha=0.3, tolerance=0.02, seeds_max=3)
+SETTINGS = SearchSettings(method="decision", eta=1.41, alpha=0.3, tolerance=0.02, seeds_max=4)
 
 
 @pytest.fixture(scope="module")
-def result():
-    studies = make_studies(PER_FAMILY, seed=0, families=ALL, seeds=(0, 1), schedule=(625.0, 4))
+def studies():
+    return make_studies(PER_FAMILY, seed=0, families=ALL, seeds=(0, 1), schedule=(625.0, 4))
+
+
+@pytest.fixture(scope="module")
+def result(studies):
     return simulate_decision(studies, SETTINGS)
 
 
@@ -52,9 +57,9 @@ def test_where_a2_holds_the_answer_is_within_epsilon_of_the_true_best_at_c_star(
     holds = table.drop(index="all")
     holds = holds[holds["a2_holds"].astype(bool)]
     assert set(holds.index) == set(ALL) - {"a2"}
-    # the issue's target is 0.95 in every family; measured on this subsample: 0.875 in edge_high, late and
-    # unbent (one study each), 1.0 elsewhere (docs/benchmarks.md has 40 per family)
-    assert (holds["right"] >= 0.85).all() and holds["right"].mean() >= 0.9, holds[["right", "mean_regret"]]
+    # the issue's target is 0.95 in every family; measured on this subsample: 0.875 in unbent (one study),
+    # 1.0 elsewhere (docs/benchmarks.md has 40 per family)
+    assert (holds["right"] >= 0.85).all() and holds["right"].mean() >= 0.95, holds[["right", "mean_regret"]]
     # A2 violated (n* falls): the rung's A2 stops drop the small n that wins later; the test says so
     assert table.loc["a2", "right"] < 0.5
 
@@ -87,3 +92,46 @@ def test_the_same_runs_give_the_same_decisions_so_a_rerun_resumes_to_them():
     studies = make_studies(1, seed=3, families=("cross", "edge_low"), seeds=(0, 1), schedule=(625.0, 4))
     first, again = simulate_decision(studies, SETTINGS), simulate_decision(studies, SETTINGS)
     assert len(first.decisions) and first.decisions.equals(again.decisions)
+
+
+def test_the_fit_stages_decision_agrees_with_the_search_on_the_runs_it_trained(studies, result):
+    """One decision (science §9.4): the fit stage reads the search's runs, each to where it stopped, with the search
+    table; a key the search settled at a rung is settled there too (with that rung's budget), though its runs stop
+    short of C* / eta, and a group the search decided has the search's answer as its leader, decided."""
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.fit.decision_table import decision_table
+
+    studies = studies[::2]  # 4 per family: the fits of 32 studies' runs, twice, in seconds
+    names = {s.name for s in studies}
+    runs, evals = grid_tables(studies, {run: ends for run, ends in result.legs.items() if run[0] in names})
+    # the sweep names a rollout-axis group by what it holds fixed (rollscale.core.search.replay.DESIGNS)
+    name = {s.name: f"n:bucket={s.name}/rule=uniform/b_problem={s.b_problem}" for s in studies}
+    search = result.decisions.assign(group=result.decisions["group"].map(name)).dropna(subset=["group"])
+    table = decision_table(run_evals(runs, evals, None), 40_000, SETTINGS.tolerance, SETTINGS.eta, search=search)
+    unsearched = decision_table(run_evals(runs, evals, None), 40_000, SETTINGS.tolerance, SETTINGS.eta)
+    checked = 0
+    for s in studies:
+        rows = table[table["bucket"] == s.name].set_index("key")
+        mine = result.decisions[result.decisions["group"] == s.name]
+        last = mine[mine["decision"] == mine["decision"].max()]
+        stops = mine[(mine["action"] == "stop") & mine["rule"].isin(["epsilon", "a2"])]
+        stops = stops.drop_duplicates("key", keep="last")
+        answer = last["leader"].dropna().iloc[0]  # the search's answer leads the fit's table too
+        assert (rows["leader"] == int(answer)).all(), (s.name, rows[["status", "leader"]])
+        for key, c in zip(stops["key"], stops["c"], strict=True):
+            # a key A2 settled at a rung that leads at C* at the end (a tie) is the answer, not settled
+            if key != answer and (mine.loc[mine["key"] == key, "decision"].max()
+                                  == stops.loc[stops["key"] == key, "decision"]).all():
+                assert rows.loc[int(key), "settled"] and rows.loc[int(key), "settled_at"] == c, (s.name, key)
+        if (last["rule"] == "decided").any():
+            answer = int(last.loc[last["rule"] == "decided", "key"].iloc[0])
+            assert rows["decided"].all() and (rows["leader"] == answer).all(), (s.name, rows[["status", "leader"]])
+            assert rows.loc[answer, "status"] == "leader"
+            checked += 1
+    assert checked >= 0.9 * len(studies)
+    # without the search's table the same runs leave keys stopped short unknown: the disagreement this fixes
+    assert (unsearched["status"] == "unknown").sum() > (table["status"] == "unknown").sum()
+    # a search made at another C* (the target changed after the sweep) says nothing about this one
+    moved = decision_table(run_evals(runs, evals, None), 40_000, SETTINGS.tolerance, SETTINGS.eta,
+                           search=search.assign(c_star=30_000.0))
+    pd.testing.assert_frame_equal(moved.drop(columns="settled_at"), unsearched.drop(columns="settled_at"))

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
 import pandas as pd
 
 from rollscale.core.fit import power
@@ -100,7 +102,7 @@ def _answer_text(decided: pd.DataFrame) -> str:
     return "; ".join(parts) + (f"; {more} more claim{'s' if more > 1 else ''} below" if more > 0 else "")
 
 
-def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
+def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> Answer:
     """The answer the tables support, or why there is none yet and what to change."""
     t = check_tables(tables)
     rows = claim_rows(t)
@@ -136,7 +138,7 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None]) -> Answer:
         headline, answered, to_decide = decision_headline(decision, _eval_k(t.get("evals")))
         fixes = to_decide + fixes
         table = decision_spec(decision)
-    if (cost := search_cost(t)) is not None:
+    if (cost := search_cost(t, params)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
     return Answer(answered, headline, fixes, claims, observations, table)
 

@@ -243,7 +243,7 @@ def write_report(
     t = check_tables(tables)
     charts = build_charts(t, params)
     table_specs = summary_tables(t)
-    answer, not_run = study_answer(t), stages_not_run(t)
+    answer, not_run = study_answer(t, params), stages_not_run(t)
     out = Path(out_dir)
     chart_dir = out / "charts"
     chart_dir.mkdir(parents=True, exist_ok=True)

@@ -94,18 +94,27 @@ def _keys_text(rows: pd.DataFrame) -> str:
     return "; ".join(f"{name} = {', '.join(values)}" for name, values in by_name.items())
 
 
+def _method(s: pd.DataFrame) -> str:
+    """Which search ran: ``decision`` (science §9.4: its rows carry C*) or ``frontier`` (§8)."""
+    return "decision" if "c_star" in s.columns and as_numeric(s["c_star"]).notna().any() else "frontier"
+
+
+def _search_name(s: pd.DataFrame) -> str:
+    return "the search of science §9.4" if _method(s) == "decision" else "the frontier search"
+
+
 def _stops_text(s: pd.DataFrame, runs: pd.DataFrame | None) -> str:
-    """What the search stopped and why, for a caption (science §8); with no stop, what the runs did."""
+    """What the search stopped and why, for a caption (science §8, §9.4); with no stop, what the runs did."""
     stops = s[s["action"] == "stop"]
     if stops.empty:
-        return f"the frontier search stopped no key; {runs_reached_text(runs)}"
+        return f"{_search_name(s)} stopped no key; {runs_reached_text(runs)}"
     parts = []
     for (group, key, rung, rule), g in stops.groupby(["group", "key", "rung", "rule"], sort=False):
         seeds = ", ".join(fmt_value(v) for v in sorted(g["seed"].unique()))
         why = RULE_WHY.get(rule, rule)
         parts.append(f"{_key_label(group, key)} (seed {seeds}) at rung {fmt_value(rung)} "
                      f"(C = {fmt_value(g['c'].iloc[0])}) by rule {rule}, {why}")
-    return "the frontier search stopped " + "; ".join(parts)
+    return f"{_search_name(s)} stopped " + "; ".join(parts)
 
 
 def _stopped_points(runs: pd.DataFrame | None, ev: pd.DataFrame) -> pd.DataFrame:
@@ -157,6 +166,8 @@ def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
         lines,
     ]
     stopped = _stopped_points(t.get("runs"), ev)
+    if _method(s) == "decision":
+        title = "The search of science §9.4: every run's curve to where it stopped, the rungs, and why"
     if not stopped.empty:
         layers.append(
             alt.Chart(inline_records(stopped)).mark_point(filled=True, size=110, color="#d62728", stroke="black",
@@ -174,13 +185,26 @@ def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
     return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))
 
 
-def search_cost(t: Mapping[str, pd.DataFrame | None]) -> dict[str, Any] | None:
-    """Rollouts the search spent against a grid of the same runs each trained to C_max (science §8).
+def _seeds_max(params: Mapping[str, Any] | None) -> int | None:
+    """``sweep.search.seeds_max`` (null: as many as ``sweep.seeds``) from the params; None when they do not say."""
+    sweep = (params or {}).get("sweep") or {}
+    cap = (sweep.get("search") or {}).get("seeds_max")
+    return int(cap) if cap is not None else (len(set(sweep["seeds"])) if sweep.get("seeds") else None)
 
-    ``spent``: runs.c summed over the finished and stopped runs; ``grid``:
-    their c_max summed; ``share`` = spent / grid; ``stopped`` / ``added``: the
-    keys stopped and added, as text ("n = 16, 8"; "" for none). None for a grid
-    sweep (no search rows) or when no run has finished.
+
+def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None,
+                ) -> dict[str, Any] | None:
+    """Rollouts the search spent against the grid's (science §8, §9.4); ``method`` names the search that ran.
+
+    §8's frontier search: ``spent`` is runs.c summed over the finished and
+    stopped runs, ``grid`` their c_max summed. §9.4's (rows with C*): ``spent``
+    is what the search trained each run to (its rows' largest ``c_train``: a
+    run reused from an earlier sweep counts only as far as the search needed
+    it), ``grid`` every key in play with ``sweep.search.seeds_max`` seeds (from
+    ``params``; else the most any key reached) to C_max. ``share`` = spent /
+    grid; ``stopped`` / ``added``: the keys stopped and added, as text ("n =
+    16, 8"; "" for none). None for a grid sweep (no search rows) or when no
+    run has finished.
     """
     s, runs = _search(t), t.get("runs")
     if s is None or runs is None:
@@ -190,14 +214,27 @@ def search_cost(t: Mapping[str, pd.DataFrame | None]) -> dict[str, Any] | None:
     spent, grid = float(as_numeric(done["c"]).sum()), float(as_numeric(done["c_max"]).sum())
     if done.empty or grid <= 0:
         return None
-    return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done),
+    method = _method(s)
+    if method == "decision" and "c_train" in s.columns:
+        trained = as_numeric(s["c_train"]).groupby([s["group"], s["key"], s["seed"]]).max()
+        spent = float(trained.sum())
+        c_max = as_numeric(done["c_max"]).max()
+        seeds = _seeds_max(params) or int(s.groupby(["group", "key"])["seed"].nunique().max())
+        grid = float(s.groupby("group")["key"].nunique().sum() * seeds * c_max)
+    return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done), "method": method,
             "stopped": _keys_text(s[s["action"] == "stop"]), "added": _keys_text(s[s["action"] == "add"])}
 
 
 def search_sentence(cost: Mapping[str, Any]) -> str:
     """The headline's sentence on the search's cost, from :func:`search_cost`."""
-    text = (f"The frontier search spent {cost['spent']:,.0f} rollouts, {cost['share']:.0%} of the "
-            f"{cost['grid']:,.0f} a grid of the same runs trains to C_max; it stopped {cost['stopped'] or 'no key'}")
+    if cost.get("method") == "decision":
+        text = (f"The search that stops when the decision is made (science §9.4) spent {cost['spent']:,.0f} "
+                f"rollouts, {cost['share']:.0%} of the {cost['grid']:,.0f} of a grid of every key it tried with "
+                f"seeds_max seeds to C_max; it settled {cost['stopped'] or 'no key'}")
+    else:
+        text = (f"The frontier search spent {cost['spent']:,.0f} rollouts, {cost['share']:.0%} of the "
+                f"{cost['grid']:,.0f} a grid of the same runs trains to C_max; "
+                f"it stopped {cost['stopped'] or 'no key'}")
     return text + (f" and added {cost['added']}." if cost["added"] else ".")
 
 

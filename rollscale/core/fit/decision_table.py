@@ -9,6 +9,7 @@ needs: the key's B_problem and n, its steps M = C* / B, and for a group not deci
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -17,14 +18,94 @@ from rollscale.core.fit.columns import EVAL_COLUMNS, require
 from rollscale.core.fit.decision import decide, fit_groups
 from rollscale.core.fit.tables import DESIGNS, REWARD_MAX, design_groups
 
-__all__ = ["DECISION_COLUMNS", "decision_table", "to_decide"]
+__all__ = ["DECISION_COLUMNS", "SearchVerdict", "decision_table", "search_verdicts", "to_decide", "with_search"]
 
 DECISION_COLUMNS = [
     "design", "bucket", "rule", "fixed", "key", "c_star", "tolerance", "status", "leader", "decided",
     "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "settled", "settled_by", "within_tolerance",
     "extrapolated", "unknown", "seeds", "c_seen", "n", "b_problem", "steps", "leader_share", "r0", "df",
-    "to_decide",
+    "to_decide", "settled_at",
 ]
+# the fit's design -> what the sweep's search group holds fixed beside bucket and rule (its group names,
+# rollscale.core.search.replay.DESIGNS: "n:bucket=.../rule=.../b_problem=16")
+_SEARCH_HELD = {"n": "b_problem", "b_problem": "n", "iso_batch": "b"}
+_SETTLING = ("epsilon", "a2")  # the search's rules that settle a key (science §9.4)
+
+
+@dataclass(frozen=True)
+class SearchVerdict:
+    """What the sweep's search (``sweep.search.method: decision``) concluded for one group: the key it named
+    (the one it decided on, else the leader of its last decision) and, per key it settled, the budget and the
+    bounds it was settled at."""
+
+    leader: int | None
+    settled: dict  # key -> (rule, C of the rung, d_lo, d_hi)
+
+
+def search_verdicts(search: pd.DataFrame | None, c_star: float | None = None) -> dict[str, SearchVerdict]:
+    """The search table's verdicts by group (science §9.4); none for a search by §8's frontier (no C*), nor for
+    one made at another C* than ``c_star`` (the target changed after the sweep: its verdicts do not apply)."""
+    if search is None or search.empty or "c_star" not in search.columns:
+        return {}
+    at = pd.to_numeric(search["c_star"], errors="coerce")
+    keep = at.notna() if c_star is None else (at - c_star).abs() <= 1e-9 * c_star
+    out = {}
+    for name, rows in search[keep].groupby("group", sort=False):
+        stops = rows[rows["action"] == "stop"].drop_duplicates("key", keep="last")
+        last = rows[rows["decision"] == rows["decision"].max()]
+        # the search's answer: the key it decided on, else the leader of its last decision (not decided)
+        lead = last.loc[(last["action"] == "stop") & (last["rule"] == "decided"), "key"]
+        lead = lead if len(lead) else last["leader"].dropna()
+        # a key seeded or trained on after its stop (the undecided rule) is no longer settled by that stop
+        later = rows.drop_duplicates("key", keep="last").set_index("key")["decision"]
+        settled = {_as_key(k): (r, float(c), float(lo), float(hi))
+                   for k, r, c, lo, hi, d in zip(stops["key"], stops["rule"], stops["c"], stops["d_lo"], stops["d_hi"],
+                                                stops["decision"], strict=True) if r in _SETTLING and later[k] == d}
+        out[str(name)] = SearchVerdict(_as_key(lead.iloc[0]) if len(lead) else None, settled)
+    return out
+
+
+def _as_key(key: object) -> object:
+    return int(key) if str(key).lstrip("-").isdigit() else key
+
+
+def _search_group(design: str, g: object) -> str:
+    """The name the sweep's search gives ``g``'s runs ("" when they hold more than one value fixed)."""
+    held = _SEARCH_HELD[design]
+    rows = g.rows  # type: ignore[attr-defined]
+    if held not in rows.columns or rows[held].nunique() != 1:
+        return ""
+    return f"{design}:bucket={g.bucket}/rule={g.rule}/{held}={int(rows[held].iloc[0])}"  # type: ignore[attr-defined]
+
+
+def with_search(rows: pd.DataFrame, verdict: SearchVerdict | None, tolerance: float) -> pd.DataFrame:
+    """``decide``'s rows with the search's verdicts: a key it settled at a rung is settled here too, with the
+    budget (``settled_at``) and the bounds of D it was settled on, although its runs stop short of C* / eta;
+    ``decided`` and the statuses follow."""
+    rows = rows.assign(settled_at=math.nan)
+    if verdict is None:
+        return rows
+    if verdict.leader is not None and verdict.leader in set(rows["key"]):
+        # the key the search named, also where C* lies beyond eta x its data (decided on A2 at a rung): its reward
+        # there is bounds only, the answer is still the search's
+        rows["leader"] = verdict.leader
+        mine = rows["key"] == verdict.leader
+        rows.loc[mine, ["d", "d_lo", "d_hi", "settled", "settled_by"]] = 0.0, 0.0, 0.0, False, ""
+    lead = rows["leader"].iloc[0]
+    for pos in rows.index:
+        k = int(rows.at[pos, "key"])
+        if k not in verdict.settled or k == lead:
+            continue
+        rule, c, lo, hi = verdict.settled[k]
+        rows.loc[pos, ["settled", "settled_by", "settled_at"]] = True, f"search: {rule}", c
+        if math.isfinite(hi):
+            rows.loc[pos, ["d_lo", "d_hi"]] = lo, hi
+            rows.at[pos, "within_tolerance"] = bool(lo >= -tolerance)
+    others = (rows["key"] != lead).to_numpy()
+    rows["decided"] = bool(lead is not None and lead == lead and rows.loc[others, "settled"].all())
+    rows["status"] = np.select([~others, rows["within_tolerance"] & ~rows["unknown"], rows["settled"], rows["unknown"]],
+                               ["leader", "within tolerance", "settled", "unknown"], "open")
+    return rows
 
 
 def to_decide(rows: pd.DataFrame, c_star: float, eta: float) -> str:
@@ -60,8 +141,10 @@ def to_decide(rows: pd.DataFrame, c_star: float, eta: float) -> str:
 
 
 def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: float,
-                   resamples: int = 200, seed: int = 0, reward_max: float | None = REWARD_MAX) -> pd.DataFrame:
-    """Every design group decided at ``c_star`` (``evals``: :func:`rollscale.core.fit.analysis.run_evals`'s table)."""
+                   resamples: int = 200, seed: int = 0, reward_max: float | None = REWARD_MAX,
+                   search: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every design group decided at ``c_star`` (``evals``: :func:`rollscale.core.fit.analysis.run_evals`'s table),
+    with the verdicts of the sweep's search (``search``, its table; :func:`with_search`) where it made them."""
     require(evals, "evals", EVAL_COLUMNS)
     if not (math.isfinite(c_star) and c_star > 0):
         raise ValueError(f"c_star: expected a positive number of rollouts, got {c_star!r}")
@@ -74,10 +157,13 @@ def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: fl
     if not frames:
         return pd.DataFrame(columns=DECISION_COLUMNS)
     curves = fit_groups(pd.concat(frames, ignore_index=True), "_key", "_group", reward_max)
-    out = []
+    out, verdicts = [], search_verdicts(search, c_star)
     for label, design, g in labelled:
+        verdict = verdicts.get(_search_group(design, g))
         rows = decide(curves[label], c_star, tolerance, eta, rollout_axis=g.key_col == "n" and design != "iso_batch",
-                      reward_max=reward_max, resamples=resamples, seed=seed)
+                      reward_max=reward_max, resamples=resamples, seed=seed,
+                      leader=verdict.leader if verdict is not None else None)
+        rows = with_search(rows, verdict, tolerance)
         per_key = g.rows.groupby(g.key_col)
         for col in ("n", "b_problem"):
             rows[col] = rows["key"].map(per_key[col].agg(lambda v: int(v.iloc[0]) if v.nunique() == 1 else np.nan))

@@ -44,7 +44,8 @@ from rollscale.core.search.decisions import (
     plan,
 )
 
-__all__ = ["FAMILIES", "MORE_FAMILIES", "UNIVERSE", "Runs", "SimStudy", "SimResult", "grid_tables", "make_studies", "simulate", "summarise"]
+__all__ = ["FAMILIES", "MORE_FAMILIES", "UNIVERSE", "Runs", "SimStudy", "SimResult", "grid_tables", "make_studies",
+           "seed_curve", "simulate", "summarise"]
 
 R0 = 0.37
 # family -> (grid keys, gains A - R0 for n = 2, 4, 8, 16, C_mid for n = 2, 4, 8, 16)
@@ -114,6 +115,17 @@ def make_studies(per_family: int, seed: int = 0, families: tuple[str, ...] = tup
     return out
 
 
+def seed_curve(study: SimStudy, n: int, seed: int) -> tuple[tuple[float, float, float, float], np.random.Generator]:
+    """The true curve ``(R0, A, C_mid, beta)`` of run ``(n, seed)``: the key's, moved by the seed (:data:`SEED_SD`);
+    and the run's generator, which then draws its evaluations."""
+    rng = np.random.default_rng([study.seed, n, seed])
+    r0, a, c_mid, beta = study.curves[n]
+    a += rng.normal(0, SEED_SD[0])
+    c_mid *= 10 ** rng.normal(0, SEED_SD[1])
+    beta *= math.exp(rng.normal(0, SEED_SD[2]))
+    return (r0, a, c_mid, beta), rng
+
+
 class Runs:
     """Every simulated run's evaluations: the true curve and noise of each step drawn once, read at any leg."""
 
@@ -127,11 +139,7 @@ class Runs:
     def curve(self, study: SimStudy, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         key = (study.name, n, seed)
         if key not in self.cache:
-            rng = np.random.default_rng([study.seed, n, seed])
-            r0, a, c_mid, beta = study.curves[n]
-            a += rng.normal(0, SEED_SD[0])
-            c_mid *= 10 ** rng.normal(0, SEED_SD[1])
-            beta *= math.exp(rng.normal(0, SEED_SD[2]))
+            (r0, a, c_mid, beta), rng = seed_curve(study, n, seed)
             c = np.arange(self.steps(study, n, study.c_max) + 1) * study.b_problem * n
             with np.errstate(divide="ignore"):
                 p = r0 + (min(a, 1.0) - r0) / (1.0 + (c_mid / np.maximum(c, 1e-9)) ** beta)
@@ -172,10 +180,12 @@ class Runs:
         return pd.Series(out)
 
 
-def grid_tables(studies: list[SimStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The full grid of ``studies`` as the sweep's ``runs`` and ``evals`` tables (one bucket per study)."""
+def grid_tables(studies: list[SimStudy], legs: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The full grid of ``studies`` as the sweep's ``runs`` and ``evals`` tables (one bucket per study); with
+    ``legs`` ((study, n, seed) -> leg-end steps, a search's) only those runs, each to where it stopped."""
     runs = Runs(studies)
-    legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE for seed in s.seeds}
+    if legs is None:
+        legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE for seed in s.seeds}
     pts = runs.points(legs)
     b_problem = {s.name: s.b_problem for s in studies}
     evals = pd.DataFrame({"run_id": pts["group"] + "/" + pts["run_id"], "step": pts["c"] / pts["b"],

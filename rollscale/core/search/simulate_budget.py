@@ -25,15 +25,26 @@ import pandas as pd
 
 from rollscale.core.search.budget import c_star, seed_cap
 from rollscale.core.search.decisions import SearchSettings, decide, empty_decisions, plan
-from rollscale.core.search.simulate import UNIVERSE, Runs, SimStudy
+from rollscale.core.search.simulate import UNIVERSE, Runs, SimStudy, seed_curve
 
-__all__ = ["BudgetResult", "simulate_decision", "summarise_decision", "true_reward"]
+__all__ = ["BudgetResult", "seeds_oracle", "simulate_decision", "summarise_decision", "true_reward"]
 
 
 def true_reward(study: SimStudy, n: int, c: float) -> float:
     """The reward of key ``n`` at budget ``c`` on the study's true curve (a median seed's)."""
     r0, a, c_mid, beta = study.curves[n]
     return float(r0 + (min(a, 1.0) - r0) / (1.0 + (c_mid / c) ** beta))
+
+
+def seeds_oracle(study: SimStudy, seeds: int) -> bool:
+    """Whether the key whose first ``seeds`` runs' true curves have the best mean at C_max is within the tolerance
+    0.02 of the true best: the most a study of that many seeds can be right, with no evaluation noise and no fit."""
+    def mean_at(n: int) -> float:
+        curves = [seed_curve(study, n, j)[0] for j in range(seeds)]
+        return float(np.mean([r0 + (min(a, 1.0) - r0) / (1.0 + (m / study.c_max) ** b) for r0, a, m, b in curves]))
+    truth = {n: true_reward(study, n, study.c_max) for n in UNIVERSE}
+    pick = max(UNIVERSE, key=mean_at)
+    return bool(max(truth.values()) - truth[pick] <= 0.02 + 1e-12)
 
 
 def a2_holds(study: SimStudy, points: int = 60) -> bool:
@@ -49,6 +60,7 @@ class BudgetResult:
 
     studies: pd.DataFrame
     decisions: pd.DataFrame
+    legs: dict  # (study, n, seed) -> the leg-end steps each run was trained through
 
 
 def simulate_decision(studies: list[SimStudy], settings: SearchSettings) -> BudgetResult:
@@ -88,7 +100,7 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings) -> Budg
     out = pd.DataFrame(rows)
     out["spent"] = out["search_rollouts"] / out["grid_rollouts"]
     out["right"] = out["regret"] <= settings.tolerance + 1e-12
-    return BudgetResult(out, decisions)
+    return BudgetResult(out, decisions, legs)
 
 
 def summarise_decision(result: BudgetResult) -> pd.DataFrame:
