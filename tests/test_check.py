@@ -192,25 +192,6 @@ def test_the_search_says_which_keys_it_cannot_stop():
     assert "sweep.search" not in by_key(study_findings(grid))  # grid: nothing to say
 
 
-def test_the_sweeps_time_comes_from_the_rate_the_profile_measured(project):
-    """Issue 32: `check` said tokens, never hours. After the profile, the sweep's generation time is the
-    rollouts (with their evaluations) x the profiled response length / the measured tokens per second."""
-    from rollscale.pipeline.check_profile import sweep_time_findings
-
-    params = load_params("params.yaml")
-    profile = issue_profile().assign(mean_len=40.0)
-    assert sweep_time_findings(params, "artifacts", profile) == []  # no rate measured yet: nothing said
-    (project / "artifacts" / "profile").mkdir(parents=True)
-    (project / "artifacts" / "profile" / "throughput.json").write_text('{"tokens_per_s": 100.0}')
-    ((level, keys, msg, fix),) = sweep_time_findings(params, "artifacts", profile)
-    # 2 runs of 192 rollouts; evaluations 3 (n = 2: 12 steps) + 2 (n = 4: 6 steps) of 3 problems x (4 + greedy)
-    assert msg.startswith("the sweep's generation alone takes about 3 min here: 2 runs, 459 rollouts")
-    assert "x 40 tokens" in msg and "at the 100 tokens/s the profile measured" in msg and level == "note"
-    (project / "artifacts" / "profile" / "throughput.json").write_text('{"tokens_per_s": 0.1}')
-    ((level, _, msg, fix),) = sweep_time_findings(params, "artifacts", profile)
-    assert level == "warning" and "51.0 h" in msg and "sweep.c_max" in fix
-
-
 def test_the_check_says_whether_the_study_can_answer_at_its_target_budget():
     # science §9.3: C* beyond eta x c_max is an error naming the c_max that answers; within, extrapolation is a note
     far = by_key(study_findings(parse_params({"study": {"target_budget": 100_000}})))

@@ -9,15 +9,12 @@ findings as (level, keys, message, fix) tuples that :mod:`rollscale.pipeline.che
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 
-__all__ = ["EXTREME_SHARE_WARN", "model_fit_findings", "sweep_time_findings"]
+__all__ = ["EXTREME_SHARE_WARN", "model_fit_findings"]
 
 # share of the profiled problems at avg@k = 0 (or 1) above which the model is too weak (too strong)
 # for the set: the issue's SmolLM2 study had 86 % at 0 and an Easy bucket of 1-11 problems
@@ -46,42 +43,3 @@ def model_fit_findings(p: StudyParams, profile: pd.DataFrame | None) -> list[tup
                  "the model is too strong for this problem set: use a harder set or a weaker model, then rerun "
                  "the profile")]
     return []
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
-
-
-def sweep_time_findings(p: StudyParams, artifacts: str | Path | None,
-                        profile: pd.DataFrame | None) -> list[tuple[str, tuple[str, ...], str, str]]:
-    """The sweep's generation time on this machine, from the rate the profile measured here
-    (``artifacts/profile/throughput.json``: tokens generated over wall seconds, all workers) and
-    the profiled response length: every run's rollouts and its evaluations (val_size x (eval_k + 1
-    greedy)). A lower bound of a grid's time: training steps add to it (a frontier search stops
-    runs early and spends less). Nothing is said before the profile has measured the rate."""
-    from rollscale.train.sweep import plan_runs
-
-    path = Path(artifacts or "") / "profile" / "throughput.json"
-    if artifacts is None or profile is None or "mean_len" not in profile or not path.is_file():
-        return []
-    try:
-        rate = float(json.loads(path.read_text())["tokens_per_s"])
-        plan = plan_runs(p.sweep)
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    length = float(pd.to_numeric(profile["mean_len"], errors="coerce").mean())
-    if not (rate > 0 and length > 0) or not plan.runs:
-        return []
-    rollouts = 0
-    for point, _ in plan.runs:
-        steps = power.steps_per_run(p.sweep.c_max, point.n * point.b_problem)
-        rollouts += p.sweep.c_max + power.evaluations_per_run(steps, p.sweep.eval_every) * p.bucket.val_size * (
-            p.sweep.eval_k + 1)
-    seconds = rollouts * length / rate
-    msg = (f"the sweep's generation alone takes about {_hours(seconds)} here: {len(plan.runs)} runs, {rollouts:,} "
-           f"rollouts with their evaluations, x {length:.0f} tokens (the profile's mean response) at the "
-           f"{rate:,.0f} tokens/s the profile measured on this machine ({p.workers} worker(s)); training adds to it")
-    level = "warning" if seconds > 12 * 3600 else "note"
-    fix = ("fewer runs (sweep.n, sweep.seeds), a smaller sweep.c_max or sampling.max_new_tokens"
-           if level == "warning" else "")
-    return [(level, ("sweep",), msg, fix)]
