@@ -207,6 +207,10 @@ def parser() -> argparse.ArgumentParser:
     p_init.add_argument("--budget", type=int, default=None,
                         help="rollouts of your production run: the study decides at this C* (study.target_budget) "
                              "and trains to at least C* / eta")
+    p_init.add_argument("--hours", type=float, default=None,
+                        help="the hours the study may take on this machine: init measures its throughput (seconds; "
+                             "a real model's load) and shrinks pool, lengths, k, c_max, seeds and keys to fit, "
+                             "saying what it gave up")
     p_init.add_argument("--out", default="params.yaml")
     p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
@@ -285,7 +289,7 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.pipeline.init import init_params
 
         return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force,
-                                                     args.engine, args.budget)), debug)
+                                                     args.engine, args.budget, args.hours)), debug)
     return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 
