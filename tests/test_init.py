@@ -200,7 +200,7 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     from rollscale.pipeline.calibration import Calibration
     from rollscale.pipeline.stage_time import stage_times
 
-    cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 20.0, 5.0, 5.0, 1.0)
+    cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 1e4, 20.0, 5.0, 5.0, 1.0)
     monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0

@@ -26,7 +26,7 @@ SMALL = {"workers": 1, "sampling": {"max_new_tokens": 8, "batch_size": 64},
 
 def cal_of(**kw) -> Calibration:
     zero = dict(key="k", gen_s_per_step=0.0, gen_s_per_token=0.0, train_s_per_step=0.0, train_s_per_token=0.0,
-                gram_s_per_token=0.0, gram_s_per_token_rollout=0.0, prompt_tokens=2.0, base_s=0.0, load_s=0.0,
+                gram_s_per_token=0.0, gram_s_per_token_rollout=0.0, logp_shift_per_lr=1e4, prompt_tokens=2.0, base_s=0.0, load_s=0.0,
                 measured_s=1.0)
     return Calibration(**{**zero, **kw})
 
@@ -93,6 +93,20 @@ def test_a_calibration_is_measured_stored_and_reused_for_the_same_settings(tmp_p
     assert stored_calibration(parse_params({**SMALL, "torch_threads": 2}), tmp_path) is None
     # a stored calibration is used as it is: 1 s per rollout and token -> the sweep's 228 rollouts x 8 s + start-up
     (tmp_path / CALIBRATION_FILE).write_text(json.dumps({**stored, "gen_s_per_token": 1.0, "gen_s_per_step": 0.0}))
-    (finding,) = estimate_findings(p, tmp_path, 30, None, measure=False)
+    finding = estimate_findings(p, tmp_path, 30, None, measure=False)[0]  # then the learning-rate warning, if any
     assert finding[0] == "note" and "sweep 31 min" in finding[2]
     assert estimate_findings(p, tmp_path / "elsewhere", 30, None, measure=False) == []  # none stored, none measured
+
+
+def test_a_learning_rate_that_cannot_move_the_policy_in_the_planned_steps_is_a_warning():
+    """Issue 32, part 5: lr 1e-6 over a few dozen steps never moved greedy accuracy. The pilot's log-prob
+    change per unit lr x each run's steps x its lr(B): the run that moves least must reach 0.05 nats."""
+    from rollscale.pipeline.check_lr import lr_findings
+
+    p = parse_params(SMALL)  # lr_base 1e-4, b_base 256: n = 4 (B 16) runs 4 steps at lr 2.5e-5, n = 2 8 at 1.77e-5
+    assert lr_findings(p, cal_of(logp_shift_per_lr=1e4)) == []  # 4 x 2.5e-5 x 1e4 = 1 nat
+    ((level, keys, msg, fix),) = lr_findings(p, cal_of(logp_shift_per_lr=100.0))  # 0.01 nats
+    assert level == "warning" and keys == ("sweep.train.lr_base",)
+    assert "n=4 x B_problem=4 (4 steps at lr 2.5e-05) moves it by at most 0.01" in msg
+    assert fix.startswith("sweep.train.lr_base: 0.0005 or more")
+    assert lr_findings(p, cal_of(logp_shift_per_lr=0.0)) == []  # no pilot measured: nothing said

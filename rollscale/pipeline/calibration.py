@@ -13,6 +13,7 @@ worker of a stage runs):
   are not zero (a fresh model's own rollouts all score 0 and would train nothing);
 * the measure stage's Gram pass of per-rollout gradients (:func:`rollscale.train.online_noise.batch_gram`)
   on two such batches;
+* a pilot update at ``lr_base``: how far one step moves the completions' log-probs (weights put back);
 * the tiny model's warm start: :data:`BASE_STEPS` supervised steps at ``base.batch_size`` with
   ``base.threads``; a real model: the seconds to load it (the base stage loads and stores it).
 
@@ -50,7 +51,8 @@ class Calibration:
     ``max_new_tokens x (gen_s_per_step + R x gen_s_per_token)`` (:meth:`generate_s`);
     ``train_s_per_step + tokens x train_s_per_token`` an update of tokens of prompt and completion; the measure stage's Gram pass
     over B rollouts: ``tokens x (gram_s_per_token + B x gram_s_per_token_rollout)``; ``base_s``: the base
-    stage's work (the tiny model's ``base.steps``, or loading a real model)."""
+    stage's work (the tiny model's ``base.steps``, or loading a real model). ``logp_shift_per_lr``: the
+    pilot's mean |change| of a completion token's log-prob after one update, per unit learning rate."""
 
     key: str
     gen_s_per_step: float
@@ -59,6 +61,7 @@ class Calibration:
     train_s_per_token: float
     gram_s_per_token: float
     gram_s_per_token_rollout: float
+    logp_shift_per_lr: float
     prompt_tokens: float
     base_s: float
     load_s: float
@@ -177,10 +180,11 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     return fixed, per_rollout, prompt_tokens
 
 
-def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[float, float, float, float]:
+def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[float, float, float, float, float]:
     """Seconds of one GRPO update on rollouts with advantages: per step and per (prompt + completion) token;
     the measure stage's Gram pass per token and per token x rollout (:func:`rollscale.train.online_noise.batch_gram`:
-    its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter."""
+    its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter.
+    Last, the pilot's log-prob change per unit learning rate (:func:`_logp_shift_per_lr`)."""
     import numpy as np
     import torch
 
@@ -220,12 +224,37 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
                for b in (small, large)]
     grams = [cpu_s(lambda b=b: batch_gram(model, b, settings, pad, reference)) / (len(b) * sum(width))
              for b in (small, large)]
+    shift = _logp_shift_per_lr(p, model, small, settings, pad, reference, trained)
     model.eval()
     # the update: a step's fixed part (optimizer, hooks) and its part per token, from the two sizes
     per_token = max((updates[1] - updates[0]) / ((len(large) - len(small)) * sum(width)), 0.0)
     fixed = max(updates[1] - per_token * len(large) * sum(width), 0.0)
     pair = max((grams[1] - grams[0]) / (len(large) - len(small)), 0.0)  # per token and rollout: the B^2 part
-    return fixed, per_token, max(grams[0] - pair * len(small), 0.0), pair
+    return fixed, per_token, max(grams[0] - pair * len(small), 0.0), pair, shift
+
+
+def _logp_shift_per_lr(p: StudyParams, model, batch, settings, pad: int, reference, trained) -> float:
+    """The pilot: mean |change| of the batch's completion-token log-probs after one update at ``lr_base``,
+    per unit learning rate (AdamW's first step moves each weight by about lr, whatever the gradient's
+    scale, so the change grows with lr). The weights are put back after."""
+    import numpy as np
+    import torch
+
+    from rollscale.core.grpo.logprobs import token_logprobs
+    from rollscale.train.step import micro_batch, policy_update
+
+    lr = p.sweep.train.lr_base
+    kept = [q.detach().clone() for q in trained]
+    mb = micro_batch(batch, np.arange(len(batch)), pad, next(model.parameters()).device)
+    with torch.no_grad():
+        before = token_logprobs(model, mb.input_ids, mb.attention, mb.completion_mask, p.sampling.temperature)
+    policy_update(model, torch.optim.AdamW(trained, lr=lr, weight_decay=0.0), trained, batch, settings, pad, reference)
+    with torch.no_grad():
+        after = token_logprobs(model, mb.input_ids, mb.attention, mb.completion_mask, p.sampling.temperature)
+        for q, old in zip(trained, kept):
+            q.copy_(old)
+    mask = mb.completion_mask.bool()
+    return float((after - before).abs()[mask].mean()) / lr
 
 
 def _tiny_base_s(p: StudyParams) -> float:
@@ -259,11 +288,12 @@ def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse:
     try:
         model, tokenizer, chat, load_s = _model(p, artifacts)
         fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, _prompts(p, 32))
-        train_step, train, gram, gram_pair = _train_s(p, model, tokenizer, prompt_tokens)
+        train_step, train, gram, gram_pair, shift = _train_s(p, model, tokenizer, prompt_tokens)
         base = _tiny_base_s(p) if p.model.kind == "tiny" else load_s
     finally:
         torch.set_num_threads(threads)
-    cal = Calibration(calibration_key(p, artifacts), fixed, gen, train_step, train, gram, gram_pair, prompt_tokens, base, load_s,
+    cal = Calibration(calibration_key(p, artifacts), fixed, gen, train_step, train, gram, gram_pair, shift,
+                      prompt_tokens, base, load_s,
                       time.perf_counter() - t0)
     if artifacts is not None:
         write_json_atomic(cal.to_json(), Path(artifacts) / CALIBRATION_FILE)

@@ -169,9 +169,11 @@ def time_finding(p: StudyParams, times: StageTimes, cal: Calibration) -> tuple[s
 
 def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | None,
                       profile: pd.DataFrame | None, measure: bool = True) -> list[tuple[str, tuple[str, ...], str, str]]:
-    """The time finding from the stored calibration, or one measured now (``measure``; a few seconds, a real
-    model's load); none when there is neither, or the grid cannot be laid out (its own finding says why)."""
+    """The time finding and the learning-rate warning (:mod:`rollscale.pipeline.check_lr`) from the stored
+    calibration, or one measured now (``measure``; a few seconds, a real model's load); none when there is
+    neither, or the grid cannot be laid out (its own finding says why)."""
     from rollscale.pipeline.calibration import calibrate, stored_calibration
+    from rollscale.pipeline.check_lr import lr_findings
 
     cal = stored_calibration(p, artifacts)
     if cal is None and measure:
@@ -184,4 +186,4 @@ def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | 
         times = stage_times(p, cal, pool, profile)
     except ValueError:
         return []
-    return [time_finding(p, times, cal)]
+    return [time_finding(p, times, cal), *lr_findings(p, cal)]
