@@ -23,7 +23,7 @@ from prefect import flow
 
 from rollscale.core.problems.problem import Problem
 from rollscale.core.search.decisions import rung_budgets
-from rollscale.files import write_json_atomic
+from rollscale.files import write_json_atomic, write_parquet_atomic
 from rollscale.train.search_groups import search_plan, search_settings
 from rollscale.train.sweep import point_config, run_configs
 from rollscale.train.run_config import RunConfig, config_hash
@@ -99,9 +99,26 @@ def in_play(search: FrontierSearch, alone: list[RunConfig]) -> list[RunConfig]:
     return list({c.run_id: c for c in search.configs() + alone}.values())
 
 
+def mark_interrupted(artifacts: Path, runs: list) -> None:
+    """The ``runs`` rows of runs an interrupt ended mid-way say so, at their last committed step and C, as
+    ``rollscale status`` does (issue 32: the table said "running", 0 steps); a later sweep marks them
+    running again as it resumes them."""
+    for r in runs:
+        path = artifacts / "sweep" / "runs" / r.run_id / "run.parquet"
+        if r.status != "interrupted" or not path.exists():
+            continue
+        row = pd.read_parquet(path)
+        if row["status"].iloc[0] == "running":
+            write_parquet_atomic(row.assign(status="interrupted", steps=int(r.step or 0), c=int(r.c or 0),
+                                            end_reason=f"interrupted at step {int(r.step or 0)}"), path)
+    refresh_duckdb(artifacts)
+
+
 def kept_work(artifacts: Path) -> str:
     """What an interrupted sweep kept: finished runs, and the checkpoints the others resume from."""
-    return runs_kept(sweep_progress(artifacts, sweep_running=False))
+    runs = sweep_progress(artifacts, sweep_running=False)
+    mark_interrupted(artifacts, runs)
+    return runs_kept(runs)
 
 
 @flow(name="sweep")

@@ -41,6 +41,10 @@ CALIBRATION_FILE = "calibration.json"
 GEN_ROLLOUTS_MAX = 128  # rollouts in the measured generate call (a sweep step's batch is 32-256)
 GEN_TOKENS_MAX = 32  # new tokens measured; a longer max_new_tokens is scaled from it
 TRAIN_TOKENS = 4096  # padded tokens of the larger measured update (at most 128 rollouts; a quarter for the smaller)
+# a model over LARGE_PARAMS (SmolLM2-135M and up) is measured on less work, so that the calibration
+# stays within about a minute on CPU: SMALL_WORK = (rollouts, new tokens, update tokens)
+LARGE_PARAMS = 20_000_000
+SMALL_WORK = (16, 16, 512)
 BASE_STEPS = 3  # measured supervised steps of the tiny model's warm start
 BASE_THREAD_SPEEDUP = 1.54  # 2 threads against 1 on the warm start, 2 idle cores (docs/benchmarks.md)
 
@@ -148,6 +152,12 @@ def _model(p: StudyParams, artifacts: str | Path | None):
     return model, tokenizer, ref.chat_template, load_s
 
 
+def _work(model) -> tuple[int, int, int]:
+    """(rollouts of the larger generate call, new tokens, tokens of the larger update) for ``model``."""
+    large = sum(q.numel() for q in model.parameters()) > LARGE_PARAMS
+    return SMALL_WORK if large else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS)
+
+
 def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float]:
     """(seconds per decoding step of a call, plus seconds per rollout in it, mean prompt tokens): two calls,
     of ``GEN_ROLLOUTS_MAX`` (at most ``sampling.batch_size``) rollouts and of a quarter of that, give
@@ -157,7 +167,8 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     from rollscale.lm.models import render_prompt
 
     s = p.sampling
-    tokens = min(s.max_new_tokens, GEN_TOKENS_MAX)
+    most, new, _ = _work(model)
+    tokens = min(s.max_new_tokens, new)
     rendered = [render_prompt(tokenizer, q, chat, s.chat_template_kwargs) for q in prompts]
     engine = make_engine(model, tokenizer, EngineConfig(backend=s.backend, batch_size=s.batch_size,
                                                         dtype=s.engine_dtype, max_model_len=s.max_model_len))
@@ -165,7 +176,7 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     timed = []
     try:
         engine.sample(rendered[:1], 1, config, seed=0)  # warm-up: first-call allocations
-        for batch in (min(s.batch_size, GEN_ROLLOUTS_MAX), max(1, min(s.batch_size, GEN_ROLLOUTS_MAX) // 4)):
+        for batch in (min(s.batch_size, most), max(1, min(s.batch_size, most) // 4)):
             per_prompt = max(1, -(-batch // len(rendered)))
             chosen = rendered[: max(1, batch // per_prompt)]
             t0 = time.process_time()
@@ -194,7 +205,8 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
 
     rng = np.random.default_rng(0)
     vocab = int(model.config.vocab_size)
-    width = (max(1, round(prompt_tokens)), min(p.sampling.max_new_tokens, GEN_TOKENS_MAX))
+    _, new, budget = _work(model)
+    width = (max(1, round(prompt_tokens)), min(p.sampling.max_new_tokens, new))
 
     def batch(n: int) -> TrainBatch:
         return TrainBatch([rng.integers(3, vocab, width[0]).tolist() for _ in range(n)],
@@ -217,7 +229,7 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
         return time.process_time() - t0
 
     model.train()
-    big = max(4, min(128, TRAIN_TOKENS // sum(width)))
+    big = max(4, min(128, budget // sum(width)))
     small, large = batch(big // 4), batch(big)
     policy_update(model, optimizer, trained, small, settings, pad, reference)  # warm-up
     updates = [cpu_s(lambda b=b: policy_update(model, optimizer, trained, b, settings, pad, reference))
