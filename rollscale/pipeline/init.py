@@ -132,7 +132,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
               "Each comment says why its value; everything else is the schema's default (rollscale/config.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
     path = write_params(out, render(values, why, header), force)
-    project = init_project(Path(path).parent, data, force)  # an empty folder becomes the study's
+    project = init_project(Path(path).parent, data, force, values["model.kind"])  # an empty folder becomes the study's
     params = load_params(path)
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
