@@ -228,3 +228,23 @@ def test_the_check_refuses_what_the_stages_would_refuse_in_the_data(project):
     params = parse_params({**ISSUE, "data": {**ISSUE["data"], "limit": problems}})
     known = known_data(params, None)
     assert (known.pool_size, known.pool_exact, known.data_errors) == (problems, True, ())
+
+
+def test_infinite_noise_estimates_are_a_warning_before_the_sweep(tmp_path):
+    """Issue 32, part 5: the measure stage printed `b_simple inf` and the report used it; after the measure
+    stage the check says so, with the report's words and fix."""
+    import numpy as np
+    import pandas as pd
+
+    from rollscale.pipeline.check_profile import noise_findings
+
+    assert noise_findings(tmp_path) == []  # not measured yet: nothing said
+    (tmp_path / "measure").mkdir()
+    path = tmp_path / "measure" / "noise_steps.parquet"
+    pd.DataFrame({"b_simple": [np.inf, np.nan], "k_crit": [3.0, np.inf]}).to_parquet(path)
+    ((level, keys, msg, fix),) = noise_findings(tmp_path)
+    assert level == "warning" and "measure.b_problem" in keys
+    assert msg.startswith("the noise estimates are infinite or undefined (b_simple in every measured step")
+    assert fix.startswith("measure more prompts per step and steps (measure.b_problem, measure.steps)")
+    pd.DataFrame({"b_simple": [np.inf, 40.0], "k_crit": [3.0, 5.0]}).to_parquet(path)
+    assert noise_findings(tmp_path) == []

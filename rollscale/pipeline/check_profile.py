@@ -9,12 +9,14 @@ findings as (level, keys, message, fix) tuples that :mod:`rollscale.pipeline.che
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 
-__all__ = ["EXTREME_SHARE_WARN", "model_fit_findings"]
+__all__ = ["EXTREME_SHARE_WARN", "model_fit_findings", "noise_findings"]
 
 # share of the profiled problems at avg@k = 0 (or 1) above which the model is too weak (too strong)
 # for the set: the issue's SmolLM2 study had 86 % at 0 and an Easy bucket of 1-11 problems
@@ -43,3 +45,23 @@ def model_fit_findings(p: StudyParams, profile: pd.DataFrame | None) -> list[tup
                  "the model is too strong for this problem set: use a harder set or a weaker model, then rerun "
                  "the profile")]
     return []
+
+
+def noise_findings(artifacts: str | Path | None) -> list[tuple[str, tuple[str, ...], str, str]]:
+    """After the measure stage, before the sweep: a warning when every measured B_simple (or K_crit) is
+    infinite or undefined (issue 32: the measure stage printed `b_simple inf` and the report used it),
+    in the words the report uses (:func:`rollscale.report.reasons.infinite_noise`)."""
+    from rollscale.report.reasons import infinite_noise
+
+    path = Path(artifacts or "") / "measure" / "noise_steps.parquet"
+    if artifacts is None or not path.is_file():
+        return []
+    try:
+        noise = pd.read_parquet(path)
+    except (OSError, ValueError):
+        return []
+    said = infinite_noise(noise)
+    if said is None:
+        return []
+    what, _, fix = said.partition(": measure more")
+    return [("warning", ("measure.b_problem", "measure.steps", "measure.bucket"), what, "measure more" + fix)]

@@ -94,17 +94,18 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
     or (``calibrate``) one measured now (:mod:`rollscale.pipeline.stage_time`)."""
     from rollscale.config import load_params
     from rollscale.pipeline.check import Finding, format_findings, known_data, study_findings
+    from rollscale.pipeline.check_profile import noise_findings
     from rollscale.pipeline.stage_time import estimate_findings
 
     params = load_params(params_path)
     if resolved:
         print(params.model_dump_json(indent=2))
     known = known_data(params, artifacts)
-    findings = study_findings(params, known)
+    findings = study_findings(params, known) + [Finding(*f) for f in noise_findings(artifacts)]
     if not any(f.level == "error" for f in findings):  # a study that cannot run has no time to tell
-        found = estimate_findings(params, artifacts, known.pool_size, known.profile, calibrate)
-        findings = sorted([*findings, *(Finding(*f) for f in found)],
-                          key=lambda f: ("error", "warning", "note").index(f.level))
+        findings += [Finding(*f) for f in estimate_findings(params, artifacts, known.pool_size, known.profile,
+                                                            calibrate)]
+    findings = sorted(findings, key=lambda f: ("error", "warning", "note").index(f.level))
     print(format_findings(findings, params_path), file=sys.stderr if to_stderr else sys.stdout)
     return not any(f.level == "error" for f in findings)
 
