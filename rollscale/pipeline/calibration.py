@@ -13,7 +13,8 @@ worker of a stage runs):
   are not zero (a fresh model's own rollouts all score 0 and would train nothing);
 * the measure stage's Gram pass of per-rollout gradients (:func:`rollscale.train.online_noise.batch_gram`)
   on two such batches;
-* a pilot update at ``lr_base``: how far one step moves the completions' log-probs (weights put back);
+* a pilot update at ``lr_base`` on the model's own answers: how far one step moves their log-probs
+  (weights put back);
 * the tiny model's warm start: :data:`BASE_STEPS` supervised steps at ``base.batch_size`` with
   ``base.threads``; a real model: the seconds to load it (the base stage loads and stores it).
 
@@ -158,10 +159,10 @@ def _work(model) -> tuple[int, int, int]:
     return SMALL_WORK if large else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS)
 
 
-def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float]:
-    """(seconds per decoding step of a call, plus seconds per rollout in it, mean prompt tokens): two calls,
-    of ``GEN_ROLLOUTS_MAX`` (at most ``sampling.batch_size``) rollouts and of a quarter of that, give
-    a call's fixed cost per new token and each rollout's."""
+def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float, list]:
+    """(seconds per decoding step of a call, plus seconds per rollout in it, mean prompt tokens, the smaller
+    call's (prompt ids, rollout) pairs): two calls, of ``GEN_ROLLOUTS_MAX`` (at most ``sampling.batch_size``)
+    rollouts and of a quarter of that, give a call's fixed cost per new token and each rollout's."""
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.lm.engines import EngineConfig, make_engine
     from rollscale.lm.models import render_prompt
@@ -173,25 +174,26 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     engine = make_engine(model, tokenizer, EngineConfig(backend=s.backend, batch_size=s.batch_size,
                                                         dtype=s.engine_dtype, max_model_len=s.max_model_len))
     config = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=tokens)
-    timed = []
+    timed, pairs = [], []
     try:
         engine.sample(rendered[:1], 1, config, seed=0)  # warm-up: first-call allocations
         for batch in (min(s.batch_size, most), max(1, min(s.batch_size, most) // 4)):
             per_prompt = max(1, -(-batch // len(rendered)))
             chosen = rendered[: max(1, batch // per_prompt)]
             t0 = time.process_time()
-            engine.sample(chosen, per_prompt, config, seed=len(timed) + 1)
+            groups = engine.sample(chosen, per_prompt, config, seed=len(timed) + 1)
             timed.append((len(chosen) * per_prompt, (time.process_time() - t0) / tokens))
+            pairs = [(tokenizer(q, add_special_tokens=False)["input_ids"], r) for q, g in zip(chosen, groups) for r in g]
     finally:
         engine.close()
     (big, t_big), (small, t_small) = timed
     per_rollout = max((t_big - t_small) / (big - small), 0.0) if big > small else t_big / big
     fixed = max(t_big - per_rollout * big, 0.0)
     prompt_tokens = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in rendered) / len(rendered)
-    return fixed, per_rollout, prompt_tokens
+    return fixed, per_rollout, prompt_tokens, pairs
 
 
-def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[float, float, float, float, float]:
+def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float, pairs: list) -> tuple[float, float, float, float, float]:
     """Seconds of one GRPO update on rollouts with advantages: per step and per (prompt + completion) token;
     the measure stage's Gram pass per token and per token x rollout (:func:`rollscale.train.online_noise.batch_gram`:
     its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter.
@@ -236,7 +238,10 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
                for b in (small, large)]
     grams = [cpu_s(lambda b=b: batch_gram(model, b, settings, pad, reference)) / (len(b) * sum(width))
              for b in (small, large)]
-    shift = _logp_shift_per_lr(p, model, small, settings, pad, reference, trained)
+    own = [(q, r.token_ids) for q, r in pairs if r.token_ids]  # the model's own answers: where GRPO moves it
+    pilot = TrainBatch([q for q, _ in own], [c for _, c in own], np.resize([1.0, -1.0], len(own)),
+                       np.ones(len(own), dtype=bool), np.ones(len(own), dtype=bool)) if len(own) >= 2 else small
+    shift = _logp_shift_per_lr(p, model, pilot, settings, pad, reference, trained)
     model.eval()
     # the update: a step's fixed part (optimizer, hooks) and its part per token, from the two sizes
     per_token = max((updates[1] - updates[0]) / ((len(large) - len(small)) * sum(width)), 0.0)
@@ -246,7 +251,8 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
 
 
 def _logp_shift_per_lr(p: StudyParams, model, batch, settings, pad: int, reference, trained) -> float:
-    """The pilot: mean |change| of the batch's completion-token log-probs after one update at ``lr_base``,
+    """The pilot: mean |change| of the completion-token log-probs of the model's own answers (the smaller
+    generate call's, advantages +1 / -1 in turn) after one update at ``lr_base``,
     per unit learning rate (AdamW's first step moves each weight by about lr, whatever the gradient's
     scale, so the change grows with lr). The weights are put back after."""
     import numpy as np
@@ -299,8 +305,8 @@ def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse:
     torch.set_num_threads(p.torch_threads)
     try:
         model, tokenizer, chat, load_s = _model(p, artifacts)
-        fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, _prompts(p, 32))
-        train_step, train, gram, gram_pair, shift = _train_s(p, model, tokenizer, prompt_tokens)
+        fixed, gen, prompt_tokens, pairs = _generate_s(p, model, tokenizer, chat, _prompts(p, 32))
+        train_step, train, gram, gram_pair, shift = _train_s(p, model, tokenizer, prompt_tokens, pairs)
         base = _tiny_base_s(p) if p.model.kind == "tiny" else load_s
     finally:
         torch.set_num_threads(threads)

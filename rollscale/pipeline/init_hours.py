@@ -4,8 +4,9 @@ From the measured calibration (:mod:`rollscale.pipeline.calibration`) and the st
 (:mod:`rollscale.pipeline.stage_time`), :func:`fit_hours` shrinks what ``init`` suggested, one
 setting at a time in the order that costs the answer least, until the estimate fits: the pool
 (profile time), ``max_new_tokens``, ``profile.k``, the sweep's budget ``c_max`` (down to what
-gives the widest batch 8 steps), its prompts per step, one seed of three, the largest n. Each step
-given up is said, with its reason; a study that cannot fit even at the floors says so.
+gives the widest batch 8 steps), its prompts per step, the measure stage's steps and prompts, one
+seed of three, the largest n; in passes, since a smaller batch lets ``c_max`` shrink further. Each
+setting given up is said, with its reason; a study that cannot fit even at the floors says so.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def params_of(values: dict[str, Any], why: dict[str, str]) -> StudyParams:
     return parse_params(yaml.safe_load(render(values, why, [])), "rollscale init --hours")
 
 
+def _default(key: str) -> Any:
+    """The schema's default of a dotted key ``init`` did not set."""
+    node: Any = StudyParams()
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable[[Any], Any | None], str]]:
     """(key, next smaller value or None at its floor, what it costs), in the order given up."""
     def widest() -> int:
@@ -64,7 +73,7 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
         return lambda v: max(floor, v // 2) if v is not None and v > floor else None
 
     def c_max(v: int) -> int | None:
-        target, eta = values.get("study.target_budget"), values.get("sweep.search.eta", 2.0)
+        target, eta = values.get("study.target_budget"), values.get("sweep.search.eta", _default("sweep.search.eta"))
         floor = max(widest() * STEPS_MIN, math.ceil(target / eta) if target else 0)  # C* stays within eta
         return max(floor, int(math.ceil(v / 2 / 100) * 100)) if v > floor else None
 
@@ -86,6 +95,8 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
             ("profile.k", halve_to(K_MIN), "coarser pass rates, noisier bucket bounds"),
             ("sweep.c_max", c_max, "the answer extrapolates further to C* (science §9.3)"),
             ("sweep.b_problem", b_problem, "fewer prompts per step: noisier steps"),
+            ("measure.steps", halve_to(1), "fewer measured steps: noisier noise estimates"),
+            ("measure.b_problem", halve_to(2), "fewer prompts in the noise measurement: noisier B_simple"),
             ("sweep.seeds", seeds, "2 seeds: crude bootstrap intervals"),
             ("sweep.n", keys, "one n fewer to compare")]
 
@@ -102,21 +113,23 @@ def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Ca
         return stage_times(p, cal, min(pool, p.data.limit) if pool and p.data.limit else (p.data.limit or pool))
 
     times = estimate()
-    for key, smaller, cost in _moves(values, pool):
-        while times.total > budget:
-            old = values.get(key)
-            new = smaller(old)
-            if new is None or new == old:
-                break
-            values[key] = new
-            if key == "sweep.b_problem":  # the measure stage trains on as many prompts
-                values["measure.b_problem"] = min(values.get("measure.b_problem", new[0]), new[0])
-            if key == "data.limit":  # the validation split init sized from the pool shrinks with it
-                values["bucket.val_size"] = min(values.get("bucket.val_size", 100), max(4, int(EASY_SHARE * new) // 3))
-            given.append(Shrink(key, old, new, cost))
-            times = estimate()
-        if times.total <= budget:
-            break
+    changed = True
+    while times.total > budget and changed:  # passes: a smaller batch lets c_max shrink further
+        changed = False
+        for key, smaller, cost in _moves(values, pool):
+            while times.total > budget:
+                old = values[key] if key in values else _default(key)
+                new = smaller(old)
+                if new is None or new == old:
+                    break
+                values[key], changed = new, True
+                if key == "sweep.b_problem":  # the measure stage trains on as many prompts
+                    values["measure.b_problem"] = min(values.get("measure.b_problem", new[0]), new[0])
+                if key == "data.limit":  # the validation split init sized from the pool shrinks with it
+                    values["bucket.val_size"] = min(values.get("bucket.val_size", 100),
+                                                    max(4, int(EASY_SHARE * new) // 3))
+                given.append(Shrink(key, old, new, cost))
+                times = estimate()
     for shrink in _merged(given):
         why[shrink.key] = f"--hours {hours:g}: {shrink.old} -> {shrink.new}, {shrink.cost}"
     return times, _merged(given)
