@@ -181,7 +181,7 @@ def interrupted_sweep(root: Path) -> str:
     run = root / "artifacts" / "sweep" / "runs" / "np2_nr2_uniform_s0"
     rc, _, after, _ = interrupt(["run", "sweep"], signal.SIGINT, lambda: len(committed_checkpoints(run)) >= 2,
                                 "the sweep's second checkpoint", root / "sweep.log", user_env(), cwd=root)
-    assert rc == 130 and "0 of 1 runs finished, 1 resumes from its last checkpoint" in after, after
+    assert rc == 130 and "0 of 1 run finished, 1 resumes from its last checkpoint" in after, after
     return after
 
 
