@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +19,7 @@ from prefect import flow
 
 from rollscale.core.seeds import derive_seed
 from rollscale.pipeline.progress import Progress
-from rollscale.files import write_json_atomic, write_parquet_atomic
+from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import close_engines
 from tasks.parallel import local_runner, raise_first_error, run_all
@@ -40,21 +39,6 @@ def kept_work(artifacts: Path) -> str:
     return f"{n} finished {'chunk is' if n == 1 else 'chunks are'} kept"
 
 
-THROUGHPUT = "throughput.json"
-
-
-def write_throughput(out: Path, tokens: float, seconds: float, params) -> None:
-    """The generation rate this profile measured (the first k samples' tokens over this session's
-    wall time, engine start included; all workers together): `rollscale check` sizes the sweep's
-    time from it. Kept from the last session that profiled anything."""
-    if tokens <= 0 or seconds <= 0:
-        return
-    write_json_atomic({"generated_tokens": int(tokens), "seconds": round(seconds, 1),
-                       "tokens_per_s": tokens / seconds, "workers": params.workers,
-                       "backend": params.sampling.backend, "max_new_tokens": params.sampling.max_new_tokens},
-                      out / THROUGHPUT)
-
-
 @flow(name="profile")
 def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> pd.DataFrame:
     params = read_params(params_path)
@@ -71,19 +55,16 @@ def profile_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
     # seeded per chunk (its index), so the table is the same whichever worker profiles it
     units = [{"ref": ref, "problems": chunks[i], "k": k, "k_extreme": k_extreme, "sampling": params.sampling,
               "seed": derive_seed(params.sampling.seed, i), "device": params.model.device} for i in todo]
-    generated = {"tokens": 0.0, "t0": time.perf_counter()}
     try:
         with Progress(len(pool), "profile", unit="problems", initial=sum(len(chunks[i]) for i in done)) as bar:
             def store(j: int, table: pd.DataFrame) -> None:  # each finished chunk is kept at once
                 write_parquet_atomic(table, work / f"chunk-{todo[j]:05d}.parquet")
                 bar.update(len(table), mean_avg=f"{table['avg_at_k'].mean():.3f}")
-                generated["tokens"] += float((table["k"] * table["mean_len"]).sum())
 
             _, errors = run_all(local_runner(params.workers, params.torch_threads), profile_chunk, units,
                                 [f"chunk {i}" for i in todo], store)
     finally:
         close_engines()  # an in-process worker's engine; pool workers release theirs when they exit
-        write_throughput(out, generated["tokens"], time.perf_counter() - generated["t0"], params)
     raise_first_error("profile (the other chunks are stored)", errors)
     profile = pd.concat([pd.read_parquet(work / f"chunk-{i:05d}.parquet") for i in range(len(chunks))], ignore_index=True)
     write_parquet_atomic(profile, out / "profile.parquet")

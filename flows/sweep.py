@@ -23,19 +23,19 @@ from prefect import flow
 
 from rollscale.core.problems.problem import Problem
 from rollscale.core.search.decisions import rung_budgets
-from rollscale.files import write_json_atomic
+from rollscale.files import write_json_atomic, write_parquet_atomic
 from rollscale.train.search_groups import search_plan, search_settings
 from rollscale.train.sweep import point_config, run_configs
 from rollscale.train.run_config import RunConfig, config_hash
 from rollscale.pipeline.outputs import run_damage
-from rollscale.pipeline.stages import ARCHIVE_STALE_ENV
+from rollscale.pipeline.stages import ARCHIVE_STALE_ENV, read_json
 from rollscale.pipeline.status import runs_kept, sweep_progress
 from rollscale.pipeline.trackers import tracker_targets
 from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from tasks.models import sampling_config
 from tasks.parallel import local_runner, raise_first_error, run_all
 from tasks.search import FrontierSearch, no_search
-from tasks.sweep import train_run_in_worker
+from tasks.sweep import END_REASONS, train_run_in_worker
 
 def run_identity(config: RunConfig, bucket: str, train: list[Problem]) -> dict:
     """What makes a run folder's content valid for this config."""
@@ -99,9 +99,31 @@ def in_play(search: FrontierSearch, alone: list[RunConfig]) -> list[RunConfig]:
     return list({c.run_id: c for c in search.configs() + alone}.values())
 
 
+def mark_interrupted(artifacts: Path, runs: list) -> None:
+    """The ``runs`` rows of an interrupted sweep agree with ``rollscale status`` (issue 32: the table said
+    "running", 0 steps): a run the interrupt ended mid-way is "interrupted" at its last committed step and
+    C; one whose ``done.json`` was written before its row (the interrupt fell between) gets its ended
+    status. A later sweep marks the interrupted ones running again as it resumes them."""
+    for r in runs:
+        path = artifacts / "sweep" / "runs" / r.run_id / "run.parquet"
+        if r.status not in ("interrupted", "finished", "stopped", "failed") or not path.exists():
+            continue
+        row = pd.read_parquet(path)
+        if row["status"].iloc[0] == "running":
+            done = read_json(path.parent / "done.json") or {}  # an ended run's own account, else the checkpoint's
+            step = int(done.get("steps", r.step or 0))
+            reason = f"interrupted at step {step}" if r.status == "interrupted" else END_REASONS.get(r.status)
+            ended = {k: done[k] for k in ("c_tokens",) if k in done}
+            write_parquet_atomic(row.assign(status=r.status, steps=step, c=int(done.get("c", r.c or 0)),
+                                            end_reason=reason, **ended).astype({"end_reason": "string"}), path)
+    refresh_duckdb(artifacts)
+
+
 def kept_work(artifacts: Path) -> str:
     """What an interrupted sweep kept: finished runs, and the checkpoints the others resume from."""
-    return runs_kept(sweep_progress(artifacts, sweep_running=False))
+    runs = sweep_progress(artifacts, sweep_running=False)
+    mark_interrupted(artifacts, runs)
+    return runs_kept(runs)
 
 
 @flow(name="sweep")

@@ -231,7 +231,7 @@ class FitParams(Section):
     target: float | None = Field(None, ge=0, le=1)
     target_gain: float = Field(0.5, gt=0, le=1)
     # runs whose curves are analysed (a diverged or interrupted run would bias the fits)
-    run_status: list[Literal["finished", "stopped", "failed", "running"]] = Field(
+    run_status: list[Literal["finished", "stopped", "failed", "running", "interrupted"]] = Field(
         default_factory=lambda: ["finished", "stopped"], min_length=1)
     # 95 % intervals: resample runs (seeds) with replacement this many times and refit; 0 = none (science §7)
     bootstrap_resamples: int = Field(200, ge=0)

@@ -201,29 +201,6 @@ def test_the_search_says_which_keys_it_cannot_stop():
     assert "sweep.search" not in by_key(study_findings(grid))  # grid: nothing to say
 
 
-def test_the_sweeps_time_comes_from_the_rate_the_profile_measured(project):
-    """Issue 32: `check` said tokens, never hours. After the profile, the sweep's generation time is the
-    rollouts (with their evaluations) x the profiled response length / the measured tokens per second."""
-    from rollscale.pipeline.check_profile import sweep_time_findings
-
-    params = load_params("params.yaml")
-    profile = issue_profile().assign(mean_len=40.0)
-    assert sweep_time_findings(params, "artifacts", profile) == []  # no rate measured yet: nothing said
-    (project / "artifacts" / "profile").mkdir(parents=True)
-    (project / "artifacts" / "profile" / "throughput.json").write_text('{"tokens_per_s": 100.0}')
-    ((level, keys, msg, fix),) = sweep_time_findings(params, "artifacts", profile)
-    # 2 runs of 192 rollouts; evaluations 3 (n = 2: 12 steps) + 2 (n = 4: 6 steps) of 3 problems x (4 + greedy)
-    assert msg.startswith("the sweep's generation alone takes about 3 min here: 2 runs, 459 rollouts")
-    assert "x 40 tokens" in msg and "at the 100 tokens/s the profile measured" in msg and level == "note"
-    (project / "artifacts" / "profile" / "throughput.json").write_text('{"tokens_per_s": 0.1}')
-    ((level, _, msg, fix),) = sweep_time_findings(params, "artifacts", profile)
-    assert level == "warning" and "51.0 h" in msg and "sweep.c_max" in fix
-    # on the shared budget schedule (science §9.1) the evaluations are the trainer's: 11 (n = 2) + 7 (n = 4)
-    scheduled = params.model_copy(update={"sweep": params.sweep.model_copy(update={"eval_per_doubling": 4})})
-    ((_, _, msg, _),) = sweep_time_findings(scheduled, "artifacts", profile)
-    assert "2 runs, 654 rollouts with their evaluations" in msg  # 2 x 192 + 18 x 3 x (4 + 1)
-
-
 def test_the_grid_counts_the_evaluations_the_trainer_makes():
     """Issue 28: `check` counted evaluations by sweep.eval_every while the runs evaluate on the shared budget
     schedule (sweep.eval_per_doubling, science §9.1). It asks the trainer's own eval_due, step by step here."""
@@ -285,3 +262,23 @@ def test_the_check_refuses_what_the_stages_would_refuse_in_the_data(project):
     params = parse_params({**ISSUE, "data": {**ISSUE["data"], "limit": problems}})
     known = known_data(params, None)
     assert (known.pool_size, known.pool_exact, known.data_errors) == (problems, True, ())
+
+
+def test_infinite_noise_estimates_are_a_warning_before_the_sweep(tmp_path):
+    """Issue 32, part 5: the measure stage printed `b_simple inf` and the report used it; after the measure
+    stage the check says so, with the report's words and fix."""
+    import numpy as np
+    import pandas as pd
+
+    from rollscale.pipeline.check_profile import noise_findings
+
+    assert noise_findings(tmp_path) == []  # not measured yet: nothing said
+    (tmp_path / "measure").mkdir()
+    path = tmp_path / "measure" / "noise_steps.parquet"
+    pd.DataFrame({"b_simple": [np.inf, np.nan], "k_crit": [3.0, np.inf]}).to_parquet(path)
+    ((level, keys, msg, fix),) = noise_findings(tmp_path)
+    assert level == "warning" and "measure.b_problem" in keys
+    assert msg.startswith("the noise estimates are infinite or undefined (b_simple in every measured step")
+    assert fix.startswith("measure more prompts per step and steps (measure.b_problem, measure.steps)")
+    pd.DataFrame({"b_simple": [np.inf, 40.0], "k_crit": [3.0, 5.0]}).to_parquet(path)
+    assert noise_findings(tmp_path) == []

@@ -21,6 +21,7 @@ from flows.report import report_flow
 from flows.sweep import sweep_flow
 from rollscale.train.checkpoint import RunStore
 from rollscale.pipeline.stages import RUN_INFO, stage_running
+from rollscale.pipeline.storage import query
 from rollscale.pipeline.status import study_status
 from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
 
@@ -340,6 +341,10 @@ def test_ctrl_c_stops_a_sweep_within_seconds_and_the_rerun_completes_it(prepared
     assert runs_now[finished.name].status == "finished"
     last = committed_checkpoints(training)[-1]
     assert (runs_now[training.name].status, runs_now[training.name].step) == ("interrupted", int(last.name[5:]))
+    # the raw `runs` table agrees with status (issue 32: it said "running", 0 steps)
+    table = query("select run_id, status, steps from runs", art).set_index("run_id")
+    assert (table.loc[training.name, "status"], table.loc[training.name, "steps"]) == ("interrupted", int(last.name[5:]))
+    assert table.loc[finished.name, "status"] == "finished"
 
     sweep_flow(params_path=str(params), artifacts=str(art))  # the rerun (in this process: seconds less)
     assert {p: p.read_bytes() for p in kept} == kept, "the finished run was trained again"

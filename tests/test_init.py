@@ -211,3 +211,36 @@ def test_init_counts_the_problems_as_the_loader_does(tiny_folder, tmp_path, monk
     params = load_params("params.yaml")
     problems = len(table_problems(params.data.tables[0]))  # as the stages load the pool
     assert problems < 300 and params.data.limit == problems
+
+
+def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, verl, tmp_path, monkeypatch, capsys):
+    """Issue 32, "time first": `init --hours H` sizes the study from a calibration of this machine (here a
+    stored one: 20 ms per rollout and new token, so the suggested study takes hours) and names each
+    setting it gave up; the check's estimate of what it wrote is within H."""
+    from rollscale.pipeline import calibration
+    from rollscale.pipeline.calibration import Calibration
+    from rollscale.pipeline.stage_time import stage_times
+
+    cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 1e4, 20.0, 5.0, 5.0, 1.0)
+    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0
+    capsys.readouterr()
+    full = load_params("params.yaml")
+    assert stage_times(full, cal, full.data.limit).total > 3 * 3600  # the suggested study: hours
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "1", "--force"]) == 0
+    out = capsys.readouterr().out
+    sized = load_params("params.yaml")
+    assert stage_times(sized, cal, sized.data.limit).total <= 3600
+    assert "init --hours 1: about" in out and "gave up data.limit: 120 -> 60" in out
+    assert sized.data.limit == 60 and sized.sampling.max_new_tokens < full.sampling.max_new_tokens
+    assert "--hours 1: 120 -> 60" in Path("params.yaml").read_text()  # the reason beside the value
+    assert "0 error(s)" in out
+    # hours no study fits: the smallest one, and that it does not fit
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "more than 0.01 h even at the smallest study" in out
+    tiny = load_params("params.yaml")
+    assert tiny.sweep.seeds == [0, 1] and len(tiny.sweep.n) == 2 and tiny.sweep.b_problem == [2]
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "-1", "--force"]) == 2
+    assert "--hours: expected the hours" in capsys.readouterr().err

@@ -60,7 +60,9 @@ def test_init_writes_the_study_folder(folder):
     stages = yaml.safe_load((folder / "dvc.yaml").read_text())["stages"]
     assert list(stages) == list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
     # the data file is the dep of the stages that read the pool; the params section `data` stays
-    assert stages["base"]["deps"][0] == "arith.parquet" and "data" in stages["base"]["params"]
+    assert stages["profile"]["deps"][0] == "arith.parquet" and "data" in stages["profile"]["params"]
+    # a real model's base watches the settings that change the model only (issue 32, part 6)
+    assert stages["base"]["params"] == ["model", "base"] and "arith.parquet" not in stages["base"]["deps"]
     for stage, body in stages.items():  # no code file of the repository: a stamp of the installed code
         assert not any(d.startswith(("flows/", "tasks/", "rollscale/")) for d in body["deps"])
         assert (folder / STAMP_FOLDER / stage).is_file()
@@ -78,6 +80,12 @@ def test_check_status_and_a_stage_run_in_the_users_folder(folder):
     assert r.returncode == 0, r.stderr
     base = next(line for line in r.stdout.splitlines() if line.strip().startswith("base"))
     assert "done" in base
+    # a data setting leaves base done (it changes no model); profile reads the pool
+    params = yaml.safe_load((folder / "params.yaml").read_text())
+    (folder / "params.yaml").write_text(yaml.safe_dump({**params, "data": {**params["data"], "limit": 30}}))
+    r = rollscale(folder, "status")
+    base = next(line for line in r.stdout.splitlines() if line.strip().startswith("base"))
+    assert "done" in base, r.stdout
     # a changed stamp (a new rollscale version's code) makes the stage stale, as a code change in a clone
     (folder / STAMP_FOLDER / "base").write_text("# older code\n0\n")
     assert write_code_stamps(folder) == ["base"]

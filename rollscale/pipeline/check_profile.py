@@ -9,16 +9,14 @@ findings as (level, keys, message, fix) tuples that :mod:`rollscale.pipeline.che
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
-from rollscale.pipeline.check_evals import run_evaluation_steps
 
-__all__ = ["EXTREME_SHARE_WARN", "model_fit_findings", "sweep_time_findings"]
+__all__ = ["EXTREME_SHARE_WARN", "model_fit_findings", "noise_findings"]
 
 # share of the profiled problems at avg@k = 0 (or 1) above which the model is too weak (too strong)
 # for the set: the issue's SmolLM2 study had 86 % at 0 and an Easy bucket of 1-11 problems
@@ -49,39 +47,21 @@ def model_fit_findings(p: StudyParams, profile: pd.DataFrame | None) -> list[tup
     return []
 
 
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+def noise_findings(artifacts: str | Path | None) -> list[tuple[str, tuple[str, ...], str, str]]:
+    """After the measure stage, before the sweep: a warning when every measured B_simple (or K_crit) is
+    infinite or undefined (issue 32: the measure stage printed `b_simple inf` and the report used it),
+    in the words the report uses (:func:`rollscale.report.reasons.infinite_noise`)."""
+    from rollscale.report.reasons import infinite_noise
 
-
-def sweep_time_findings(p: StudyParams, artifacts: str | Path | None,
-                        profile: pd.DataFrame | None) -> list[tuple[str, tuple[str, ...], str, str]]:
-    """The sweep's generation time on this machine, from the rate the profile measured here
-    (``artifacts/profile/throughput.json``: tokens generated over wall seconds, all workers) and
-    the profiled response length: every run's rollouts and its evaluations (val_size x (eval_k + 1
-    greedy)). A lower bound of a grid's time: training steps add to it (a frontier search stops
-    runs early and spends less). Nothing is said before the profile has measured the rate."""
-    from rollscale.train.sweep import plan_runs
-
-    path = Path(artifacts or "") / "profile" / "throughput.json"
-    if artifacts is None or profile is None or "mean_len" not in profile or not path.is_file():
+    path = Path(artifacts or "") / "measure" / "noise_steps.parquet"
+    if artifacts is None or not path.is_file():
         return []
     try:
-        rate = float(json.loads(path.read_text())["tokens_per_s"])
-        plan = plan_runs(p.sweep)
-    except (OSError, ValueError, KeyError, TypeError):
+        noise = pd.read_parquet(path)
+    except (OSError, ValueError):
         return []
-    length = float(pd.to_numeric(profile["mean_len"], errors="coerce").mean())
-    if not (rate > 0 and length > 0) or not plan.runs:
+    said = infinite_noise(noise)
+    if said is None:
         return []
-    rollouts = 0
-    for point, _ in plan.runs:
-        evaluations = len(run_evaluation_steps(p, point.n * point.b_problem))
-        rollouts += p.sweep.c_max + evaluations * p.bucket.val_size * (p.sweep.eval_k + 1)
-    seconds = rollouts * length / rate
-    msg = (f"the sweep's generation alone takes about {_hours(seconds)} here: {len(plan.runs)} runs, {rollouts:,} "
-           f"rollouts with their evaluations, x {length:.0f} tokens (the profile's mean response) at the "
-           f"{rate:,.0f} tokens/s the profile measured on this machine ({p.workers} worker(s)); training adds to it")
-    level = "warning" if seconds > 12 * 3600 else "note"
-    fix = ("fewer runs (sweep.n, sweep.seeds), a smaller sweep.c_max or sampling.max_new_tokens"
-           if level == "warning" else "")
-    return [(level, ("sweep",), msg, fix)]
+    what, _, fix = said.partition(": measure more")
+    return [("warning", ("measure.b_problem", "measure.steps", "measure.bucket"), what, "measure more" + fix)]

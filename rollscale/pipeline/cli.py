@@ -87,21 +87,25 @@ def print_tables(artifacts: str) -> None:
         print(f"{name:18s} {'ready  ' if name in have else 'missing'}  {Path(artifacts) / pattern}")
 
 
-def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: bool = False) -> bool:
+def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: bool = False,
+                calibrate: bool = True) -> bool:
     """Validate params and print whether the study can answer (rollscale.pipeline.check); True when
-    it found no error."""
+    it found no error. With no error, each stage's time on this machine: from the stored calibration,
+    or (``calibrate``) one measured now (:mod:`rollscale.pipeline.stage_time`)."""
     from rollscale.config import load_params
     from rollscale.pipeline.check import Finding, format_findings, known_data, study_findings
-    from rollscale.pipeline.check_profile import sweep_time_findings
+    from rollscale.pipeline.check_profile import noise_findings
+    from rollscale.pipeline.stage_time import estimate_findings
 
     params = load_params(params_path)
     if resolved:
         print(params.model_dump_json(indent=2))
     known = known_data(params, artifacts)
-    findings = study_findings(params, known)
-    # the time the sweep takes here, from the rate the profile measured (before any error-free line)
-    findings = sorted([*findings, *(Finding(*f) for f in sweep_time_findings(params, artifacts, known.profile))],
-                      key=lambda f: ("error", "warning", "note").index(f.level))
+    findings = study_findings(params, known) + [Finding(*f) for f in noise_findings(artifacts)]
+    if not any(f.level == "error" for f in findings):  # a study that cannot run has no time to tell
+        findings += [Finding(*f) for f in estimate_findings(params, artifacts, known.pool_size, known.profile,
+                                                            calibrate)]
+    findings = sorted(findings, key=lambda f: ("error", "warning", "note").index(f.level))
     print(format_findings(findings, params_path), file=sys.stderr if to_stderr else sys.stdout)
     return not any(f.level == "error" for f in findings)
 
@@ -206,6 +210,10 @@ def parser() -> argparse.ArgumentParser:
     p_init.add_argument("--budget", type=int, default=None,
                         help="rollouts of your production run: the study decides at this C* (study.target_budget) "
                              "and trains to at least C* / eta")
+    p_init.add_argument("--hours", type=float, default=None,
+                        help="the hours the study may take on this machine: init measures its throughput (seconds; "
+                             "a real model's load) and shrinks pool, lengths, k, c_max, seeds and keys to fit, "
+                             "saying what it gave up")
     p_init.add_argument("--out", default="params.yaml")
     p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
@@ -256,7 +264,8 @@ def command(argv: list[str] | None = None) -> int:
             return code
         # the check first: a study that cannot work stops before its first stage spends anything
         ok: list[bool] = []
-        if code := run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, False, True)), debug):
+        # the time estimate from a stored calibration only (`rollscale check` measures one)
+        if code := run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, False, True, False)), debug):
             return code
         if not ok[0] and not args.no_check:
             print("rollscale study: stopped before any stage (run it anyway with --no-check)", file=sys.stderr)
@@ -283,7 +292,7 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.pipeline.init import init_params
 
         return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force,
-                                                     args.engine, args.budget, args.gpus)), debug)
+                                                     args.engine, args.budget, args.gpus, args.hours)), debug)
     return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 

@@ -63,12 +63,32 @@ def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
                               f"extrapolation of eta (science §9.3); {budget:,} would see C* itself")
 
 
+def hours_values(values: dict, why: dict, hours: float, artifacts: Path, pool: int | None) -> str:
+    """``--hours H``: measure this machine's calibration (stored in ``artifacts`` for `rollscale check`) and
+    shrink the study to H hours (:func:`rollscale.pipeline.init_hours.fit_hours`); the lines to print."""
+    from rollscale.pipeline.calibration import calibrate
+    from rollscale.pipeline.init_hours import fit_hours, params_of
+
+    cal = calibrate(params_of(values, why), artifacts)
+    times, given = fit_hours(values, why, hours, cal, pool)
+    per = ", ".join(f"{stage} {t / 60:.1f} min" for stage, t in times.seconds.items())
+    fits = times.total <= hours * 3600
+    head = (f"init --hours {hours:g}: about {times.total / 60:.0f} min on this machine ({per}; calibration measured "
+            f"in {cal.measured_s:.0f} s, stored in {artifacts})")
+    if not fits:
+        head += f": more than {hours:g} h even at the smallest study init writes; give it more hours or a faster machine"
+    gave = "".join(f"\n  gave up {g.text()}" for g in given) or "\n  gave up nothing: the suggested study fits"
+    return head + gave
+
+
 def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
-                engine: str | None = None, budget: int | None = None, gpus: int = 1) -> str:
+                engine: str | None = None, budget: int | None = None, gpus: int = 1,
+                hours: float | None = None) -> str:
     """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check).
     ``engine`` (hf | vllm): the sampler, else the machine's (vLLM on a GPU, transformers on CPU);
     ``budget``: the rollouts of the production run, the study's C* (:func:`budget_values`);
-    ``gpus``: the GPUs of one node, over which a run is sharded when only so full fine-tuning fits."""
+    ``gpus``: the GPUs of one node, over which a run is sharded when only so full fine-tuning fits;
+    ``hours``: the wall time the study may take here (:func:`hours_values`)."""
     from rollscale.config import StudyParams, load_params
     from rollscale.pipeline.init_values import Machine, render, suggest, write_params
     from rollscale.core.problems.data_sample import inspect_rows, read_sample
@@ -80,6 +100,10 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
 
     if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
         raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
+    if hours is not None:
+        from rollscale.pipeline.init_hours import check_hours
+
+        check_hours(hours)
     machine = Machine.from_arg(gpu, gpus)
     name_or_path, gguf_file = resolve_model(model)
     info = inspect_model(name_or_path, gguf_file)
@@ -103,13 +127,15 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
             values["workers"], why["workers"] = 1, "vLLM: one engine, in one worker process"
     if budget is not None:
         budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
+    sized = hours_values(values, why, hours, Path(out).parent / "artifacts", pool) if hours is not None else ""
     command = (f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
-               + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else ""))
+               + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else "")
+               + (f" --hours {hours:g}" if hours else ""))
     header = [f"rollscale study parameters, written by `{command}`.",
               "Each comment says why its value; everything else is the schema's default (rollscale/config.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
     path = write_params(out, render(values, why, header), force)
-    project = init_project(Path(path).parent, data, force)  # an empty folder becomes the study's
+    project = init_project(Path(path).parent, data, force, values["model.kind"])  # an empty folder becomes the study's
     params = load_params(path)
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
@@ -119,5 +145,6 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     return (f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
             f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "
             f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"
+            + (sized + "\n" if sized else "")
             + "".join(line + "\n" for line in project)
             + format_findings(study_findings(params, known), str(path)))

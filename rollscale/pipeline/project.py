@@ -86,28 +86,35 @@ def _data_dep(data: str, folder: Path) -> str | None:
         return None
 
 
-def _with_data_dep(template: str, dep: str | None) -> str:
+def _with_data_dep(template: str, dep: str | None, model_only_base: bool = False) -> str:
     """The template's ``data`` deps (the repository's data folder) as the study's data file, or
-    dropped; its ``data`` params section is kept."""
-    out, in_deps = [], False
+    dropped; its ``data`` params section is kept. ``model_only_base``: the ``base`` stage of a real
+    model reads no data (it loads, or dequantises, the model), so it watches only the settings that
+    change the model: neither the data file nor the ``data`` section (issue 32: base reran when a
+    data setting changed)."""
+    out, in_deps, in_params, stage = [], False, False, ""
     for line in template.splitlines(keepends=True):
+        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith(":"):
+            stage = line.strip()[:-1]
         if line.startswith("    ") and not line.startswith("     "):
-            in_deps = line.strip() == "deps:"
+            in_deps, in_params = line.strip() == "deps:", line.strip() == "params:"
+        if (in_deps or in_params) and line == "      - data\n" and model_only_base and stage == "base":
+            continue
         if in_deps and line == "      - data\n":
             line = f"      - {dep}\n" if dep else ""
         out.append(line)
     return "".join(out)
 
 
-def init_project(folder: str | os.PathLike[str], data: str, force: bool = False) -> list[str]:
+def init_project(folder: str | os.PathLike[str], data: str, force: bool = False, model_kind: str = "hf") -> list[str]:
     """Make ``folder`` a study folder (dvc.yaml, .dvcignore, DVC's .dvc/, the code stamps) unless it
     has a dvc.yaml already (a clone; or a study folder, rewritten with ``force``); what was done,
-    as lines to print."""
+    as lines to print. A real model's (``model_kind`` not tiny) base stage watches the model only."""
     folder = Path(folder)
     if (folder / "dvc.yaml").exists() and not (force and is_user_project(folder)):
         return []
     dep = _data_dep(data, folder)
-    write_text_atomic(_with_data_dep(PROJECT_TEMPLATE.read_text(), dep), folder / "dvc.yaml")
+    write_text_atomic(_with_data_dep(PROJECT_TEMPLATE.read_text(), dep, model_kind != "tiny"), folder / "dvc.yaml")
     if not (folder / ".dvcignore").exists():
         write_text_atomic(DVCIGNORE, folder / ".dvcignore")
     if not (folder / ".dvc").is_dir():

@@ -17,7 +17,7 @@ import pandas as pd
 
 from rollscale.report.base import as_numeric, fmt_value
 
-__all__ = ["ENDED", "blocking_reasons", "runs_as_ended", "runs_reached_text"]
+__all__ = ["ENDED", "blocking_reasons", "infinite_noise", "runs_as_ended", "runs_reached_text"]
 
 ENDED = ("finished", "stopped")  # stopped: ended by the frontier search short of C_max (science §8)
 LEARN_SE = 2.0  # a gain over step 0 within 2 standard errors of the two evaluations is noise
@@ -101,7 +101,7 @@ def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None) -> str | None:
             "(a pilot of one run shows whether the policy moves)")
 
 
-def _infinite_noise(noise: pd.DataFrame | None) -> str | None:
+def infinite_noise(noise: pd.DataFrame | None) -> str | None:
     """Every measured B_simple (or K_crit) infinite or undefined: the measured signal |G|^2 <= 0."""
     if noise is None or noise.empty:
         return None
@@ -144,5 +144,5 @@ def blocking_reasons(t: Mapping[str, pd.DataFrame | None]) -> list[str]:
         return []
     runs = runs_as_ended(runs, t.get("steps"))
     found = [_unfinished(runs), _small_buckets(runs, t.get("bucket_counts")),
-             _not_learning(runs, t.get("evals")), _infinite_noise(t.get("noise_steps"))]
+             _not_learning(runs, t.get("evals")), infinite_noise(t.get("noise_steps"))]
     return [r for r in found if r]

@@ -1,0 +1,187 @@
+"""Each stage's wall time on this machine, from the measured calibration (issue 32), for ``rollscale check``
+and ``rollscale init --hours``.
+
+The work each stage does is counted from the params (and the profile, once it has run): rollouts
+generated in calls of ``sampling.batch_size``, tokens trained, evaluations, the tiny model's warm start;
+:class:`rollscale.pipeline.calibration.Calibration` prices them. Units of work (profile chunks, measure
+n values, sweep runs) run ``workers`` side by side. What is not measured here is taken from
+measurements on this 2-core VM, each named where it is used.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from rollscale.config import StudyParams
+from rollscale.core.fit import power
+from rollscale.pipeline.calibration import Calibration
+from rollscale.pipeline.check_evals import run_evaluation_steps
+
+__all__ = ["SEARCH_SPENT", "StageTimes", "estimate_findings", "stage_times", "time_finding"]
+
+# a stage's process, Prefect flow and worker pool start-up (docs/benchmarks.md: a pool of 2 starts in 9.2 s)
+STAGE_START_S = 9.0
+# two busy cores each run ~1.25x slower than one (shared L3 and memory bandwidth; docs/benchmarks.md)
+SIDE_BY_SIDE_SLOWDOWN = 1.25
+# the fit and report stages: their start-up and a few seconds of work (the default study: 5.3 s and 10.1 s,
+# docs/benchmarks.md); they grow little with the study
+FIT_S, REPORT_S, BUCKET_S = 5.3, 10.1, 3.2
+# the share of the grid's rollouts a search spends (science §8): the default study with the frontier search
+# spent 75.6 % (docs/benchmarks.md, "The default study with the frontier search"); the decision search a
+# median 47.3 % over 320 simulated studies (docs/benchmarks.md, "Starting with 2 seeds")
+SEARCH_SPENT = {"frontier": 0.756, "decision": 0.473}
+# the share of profiled problems at avg@k = 0 (resampled to k_extreme) assumed before the profile has run
+# (an assumption, said in the finding; the profile's own share replaces it)
+ZERO_SHARE_PRIOR = 0.3
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds per stage (the study's order), and how the sweep was counted."""
+
+    seconds: dict[str, float]
+    sweep_grid_s: float
+    search_share: float
+    sweep_rollouts: int
+    lengths_from: str
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def _side_by_side(units: list[float], workers: int) -> float:
+    """Wall seconds of ``units`` on ``workers`` processes: the sum shared out, at least the longest."""
+    if not units:
+        return 0.0
+    if workers <= 1 or len(units) == 1:
+        return sum(units) if workers <= 1 else max(units)
+    slow = SIDE_BY_SIDE_SLOWDOWN
+    return max(sum(units) * slow / workers, max(units) * slow)
+
+
+def _lengths(p: StudyParams, cal: Calibration, profile: pd.DataFrame | None) -> tuple[float, float, str]:
+    """(completion tokens a trained rollout has, share of problems at avg@k = 0, where from)."""
+    if profile is not None and not profile.empty and "mean_len" in profile:
+        length = float(pd.to_numeric(profile["mean_len"], errors="coerce").mean())
+        zero = float((pd.to_numeric(profile["avg_at_k"], errors="coerce") == 0).mean())
+        return min(length, p.sampling.max_new_tokens), zero, "the profile's lengths"
+    return float(p.sampling.max_new_tokens), ZERO_SHARE_PRIOR, "max_new_tokens (no profile yet)"
+
+
+def _step_s(p: StudyParams, cal: Calibration, rollouts: int, length: float, noise: bool = False) -> float:
+    """One GRPO step of ``rollouts``: generated in calls of sampling.batch_size, then trained (``noise``: and
+    the measure stage's Gram pass before the update)."""
+    s = p.sampling
+    tokens = rollouts * (cal.prompt_tokens + length)
+    gram = tokens * (cal.gram_s_per_token + rollouts * cal.gram_s_per_token_rollout) if noise else 0.0
+    return (cal.generate_s(rollouts, s.batch_size, s.max_new_tokens) + cal.train_s_per_step
+            + tokens * cal.train_s_per_token + gram)
+
+
+def _evaluations(p: StudyParams, rollouts_per_step: int) -> int:
+    return len(run_evaluation_steps(p, rollouts_per_step))
+
+
+def _sweep(p: StudyParams, cal: Calibration, length: float, val_size: int) -> tuple[list[float], int]:
+    """Seconds of each run trained to c_max, and the grid's rollouts."""
+    from rollscale.train.sweep import plan_runs
+
+    s, sw = p.sampling, p.sweep
+    runs, rollouts = [], 0
+    for point, _ in plan_runs(sw).runs:
+        b = point.n * point.b_problem
+        steps = power.steps_per_run(sw.c_max, b)
+        evals = _evaluations(p, b) * cal.generate_s(val_size * (sw.eval_k + 1), s.batch_size, s.max_new_tokens)
+        runs.append(steps * _step_s(p, cal, b, length) + evals)
+        rollouts += steps * b
+    return runs, rollouts
+
+
+def stage_times(p: StudyParams, cal: Calibration, pool: int | None, profile: pd.DataFrame | None = None,
+                val_size: int | None = None) -> StageTimes:
+    """Each stage's wall seconds for ``p`` on the machine ``cal`` measured; ``pool``: the problems profiled
+    (the profile's rows once it has run), ``val_size``: the sweep bucket's validation problems when known."""
+    s, pr, m = p.sampling, p.profile, p.measure
+    length, zero, lengths_from = _lengths(p, cal, profile)
+    pool = len(profile) if profile is not None and not profile.empty else (pool or 0)
+    chunks = [min(pr.chunk_size, pool - i) for i in range(0, pool, pr.chunk_size)]
+    extra = max(pr.k_extreme - pr.k, 0)
+    profile_units = [cal.generate_s(c * pr.k, s.batch_size, s.max_new_tokens)
+                     + cal.generate_s(math.ceil(c * zero) * extra, s.batch_size, s.max_new_tokens) for c in chunks]
+    measure_units = [m.steps * _step_s(p, cal, n * m.b_problem, length, noise=True) for n in m.n]
+    runs, rollouts = _sweep(p, cal, length, val_size if val_size is not None else p.bucket.val_size)
+    share = _search_share(p)
+    grid = _side_by_side(runs, p.workers)
+    seconds = {"base": STAGE_START_S + cal.base_s,
+               "profile": STAGE_START_S + _side_by_side(profile_units, p.workers),
+               "bucket": BUCKET_S,
+               "measure": STAGE_START_S + _side_by_side(measure_units, p.workers),
+               "sweep": STAGE_START_S + share * grid,
+               "fit": FIT_S, "report": REPORT_S}
+    return StageTimes(seconds, STAGE_START_S + grid, share, rollouts, lengths_from)
+
+
+def _search_share(p: StudyParams) -> float:
+    """The share of the grid's rollouts the sweep spends: 1 for a grid or a search with no keys to choose."""
+    from rollscale.train.search_groups import search_plan
+
+    method = p.sweep.search.method
+    if method not in SEARCH_SPENT:
+        return 1.0
+    try:
+        groups = search_plan(p.sweep).groups
+    except ValueError:
+        return 1.0
+    return SEARCH_SPENT[method] if groups else 1.0
+
+
+def _clock(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def time_finding(p: StudyParams, times: StageTimes, cal: Calibration) -> tuple[str, tuple[str, ...], str, str]:
+    """The estimate as a check finding (a warning past 12 hours), naming what it rests on."""
+    per = ", ".join(f"{stage} {_clock(t)}" for stage, t in times.seconds.items())
+    search = (f"; the sweep at {times.search_share:.0%} of the grid's {times.sweep_rollouts:,} rollouts, what "
+              f"the {p.sweep.search.method} search spent on the default study (the whole grid: "
+              f"{_clock(times.sweep_grid_s)})" if times.search_share < 1 else
+              f"; the sweep trains all {times.sweep_rollouts:,} rollouts of the grid")
+    msg = (f"about {_clock(times.total)} on this machine: {per}{search}. From a calibration measured here in "
+           f"{cal.measured_s:.0f} s (generate {1e3 * cal.gen_s_per_token * p.sampling.max_new_tokens:.2f} ms and "
+           f"train {1e3 * cal.train_s_per_token * (cal.prompt_tokens + p.sampling.max_new_tokens):.2f} ms a rollout "
+           f"at max_new_tokens {p.sampling.max_new_tokens}, one worker; {p.workers} side by side), lengths from "
+           f"{times.lengths_from}; a machine busy with other work takes longer")
+    if times.total > 12 * 3600:
+        return ("warning", ("sweep", "data.limit"), msg, "rollscale init --hours H sizes a study to H hours; or "
+                "fewer runs (sweep.n, sweep.seeds), a smaller sweep.c_max or sampling.max_new_tokens")
+    return ("note", ("time",), msg, "")
+
+
+def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | None,
+                      profile: pd.DataFrame | None, measure: bool = True) -> list[tuple[str, tuple[str, ...], str, str]]:
+    """The time finding and the learning-rate warning (:mod:`rollscale.pipeline.check_lr`) from the stored
+    calibration, or one measured now (``measure``; a few seconds, a real model's load); none when there is
+    neither, or the grid cannot be laid out (its own finding says why)."""
+    from rollscale.pipeline.calibration import calibrate, stored_calibration
+    from rollscale.pipeline.check_lr import lr_findings
+
+    cal = stored_calibration(p, artifacts)
+    if cal is None and measure:
+        print(f"check: measuring this machine's generate and train throughput for {p.model.name_or_path or 'the tiny model'} "
+              "(a few seconds; a real model's load first; stored in artifacts/)", file=sys.stderr)
+        cal = calibrate(p, artifacts, reuse=False)
+    if cal is None:
+        return []
+    try:
+        times = stage_times(p, cal, pool, profile)
+    except ValueError:
+        return []
+    return [time_finding(p, times, cal), *lr_findings(p, cal)]
