@@ -179,7 +179,7 @@ def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_f
     # --budget: the decision at C* (science §9), c_max sized so that C* <= eta c_max
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--budget", "1000000", "--force"]) == 0
     params = load_params("params.yaml")
-    assert params.study.target_budget == 1_000_000 and params.sweep.c_max == 500_000
+    assert params.study.target_budget == 1_000_000 and params.sweep.c_max == 709_220  # C* / eta = 1,000,000 / 1.41, rounded up
     assert "--budget 1000000" in Path("params.yaml").read_text()
 
 

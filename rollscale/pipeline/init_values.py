@@ -224,8 +224,11 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
     put("sweep.c_max", c_max, f"rollouts per run: the largest batch (B = {b_max}) gets {EVALS_COMFORTABLE}+ "
                               "evaluations, twice what a sigmoid fit needs")
     put("sweep.eval_k", 4)
-    put("sweep.search.method", "frontier", "science §8: runs advance in rungs and stop once they cannot be best; "
-        "an n at the grid's edge that wins brings in the next (docs/benchmarks.md: rollouts spent against the grid)")
+    put("sweep.search.method", "decision", "science §9.4: runs advance in rungs and stop once the decision at "
+        "study.target_budget is made; an n at the grid's edge that wins brings in the next (docs/benchmarks.md)")
+    put("sweep.search.eta", 1.41, "rung factor, and how far past its data a fit is read (docs/benchmarks.md)")
+    put("sweep.search.seeds_min", 2, "each key starts with 2 seeds; seeds are added where the decision hangs")
+    put("sweep.search.seeds_max", 4)
     mid = b_problem * ns[len(ns) // 2]
     put("sweep.train.lr_base", lr, (f"LoRA: 10 x the full fine-tuning rate {FULL_FT_LR:g} (verl, LoRA Without "
                                     "Regret)" if lora else f"full fine-tuning: {FULL_FT_LR:g} (TRL GRPOConfig, verl)")
