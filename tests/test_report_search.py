@@ -11,6 +11,7 @@ import pytest
 from rollscale.core.search.state import DECISION_COLUMNS
 from rollscale.report import build_charts, study_answer, summary_tables, write_report
 from rollscale.report.base import StageNotRun
+from rollscale.config import parse_params
 from rollscale.report.search_charts import chart_search, search_cost, table_search
 
 GROUP = "n:bucket=easy/rule=uniform/b_problem=4"
@@ -143,6 +144,9 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     assert cost["method"] == "decision" and cost["spent"] == 2 * 12800.0 + 2 * C_MAX
     assert cost["grid"] == 2 * 4 * C_MAX and cost["share"] == pytest.approx(76800 / 204800)
     assert search_cost(reused, {"sweep": {"seeds": [0, 1, 2]}})["grid"] == 2 * 3 * C_MAX  # null: len(seeds)
+    # the report stage passes the validated params tree, not a mapping
+    validated = parse_params({"sweep": {"seeds": [0, 1, 2], "search": {"seeds_max": 4}}})
+    assert search_cost(reused, validated)["grid"] == 2 * 4 * C_MAX
     headline = study_answer(reused, {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3}}}).headline
     assert "The search that stops when the decision is made (science §9.4) spent 76,800 rollouts, 50% of" in headline
     assert "frontier search" not in headline and headline.endswith("it settled n = 16.")

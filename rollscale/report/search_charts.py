@@ -27,6 +27,7 @@ from rollscale.report.base import (
     log_axis,
     log_scale,
     missing_stage,
+    params_dict,
     require_columns,
     stages_not_run,
 )
@@ -187,7 +188,7 @@ def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
 
 def _seeds_max(params: Mapping[str, Any] | None) -> int | None:
     """``sweep.search.seeds_max`` (null: as many as ``sweep.seeds``) from the params; None when they do not say."""
-    sweep = (params or {}).get("sweep") or {}
+    sweep = params_dict(params).get("sweep") or {}
     cap = (sweep.get("search") or {}).get("seeds_max")
     return int(cap) if cap is not None else (len(set(sweep["seeds"])) if sweep.get("seeds") else None)
 
