@@ -150,6 +150,9 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     headline = study_answer(reused, {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3}}}).headline
     assert "The search that stops when the decision is made (science §9.4) spent 76,800 rollouts, 50% of" in headline
     assert "frontier search" not in headline and headline.endswith("it settled n = 16.")
+    # the leader's own stop when the decision is made is no settlement
+    leader_stop = search.assign(rule=search["rule"].where(search["action"] != "stop", "decided"))
+    assert search_cost(dict(reused, search=leader_stop), validated)["stopped"] == ""
     chart = chart_search(reused, {})  # each run's curve to where it stopped, which key was settled at which rung
     assert chart.title.startswith("The search of science §9.4") and "frontier" not in chart.caption
     assert "the search of science §9.4 stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule epsilon, settled" \

@@ -223,7 +223,9 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
         seeds = _seeds_max(params) or int(s.groupby(["group", "key"])["seed"].nunique().max())
         grid = float(s.groupby("group")["key"].nunique().sum() * seeds * c_max)
     return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done), "method": method,
-            "stopped": _keys_text(s[s["action"] == "stop"]), "added": _keys_text(s[s["action"] == "add"])}
+            # the leader stops too when the decision is made (rule "decided"): it was not settled
+            "stopped": _keys_text(s[(s["action"] == "stop") & (s["rule"] != "decided")]),
+            "added": _keys_text(s[s["action"] == "add"])}
 
 
 def search_sentence(cost: Mapping[str, Any]) -> str:
