@@ -562,6 +562,12 @@ def test_the_decision_at_c_star_leads(study):
                                       "avg@4 0.53 [0.51, 0.56]; n = 8 is within 0.02; n = 2 is worse.")
     assert answer.decision is not None and answer.decision.frame["status"].tolist() == ["settled", "leader",
                                                                                        "within tolerance"]
+    # settled (D's upper bound <= eps) is not "worse" where D's interval still reaches above 0
+    close = _decision(True)
+    close.loc[close["key"] == 2, ["d", "d_lo", "d_hi"]] = [-0.01, -0.025, 0.005]
+    assert study_answer({**tables, "decision": close}).headline.startswith(
+        "At C* = 40,000 rollouts: n = 4 (B_problem 8, M = 1,250 steps), validation avg@4 0.53 [0.51, 0.56]; n = 8 is "
+        "within 0.02; n = 2 cannot beat it by more than 0.02.")
     # nothing below contradicts it: no exact best-n claim at C* beside it, and no budget in scientific notation
     claims = answer.claims.frame
     best = claims[claims["claim"] == "best n at budget"]

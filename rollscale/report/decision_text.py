@@ -66,9 +66,15 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
     if bool(g["decided"].iloc[0]):
         parts = [f"At C* = {c_star} rollouts: {who}, validation {metric} {reward}"]
         within = g[g["status"] == "within tolerance"]["key"].tolist()
-        worse = g[g["status"] == "settled"]["key"].tolist()
+        settled = g[g["status"] == "settled"]
+        # science §9.4: settled = cannot beat the leader by more than eps; "worse" only where D's upper bound
+        # is below 0 or the key was settled on A2 (beaten at a rung, it will not overtake)
+        behind = (settled["d_hi"] < 0) | settled.get("settled_by", pd.Series("", settled.index)).astype(str).str.endswith("a2")
+        worse, no_better = settled[behind]["key"].tolist(), settled[~behind]["key"].tolist()
         if within:
             parts.append(f"{key_label(design, within)} {'is' if len(within) == 1 else 'are'} within {eps:g}")
+        if no_better:
+            parts.append(f"{key_label(design, no_better)} cannot beat it by more than {eps:g}")
         if worse:
             parts.append(f"{key_label(design, worse)} {'is' if len(worse) == 1 else 'are'} worse")
         return "; ".join(parts), True, ""
