@@ -1,15 +1,20 @@
-"""The sweep's frontier search (science §8): its ``search`` table, and the rung loop around the runs.
+"""The sweep's rungs for every method (``sweep.search.method``): plan, train to the next budget, decide,
+repeat. The one place that drives a sweep's runs; its decisions are pure functions of the runs' tables
+(:mod:`rollscale.core.search`), written as the ``search`` table.
 
-:class:`FrontierSearch` holds the decisions made so far and answers the pool:
-``start()`` gives the runs of every group's next rung, ``finished(run)`` is
-called as each run comes back and, once every run of that group's rung is
-in, refits the group's curves (:func:`rollscale.core.search.decisions.decide`), writes
-the decisions (``sweep/search.parquet``, the ``search`` table) before any
-run trains on, marks the runs of stopped keys as ended ("stopped", with
-their rung and rule), and gives the runs of the group's next rung. A rung
-is a barrier for one group's runs only. The decisions are read back on a
-rerun (while the settings and groups are the same, ``search.json``), so a
-killed sweep resumes to the same decisions.
+:class:`SweepSearch` plans the runs of the method: ``grid`` trains every run to C_max at once;
+``frontier`` (science §8) and ``decision`` (§9.4) train the groups of
+:func:`rollscale.train.search_groups.search_plan` in rungs of budget. ``start()`` gives
+the runs of every group's next rung (and the runs alone in their group, to
+C_max); ``finished(run)`` is called as each run comes back and, once every
+run of that group's rung is in, refits the group's curves
+(:func:`rollscale.core.search.decisions.decide`), writes the decisions
+(``sweep/search.parquet``, the ``search`` table) before any run trains on,
+marks the runs of stopped keys as ended ("stopped", with their rung and
+rule), and gives the runs of the group's next rung. A rung is a barrier for
+one group's runs only. The decisions are read back on a rerun (while the
+settings and groups are the same, ``search.json``), so a killed sweep
+resumes to the same decisions.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ import dataclasses
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from rollscale.config import StudyParams
 from rollscale.core.search.decisions import (
     SearchGroup,
     SearchSettings,
@@ -31,11 +37,15 @@ from rollscale.core.search.decisions import (
     empty_decisions,
     group_state,
     plan,
+    rung_budgets,
 )
+from rollscale.core.search.state import METHODS, GroupState
 from rollscale.files import write_json_atomic, write_parquet_atomic
 from rollscale.train.checkpoint import RunStore
 from rollscale.train.run_config import RunConfig, RunResult
-from rollscale.train.search_groups import SearchPlan
+from rollscale.train.search_groups import SearchPlan, search_plan, search_settings
+from rollscale.train.sweep import GridPoint, point_config, run_configs
+from tasks.models import sampling_config
 from tasks.sweep import run_row
 
 SEARCH_TABLE = "search.parquet"  # under artifacts/sweep (rollscale.tables.TABLES["search"])
@@ -130,51 +140,74 @@ def mark_stopped(run_dir: Path, config: RunConfig, bucket: str, rung: int, rule:
                          run_dir / "run.parquet")
 
 
-class FrontierSearch:
-    """The rung loop of one sweep (module docstring); ``config_of(group, key, seed)`` gives a run's config,
-    ``run_dir(config)`` its folder."""
+class SweepSearch:
+    """The rungs of one sweep (module docstring): ``params``' sweep section, its runs under ``sweep_dir``/runs.
+    Building it reads the decisions of an earlier sweep with the same settings and moves nothing."""
 
-    def __init__(self, search: SearchPlan, settings: SearchSettings, sweep_dir: Path, bucket: str,
-                 config_of: Callable[[str, Any, int], RunConfig], run_dir: Callable[[RunConfig], Path]) -> None:
-        self.search, self.settings, self.sweep_dir, self.bucket = search, settings, sweep_dir, bucket
-        self.config_of, self.run_dir = config_of, run_dir
-        self.identity = search_identity(search, settings)
-        self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
+    def __init__(self, params: StudyParams, sweep_dir: Path) -> None:
+        sweep = params.sweep
+        self.sweep, self.sweep_dir, self.bucket = sweep, sweep_dir, sweep.bucket
+        self.sampling = sampling_config(params.sampling)
+        self.grid = {c.run_id: c for c in run_configs(sweep, self.sampling)}
+        self.searching = sweep.search.method in METHODS  # §8 or §9.4: one loop for every search
         self.pending: dict[str, tuple[SearchGroup, Any]] = {}  # run id -> (group, key) of a rung still training
         self.cache: dict = {}  # fits of unchanged curves, kept between decisions
+        if not self.searching:  # a grid: every run alone, trained to C_max
+            self.search, self.settings = SearchPlan(None, [], {}, [], tuple(sweep.rules)), SearchSettings()
+            self.identity, self.decisions, self.alone = {}, empty_decisions(), list(self.grid.values())
+            return
+        self.search, self.settings = search_plan(sweep), search_settings(sweep, params.study)
+        self.alone = [self._config(p) for p in self.search.alone]
+        self.identity = search_identity(self.search, self.settings)
+        self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
+
+    def config_of(self, group: str, key: Any, seed: int) -> RunConfig:
+        """The config of ``key``'s run with ``seed`` in ``group`` (a key or seed the grid lacks too)."""
+        return self._config(self.search.point(group, key, seed))
+
+    def run_dir(self, config: RunConfig) -> Path:
+        return self.sweep_dir / "runs" / config.run_id
 
     def configs(self) -> list[RunConfig]:
-        """Every run the decisions so far have put in play (the grid's and those added)."""
-        out = {}
-        for g in self.search.groups:
-            st = group_state(g, self.decisions, self.settings)
-            for key in st.keys:
-                for seed in st.seeds[key]:
-                    c = self.config_of(g.group, key, seed)
-                    out[c.run_id] = c
-        return list(out.values())
+        """Every run in play: those the decisions so far have put in play (the grid's and those added), and
+        the grid points the search does not search (each once)."""
+        out = {c.run_id: c for *_, c in self._in_play(self.search.groups)}
+        return list({**out, **{c.run_id: c for c in self.alone}}.values())
 
     def begin(self) -> None:
-        """Archive decisions made under other settings or groups (after the sweep checked its input)."""
+        """Archive decisions made under other settings or groups, or any for a grid (after the sweep checked
+        its input), and say how the runs will advance."""
+        if not self.searching:
+            no_search(self.sweep_dir)
+            return
         load_decisions(self.sweep_dir, self.identity)
+        s = self.sweep.search
+        if self.search.groups:
+            rungs = rung_budgets(self.sweep.c_max, s.eta, s.first_rung)
+            what = "frontier search" if s.method == "frontier" else "search to the decision at C*"
+            print(f"sweep: {what} over {self.search.design} in {len(self.search.groups)} group(s), rungs at C = "
+                  f"{', '.join(f'{c:,}' for c in rungs)} (eta {s.eta}, alpha {s.alpha})")
+        else:
+            print("sweep: frontier search: no two keys to choose between in this grid; every run trains to C_max")
 
-    def start(self) -> list[Unit]:
-        """The runs of every group's next rung."""
-        return [u for g in self.search.groups for u in self._advance(g, decide_now=False)]
+    def start(self, damaged: set[str]) -> list[Unit]:
+        """The first runs to train, the longest (most steps: more evaluations and per-step work) first, so the
+        pool's last round is short runs, not one long run beside an idle worker: every group's next rung, the
+        runs alone in their group to C_max, and the damaged runs (:meth:`repair`) neither gives."""
+        first = [u for g in self.search.groups for u in self._advance(g, decide_now=False)]
+        first += [(c, None) for c in self.alone]
+        first += self.repair(damaged - {c.run_id for c, _ in first})
+        return sorted(first, key=lambda u: -u[0].nominal_steps)
 
     def repair(self, damaged: set[str]) -> list[Unit]:
         """The runs in ``damaged`` (ended runs whose stored results failed their checks, the done marker
-        removed) that :meth:`start` did not give: each trained again to where the search had it, its key's
+        removed) that the rungs did not give: each trained again to where the search had it, its key's
         stop budget (marked stopped again when it comes back) or C_max."""
         units = []
-        for g in self.search.groups:
-            st = group_state(g, self.decisions, self.settings)
-            for key in st.keys:
-                for seed in st.seeds[key]:
-                    config = self.config_of(g.group, key, seed)
-                    if config.run_id in damaged and config.run_id not in self.pending:
-                        self.pending[config.run_id] = (g, key)
-                        units.append((config, st.stopped.get(key)))
+        for g, st, key, _, config in self._in_play(self.search.groups):
+            if config.run_id in damaged and config.run_id not in self.pending:
+                self.pending[config.run_id] = (g, key)
+                units.append((config, st.stopped.get(key)))
         return units
 
     def finished(self, config: RunConfig, result: RunResult) -> list[Unit]:
@@ -224,16 +257,25 @@ class FrontierSearch:
 
     def _points(self, g: SearchGroup) -> pd.DataFrame:
         """Every committed evaluation of the group's runs (``decide`` reads each only up to its budget)."""
-        st = group_state(g, self.decisions, self.settings)
         frames = []
-        for key in st.keys:
-            for seed in st.seeds[key]:
-                config = self.config_of(g.group, key, seed)
-                evals = RunStore(self.run_dir(config)).rows("evals")
-                if evals.empty:
-                    continue
-                frames.append(pd.DataFrame({"group": g.group, "key": key, "run_id": config.run_id, "seed": seed,
-                                            "c": evals["c"].astype(float), "avg_at_k": evals["avg_at_k"].astype(float),
-                                            "b": float(config.n * config.b_problem)}))
+        for _, _, key, seed, config in self._in_play([g]):
+            evals = RunStore(self.run_dir(config)).rows("evals")
+            if evals.empty:
+                continue
+            frames.append(pd.DataFrame({"group": g.group, "key": key, "run_id": config.run_id, "seed": seed,
+                                        "c": evals["c"].astype(float), "avg_at_k": evals["avg_at_k"].astype(float),
+                                        "b": float(config.n * config.b_problem)}))
         cols = ["group", "key", "run_id", "seed", "c", "avg_at_k", "b"]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+    def _in_play(self, groups: list[SearchGroup]) -> Iterator[tuple[SearchGroup, GroupState, Any, int, RunConfig]]:
+        """Every run the decisions so far have put in play in ``groups``: (group, its state, key, seed, config)."""
+        for g in groups:
+            st = group_state(g, self.decisions, self.settings)
+            for key in st.keys:
+                for seed in st.seeds[key]:
+                    yield g, st, key, seed, self.config_of(g.group, key, seed)
+
+    def _config(self, point: GridPoint) -> RunConfig:
+        config = point_config(self.sweep, self.sampling, point)
+        return self.grid.get(config.run_id, config)

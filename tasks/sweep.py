@@ -1,4 +1,4 @@
-"""Tasks of the ``sweep`` stage: one GRPO training run each.
+"""Tasks of the ``sweep`` stage: one GRPO training run each, and the run folders they train in.
 
 A run's persistence and caching is its :class:`~rollscale.train.checkpoint.RunStore`
 (checksummed checkpoints plus the rows they commit): a finished run is not
@@ -9,7 +9,10 @@ in Prefect's store); it is retried on transient errors, resuming each time.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +24,15 @@ from rollscale.train.checkpoint import RunStore
 from rollscale.config import LoraParams, SamplingParams
 from rollscale.lm.models import ModelRef
 from rollscale.core.problems.problem import Problem
+from rollscale.pipeline.outputs import run_damage
 from rollscale.pipeline.progress import Progress
+from rollscale.pipeline.stages import read_json
 from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
 from rollscale.pipeline.status import record_attempt
 from rollscale.files import write_parquet_atomic
 from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.trainer import GRPOTrainer
-from tasks.common import transient
+from tasks.common import refresh_duckdb, transient
 from tasks.sharded_run import train_sharded
 from tasks.models import training_model
 
@@ -190,3 +195,79 @@ def train_run_in_worker(
                  config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
     return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers, sampling,
                         budget, devices)
+
+
+def run_identity(config: RunConfig, bucket: str, train: list[Problem]) -> dict:
+    """What makes a run folder's content valid for this config."""
+    return {"config_hash": config_hash(config), "bucket": bucket, "train_ids": len(train),
+            "train_first": train[0].problem_id, "train_last": train[-1].problem_id}
+
+
+def stale_run_dirs(runs_dir: Path, wanted: dict[str, dict]) -> list[Path]:
+    """Run folders of other configs: not in this sweep's grid, or their identity changed."""
+    if not runs_dir.exists():
+        return []
+    stale = []
+    for run_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
+        ident_file = run_dir / "identity.json"
+        ident = json.loads(ident_file.read_text()) if ident_file.exists() else None
+        if not (run_dir.name in wanted and ident == wanted[run_dir.name]):
+            stale.append(run_dir)
+    return stale
+
+
+def refuse_stale_runs(runs_dir: Path, wanted: dict[str, dict], allowed: bool) -> list[Path]:
+    """The run folders of other configs (:func:`stale_run_dirs`). Params alone never take ended runs
+    (done.json: finished or failed) out of the tables: that needs ``allowed`` (``rollscale run sweep
+    --archive-stale``), else a ValueError names them, before the sweep has moved anything."""
+    stale = stale_run_dirs(runs_dir, wanted)
+    ended = [d.name for d in stale if (d / "done.json").exists()]
+    if ended and not allowed:
+        shown = ", ".join(ended[:4]) + (f" and {len(ended) - 4} more" if len(ended) > 4 else "")
+        raise ValueError(f"sweep: this grid would move {len(ended)} ended runs out of the runs/steps/evals tables "
+                         f"(not in the grid, or their config changed): {shown}; to archive them run `rollscale run "
+                         "sweep --archive-stale` (or `rollscale study --archive-stale`), to keep them restore the grid")
+    return stale
+
+
+def archive_stale_runs(runs_dir: Path, stale: list[Path]) -> None:
+    """Move run folders of other configs out of the ``runs`` tables (kept under archive/)."""
+    for run_dir in stale:
+        dest = runs_dir.parent / "archive" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        print(f"sweep: archiving {run_dir.name} (not in this sweep's grid, or its config changed) to {dest}")
+        shutil.move(str(run_dir), dest)
+
+
+def reopen_damaged_runs(artifacts: Path, run_dirs: list[Path]) -> set[str]:
+    """Ended runs (finished, or stopped by the search) whose stored results fail the checks ``fit`` reads
+    them with (:func:`rollscale.pipeline.outputs.run_damage`): named, and their done marker removed, so
+    each is trained again from its newest good checkpoint (the run store skips damaged ones) to the
+    untouched run's rows; never recorded as it is. Their ids."""
+    damaged = set()
+    for run_dir in run_dirs:
+        if problem := run_damage(artifacts, run_dir):
+            print(f"sweep: {run_dir.name} is damaged ({problem}): training it again from its last good checkpoint")
+            (run_dir / "done.json").unlink(missing_ok=True)
+            damaged.add(run_dir.name)
+    return damaged
+
+
+def mark_interrupted(artifacts: Path, runs: list) -> None:
+    """The ``runs`` rows of an interrupted sweep agree with ``rollscale status`` (issue 32: the table said
+    "running", 0 steps): a run the interrupt ended mid-way is "interrupted" at its last committed step and
+    C; one whose ``done.json`` was written before its row (the interrupt fell between) gets its ended
+    status. A later sweep marks the interrupted ones running again as it resumes them."""
+    for r in runs:
+        path = artifacts / "sweep" / "runs" / r.run_id / "run.parquet"
+        if r.status not in ("interrupted", "finished", "stopped", "failed") or not path.exists():
+            continue
+        row = pd.read_parquet(path)
+        if row["status"].iloc[0] == "running":
+            done = read_json(path.parent / "done.json") or {}  # an ended run's own account, else the checkpoint's
+            step = int(done.get("steps", r.step or 0))
+            reason = f"interrupted at step {step}" if r.status == "interrupted" else END_REASONS.get(r.status)
+            ended = {k: done[k] for k in ("c_tokens",) if k in done}
+            write_parquet_atomic(row.assign(status=r.status, steps=step, c=int(done.get("c", r.c or 0)),
+                                            end_reason=reason, **ended).astype({"end_reason": "string"}), path)
+    refresh_duckdb(artifacts)

@@ -140,7 +140,7 @@ def test_loss_names_come_from_the_registries(key, value, message):
 
 
 # Run ids and config hashes of these runs as the code before issue 21 computed them: a stored
-# study's runs resume by them (flows/sweep.py archives a run whose identity changed).
+# study's runs resume by them (tasks/sweep.py archives a run whose identity changed).
 BEFORE = {
     "np16_nr2_uniform_s0": "d5ab170805a2b08f",
     "np16_nr2_dynamic_d64_s0": "a4855b6e91fa4faf",
