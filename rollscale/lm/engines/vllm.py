@@ -267,6 +267,8 @@ class VLLMEngine(SamplingEngine):
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
             destroy_model_parallel()
+            # in a sharded run vLLM's world is the run's process group, which this ends too: the run
+            # closes its engine after its last collective (tasks.sharded_run), and destroy_ranks is then a no-op
             destroy_distributed_environment()
         finally:
             free_accelerator_memory()
