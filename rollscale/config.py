@@ -314,18 +314,21 @@ class StudyParams(Section):
     @model_validator(mode="after")
     def _one_vllm_engine(self) -> "StudyParams":
         # each worker process would start its own vLLM engine, each taking gpu_memory_fraction of the
-        # one accelerator (or cpu_kv_cache_gb of RAM): the second one fails or starves the first
-        if self.sampling.backend == "vllm" and self.workers > 1:
-            raise ValueError(f"workers: sampling.backend 'vllm' runs one engine per worker process; set workers: 1 "
-                             f"(got {self.workers}); Ray spreads sweep runs over GPUs (sweep.executor: ray)")
+        # one accelerator (or cpu_kv_cache_gb of RAM): the second one fails or starves the first.
+        # A sharded run's N ranks are one engine each, on their own devices: one run at a time
+        n = self.sweep.devices_per_run
+        if self.sampling.backend == "vllm" and self.workers > n:
+            raise ValueError(f"workers: sampling.backend 'vllm' runs one engine per worker process (per rank of a "
+                             f"sharded run); set workers: {n} (got {self.workers}); Ray spreads sweep runs over GPUs "
+                             "(sweep.executor: ray)")
         return self
 
     @model_validator(mode="after")
     def _sharded_runs(self) -> "StudyParams":
         n = self.sweep.devices_per_run
-        if n > 1 and self.sampling.backend != "hf":
-            raise ValueError(f"sweep.devices_per_run: a sharded run ({n} processes) samples with the 'hf' engine; "
-                             f"set sampling.backend: hf (got {self.sampling.backend!r})")
+        if n > 1 and self.sampling.backend not in ("hf", "vllm"):
+            raise ValueError(f"sweep.devices_per_run: a sharded run ({n} processes) samples with the 'hf' or 'vllm' "
+                             f"engine on every rank; set sampling.backend: hf or vllm (got {self.sampling.backend!r})")
         if n > 1 and self.sweep.executor == "local" and self.workers < n:
             raise ValueError(f"sweep.devices_per_run: a run of {n} processes takes {n} of the local pool's "
                              f"slots; set workers >= {n} (got {self.workers})")

@@ -221,8 +221,9 @@ def test_two_process_lora_step_equals_one_process_step(both_runs):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"sweep": {"devices_per_run": 2}, "sampling": {"backend": "vllm"}, "workers": 1}, "sampling.backend: hf"),
+    ({"sweep": {"devices_per_run": 2}, "sampling": {"backend": "hf-paged"}, "workers": 2}, "sampling.backend: hf or vllm"),
     ({"sweep": {"devices_per_run": 4}, "workers": 2}, "workers >= 4"),
+    ({"sweep": {"devices_per_run": 2}, "sampling": {"backend": "vllm"}, "workers": 4}, "set workers: 2"),
 ])
 def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message):
     from rollscale.config import parse_params
@@ -230,6 +231,8 @@ def test_devices_per_run_refuses_what_a_sharded_run_cannot_do(settings, message)
     with pytest.raises(ValueError, match=message):
         parse_params(settings)
     assert parse_params({"sweep": {"devices_per_run": 2, "noise_every": 5}}).sweep.devices_per_run == 2
+    vllm = parse_params({"sweep": {"devices_per_run": 2}, "sampling": {"backend": "vllm"}, "workers": 2})
+    assert (vllm.sampling.backend, vllm.workers) == ("vllm", 2)  # one engine per rank
 
 
 def _descendants(pid: int) -> list[int]:

@@ -11,6 +11,7 @@ import gc
 import os
 import weakref
 
+import pandas as pd
 import pytest
 import torch
 
@@ -110,31 +111,59 @@ def test_stage_engine_is_vllm_at_another_dtype_and_closes(tmp_path):
     assert all(t() is None for t in cache)  # nothing holds the 2 GB KV cache any more
 
 
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory):
+    """A sweep run (tasks.sweep.train_run) sampled by vLLM on the tiny model, 3 steps of 4 prompts
+    x 8 rollouts, memoised by its settings: ``run(dtype, devices=1, budget=None, name=None, lora=False)``
+    -> (result, the run's folder, how often this process synced and closed a vLLM engine)."""
+    from rollscale.config import LoraParams
+    from rollscale.lm.engines.vllm import VLLMEngine
+    from tasks.sweep import train_run
+
+    root = tmp_path_factory.mktemp("vllm-runs")
+    ref, train, val = run_setup(root)
+    done: dict = {}
+
+    def run(dtype: str, devices: int = 1, budget: float | None = None, name: str | None = None, lora: bool = False):
+        key = (dtype, devices, budget, name, lora)
+        if key not in done:
+            counts = {"sync_weights": 0, "close": 0}
+            run_dir = root / (name or f"{dtype}-{devices}{'-lora' * lora}")
+            sampling = SamplingParams(backend="vllm", engine_dtype=dtype, engine_eager=True, temperature=1.0,
+                                      max_new_tokens=4)
+            threads = torch.get_num_threads()
+            with pytest.MonkeyPatch.context() as mp:
+                for method in counts:
+                    real = getattr(VLLMEngine, method)
+
+                    def counted(self, *args, _real=real, _name=method):
+                        counts[_name] += 1
+                        return _real(self, *args)
+
+                    mp.setattr(VLLMEngine, method, counted)
+                torch.set_num_threads(1)  # a sharded run's ranks get this process's thread count
+                try:
+                    result = train_run.fn(ref, run_config(ppo_epochs=2, tis_cap=2.0), "easy", train, val, str(run_dir),
+                                          LoraParams(enabled=lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+                                          sampling=sampling, budget=budget, devices=devices)
+                finally:
+                    torch.set_num_threads(threads)
+            done[key] = result, run_dir, counts
+        return done[key]
+
+    return run
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_sweep_run_samples_with_vllm_synced_after_every_update(tmp_path, monkeypatch, dtype):
+def test_sweep_run_samples_with_vllm_synced_after_every_update(sweep_run, dtype):
     """A sweep run (tasks.sweep.train_run) with sampling.backend vllm: every rollout comes from
     the engine, which is synced after every optimizer step and closed at the end. A float32
     engine's log-probs of its samples equal the trainer's at every step although the policy
     moves (so the sync works); a bfloat16 engine's do not, and the off-policy correction
     (ppo_epochs 2, truncated IS) sees the gap."""
-    from rollscale.lm.engines.vllm import VLLMEngine
     from rollscale.train.checkpoint import RunStore
-    from tasks.sweep import train_run
 
-    ref, train, val = run_setup(tmp_path)
-    counts = {"sync_weights": 0, "close": 0}
-    for name in counts:
-        real = getattr(VLLMEngine, name)
-
-        def counted(self, *args, _real=real, _name=name):
-            counts[_name] += 1
-            return _real(self, *args)
-
-        monkeypatch.setattr(VLLMEngine, name, counted)
-    run_dir = tmp_path / "run"
-    sampling = SamplingParams(backend="vllm", engine_dtype=dtype, engine_eager=True, temperature=1.0, max_new_tokens=4)
-    result = train_run.fn(ref, run_config(ppo_epochs=2, tis_cap=2.0), "easy", train, val, str(run_dir),
-                          sampling=sampling)
+    result, run_dir, counts = sweep_run(dtype)
     steps = RunStore(run_dir).rows("steps")
     assert result.status == "finished" and len(steps) == result.steps > 1
     assert counts == {"sync_weights": len(steps), "close": 1}
@@ -142,3 +171,43 @@ def test_sweep_run_samples_with_vllm_synced_after_every_update(tmp_path, monkeyp
         assert steps["logp_mismatch"].max() < 1e-4
     else:
         assert steps["logp_mismatch"].min() > 2e-4 and steps["tis_frac"].notna().all()
+
+
+def test_sharded_run_samples_with_a_vllm_engine_per_rank(sweep_run):
+    """A sharded run (sweep.devices_per_run 2: torchrun, FSDP2 over 2 gloo processes) with
+    sampling.backend vllm: each rank's engine joins the run's process group and is fed the
+    gathered weights after every update. Paused at a checkpoint after 2 steps, the run is resumed
+    in one process (another vLLM engine, synced to the 2-process checkpoint's weights on load);
+    every step's rollouts are the one-process run's (the same requests and seeds on whichever
+    rank), and a float32 engine's log-probs equal the trainer's at every step, so each engine
+    sampled the updated policy."""
+    from rollscale.train.checkpoint import RunStore
+
+    rollouts = ["c", "c_tokens", "reward_mean", "response_len_mean"]
+    # AdamW's first step moves each weight by lr x sign(g): a near-zero gradient that rounds to the
+    # other sign (another reduction order over 2 ranks) moves it the other way (lr 0.05 here), so
+    # the update figures agree to 2e-3, not float precision (measured: at most 5e-4, entropy)
+    update = ["loss", "policy_loss", "kl", "entropy", "grad_norm"]
+    one, one_dir, _ = sweep_run("float32")
+    paused, run_dir, _ = sweep_run("float32", devices=2, budget=64, name="sharded")
+    assert (paused.status, paused.steps, paused.c) == ("paused", 2, 64)
+    assert RunStore(run_dir).latest().shards is not None  # each rank wrote its shards
+    resumed, _, counts = sweep_run("float32", name="sharded")
+    assert (resumed.status, resumed.steps) == ("finished", one.steps)
+    assert counts == {"sync_weights": 2, "close": 1}  # the checkpoint's weights, then the last step's update
+    steps, one_steps = RunStore(run_dir).rows("steps"), RunStore(one_dir).rows("steps")
+    assert steps["logp_mismatch"].max() < 1e-4
+    pd.testing.assert_frame_equal(steps[rollouts], one_steps[rollouts])  # the same tokens, rewards and C
+    pd.testing.assert_frame_equal(steps[update], one_steps[update], check_exact=False, rtol=2e-3)
+
+
+def test_sharded_lora_run_sends_each_rank_the_gathered_adapter(sweep_run):
+    """LoRA in a 2-process run with vLLM: after every update each rank gathers the adapter from its
+    FSDP2 shards and sends it to its engine as a new LoRARequest, so the float32 engines' log-probs
+    equal the trainer's at every step (a stale adapter, zero at the start, would not)."""
+    from rollscale.train.checkpoint import RunStore
+
+    result, run_dir, _ = sweep_run("float32", devices=2, lora=True)
+    steps = RunStore(run_dir).rows("steps")
+    assert (result.status, len(steps)) == ("finished", 3) and steps["grad_norm"].min() > 0
+    assert steps["logp_mismatch"].max() < 1e-4

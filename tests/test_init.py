@@ -110,7 +110,7 @@ def test_a_node_of_gpus_shards_full_fine_tuning_where_only_the_shards_fit(verl, 
     two, _ = suggest(model(7.6e9), sample, str(verl), 120, Machine.from_arg("H100", gpus=2))
     assert one["model.lora.enabled"] is True and "sweep.devices_per_run" not in one
     assert node["model.lora.enabled"] is False and node["sweep.train.lr_base"] == 1e-6
-    assert (node["sweep.devices_per_run"], node["workers"], node["sampling.backend"]) == (8, 8, "hf")
+    assert (node["sweep.devices_per_run"], node["workers"], node["sampling.backend"]) == (8, 8, "vllm")
     assert "sharded over the node's 8 GPUs" in why["model.lora.enabled"] and "estimates" in why["model.lora.enabled"]
     assert two["model.lora.enabled"] is True and "sweep.devices_per_run" not in two
     assert full_finetune_gb(int(7.6e9), "bfloat16", 16384, 151936, ranks=8) < 40

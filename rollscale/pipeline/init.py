@@ -123,8 +123,10 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     values, why = suggest(info, sample, data_path, pool, machine)
     if engine:
         values["sampling.backend"], why["sampling.backend"] = engine, f"--engine {engine}"
-        if engine == "vllm":  # one engine per worker process (the config refuses more)
-            values["workers"], why["workers"] = 1, "vLLM: one engine, in one worker process"
+        if engine == "vllm":  # one engine per worker process, or per rank of a sharded run (the config refuses more)
+            devices = values.get("sweep.devices_per_run", 1)
+            values["workers"], why["workers"] = devices, ("vLLM: one engine, in one worker process" if devices == 1
+                                                          else why["workers"])
     if budget is not None:
         budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
     sized = hours_values(values, why, hours, Path(out).parent / "artifacts", pool) if hours is not None else ""

@@ -167,12 +167,11 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
     put("workers", workers, "one vLLM engine per GPU: spread runs with sweep.executor ray" if gpu
         else "processes side by side, one per core")
     put("torch_threads", 1)
-    if devices > 1:  # a sharded run: its N processes take N worker slots and sample with hf (docs/gpu.md)
+    if devices > 1:  # a sharded run: its N processes take N worker slots, each rank its own vLLM engine (docs/gpu.md)
         put("sweep.devices_per_run", devices, f"each run trains on the node's {devices} GPUs (FSDP2): full fine-tuning "
                                               "fits only sharded")
-        put("workers", devices, "a run of N processes takes N of the local pool's slots: one run at a time")
-        put("sampling.backend", "hf", "a sharded run samples with transformers generate on every rank (vLLM per rank "
-                                      "is not wired yet, docs/gpu.md)")
+        put("workers", devices, "a run of N processes takes N of the local pool's slots: one run at a time, "
+                                "one vLLM engine per rank")
     put("sampling.batch_size", 256 if gpu else 64, "rollouts per generate call: bounds the KV cache")
     max_new, reason = _max_new_tokens(data)
     put("sampling.max_new_tokens", max_new, reason)

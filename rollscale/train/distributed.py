@@ -6,7 +6,7 @@ one per device. Every decoder layer and the root are ``fully_shard``-ed, so each
 
 - sampling is data-parallel by whole prompt groups (:class:`ShardedSampler`): of each
   sampling call's prompts, rank r generates prompts r, r+N, ..., each request with the seed
-  the one-process call gives it (the hf engine's ``indices``), and the groups are gathered,
+  the one-process call gives it (the engine's ``indices``), and the groups are gathered,
   so every rank sees every group: the allocation rule (seeded identically on every rank)
   decides the same on all of them, and C counts each rollout once;
 - each rank trains on its share of the groups (:func:`group_rows`), with the loss
@@ -19,6 +19,7 @@ Gloo on CPU (what the tests run), NCCL on CUDA; multi-node runs are out of scope
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -31,6 +32,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from rollscale.core.rollouts import Rollout, SamplingConfig
 from rollscale.lm.engines.base import OnBatch, Prompt, SamplingEngine
 from rollscale.lm.engines.hf import HFSampler
+from rollscale.lm.engines.vllm import VLLMEngine
 
 
 @dataclass(frozen=True)
@@ -134,22 +136,25 @@ class _Unsharded:
 
 
 class ShardedSampler(SamplingEngine):
-    """The hf engine of a sharded run: each rank generates its share of a call's prompts
-    (r, r+N, ...) with the training model's gathered weights, and every rank gets every group.
-    Request (i, j) has the seed the one-process call gives it, so the rollouts equal the
-    one-process engine's (to the rounding of a different padding width)."""
+    """The engine of a sharded run: each rank generates its share of a call's prompts
+    (r, r+N, ...), and every rank gets every group. Request (i, j) has the seed the one-process
+    call gives it, so the rollouts equal the one-process engine's (to the rounding of a different
+    padding width or batch). The rank's engine is the training model with its weights gathered
+    (``hf``) or a colocated vLLM engine per rank, synced with the gathered weights (``vllm``)."""
 
     def __init__(self, engine: SamplingEngine, model: torch.nn.Module, ranks: Ranks):
-        if not isinstance(engine, HFSampler):
-            raise ValueError(f"sweep.devices_per_run > 1 samples with the 'hf' engine; got {type(engine).__name__} "
-                             "(set sampling.backend: hf)")
+        if not isinstance(engine, (HFSampler, VLLMEngine)):
+            raise ValueError(f"sweep.devices_per_run > 1 samples with the 'hf' or 'vllm' engine; got "
+                             f"{type(engine).__name__} (set sampling.backend: hf or vllm)")
         self.engine, self.model, self.ranks = engine, model, ranks
         self.tokenizer = engine.tokenizer
 
     def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,
                on_batch: OnBatch | None = None) -> list[list[Rollout]]:
         mine = self.ranks.share(len(prompts))
-        with _Unsharded(self.model):
+        # hf samples with the training model: its full weights on every rank meanwhile; vLLM holds its own
+        whole = _Unsharded(self.model) if isinstance(self.engine, HFSampler) else contextlib.nullcontext()
+        with whole:
             groups = self.engine.sample([prompts[i] for i in mine], n, config, seed, on_batch=on_batch,
                                         indices=mine) if mine else []
         out: list[list[Rollout] | None] = [None] * len(prompts)
@@ -159,7 +164,14 @@ class ShardedSampler(SamplingEngine):
         return out  # type: ignore[return-value]
 
     def sync_weights(self, model) -> None:
+        """Collective for vLLM: every rank gathers the sharded weights into its engine."""
         self.engine.sync_weights(model)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
 
     def close(self) -> None:
         self.engine.close()

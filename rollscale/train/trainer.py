@@ -312,8 +312,9 @@ class GRPOTrainer:
         return ckpt
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
-        """Restore weights (trainable parameters), optimizer, progress and RNG states."""
+        """Restore weights (trainable parameters), optimizer, progress and RNG states; sync the engine."""
         restore_state(self.model, self.optimizer, self.trainable, ckpt, self.ranks)
+        self.engine.sync_weights(self.model)
         s = ckpt.state
         # the schedule resumes at the checkpoint's step (its rate follows from the step alone)
         for group in self.optimizer.param_groups:

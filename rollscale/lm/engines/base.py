@@ -89,6 +89,15 @@ def check_call(prompts: Sequence[Prompt], n: int) -> None:
         raise TypeError("prompts must be a sequence of prompts, got one string")
 
 
+def request_places(n_prompts: int, indices: Sequence[int] | None) -> list[int]:
+    """Each prompt's place in the call's seeds, ``derive_seed(seed, place, j)``: 0, 1, ... or ``indices``
+    (a rank of a sharded run sampling its share of a call draws what the whole call would)."""
+    places = list(range(n_prompts)) if indices is None else [int(i) for i in indices]
+    if len(places) != n_prompts:
+        raise ValueError(f"indices: {len(places)} for {n_prompts} prompts")
+    return places
+
+
 class SamplingEngine(ABC):
     """One engine per stage: ``sample`` many times, ``sync_weights`` after each optimizer step,
     ``close`` at the end. An engine is a module of :mod:`rollscale.lm.engines` whose class is

@@ -34,6 +34,7 @@ from rollscale.lm.engines.base import (
     eos_ids,
     make_rollout,
     prompt_ids,
+    request_places,
 )
 from rollscale.core.seeds import derive_seed
 from rollscale.core.rollouts import Rollout, SamplingConfig
@@ -109,13 +110,10 @@ class HFSampler(TrainingModelEngine):
     @torch.no_grad()
     def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,
                on_batch: OnBatch | None = None, indices: Sequence[int] | None = None) -> list[list[Rollout]]:
-        """``indices``: the prompts' places in the seed, ``derive_seed(seed, indices[i], j)`` (default
-        0, 1, ...): a rank of a sharded run sampling its share of a call draws what the whole call would."""
+        """``indices``: the prompts' places in the call's seeds (:func:`request_places`)."""
         check_call(prompts, n)
         ids = prompt_ids(self.tokenizer, prompts)
-        places = range(len(ids)) if indices is None else list(indices)
-        if len(places) != len(ids):
-            raise ValueError(f"indices: {len(places)} for {len(ids)} prompts")
+        places = request_places(len(ids), indices)
         flat = [(ids[i], derive_seed(seed, places[i], j)) for i in range(len(ids)) for j in range(n)]
         out: list[Rollout] = []
         device = next(self.model.parameters()).device

@@ -10,6 +10,12 @@ trainer can push weights into it, as TRL's and verl's colocate modes do:
   saved with peft and sent as a new ``LoRARequest`` (a new id per version, so
   vLLM never serves a cached old adapter).
 
+In a sharded run (``sweep.devices_per_run`` > 1, FSDP2 over torchrun's processes) every rank
+has its own engine, built before the model is sharded: vLLM joins the run's process group as
+its "external launcher" (tensor parallel 1, each engine on its rank's ``LOCAL_RANK`` device, as
+TRL's colocate mode), and each sync gathers the sharded parameters (DTensors) whole, one at a
+time, on every rank (:func:`full_weights`; verl's FSDP sync does the same) before loading them.
+
 Prompts go in as token ids (``TokensPrompt``), one request per (prompt, sample)
 with its own seed; log-probs are vLLM's ``processed_logprobs`` (after
 temperature, top-k, top-p: the distribution the token was drawn from). Every
@@ -25,9 +31,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rollscale.lm.engines.base import (
@@ -40,6 +47,7 @@ from rollscale.lm.engines.base import (
     free_accelerator_memory,
     make_rollout,
     prompt_ids,
+    request_places,
 )
 from rollscale.core.seeds import derive_seed
 from rollscale.core.rollouts import Rollout, SamplingConfig
@@ -91,6 +99,18 @@ def base_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
             continue
         out[name.removeprefix("base_model.model.").replace(".base_layer.", ".")] = tensor
     return out
+
+
+def full_weights(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each ``(name, tensor)`` whole: a sharded run's DTensor is all-gathered (a collective, so every
+    rank must walk the same names in the same order), a plain tensor passes as it is."""
+    for name, tensor in named:
+        yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+
+
+def in_sharded_run() -> bool:
+    """This process is a rank of a sharded run: torchrun's process group is up with several ranks."""
+    return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
 
 
 def save_base_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
@@ -151,6 +171,8 @@ class VLLMEngine(SamplingEngine):
             kwargs.update(gpu_memory_utilization=config.gpu_memory_fraction, enable_sleep_mode=config.enable_sleep)
         else:
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(_CPU_BATCHED_TOKENS, max_model_len))
+        if in_sharded_run():  # one engine per rank, in the run's process group (vLLM's groups are built on it)
+            kwargs.update(distributed_executor_backend="external_launcher")
         self.lora = is_peft(model)
         if self.lora:
             peft_config = model.peft_config[model.active_adapter]
@@ -174,7 +196,8 @@ class VLLMEngine(SamplingEngine):
 
         self.version += 1
         folder = self.workdir / f"adapter-v{self.version}"
-        model.save_pretrained(folder)
+        adapter = dict(full_weights((k, v) for k, v in model.state_dict().items() if "lora_" in k))
+        model.save_pretrained(folder, state_dict=adapter)
         old = self.lora_request
         self.lora_request = LoRARequest(f"policy-v{self.version}", self.version, str(folder))
         if old is not None:
@@ -188,8 +211,10 @@ class VLLMEngine(SamplingEngine):
             self._push_adapter(model)
         else:
             self.version += 1
-            weights = [(k, v.detach()) for k, v in base_state_dict(model).items()]
+            weights = full_weights(base_state_dict(model).items())  # gathered as vLLM reads them
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            for _ in weights:  # whatever vLLM left unread is gathered too: every rank runs every all-gather
+                pass
         # KV blocks cached for shared prompt prefixes were computed by the old weights
         self.llm.reset_prefix_cache()
 
@@ -205,7 +230,8 @@ class VLLMEngine(SamplingEngine):
             self.asleep = False
 
     def sample(self, prompts: Sequence[Prompt], n: int, config: SamplingConfig, seed: int,
-               on_batch: OnBatch | None = None) -> list[list[Rollout]]:
+               on_batch: OnBatch | None = None, indices: Sequence[int] | None = None) -> list[list[Rollout]]:
+        """``indices``: the prompts' places in the call's seeds (:func:`request_places`)."""
         from vllm import SamplingParams, TokensPrompt
 
         check_call(prompts, n)
@@ -213,13 +239,14 @@ class VLLMEngine(SamplingEngine):
             raise RuntimeError("VLLMEngine.sample after close()")
         self.wake_up()
         ids = prompt_ids(self.tokenizer, prompts)
+        places = request_places(len(ids), indices)
         requests, params = [], []
-        for i, p in enumerate(ids):
+        for p, place in zip(ids, places):
             for j in range(n):
                 requests.append(TokensPrompt(prompt_token_ids=p))
                 params.append(SamplingParams(
                     n=1, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                    max_tokens=config.max_new_tokens, seed=derive_seed(seed, i, j), logprobs=0,
+                    max_tokens=config.max_new_tokens, seed=derive_seed(seed, place, j), logprobs=0,
                     stop_token_ids=self.eos_ids, detokenize=False,
                 ))
         results = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
@@ -240,6 +267,8 @@ class VLLMEngine(SamplingEngine):
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
             destroy_model_parallel()
+            # in a sharded run vLLM's world is the run's process group, which this ends too: the run
+            # closes its engine after its last collective (tasks.sharded_run), and destroy_ranks is then a no-op
             destroy_distributed_environment()
         finally:
             free_accelerator_memory()
