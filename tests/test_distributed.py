@@ -70,6 +70,9 @@ def _trainer(ranks: Ranks | None, lora: bool = False, **update) -> GRPOTrainer:
                        use_chat_template=False, ranks=ranks, lora=lora)
 
 
+RULES = (("pods", {"m": 2}), ("dynamic", {}))
+
+
 def _full_params(trainer: GRPOTrainer, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
             for name, p in trainer.model.named_parameters() if p.requires_grad or not trainable_only}
@@ -99,6 +102,10 @@ def _runs(store_root: str, ranks: Ranks | None) -> dict:
             out["straight"] = _full_params(straight)
     lora = _trainer(ranks, lora=True)
     out["lora_row"], out["lora"] = lora.train_step(), _full_params(lora, trainable_only=True)
+    # allocation rules that pick rollouts (PODS) or draw more prompts (dynamic sampling): one step each
+    for rule, args in RULES:
+        stepped = _trainer(ranks, rule=rule, rule_args=args)
+        out[f"{rule}_row"], out[rule] = stepped.train_step(), _full_params(stepped)
     return out
 
 
@@ -218,6 +225,18 @@ def test_two_process_lora_step_equals_one_process_step(both_runs):
     assert any(not torch.equal(p, two["lora"][name]) for name, p in _trainer(None, lora=True).trainable.items())
     for column in COLUMNS:
         np.testing.assert_allclose(two["lora_row"][column], one["lora_row"][column], rtol=RTOL, atol=ATOL, err_msg=column)
+
+
+@pytest.mark.parametrize("rule", [rule for rule, _ in RULES])
+def test_two_process_step_of_an_allocation_rule_equals_one_process_step(both_runs, rule):
+    """Issue 30: every rank sees every sampled group and the rule is seeded alike on all of them, so PODS
+    keeps and dynamic sampling draws the same rollouts as in one process: same step row, same weights."""
+    _, one, two, _ = both_runs
+    for name, p in one[rule].items():
+        torch.testing.assert_close(two[rule][name], p, rtol=0, atol=2e-5, msg=name)
+    for column in COLUMNS:
+        np.testing.assert_allclose(two[f"{rule}_row"][column], one[f"{rule}_row"][column], rtol=RTOL, atol=ATOL,
+                                   err_msg=column)
 
 
 @pytest.mark.parametrize("settings, message", [
