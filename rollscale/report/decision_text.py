@@ -69,7 +69,7 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
         settled = g[g["status"] == "settled"]
         # science §9.4: settled = cannot beat the leader by more than eps; "worse" only where D's upper bound
         # is below 0 or the key was settled on A2 (beaten at a rung, it will not overtake)
-        behind = (settled["d_hi"] < 0) | settled.get("settled_by", pd.Series("", settled.index)).astype(str).str.endswith("a2")
+        behind = (settled["d_hi"] < 0) | settled["settled_by"].astype(str).str.endswith("a2")
         worse, no_better = settled[behind]["key"].tolist(), settled[~behind]["key"].tolist()
         if within:
             parts.append(f"{key_label(design, within)} {'is' if len(within) == 1 else 'are'} within {eps:g}")
