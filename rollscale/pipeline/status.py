@@ -257,13 +257,13 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
 
 def runs_kept(runs: list[RunProgress]) -> str:
     """What an interrupted sweep kept, in words: its runs by state (science §1)."""
-    finished = sum(r.status in ("finished", "stopped") for r in runs)  # stopped: ended by the search (§8)
+    finished = sum(r.status in ("finished", "stopped") for r in runs)  # stopped: ended by the search (§8, §9.4)
     stopped = sum(r.status == "stopped" for r in runs)
     failed = sum(r.status == "failed" for r in runs)
     resume = sum(r.status not in ("finished", "stopped", "failed") and r.step is not None for r in runs)
     fresh = len(runs) - finished - failed - resume
     parts = [f"{finished} of {len(runs)} {'run' if len(runs) == 1 else 'runs'} finished"
-             + (f" ({stopped} stopped by the frontier search)" if stopped else "")]
+             + (f" ({stopped} stopped by the search)" if stopped else "")]
     if resume:
         parts.append(f"{resume} {'resumes from its' if resume == 1 else 'resume from their'} last checkpoint")
     if fresh:
