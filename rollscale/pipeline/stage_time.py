@@ -85,10 +85,6 @@ def _step_s(p: StudyParams, cal: Calibration, rollouts: int, length: float, nois
             + tokens * cal.train_s_per_token + gram)
 
 
-def _evaluations(p: StudyParams, rollouts_per_step: int) -> int:
-    return len(run_evaluation_steps(p, rollouts_per_step))
-
-
 def _sweep(p: StudyParams, cal: Calibration, length: float, val_size: int) -> tuple[list[float], int]:
     """Seconds of each run trained to c_max, and the grid's rollouts."""
     from rollscale.train.sweep import plan_runs
@@ -98,7 +94,7 @@ def _sweep(p: StudyParams, cal: Calibration, length: float, val_size: int) -> tu
     for point, _ in plan_runs(sw).runs:
         b = point.n * point.b_problem
         steps = power.steps_per_run(sw.c_max, b)
-        evals = _evaluations(p, b) * cal.generate_s(val_size * (sw.eval_k + 1), s.batch_size, s.max_new_tokens)
+        evals = len(run_evaluation_steps(p, b)) * cal.generate_s(val_size * (sw.eval_k + 1), s.batch_size, s.max_new_tokens)
         runs.append(steps * _step_s(p, cal, b, length) + evals)
         rollouts += steps * b
     return runs, rollouts
