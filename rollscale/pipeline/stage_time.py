@@ -94,7 +94,8 @@ def _sweep(p: StudyParams, cal: Calibration, length: float, val_size: int) -> tu
     for point, _ in plan_runs(sw).runs:
         b = point.n * point.b_problem
         steps = power.steps_per_run(sw.c_max, b)
-        evals = len(run_evaluation_steps(p, b)) * cal.generate_s(val_size * (sw.eval_k + 1), s.batch_size, s.max_new_tokens)
+        evaluation = cal.generate_s(val_size * (sw.eval_k + 1), s.batch_size, s.max_new_tokens)
+        evals = len(run_evaluation_steps(p, b)) * evaluation
         runs.append(steps * _step_s(p, cal, b, length) + evals)
         rollouts += steps * b
     return runs, rollouts
