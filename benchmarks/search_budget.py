@@ -1,6 +1,7 @@
 """The search of science §9.4 on simulated studies, per family: the answer at C* against the truth, rollouts spent.
 
     python benchmarks/search_budget.py --per-family 40 --seeds-min 2 3
+    python benchmarks/search_budget.py --per-family 40 --seeds-min 2 --draws 400 1600   # avg@4 and avg@16
     python benchmarks/search_budget.py --per-family 10 --tradeoff
     python benchmarks/search_budget.py --per-family 40 --oracle   # the most 2, 3, 4 seeds can be right
 
@@ -10,7 +11,7 @@ and the three of MORE_FAMILIES; the search runs through rollscale.core.search.de
 "decision" (rollscale.core.search.simulate_budget). Prints markdown: per family, the share of studies
 whose answer is within epsilon of the true best at C* ("right"), the share decided, the median and
 largest rollouts spent against the grid's (every key, seeds_max seeds, to C_max), the mean regret and
-the seeds added; with --tradeoff one row per setting moved from epsilon 0.02, alpha 0.3, eta 1.41,
+the seeds added, and how often that grid itself is right (its own decision at C*, the ceiling of any search); with --tradeoff one row per setting moved from epsilon 0.02, alpha 0.3, eta 1.41,
 seeds_min 2 (one at a time), over all families.
 """
 
@@ -34,11 +35,11 @@ from rollscale.core.search.simulate_budget import (  # noqa: E402
 SCHEDULE = (625.0, 4)  # the sweep's default: sweep.eval_per_doubling 4 from c_max / 64
 
 
-def run(per: int, seeds_min: int, seeds_max: int, **kw: float) -> tuple:
+def run(per: int, seeds_min: int, seeds_max: int, draws: int = 1600, grid: bool = False, **kw: float) -> tuple:
     studies = make_studies(per, seed=0, families=tuple(FAMILIES) + tuple(MORE_FAMILIES),
-                           seeds=tuple(range(seeds_min)), schedule=SCHEDULE)
+                           seeds=tuple(range(seeds_min)), schedule=SCHEDULE, eval_draws=draws)
     t = time.process_time()
-    result = simulate_decision(studies, SearchSettings(method="decision", seeds_max=seeds_max, **kw))
+    result = simulate_decision(studies, SearchSettings(method="decision", seeds_max=seeds_max, **kw), grid=grid)
     return summarise_decision(result), time.process_time() - t
 
 
@@ -49,11 +50,14 @@ def main() -> None:
     ap.add_argument("--seeds-max", type=int, default=4)
     ap.add_argument("--eta", type=float, default=1.41)
     ap.add_argument("--alpha", type=float, default=0.3)
+    ap.add_argument("--draws", type=int, nargs="+", default=[1600],
+                    help="samples behind one evaluation: 1600 = avg@16 over 100 problems (the default), 400 = avg@4")
     ap.add_argument("--tradeoff", action="store_true", help="one row per epsilon x alpha x eta x seeds_min")
     ap.add_argument("--oracle", action="store_true", help="per family: right with 2-4 seeds' true curves, no fit")
     args = ap.parse_args()
     if args.oracle:
-        studies = make_studies(args.per_family, seed=0, families=tuple(FAMILIES) + tuple(MORE_FAMILIES))
+        studies = make_studies(args.per_family, seed=0, families=tuple(FAMILIES) + tuple(MORE_FAMILIES),
+                               eval_draws=args.draws[0])
         print("| seeds | " + " | ".join(FAMILIES | MORE_FAMILIES) + " |")
         print("| ---: |" + " ---: |" * len(FAMILIES | MORE_FAMILIES))
         for m in (2, 3, 4):
@@ -61,19 +65,20 @@ def main() -> None:
             print(f"| {m} | " + " | ".join(f"{sum(v) / len(v):.1%}" for v in right.values()) + " |")
         return
     if not args.tradeoff:
-        for m in args.seeds_min:
-            table, cpu = run(args.per_family, m, max(m, args.seeds_max), eta=args.eta, alpha=args.alpha)
-            print(f"\nseeds_min {m}, seeds_max {max(m, args.seeds_max)}, epsilon 0.02, alpha {args.alpha:g}, "
-                  f"eta {args.eta:g} "
-                  f"({cpu:.0f} CPU s)\n")
-            cap = max(m, args.seeds_max)
-            print("| family | studies | A2 holds | right (regret <= epsilon) | decided | median spent | max spent | "
-                  "median spent, 3-seed grid | mean regret | seeds added |")
-            print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-            for fam, r in table.iterrows():
-                print(f"| {fam} | {r['studies']} | {'yes' if r['a2_holds'] else 'no'} | {r['right']:.1%} | "
-                      f"{r['decided']:.0%} | {r['median_spent']:.1%} | {r['max_spent']:.1%} | "
-                      f"{r['median_spent'] * cap / 3:.1%} | {r['mean_regret']:.4f} | {r['seeds_added']:.2f} |")
+        for draws in args.draws:
+            for m in args.seeds_min:
+                cap = max(m, args.seeds_max)
+                table, cpu = run(args.per_family, m, cap, draws, grid=True, eta=args.eta, alpha=args.alpha)
+                print(f"\nseeds_min {m}, seeds_max {cap}, epsilon 0.02, alpha {args.alpha:g}, eta {args.eta:g}, "
+                      f"{draws} samples an evaluation ({cpu:.0f} CPU s)\n")
+                print("| family | studies | A2 holds | right (regret <= epsilon) | the grid right | decided | "
+                      "median spent | max spent | median spent, 3-seed grid | mean regret | seeds added |")
+                print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                for fam, r in table.iterrows():
+                    print(f"| {fam} | {r['studies']} | {'yes' if r['a2_holds'] else 'no'} | {r['right']:.1%} | "
+                          f"{r['grid_right']:.1%} | {r['decided']:.0%} | {r['median_spent']:.1%} | "
+                          f"{r['max_spent']:.1%} | {r['median_spent'] * cap / 3:.1%} | {r['mean_regret']:.4f} | "
+                          f"{r['seeds_added']:.2f} |", flush=True)
         return
     print("| epsilon | alpha | eta | seeds_min | right, worst family | right, all | median spent | worst family's "
           "median spent | CPU s |")
@@ -82,7 +87,8 @@ def main() -> None:
     moves = [base, (0.01, *base[1:]), (0.04, *base[1:]), (base[0], 0.1, *base[2:]), (*base[:2], 2.0, 2),
              (*base[:3], 3)]
     for eps, alpha, eta, m in moves:
-        table, cpu = run(args.per_family, m, max(m, args.seeds_max), tolerance=eps, alpha=alpha, eta=eta)
+        table, cpu = run(args.per_family, m, max(m, args.seeds_max), args.draws[0], tolerance=eps, alpha=alpha,
+                         eta=eta)
         fams = table.drop(index="all")
         holds = fams[fams["a2_holds"].astype(bool)]
         print(f"| {eps:g} | {alpha:g} | {eta:g} | {m} | {holds['right'].min():.1%} | {table.loc['all', 'right']:.1%} | "

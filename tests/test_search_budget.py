@@ -5,10 +5,14 @@ The simulation (rollscale.core.search.simulate_budget) runs every study through 
 as the sweep, method "decision", eta 1.41, alpha 0.3, epsilon 0.02, 2 seeds to start and 4 at most (the
 embedded default, params.yaml), evaluations on the sweep's §9.1 schedule. 40 studies per family take
 minutes on this 2-core machine, so the test runs a fixed subsample (PER_FAMILY per family, 2 seeds);
-benchmarks/search_budget.py runs 40 per family (docs/benchmarks.md has the per-family table: the issue's
-95 % is met in 5 of 7 A2 families there, not in cross, edge_low). The accuracy thresholds below are
-what this subsample measures (1 miss in 8 in unbent, none elsewhere), not the issue's targets; the
-rollouts spent are the issue's targets.
+benchmarks/search_budget.py runs 40 per family (docs/benchmarks.md has the per-family tables).
+
+Two validation noises. With avg@16 over 100 problems (the embedded default's `sweep.eval_k: 16`) the issue's
+targets hold in every A2 family: right in >= 95 % of studies (40 per family: 95-100 %), median spent <= 50 %.
+With avg@4 (the old default) no search can meet them: the grid the search saves (every key, 4 seeds, to C_max)
+is itself right in only 90-95 % of `edge_low` and `cross` studies, its runs' fitted rewards at C* being off by
+as much as the seeds differ; there the test asks the search to be right as often as that grid, give or take
+one study per family.
 """
 
 from __future__ import annotations
@@ -26,16 +30,23 @@ from rollscale.train.search_groups import search_plan, search_settings
 PER_FAMILY = 8
 ALL = tuple(FAMILIES) + tuple(MORE_FAMILIES)
 SETTINGS = SearchSettings(method="decision", eta=1.41, alpha=0.3, tolerance=0.02, seeds_max=4)
+AVG16, AVG4 = 1600, 400  # samples behind one evaluation: avg@16 (the default's eval_k) or avg@4 over 100 problems
 
 
 @pytest.fixture(scope="module")
 def studies():
-    return make_studies(PER_FAMILY, seed=0, families=ALL, seeds=(0, 1), schedule=(625.0, 4))
+    return make_studies(PER_FAMILY, seed=0, families=ALL, seeds=(0, 1), schedule=(625.0, 4), eval_draws=AVG16)
 
 
 @pytest.fixture(scope="module")
 def result(studies):
-    return simulate_decision(studies, SETTINGS)
+    return simulate_decision(studies, SETTINGS, grid=True)
+
+
+@pytest.fixture(scope="module")
+def result_avg4():
+    studies = make_studies(PER_FAMILY, seed=0, families=ALL, seeds=(0, 1), schedule=(625.0, 4), eval_draws=AVG4)
+    return simulate_decision(studies, SETTINGS, grid=True)
 
 
 def test_every_study_ends_decided_or_says_why_not_with_every_row_in_the_search_tables_words(result):
@@ -57,14 +68,23 @@ def test_where_a2_holds_the_answer_is_within_epsilon_of_the_true_best_at_c_star(
     holds = table.drop(index="all")
     holds = holds[holds["a2_holds"].astype(bool)]
     assert set(holds.index) == set(ALL) - {"a2"}
-    # the issue's target is 0.95 in every family; measured on this subsample: 0.875 in unbent (one study),
-    # 1.0 elsewhere (docs/benchmarks.md has 40 per family)
-    assert (holds["right"] >= 0.85).all() and holds["right"].mean() >= 0.95, holds[["right", "mean_regret"]]
+    # the issue's target, in every A2 family (this subsample: 1.0 in each; 40 per family: 0.95-1.0)
+    assert (holds["right"] >= 0.95).all(), holds[["right", "grid_right", "mean_regret"]]
     # A2 violated (n* falls): the rung's A2 stops drop the small n that wins later; the test says so
-    assert table.loc["a2", "right"] < 0.5
+    assert table.loc["a2", "right"] < 0.5 <= table.loc["a2", "grid_right"]
 
 
-def test_the_search_spends_at_most_half_the_grids_rollouts_and_three_quarters_in_every_family(result):
+def test_with_avg4_evaluations_the_search_is_right_as_often_as_the_grid_it_saves(result_avg4):
+    table = summarise_decision(result_avg4).drop(index="all")
+    holds = table[table["a2_holds"].astype(bool)]
+    # one study per family of slack: the grid of 4 seeds misses too (40 per family: 90 % in edge_low)
+    assert (holds["right"] >= holds["grid_right"] - 1 / PER_FAMILY - 1e-9).all(), holds[["right", "grid_right"]]
+    assert holds["right"].mean() >= 0.95
+
+
+@pytest.mark.parametrize("which", ["result", "result_avg4"])
+def test_the_search_spends_at_most_half_the_grids_rollouts_and_three_quarters_in_every_family(which, request):
+    result = request.getfixturevalue(which)
     table = summarise_decision(result)
     assert table.loc["all", "median_spent"] <= 0.5, table["median_spent"]
     assert (table["median_spent"] <= 0.75).all(), table["median_spent"]
@@ -89,7 +109,8 @@ def test_sweep_search_method_decision_starts_keys_with_seeds_min_and_shares_epsi
 
 
 def test_the_same_runs_give_the_same_decisions_so_a_rerun_resumes_to_them():
-    studies = make_studies(1, seed=3, families=("cross", "edge_low"), seeds=(0, 1), schedule=(625.0, 4))
+    studies = make_studies(1, seed=3, families=("cross", "edge_low"), seeds=(0, 1), schedule=(625.0, 4),
+                           eval_draws=AVG4)
     first, again = simulate_decision(studies, SETTINGS), simulate_decision(studies, SETTINGS)
     assert len(first.decisions) and first.decisions.equals(again.decisions)
 

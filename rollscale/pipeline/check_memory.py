@@ -1,10 +1,11 @@
 """What a sharded run holds per rank (``sweep.devices_per_run`` > 1), for ``rollscale check``.
 
 FSDP2 shards the weights, gradients and AdamW state (and the KL reference copy) over the run's N
-processes, so each rank holds 1/N of them, plus one micro-batch's activations (logits and their
-gradient) whole, and, while sampling, the full weights gathered (docs/gpu.md). Estimates from the
-model's shapes (:func:`rollscale.pipeline.init_values.full_finetune_gb`'s accounting), not
-measurements; findings as (level, keys, message, fix) tuples that :mod:`rollscale.pipeline.check` wraps.
+processes, so each rank holds 1/N of them, plus one micro-batch whole (logits, their float32
+log-softmax and the gradients of both: :func:`rollscale.pipeline.init_values.micro_batch_gb`, the
+per-token cost measured on an H100) and, while sampling, the full weights gathered (docs/gpu.md).
+The state is an estimate from the model's shapes (:func:`~rollscale.pipeline.init_values.full_finetune_gb`'s
+accounting); findings as (level, keys, message, fix) tuples that :mod:`rollscale.pipeline.check` wraps.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rollscale.config import StudyParams
+from rollscale.pipeline.init_values import MICRO_BATCH_BYTES_PER_TOKEN_VOCAB, micro_batch_gb
 
 __all__ = ["sharded_memory_findings"]
 
@@ -29,7 +31,7 @@ def sharded_memory_findings(p: StudyParams) -> list[tuple[str, tuple[str, ...], 
         return []
     width = 4 if p.model.dtype == "float32" else 2
     weights = info.n_params * width / 1e9
-    micro = p.sweep.train.micro_batch_tokens * info.vocab_size * width * 2 / 1e9
+    micro = micro_batch_gb(p.sweep.train.micro_batch_tokens, info.vocab_size)
     gathered = info.n_params * (2 if p.sweep.train.autocast_bf16 else width) / 1e9
     if p.model.lora.enabled:  # the frozen base sharded; the adapters' gradients and AdamW state are small
         parts = [("frozen base weights", weights / n)]
@@ -41,6 +43,8 @@ def sharded_memory_findings(p: StudyParams) -> list[tuple[str, tuple[str, ...], 
     said = " + ".join(f"{name} {gb:.1f}" for name, gb in parts)
     return [("note", ("sweep.devices_per_run",),
              f"per rank of {n} (estimates from the model's {info.n_params / 1e9:.2f}B parameters, docs/gpu.md): "
-             f"{said} GB (sharded, each / {n}) + one micro-batch's logits and their gradient {micro:.1f} GB "
+             f"{said} GB (sharded, each / {n}) + one micro-batch of {p.sweep.train.micro_batch_tokens:,} tokens "
+             f"{micro:.1f} GB ({MICRO_BATCH_BYTES_PER_TOKEN_VOCAB:g} B a token and vocabulary entry, measured on an "
+             "H100) "
              f"= ~{update:.1f} GB while updating; while sampling each rank also holds the full weights gathered "
              f"({gathered:.1f} GB) and its KV cache", "")]

@@ -13,8 +13,10 @@ comments. The sources the numbers rest on:
   Regret" (tinker-cookbook ``get_lora_lr_over_full_finetune_lr`` = 10); rank 32 on
   every linear layer (verl: rank >= 32 matched full fine-tuning at 0.5B);
 * memory of full fine-tuning: weights, gradients and AdamW's two moments (16 bytes
-  a parameter in float32, 8 in bfloat16, as docs/gpu.md) plus one micro-batch's
-  logits and their gradient;
+  a parameter in float32, 8 in bfloat16, as docs/gpu.md), the KL reference's copy of
+  the weights, plus one micro-batch: 22 bytes a padded token and vocabulary entry,
+  measured on an H100 (``MICRO_BATCH_BYTES_PER_TOKEN_VOCAB``; docs/gpu.md, "Measured on
+  an H100");
 * evaluations per run: what the frontier fit needs (:mod:`rollscale.core.fit.power`).
 """
 
@@ -25,7 +27,7 @@ import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
@@ -36,7 +38,8 @@ from rollscale.core.problems.data_sample import DataSample
 from rollscale.core.fit.power import EVALS_COMFORTABLE
 from rollscale.lm.model_info import ModelInfo
 
-__all__ = ["GPU_MEMORY_GB", "Machine", "full_finetune_gb", "render", "suggest", "write_params"]
+__all__ = ["GPU_MEMORY_GB", "MICRO_BATCH_BYTES_PER_TOKEN_VOCAB", "MICRO_BATCH_TOKENS_GPU", "Machine",
+           "full_finetune_gb", "lora_gb", "micro_batch_gb", "render", "suggest", "write_params"]
 
 GPU_MEMORY_GB = {"H100": 80, "H200": 141, "B200": 180, "A100": 80, "A100-40GB": 40, "L40S": 48, "A10G": 24,
                  "L4": 24, "RTX4090": 24}
@@ -44,6 +47,21 @@ FULL_FT_LR = 1e-6  # TRL GRPOConfig default; verl GSM8K GRPO examples
 LORA_LR_FACTOR = 10.0  # verl ppo_lora.rst; tinker-cookbook (LoRA Without Regret)
 EASY_SHARE = 0.2  # share of a pool in Easy [0.3, 0.6] assumed before a profile (the default study: 22 %)
 _SECTIONS_AS_BLOCKS = {"model.lora", "sweep.train"}
+# What one micro-batch of the update holds, in bytes per padded token (``micro_batch_tokens``) and
+# vocabulary entry: the model's logits, their float32 log-softmax slice, the gradients of both, and
+# (lumped in, under 4 % at these shapes) the checkpointed hidden states. Measured 2026-11-26 on an
+# NVIDIA H100 80GB (benchmarks/gpu_check.py, torch.cuda.max_memory_allocated; bf16 weights,
+# autocast_bf16, gradient_checkpointing, random-initialised Qwen3-0.6B / 1.7B, vocabulary 151,936,
+# 256-token completions, i.e. one 256-position float32 slice per row): 21.1-21.5 B, from update
+# peaks of 55.8 GB (0.6B, 16,384 tokens), 15.6 GB (0.6B, 4,096) and 20.3 GB (1.7B, 4,096) less the
+# weights and gradients; rounded up. float32 without autocast was measured on CPU only (process RSS,
+# a tiny Llama of vocabulary 49,152, 2,048 tokens, the same completions): 18.8 B, under this figure
+# (the logits are float32 already: no upcast copy), so one constant serves both dtypes; float32 on a
+# GPU is not measured. Longer completions (several 256-position slices) held less per token on CPU
+# (12.7 B at 1,008-token completions); not measured on a GPU.
+MICRO_BATCH_BYTES_PER_TOKEN_VOCAB = 22.0
+MICRO_BATCH_TOKENS_GPU = (16384, 8192, 4096, 2048)  # init's candidates on a GPU, largest first
+MICRO_BATCH_TOKENS_CPU = 2048
 
 
 @dataclass(frozen=True)
@@ -74,23 +92,52 @@ class Machine:
         return cls(name, float(GPU_MEMORY_GB[name]), cores, gpus)
 
 
-def full_finetune_gb(n_params: int, dtype: str, micro_batch_tokens: int, vocab: int, ranks: int = 1) -> float:
-    """GB that full fine-tuning holds per process: weights, gradients and AdamW's moments (sharded
-    over ``ranks`` by FSDP2, so / ranks), plus one micro-batch's logits and their gradient
-    (docs/gpu.md's accounting; an estimate from shapes)."""
+def micro_batch_gb(micro_batch_tokens: int, vocab: int) -> float:
+    """GB that one micro-batch of the update holds (logits, their float32 log-softmax slice, the
+    gradients of both): :data:`MICRO_BATCH_BYTES_PER_TOKEN_VOCAB` a padded token and vocabulary entry,
+    measured on an H100 (docs/gpu.md)."""
+    return micro_batch_tokens * vocab * MICRO_BATCH_BYTES_PER_TOKEN_VOCAB / 1e9
+
+
+def full_finetune_gb(n_params: int, dtype: str, micro_batch_tokens: int, vocab: int, ranks: int = 1,
+                     kl_reference: bool = False) -> float:
+    """GB that full fine-tuning holds per process at its peak (from the second step on, when AdamW's
+    moments exist): weights, gradients and AdamW's two moments, the KL reference's frozen copy of the
+    weights when ``kl_reference`` (all sharded over ``ranks`` by FSDP2, so / ranks; arithmetic from
+    shapes), plus one micro-batch whole (:func:`micro_batch_gb`, measured)."""
     width = 4 if dtype == "float32" else 2
-    return (n_params * 4 * width / ranks + micro_batch_tokens * vocab * width * 2) / 1e9
+    copies = 4 + (1 if kl_reference else 0)
+    return n_params * copies * width / ranks / 1e9 + micro_batch_gb(micro_batch_tokens, vocab)
 
 
-def sharded_choice(machine: Machine, need_one: float, need_sharded: float, budget: float) -> tuple[int, str]:
-    """(devices per run, why) for full fine-tuning on ``machine``: 1 when it fits one GPU or the node
-    has one; the node's GPUs (FSDP2, ``sweep.devices_per_run``) when only the sharded state fits."""
-    if machine.gpus == 1 or need_one <= budget:
-        return 1, ""
-    if need_sharded > budget:
-        return 1, f"; sharded over {machine.gpus} GPUs it would still need ~{need_sharded:.1f} GB per GPU"
-    return machine.gpus, (f"; sharded over the node's {machine.gpus} GPUs (FSDP2, sweep.devices_per_run) it needs "
-                          f"~{need_sharded:.1f} GB per GPU: full fine-tuning, each run on all {machine.gpus}")
+def lora_gb(n_params: int, dtype: str, micro_batch_tokens: int, vocab: int, ranks: int = 1) -> float:
+    """GB that LoRA holds per process: the frozen weights (the KL reference is the model with its
+    adapters off, no copy; the adapters and their AdamW state are small) plus one micro-batch."""
+    width = 4 if dtype == "float32" else 2
+    return n_params * width / ranks / 1e9 + micro_batch_gb(micro_batch_tokens, vocab)
+
+
+def largest_micro_batch(need: Callable[[int], float], budget: float) -> int | None:
+    """The largest of :data:`MICRO_BATCH_TOKENS_GPU` whose ``need(micro_batch_tokens)`` GB fits ``budget``."""
+    return next((m for m in MICRO_BATCH_TOKENS_GPU if need(m) <= budget), None)
+
+
+def sharded_choice(machine: Machine, need: Callable[[int, int], float], budget: float) -> tuple[int, int | None, str]:
+    """(devices per run, micro_batch_tokens, why) for full fine-tuning on ``machine``, ``need(micro, ranks)``
+    its GB per process: one GPU at the largest micro-batch that fits there; else, on a node of several,
+    the node's GPUs (FSDP2, ``sweep.devices_per_run``) at the largest micro-batch whose per-GPU share
+    fits; micro_batch_tokens None when neither fits (then LoRA)."""
+    micro = largest_micro_batch(lambda m: need(m, 1), budget)
+    if micro is not None or machine.gpus == 1:
+        return 1, micro, ""
+    micro = largest_micro_batch(lambda m: need(m, machine.gpus), budget)
+    if micro is None:
+        smallest = MICRO_BATCH_TOKENS_GPU[-1]
+        return 1, None, (f"; sharded over {machine.gpus} GPUs it would still need ~{need(smallest, machine.gpus):.1f} "
+                         f"GB per GPU at {smallest:,} tokens")
+    return machine.gpus, micro, (f"; sharded over the node's {machine.gpus} GPUs (FSDP2, sweep.devices_per_run) it "
+                                 f"needs ~{need(micro, machine.gpus):.1f} GB per GPU at {micro:,} tokens: full "
+                                 f"fine-tuning, each run on all {machine.gpus}")
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -145,18 +192,41 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
         put("sampling.chat_template_kwargs", {"enable_thinking": False},
             "the template has a thinking switch: off keeps answers short enough to verify")
 
-    micro = 16384 if gpu else 2048
     workers = 1 if gpu else max(1, min(2, machine.cores))
     budget = machine.memory_gb * (0.5 if gpu else 0.5 / workers)
-    need = full_finetune_gb(model.n_params, dtype, micro, model.vocab_size)
-    devices, sharded = sharded_choice(machine, need, full_finetune_gb(model.n_params, dtype, micro, model.vocab_size,
-                                                                      machine.gpus), budget)
-    lora = need > budget and devices == 1
+    # init keeps the schema's KL term (kl_coef > 0): full fine-tuning then keeps a frozen reference copy
+    kl = StudyParams().sweep.train.kl_coef > 0
+    n, vocab = model.n_params, model.vocab_size
+
+    def full(micro_tokens: int, ranks: int = 1) -> float:
+        return full_finetune_gb(n, dtype, micro_tokens, vocab, ranks, kl_reference=kl)
+
+    if gpu:  # the largest micro-batch that fits one GPU; else sharded over the node; else LoRA
+        devices, micro_full, sharded = sharded_choice(machine, full, budget)
+        lora = micro_full is None
+        micro = micro_full or largest_micro_batch(lambda m: lora_gb(n, dtype, m, vocab), budget) or \
+            MICRO_BATCH_TOKENS_GPU[-1]
+    else:  # CPU: a fixed small micro-batch (it stays in cache, docs/benchmarks.md)
+        devices, sharded, micro = 1, "", MICRO_BATCH_TOKENS_CPU
+        lora = full(micro) > budget
+    # what full fine-tuning needs in one process: at the chosen micro-batch, or at the smallest when it does not fit
+    short = gpu and (lora or devices > 1)
+    full_at = MICRO_BATCH_TOKENS_GPU[-1] if short else micro
     where = f"{machine.gpu} ({machine.memory_gb:.0f} GB, half left to the sampler)" if gpu else \
         f"this machine ({machine.memory_gb:.0f} GB RAM, {workers} worker(s) side by side)"
-    put("model.lora.enabled", lora, f"full fine-tuning needs ~{need:.1f} GB (16 B a parameter in float32, 8 in "
-                                    f"bfloat16, plus one micro-batch's logits; estimates); {where} has {budget:.1f} GB "
-                                    "for it" + sharded + ": " + ("LoRA" if lora else "full fine-tuning fits"))
+    per_token = f"{MICRO_BATCH_BYTES_PER_TOKEN_VOCAB:g} B a padded token and vocabulary entry, measured on an H100"
+    if lora:
+        lora_need = lora_gb(n, dtype, micro, vocab)
+        outcome = f": LoRA (~{lora_need:.1f} GB at {micro:,} tokens: the frozen weights and one micro-batch" + (
+            ")" if lora_need <= budget else "; more than the budget too: a larger GPU, or --gpus)")
+    else:
+        outcome = "" if devices > 1 else ": full fine-tuning fits"
+    put("model.lora.enabled", lora,
+        f"full fine-tuning needs ~{full(full_at):.1f} GB{' even' if short else ''} at {full_at:,} tokens a micro-batch "
+        f"({(5 if kl else 4) * (4 if dtype == 'float32' else 2)} B a parameter in {dtype} for the weights, gradients, "
+        f"AdamW's two moments{' and the KL reference' if kl else ''}, estimates from shapes; "
+        f"{micro_batch_gb(full_at, vocab):.1f} GB for the micro-batch at {per_token}, docs/gpu.md); {where} has "
+        f"{budget:.1f} GB for it" + sharded + outcome)
     put("model.lora.r", 32, "rank 32 on every linear layer: verl found it matched full fine-tuning at 0.5B")
     put("model.lora.alpha", 64, "alpha = 2 r")
     put("model.lora.target_modules", model.linear_modules)
@@ -233,8 +303,14 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
                                     "Regret)" if lora else f"full fine-tuning: {FULL_FT_LR:g} (TRL GRPOConfig, verl)")
         + "; lr = lr_base * sqrt(B / b_base)")
     put("sweep.train.b_base", mid, "the grid's middle batch trains at lr_base exactly")
-    put("sweep.train.micro_batch_tokens", micro, "GPU: 16k tokens (docs/gpu.md)" if gpu else
-        "CPU: small micro-batches stay in cache; logits of 2k tokens fit easily")
+    mb = micro_batch_gb(micro, vocab)
+    put("sweep.train.micro_batch_tokens", micro,
+        (f"the largest of {', '.join(f'{m:,}' for m in MICRO_BATCH_TOKENS_GPU)} padded tokens whose update fits the "
+         f"{budget:.0f} GB left for training{' per GPU' if devices > 1 else ''}{' with LoRA' if lora else ''}: one "
+         f"micro-batch holds ~{mb:.1f} GB ({per_token} with bf16 autocast and gradient checkpointing: Qwen3-0.6B's "
+         "update peaked at 55.8 GB at 16,384 tokens and 15.6 GB at 4,096; docs/gpu.md)") if gpu else
+        (f"CPU: small micro-batches stay in cache; one of {micro:,} tokens holds ~{mb:.1f} GB ({per_token}; "
+         "18.8 B in float32 on CPU)"))
     if gpu:
         put("sweep.train.autocast_bf16", True)
         put("sweep.train.gradient_checkpointing", True)

@@ -79,14 +79,16 @@ class Ranks:
 
 def init_ranks(device_type: str) -> Ranks:
     """Join the process group torchrun set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment):
-    gloo on CPU, NCCL on CUDA (each rank on its LOCAL_RANK's GPU)."""
+    gloo on CPU; on CUDA NCCL for CUDA tensors (FSDP2) beside gloo for the CPU tensors
+    :meth:`Ranks.sum` / :meth:`Ranks.max` and the Gram reduce (an NCCL-only group has no backend
+    for CPU tensors), each rank on its LOCAL_RANK's GPU."""
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise RuntimeError(f"a sharded run needs torchrun's environment; missing {', '.join(missing)}")
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo")
     return Ranks(dist.get_rank(), dist.get_world_size())
 
 
