@@ -70,6 +70,22 @@ def test_workers_share_the_units_and_a_search_spends_its_measured_share():
     assert p.workers == 2
 
 
+def test_a_search_whose_validation_cannot_settle_a_key_is_counted_at_the_whole_grid():
+    """Issue 32's --hours 1 SmolLM2 study (4 validation problems, avg@4, 2 seeds: D known to +-0.245) was counted
+    at the decision search's 56 % of the grid and trained every key to C_max."""
+    coarse = parse_params({**SMALL, "bucket": {"val_size": 4}, "sweep": {**SMALL["sweep"], "seeds": [0, 1],
+                                                                         "eval_k": 4, "search": {"method": "decision"}}})
+    times = stage_times(coarse, cal_of(gen_s_per_token=1e-3), pool=30)
+    assert times.search_share == 1.0 and "settle no key" in times.share_why
+    level, _, msg, _ = stage_time.time_finding(coarse, times, cal_of(gen_s_per_token=1e-3))
+    assert "trains all" in msg and "+-0.245" in msg
+    # avg@16 over 100 problems with 3 seeds resolves D to +-0.02: the measured share of the default study
+    fine = parse_params({**SMALL, "bucket": {"val_size": 100}, "sweep": {**SMALL["sweep"], "seeds": [0, 1, 2],
+                                                                         "eval_k": 16, "search": {"method": "decision"}}})
+    fine_times = stage_times(fine, cal_of(gen_s_per_token=1e-3), pool=30, val_size=100)
+    assert fine_times.search_share == stage_time.SEARCH_SPENT["decision"] and not fine_times.share_why
+
+
 def test_the_finding_names_each_stage_and_warns_past_12_hours():
     p = parse_params(SMALL)
     level, _, msg, fix = stage_time.time_finding(p, stage_times(p, cal_of(gen_s_per_token=1e-3), 30),

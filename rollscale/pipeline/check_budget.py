@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 
-__all__ = ["decision_findings"]
+__all__ = ["decision_findings", "decision_half_width"]
 
 Finding = tuple[str, tuple[str, ...], str, str]
 
@@ -32,12 +32,10 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> It
                f"(up to eta = {eta:g}), with wider intervals (docs/benchmarks.md: about twice at 1.8 x)", "")
     val = size[1] if size else p.bucket.val_size
     seeds = len(p.sweep.seeds)
-    if val == 0 or seeds < 2:
+    resolution = decision_half_width(p, val)
+    if resolution is None:
         return  # the size and seed findings say why there is no interval
-    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
-    var = power.interval_pass_variance(*bounds[p.sweep.bucket]) if p.sweep.bucket in bounds else 0.25
-    se = power.avg_at_k_se(val, p.sweep.eval_k, var)
-    half = power.Z95 * math.sqrt(2.0 / seeds) * se  # D of two keys' means over seeds (measured: docs/benchmarks.md)
+    half, se = resolution
     eps = p.study.tolerance
     msg = (f"with {seeds} seeds and avg@{p.sweep.eval_k} over {val} validation problems (SE {se:.3f}), D between two "
            f"keys is known to about +-{half:.3f}; tolerance {eps:g} settles keys worse by {2 * half - eps:.3f} or more "
@@ -51,3 +49,16 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> It
                   "stay 'not decided'", f"study.tolerance: {math.ceil(100 * half - 1e-9) / 100:.2f} or more to decide between keys of equal reward; "
                   "or sweep.seeds: "
                   f"{more_seeds} seeds, or bucket.val_size: {more_val:,}")
+
+
+def decision_half_width(p: StudyParams, val: int) -> tuple[float, float] | None:
+    """(95 % half-width of D between two keys' means over ``sweep.seeds``, the standard error of one avg@k
+    evaluation) over ``val`` validation problems; None where there is no interval (no validation problem, one
+    seed). The pass-rate variance is the worst case in the sweep bucket's bounds."""
+    seeds = len(p.sweep.seeds)
+    if val == 0 or seeds < 2:
+        return None
+    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    var = power.interval_pass_variance(*bounds[p.sweep.bucket]) if p.sweep.bucket in bounds else 0.25
+    se = power.avg_at_k_se(val, p.sweep.eval_k, var)
+    return power.Z95 * math.sqrt(2.0 / seeds) * se, se  # D of two keys' means over seeds (docs/benchmarks.md)

@@ -20,6 +20,7 @@ import pandas as pd
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.pipeline.calibration import Calibration
+from rollscale.pipeline.check_budget import decision_half_width
 from rollscale.pipeline.check_evals import run_evaluation_steps
 
 __all__ = ["SEARCH_SPENT", "StageTimes", "estimate_findings", "stage_times", "time_finding"]
@@ -36,6 +37,12 @@ FIT_S, REPORT_S, BUCKET_S = 5.3, 10.1, 3.2
 # (science §9.4) 55.9 % of the 3-seed grid replayed on the default study's grid (docs/benchmarks.md, "The
 # decision at C* replayed on the default grid"; a median 40.7 % of a 4-seed grid in simulation)
 SEARCH_SPENT = {"frontier": 0.756, "decision": 0.559}
+# a search stops a key only on a difference the runs resolve (science §9.4): where a key must be worse than the
+# leader by more than this to be settled (2 x the half-width of D less the tolerance, check_budget), no key
+# stops and the sweep trains the whole grid. Keys of the default study differ at C* by <= 0.06, those of the
+# simulated families (rollscale/core/search/simulate.py) by <= 0.11. Measured miss without it: a SmolLM2 study
+# of 4 validation problems (D known to +-0.245) was counted at 56 % of its grid and trained every key to C_max.
+SETTLE_GAP_MAX = 0.1
 # the share of profiled problems at avg@k = 0 (resampled to k_extreme) assumed before the profile has run
 # (an assumption, said in the finding; the profile's own share replaces it)
 ZERO_SHARE_PRIOR = 0.3
@@ -50,6 +57,7 @@ class StageTimes:
     search_share: float
     sweep_rollouts: int
     lengths_from: str
+    share_why: str = ""  # why a search is counted at the whole grid, when it is
 
     @property
     def total(self) -> float:
@@ -114,7 +122,7 @@ def stage_times(p: StudyParams, cal: Calibration, pool: int | None, profile: pd.
                      + cal.generate_s(math.ceil(c * zero) * extra, s.batch_size, s.max_new_tokens) for c in chunks]
     measure_units = [m.steps * _step_s(p, cal, n * m.b_problem, length, noise=True) for n in m.n]
     runs, rollouts = _sweep(p, cal, length, val_size if val_size is not None else p.bucket.val_size)
-    share = _search_share(p)
+    share, why = _search_share(p, val_size if val_size is not None else p.bucket.val_size)
     grid = _side_by_side(runs, p.workers)
     seconds = {"base": STAGE_START_S + cal.base_s,
                "profile": STAGE_START_S + _side_by_side(profile_units, p.workers),
@@ -122,21 +130,26 @@ def stage_times(p: StudyParams, cal: Calibration, pool: int | None, profile: pd.
                "measure": STAGE_START_S + _side_by_side(measure_units, p.workers),
                "sweep": STAGE_START_S + share * grid,
                "fit": FIT_S, "report": REPORT_S}
-    return StageTimes(seconds, STAGE_START_S + grid, share, rollouts, lengths_from)
+    return StageTimes(seconds, STAGE_START_S + grid, share, rollouts, lengths_from, why)
 
 
-def _search_share(p: StudyParams) -> float:
-    """The share of the grid's rollouts the sweep spends: 1 for a grid or a search with no keys to choose."""
+def _search_share(p: StudyParams, val: int) -> tuple[float, str]:
+    """(the share of the grid's rollouts the sweep spends, why it is the whole grid for a search): 1 for a grid, a
+    search with no keys to choose, or validation too coarse to settle any key (:data:`SETTLE_GAP_MAX`)."""
     from rollscale.train.search_groups import search_plan
 
     method = p.sweep.search.method
     if method not in SEARCH_SPENT:
-        return 1.0
+        return 1.0, ""
+    resolution = decision_half_width(p, val)
+    if resolution is not None and 2 * resolution[0] - p.study.tolerance > SETTLE_GAP_MAX:
+        return 1.0, (f"D between two keys is known to +-{resolution[0]:.3f} (avg@{p.sweep.eval_k} over {val} "
+                     f"validation problems, {len(p.sweep.seeds)} seeds): the {method} search can settle no key early")
     try:
         groups = search_plan(p.sweep).groups
     except ValueError:
-        return 1.0
-    return SEARCH_SPENT[method] if groups else 1.0
+        return 1.0, ""
+    return (SEARCH_SPENT[method], "") if groups else (1.0, "")
 
 
 def _clock(seconds: float) -> str:
@@ -151,7 +164,8 @@ def time_finding(p: StudyParams, times: StageTimes, cal: Calibration) -> tuple[s
     search = (f"; the sweep at {times.search_share:.0%} of the grid's {times.sweep_rollouts:,} rollouts, what "
               f"the {p.sweep.search.method} search spent on the default study (the whole grid: "
               f"{_clock(times.sweep_grid_s)})" if times.search_share < 1 else
-              f"; the sweep trains all {times.sweep_rollouts:,} rollouts of the grid")
+              f"; the sweep trains all {times.sweep_rollouts:,} rollouts of the grid"
+              + (f" ({times.share_why})" if times.share_why else ""))
     msg = (f"about {_clock(times.total)} on this machine: {per}{search}. From a calibration measured here in "
            f"{cal.measured_s:.0f} s (generate {1e3 * cal.gen_s_per_token * p.sampling.max_new_tokens:.2f} ms and "
            f"train {1e3 * cal.train_s_per_token * (cal.prompt_tokens + p.sampling.max_new_tokens):.2f} ms a rollout "
