@@ -73,15 +73,22 @@ def test_workers_share_the_units_and_a_search_spends_its_measured_share():
 def test_a_search_whose_validation_cannot_settle_a_key_is_counted_at_the_whole_grid():
     """Issue 32's --hours 1 SmolLM2 study (4 validation problems, avg@4, 2 seeds: D known to +-0.245) was counted
     at the decision search's 56 % of the grid and trained every key to C_max."""
-    coarse = parse_params({**SMALL, "bucket": {"val_size": 4}, "sweep": {**SMALL["sweep"], "seeds": [0, 1],
-                                                                         "eval_k": 4, "search": {"method": "decision"}}})
+    coarse = parse_params({**SMALL, "bucket": {"val_size": 4},
+                           "sweep": {**SMALL["sweep"], "seeds": [0, 1], "eval_k": 4,
+                                     "search": {"method": "decision", "seeds_max": 4}}})
     times = stage_times(coarse, cal_of(gen_s_per_token=1e-3), pool=30)
-    assert times.search_share == 1.0 and "settle no key" in times.share_why
+    # keys {2, 4} to C_max with 2 seeds, n = 8 beyond the leading edge (the bracket), seeds 3 and 4 for two keys:
+    # 10 runs against the grid's 4 (that study added n = 8, then seeds where the decision hung)
+    assert times.search_share == pytest.approx(10 / 4) and "settle no key" in times.share_why
     level, _, msg, _ = stage_time.time_finding(coarse, times, cal_of(gen_s_per_token=1e-3))
-    assert "trains all" in msg and "+-0.245" in msg
+    assert "250% of the grid" in msg and "+-0.245" in msg and "a key beyond the leading edge" in msg
+    # with seeds_max = seeds_min no seed is added: keys to C_max and the bracket's key
+    capped = parse_params({**SMALL, "bucket": {"val_size": 4}, "sweep": {
+        **SMALL["sweep"], "seeds": [0, 1], "eval_k": 4, "search": {"method": "decision", "seeds_max": 2}}})
+    assert stage_times(capped, cal_of(gen_s_per_token=1e-3), pool=30).search_share == pytest.approx(6 / 4)
     # avg@16 over 100 problems with 3 seeds resolves D to +-0.02: the measured share of the default study
-    fine = parse_params({**SMALL, "bucket": {"val_size": 100}, "sweep": {**SMALL["sweep"], "seeds": [0, 1, 2],
-                                                                         "eval_k": 16, "search": {"method": "decision"}}})
+    fine = parse_params({**SMALL, "bucket": {"val_size": 100},
+                         "sweep": {**SMALL["sweep"], "seeds": [0, 1, 2], "eval_k": 16, "search": {"method": "decision"}}})
     fine_times = stage_times(fine, cal_of(gen_s_per_token=1e-3), pool=30, val_size=100)
     assert fine_times.search_share == stage_time.SEARCH_SPENT["decision"] and not fine_times.share_why
 

@@ -21,7 +21,7 @@ import yaml
 from rollscale.config import StudyParams, parse_params
 from rollscale.pipeline.calibration import Calibration
 from rollscale.pipeline.init_values import EASY_SHARE
-from rollscale.pipeline.stage_time import StageTimes, stage_times
+from rollscale.pipeline.stage_time import StageTimes, settles_nothing, stage_times
 
 __all__ = ["Shrink", "check_hours", "fit_hours", "params_of"]
 
@@ -86,11 +86,22 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
     def b_problem(v: list[int]) -> list[int] | None:
         return [max(2, v[0] // 2)] if v[0] > 2 else None
 
+    def seeds_max(v: int | None) -> int | None:
+        """seeds_max down to seeds_min where the validation cannot settle a key: a seed added there decides
+        nothing (it only narrows an interval that stays wider than any difference between keys)."""
+        p = params_of(values, {})
+        lo, val = p.sweep.search.seeds_min, p.bucket.val_size
+        if p.sweep.search.method != "decision" or (v is not None and v <= lo) or not settles_nothing(p, val):
+            return None
+        return lo
+
     def limit(v: int | None) -> int | None:
         start = v if v is not None else pool
         return halve_to(POOL_MIN)(start) if start is not None else None
 
-    return [("data.limit", limit, "fewer problems profiled: smaller buckets to train and validate on"),
+    return [("sweep.search.seeds_max", seeds_max, "no seed added where the decision hangs: the validation set "
+             "cannot settle a key, and more seeds would not either"),
+            ("data.limit", limit, "fewer problems profiled: smaller buckets to train and validate on"),
             ("sampling.max_new_tokens", halve_to(TOKENS_MIN), "more answers cut short (check reports the share)"),
             ("profile.k", halve_to(K_MIN), "coarser pass rates, noisier bucket bounds"),
             ("sweep.c_max", c_max, "the answer extrapolates further to C* (science §9.3)"),

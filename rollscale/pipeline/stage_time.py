@@ -23,7 +23,7 @@ from rollscale.pipeline.calibration import Calibration
 from rollscale.pipeline.check_budget import decision_half_width
 from rollscale.pipeline.check_evals import run_evaluation_steps
 
-__all__ = ["SEARCH_SPENT", "StageTimes", "estimate_findings", "stage_times", "time_finding"]
+__all__ = ["SEARCH_SPENT", "StageTimes", "estimate_findings", "settles_nothing", "stage_times", "time_finding"]
 
 # a stage's process, Prefect flow and worker pool start-up (docs/benchmarks.md: a pool of 2 starts in 9.2 s)
 STAGE_START_S = 9.0
@@ -133,23 +133,49 @@ def stage_times(p: StudyParams, cal: Calibration, pool: int | None, profile: pd.
     return StageTimes(seconds, STAGE_START_S + grid, share, rollouts, lengths_from, why)
 
 
+def settles_nothing(p: StudyParams, val: int) -> str:
+    """Why a search of ``p`` can settle no key early (:data:`SETTLE_GAP_MAX`), or "" where it can."""
+    resolution = decision_half_width(p, val)
+    if p.sweep.search.method not in SEARCH_SPENT or resolution is None:
+        return ""
+    if 2 * resolution[0] - p.study.tolerance <= SETTLE_GAP_MAX:
+        return ""
+    return (f"D between two keys is known to +-{resolution[0]:.3f} (avg@{p.sweep.eval_k} over {val} validation "
+            f"problems, {len(p.sweep.seeds)} seeds): the {p.sweep.search.method} search can settle no key early")
+
+
 def _search_share(p: StudyParams, val: int) -> tuple[float, str]:
-    """(the share of the grid's rollouts the sweep spends, why it is the whole grid for a search): 1 for a grid, a
-    search with no keys to choose, or validation too coarse to settle any key (:data:`SETTLE_GAP_MAX`)."""
-    from rollscale.train.search_groups import search_plan
+    """(the share of the grid's rollouts the sweep spends, why, where a search is not counted at its measured
+    share): 1 for a grid or a search with no keys to choose. A search that can settle no key (:func:`settles_nothing`)
+    trains every key to C_max, a key beyond the leading edge where the bracket allows one (science §9.4; the
+    --hours 1 SmolLM2 study added n = 8 to {2, 4}), and, for the decision search, seeds up to ``seeds_max`` for
+    the leader and one other key: its share can pass 1."""
+    from rollscale.core.search.budget import seed_cap
+    from rollscale.train.search_groups import search_plan, search_settings
 
     method = p.sweep.search.method
     if method not in SEARCH_SPENT:
         return 1.0, ""
-    resolution = decision_half_width(p, val)
-    if resolution is not None and 2 * resolution[0] - p.study.tolerance > SETTLE_GAP_MAX:
-        return 1.0, (f"D between two keys is known to +-{resolution[0]:.3f} (avg@{p.sweep.eval_k} over {val} "
-                     f"validation problems, {len(p.sweep.seeds)} seeds): the {method} search can settle no key early")
     try:
         groups = search_plan(p.sweep).groups
     except ValueError:
         return 1.0, ""
-    return (SEARCH_SPENT[method], "") if groups else (1.0, "")
+    if not groups:
+        return 1.0, ""
+    why = settles_nothing(p, val)
+    if not why:
+        return SEARCH_SPENT[method], ""
+    settings, grid_seeds = search_settings(p.sweep, p.study), len(p.sweep.seeds)
+    runs = grid = 0
+    for g in groups:
+        lo, hi = min(g.keys), max(g.keys)
+        beyond = g.axis != "rule" and (g.allows(lo // 2) and lo // 2 != lo or g.allows(hi * 2))
+        added = 2 * max(0, seed_cap(g, settings) - len(g.seeds)) if method == "decision" else 0
+        runs += (len(g.keys) + int(beyond)) * len(g.seeds) + added
+        grid += len(g.keys) * grid_seeds
+    share = runs / grid
+    return share, (f"{why}; it trains every key to C_max{', a key beyond the leading edge' if share > 1 else ''}"
+                   + (", and seeds up to seeds_max for two keys" if method == "decision" and share > 1 else ""))
 
 
 def _clock(seconds: float) -> str:
@@ -161,11 +187,15 @@ def _clock(seconds: float) -> str:
 def time_finding(p: StudyParams, times: StageTimes, cal: Calibration) -> tuple[str, tuple[str, ...], str, str]:
     """The estimate as a check finding (a warning past 12 hours), naming what it rests on."""
     per = ", ".join(f"{stage} {_clock(t)}" for stage, t in times.seconds.items())
-    search = (f"; the sweep at {times.search_share:.0%} of the grid's {times.sweep_rollouts:,} rollouts, what "
-              f"the {p.sweep.search.method} search spent on the default study (the whole grid: "
-              f"{_clock(times.sweep_grid_s)})" if times.search_share < 1 else
-              f"; the sweep trains all {times.sweep_rollouts:,} rollouts of the grid"
-              + (f" ({times.share_why})" if times.share_why else ""))
+    if times.share_why:
+        search = (f"; the sweep at {times.search_share:.0%} of the grid's {times.sweep_rollouts:,} rollouts "
+                  f"({times.share_why}; the grid alone: {_clock(times.sweep_grid_s)})")
+    elif times.search_share < 1:
+        search = (f"; the sweep at {times.search_share:.0%} of the grid's {times.sweep_rollouts:,} rollouts, what "
+                  f"the {p.sweep.search.method} search spent on the default study (the whole grid: "
+                  f"{_clock(times.sweep_grid_s)})")
+    else:
+        search = f"; the sweep trains all {times.sweep_rollouts:,} rollouts of the grid"
     msg = (f"about {_clock(times.total)} on this machine: {per}{search}. From a calibration measured here in "
            f"{cal.measured_s:.0f} s (generate {1e3 * cal.gen_s_per_token * p.sampling.max_new_tokens:.2f} ms and "
            f"train {1e3 * cal.train_s_per_token * (cal.prompt_tokens + p.sampling.max_new_tokens):.2f} ms a rollout "
