@@ -166,16 +166,17 @@ def _search_share(p: StudyParams, val: int) -> tuple[float, str]:
     if not why:
         return SEARCH_SPENT[method], ""
     settings, grid_seeds = search_settings(p.sweep, p.study), len(p.sweep.seeds)
-    runs = grid = 0
+    runs = grid = beyond_any = added_any = 0
     for g in groups:
         lo, hi = min(g.keys), max(g.keys)
-        beyond = g.axis != "rule" and (g.allows(lo // 2) and lo // 2 != lo or g.allows(hi * 2))
+        beyond = g.axis != "rule" and ((lo // 2 != lo and g.allows(lo // 2)) or g.allows(hi * 2))
         added = 2 * max(0, seed_cap(g, settings) - len(g.seeds)) if method == "decision" else 0
         runs += (len(g.keys) + int(beyond)) * len(g.seeds) + added
         grid += len(g.keys) * grid_seeds
-    share = runs / grid
-    return share, (f"{why}; it trains every key to C_max{', a key beyond the leading edge' if share > 1 else ''}"
-                   + (", and seeds up to seeds_max for two keys" if method == "decision" and share > 1 else ""))
+        beyond_any, added_any = beyond_any or beyond, added_any or added
+    parts = ["every key to C_max"] + (["a key beyond the leading edge"] if beyond_any else []) + \
+        (["seeds up to seeds_max for two keys"] if added_any else [])
+    return runs / grid, f"{why}; it trains " + ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
 
 
 def _clock(seconds: float) -> str:
