@@ -127,3 +127,23 @@ def test_an_unknown_key_names_the_runs_that_stopped_short_or_the_budget():
     assert "sweep.c_max" not in said
     short = rows.assign(c_seen=[10_000.0, 10_000.0, 10_000.0])  # no run reached C* / eta: the budget is short
     assert to_decide(short, 40_000, 2.0).startswith("sweep.c_max >= 20,000 (C* / eta) for every key")
+
+
+def test_runs_that_did_not_learn_keep_their_evaluation_noise_in_the_interval():
+    """Issue 32's --hours 1 SmolLM2 study: no run learned, every run fitted flat at the shared R0, so the seeds'
+    spread at C* was 0 and n = 2's reward read 0.56 [0.56, 0.57] on avg@4 over 4 problems (SE 0.125), D [-0.01,
+    0.01], and the search settled n = 4 by epsilon. The runs' own evaluation noise is a floor (science §9.3)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for key in (2, 4):
+        for seed in (0, 1):
+            c = np.concatenate([[0.0], np.geomspace(4, 100, 20)])
+            y = rng.binomial(16, 0.45, size=c.size) / 16  # avg@4 over 4 problems: no run rises above R0
+            y[0] = 0.5625  # one base model: the same step-0 evaluation for every run
+            rows.append(pd.DataFrame({"run_id": f"n{key}_s{seed}", "n": key, "c": c, "avg_at_k": y}))
+    curves = fit_runs(pd.concat(rows, ignore_index=True), "n")
+    out = decide(curves, 100.0, 0.02, 1.41, rollout_axis=True).set_index("key")
+    floor = 0.12 / math.sqrt(20 * 2)  # about the noise of a level read from 20 evaluations of 2 seeds
+    assert (out["reward_hi"] - out["reward_lo"] > 2 * floor).all(), out[["reward", "reward_lo", "reward_hi"]]
+    other = out.index[out["status"] != "leader"][0]
+    assert not out.loc[other, "settled"] and out.loc[other, "d_hi"] > 0.02

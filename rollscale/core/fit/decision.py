@@ -75,6 +75,9 @@ class RunCurves:
     r0: float
     r0_var: float
     r0_step0: np.ndarray  # each run's step-0 evaluation (NaN when it has none)
+    # the least variance a run's prediction can have from its own evaluation noise: its residual variance over
+    # its evaluations (science §9.3, "add the evaluation noise, which is known"); 0 where it has no fit
+    noise_floor: np.ndarray | None = None
 
     def predict(self, c: float) -> tuple[np.ndarray, np.ndarray]:
         """Each run's reward at C and the share of its rise still to come (its sensitivity to R0)."""
@@ -107,6 +110,14 @@ def fit_groups(evals: pd.DataFrame, key_col: str, group_col: str, a_max: float |
     fit = np.isfinite(r0s) & (w.sum(axis=1) >= _MIN_POINTS)
     if fit.any():
         theta[fit] = _fit_at_r0(x[fit], y[fit], w[fit], r0s[fit], a_max, iterations)
+    # a run's residual variance over its points: the noise its prediction keeps however its seeds agree (runs
+    # that did not learn all fit flat at R0, and their spread at C* is 0: the --hours 1 SmolLM2 study)
+    floor = np.zeros(len(parts))
+    ok = fit & np.isfinite(theta).all(axis=1)
+    if ok.any():
+        resid = w[ok] * (sigmoid_model(theta[ok].T[:, :, None], x[ok]) - y[ok]) ** 2
+        m = w[ok].sum(axis=1)
+        floor[ok] = np.nansum(resid, axis=1) / np.maximum(m - 3, 1) / m
     out = {}
     groups = np.array([p[0] for p in parts], dtype=object)
     for g in dict.fromkeys(groups.tolist()):
@@ -115,7 +126,8 @@ def fit_groups(evals: pd.DataFrame, key_col: str, group_col: str, a_max: float |
         out[g] = RunCurves(
             np.array([parts[j][3] for j in i], dtype=object), np.array([int(r[key_col].iloc[0]) for r in rows]),
             np.array([float(r["c"].max()) for r in rows]), theta[i], float(r0s[i[0]]), float(parts[i[0]][2]),
-            np.array([float(r["avg_at_k"][r["c"] == 0].mean()) if (r["c"] == 0).any() else math.nan for r in rows]))
+            np.array([float(r["avg_at_k"][r["c"] == 0].mean()) if (r["c"] == 0).any() else math.nan for r in rows]),
+            floor[i])
     return out
 
 
@@ -171,6 +183,9 @@ def key_rewards(curves: RunCurves, c: float) -> KeyRewards:
             ss, df = ss + own[i] * (p.size - 1), df + p.size - 1
     pooled = ss / df if df else math.nan
     seed_var = np.fmax(pooled, own) if df else np.full(len(keys), math.nan)
+    if curves.noise_floor is not None and df:  # never below what the runs' own evaluation noise leaves
+        noise = np.array([curves.noise_floor[ok & (curves.key == k)].mean() for k in keys])
+        seed_var = np.fmax(seed_var, noise)
     r0_var = curves.r0_var if math.isfinite(curves.r0_var) else 0.0
     var = seed_var / seeds + rw**2 * r0_var
     return KeyRewards(keys, reward, var, seeds.astype(int), rw, seed_var, df)

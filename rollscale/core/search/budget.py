@@ -89,7 +89,7 @@ def seed_cap(group: SearchGroup, settings: SearchSettings) -> int:
     return settings.seeds_max if settings.seeds_max is not None else len(group.seeds) + settings.extra_seeds
 
 
-RUN_FIELDS = ("run_id", "key", "reach", "theta", "r0_step0")  # RunCurves' per-run arrays
+RUN_FIELDS = ("run_id", "key", "reach", "theta", "r0_step0", "noise_floor")  # RunCurves' per-run arrays
 
 
 def _trusted(rc: RunCurves, c: float) -> np.ndarray:
