@@ -121,8 +121,9 @@ def stage_times(p: StudyParams, cal: Calibration, pool: int | None, profile: pd.
     profile_units = [cal.generate_s(c * pr.k, s.batch_size, s.max_new_tokens)
                      + cal.generate_s(math.ceil(c * zero) * extra, s.batch_size, s.max_new_tokens) for c in chunks]
     measure_units = [m.steps * _step_s(p, cal, n * m.b_problem, length, noise=True) for n in m.n]
-    runs, rollouts = _sweep(p, cal, length, val_size if val_size is not None else p.bucket.val_size)
-    share, why = _search_share(p, val_size if val_size is not None else p.bucket.val_size)
+    val = val_size if val_size is not None else p.bucket.val_size
+    runs, rollouts = _sweep(p, cal, length, val)
+    share, why = _search_share(p, val)
     grid = _side_by_side(runs, p.workers)
     seconds = {"base": STAGE_START_S + cal.base_s,
                "profile": STAGE_START_S + _side_by_side(profile_units, p.workers),
