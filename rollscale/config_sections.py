@@ -114,7 +114,8 @@ class SearchParams(Section):
     # seeds beyond sweep.seeds a key may get where the last rung's answer is undecided; 0 = none
     extra_seeds: int = Field(0, ge=0)
     # method decision: each key starts with the first seeds_min of sweep.seeds; seeds are added (at C_max, to the
-    # leader and the closest unsettled key) up to seeds_max where the decision hangs; null = len(sweep.seeds)
+    # leader and the closest unsettled key) up to seeds_max where the decision hangs; null = len(sweep.seeds).
+    # With 1 (the embedded default) no key is settled before those seeds give a spread (science §9.3)
     seeds_min: int = Field(2, ge=1)
     seeds_max: int | None = Field(None, ge=1)
     # bracket limits: the smallest / largest key the bracket may add; null = n >= 2 (B_problem >= 1),

@@ -125,7 +125,8 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: b
         rows.append({
             "group": s.name, "family": s.family, "c_star": target, "answer": answer,
             "true_best": max(truth, key=truth.get), "regret": best - truth[answer] if answer else math.nan,
-            "decided": not bool((mine["rule"] == "undecided").any()),
+            # not decided: the cap reached with keys open (a seed row's rule is "undecided" too: not this)
+            "decided": not bool(((mine["rule"] == "undecided") & (mine["action"] == "finish")).any()),
             "stops": ", ".join(f"{k}@{c:,.0f}({r})" for k, c, r, a in
                                zip(final["key"], final["c"], final["rule"], final["action"], strict=True) if a == "stop"),
             "seeds_added": int((mine["action"] == "seed").sum()), "added": ",".join(mine.loc[mine["action"] == "add",
