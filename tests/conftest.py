@@ -21,22 +21,52 @@ import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
+# --dist loadfile hands each worker one file at a time, in collection order; xdist's default reorders the
+# files by test count, which put the 2-test, 140 s smoke study last while the other worker sat idle, and let two
+# workers wait on one shared build (tiny-study) at once. Heaviest first instead (worker-seconds per file, measured
+# with --durations=0): the workers end within a small file of each other. test_dvc and test_faults lead so their
+# shared builds (dvc-study, tiny-study) run at once, one per worker. A file not named here runs after these.
+HEAVY_FIRST = ("test_dvc", "test_faults", "test_ray_sweep", "test_smoke_study", "test_search_sweep",
+               "test_bad_settings", "test_real_model", "test_report", "test_parallel", "test_engines",
+               "test_search_budget", "test_project", "test_sql_cli", "test_pipeline", "test_distributed",
+               "test_schedule", "test_errors", "test_trainer", "test_search_sim", "test_init", "test_stage_deps",
+               "test_step", "test_bootstrap", "test_study", "test_rewards")
 
-@pytest.fixture(scope="session", autouse=True)
-def prefect_server():
-    """One Prefect API server for the whole session: every flow the tests start (in this process
-    or in `python -m flows` subprocesses, which inherit PREFECT_API_URL) reports to it instead of
-    starting a temporary server of its own (~15 s each on a 2-core machine). Tests that need a
-    server of their own (tests/test_schedule.py) set PREFECT_API_URL themselves."""
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order set below
+        config.option.loadscopereorder = False
+    # The xdist controller starts the one Prefect server its workers share (they inherit the environment):
+    # a server per worker cost a second start (~15 s of both cores) and its idle load all run long. Not
+    # waited for here: it starts while the workers start and collect; their fixture waits for it.
+    if (config.getoption("numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
+            and not os.environ.get("PREFECT_API_URL")):
+        config.rollscale_prefect_server = start_prefect_server()
+        os.environ["PREFECT_API_URL"] = os.environ[SHARED_SERVER] = config.rollscale_prefect_server[1]
+
+
+def pytest_unconfigure(config):
+    if started := getattr(config, "rollscale_prefect_server", None):
+        for name in ("PREFECT_API_URL", SHARED_SERVER):
+            os.environ.pop(name, None)
+        stop_prefect_server(started[0], started[2])
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a file's tests keep their order
+
+
+# set by the pytest-xdist controller to the URL of the server it started for all its workers
+SHARED_SERVER = "ROLLSCALE_TESTS_PREFECT_SERVER"
+
+
+def start_prefect_server():
+    """A Prefect API server on a free port, started, not yet answering: (process, url, log file)."""
     import socket
     import subprocess
     import sys
-    import time
-    import urllib.request
 
-    if os.environ.get("PREFECT_API_URL"):  # the caller's server
-        yield os.environ["PREFECT_API_URL"]
-        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -44,28 +74,59 @@ def prefect_server():
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
                               env={**os.environ, "PREFECT_UI_ENABLED": "false"}, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
+    return server, f"http://127.0.0.1:{port}/api", log
+
+
+def wait_for_prefect_server(url: str, server=None, log_name: str = "") -> None:
+    import time
+    import urllib.request
+
     deadline = time.monotonic() + 180
     while True:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=5):
-                break
+                return
         except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise RuntimeError(f"the tests' Prefect server did not start (log: {log.name})") from None
+            if (server is not None and server.poll() is not None) or time.monotonic() > deadline:
+                if server is not None:
+                    server.kill()
+                raise RuntimeError(f"the tests' Prefect server at {url} did not start (log: {log_name})") from None
             time.sleep(0.5)
+
+
+def stop_prefect_server(server, log) -> None:
+    import subprocess
+
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server():
+    """One Prefect API server for the whole session: every flow the tests start (in this process
+    or in `python -m flows` subprocesses, which inherit PREFECT_API_URL) reports to it instead of
+    starting a temporary server of its own (~15 s each on a 2-core machine). Under pytest-xdist the
+    controller starts it for all workers (pytest_configure). Tests that need a server of their own
+    (tests/test_schedule.py) set PREFECT_API_URL themselves."""
+    if os.environ.get("PREFECT_API_URL"):  # the caller's server, or the xdist controller's
+        if os.environ.get(SHARED_SERVER) == os.environ["PREFECT_API_URL"]:
+            wait_for_prefect_server(os.environ["PREFECT_API_URL"])  # started while the workers collected
+        yield os.environ["PREFECT_API_URL"]
+        return
+    server, url, log = start_prefect_server()
+    wait_for_prefect_server(url, server, log.name)
     os.environ["PREFECT_API_URL"] = url
     try:
         yield url
     finally:
         os.environ.pop("PREFECT_API_URL", None)
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        stop_prefect_server(server, log)
+
+
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

@@ -72,7 +72,8 @@ def test_bad_params_fail_before_work(tmp_path):
 def test_killed_profile_resumes_from_finished_chunks(study, tmp_path):
     """SIGKILL mid-profile; the second run keeps finished chunks and ends equal to a straight run."""
     root = tmp_path
-    params = dict(SMALL, data=dict(SMALL["data"], size=300), profile={"k": 4, "k_extreme": 0, "chunk_size": 10})
+    # a pool of 120 (130 problems drawn, duplicates dropped): 12 chunks of 10, the kill lands after 3
+    params = dict(SMALL, data=dict(SMALL["data"], size=130), profile={"k": 4, "k_extreme": 0, "chunk_size": 10})
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     (root / "artifacts").mkdir()
     os.symlink(study / "artifacts" / "base", root / "artifacts" / "base")
@@ -86,7 +87,7 @@ def test_killed_profile_resumes_from_finished_chunks(study, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = {p: p.stat().st_mtime_ns for p in chunks.glob("*/chunk-*.parquet")}
-    assert 3 <= len(finished) < 30, "the kill should land mid-profile"
+    assert 3 <= len(finished) < 12, "the kill should land mid-profile"
     assert not (root / "artifacts" / "profile" / "profile.parquet").exists()
     r = subprocess.run(cmd, cwd=study, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
