@@ -11,12 +11,15 @@ the finished runs rung by rung
 (rollscale.core.search.replay.replay: each run truncated where the search would have stopped it) and
 prints one row per group: its stops, the keys it would add (in the grid or not), rollouts spent
 against the grid's, and whether the best key matches the grid's wherever the grid's share is
->= 95 %. ``--decisions`` prints every decision row too. Pure reading: nothing is written.
+>= 95 %. Under ``method: decision`` it also reads the grid's own decision at C* on every run
+(``grid_decision``) and says whether the search's answer is the grid's leader or within epsilon of it.
+``--decisions`` prints every decision row too. Pure reading: nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import dataclasses
 import sys
 from pathlib import Path
@@ -60,9 +63,39 @@ def main() -> None:
     table = result.summary.assign(spent=lambda d: d["spent"].map("{:.1%}".format),
                                   agree=lambda d: d["agree"].map(lambda v: "—" if pd.isna(v) else f"{v:.1%}"))
     print(table.to_markdown(index=False))
+    if settings.method == "decision":
+        print("\nThe decision at C* (science §9.4) read on every run of the grid, beside the search's answer:\n")
+        print(grid_decision(runs, evals, args.design, settings, params.sweep.b_max, result).to_markdown(index=False))
     if args.decisions:
         print()
         print(result.decisions.drop(columns=["decision"]).to_markdown(index=False, floatfmt=".4g"))
+
+
+def grid_decision(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: SearchSettings, b_max: int,
+                  result) -> pd.DataFrame:
+    """Per group the grid's own decision at C* (every key, every seed, to C_max; the search's decision function,
+    rollscale.core.search.budget.standings, so rules are keys too) and whether the search's answer is the grid's
+    leader or within epsilon of it there (the grid's lower bound of its D >= -epsilon)."""
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.search.budget import c_star, standings
+    from rollscale.core.search.replay import replay_groups
+
+    groups, points = replay_groups(run_evals(runs, evals), design, b_max)
+    table = standings(points, groups, {g.group: g.c_max for g in groups}, settings)
+    answers = result.summary.set_index("group")["search_leader"]
+    rows = []
+    for g in groups:
+        t = table[g.group].star
+        lead, answer = t["leader"].iloc[0], answers.get(g.group)
+        mine = t.loc[g.key_of(answer)] if answer is not None and g.key_of(answer) in t.index else None
+        rows.append({"group": g.group, "c_star": c_star(g, settings), "grid_leader": lead,
+                     "grid_leader_share": float(t["leader_share"].iloc[0]), "search_answer": answer,
+                     "answer_d": float(mine["d"]) if mine is not None else math.nan,
+                     "answer_d_lo": float(mine["d_lo"]) if mine is not None else math.nan,
+                     "same_leader": answer is not None and g.key_of(answer) == lead,
+                     "within_epsilon": mine is not None and (g.key_of(answer) == lead
+                                                             or float(mine["d_lo"]) >= -settings.tolerance)})
+    return pd.DataFrame(rows)
 
 
 def _all_groups(runs: pd.DataFrame, evals: pd.DataFrame, design: str, b_max: int, keys: tuple,
