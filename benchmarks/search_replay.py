@@ -19,8 +19,8 @@ against the grid's, and whether the best key matches the grid's wherever the gri
 from __future__ import annotations
 
 import argparse
-import math
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -87,13 +87,14 @@ def grid_decision(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings
     for g in groups:
         t = table[g.group].star
         lead, answer = t["leader"].iloc[0], answers.get(g.group)
-        mine = t.loc[g.key_of(answer)] if answer is not None and g.key_of(answer) in t.index else None
+        key = g.key_of(answer) if answer is not None else None
+        mine = t.loc[key] if key in t.index else None
         rows.append({"group": g.group, "c_star": c_star(g, settings), "grid_leader": lead,
                      "grid_leader_share": float(t["leader_share"].iloc[0]), "search_answer": answer,
                      "answer_d": float(mine["d"]) if mine is not None else math.nan,
                      "answer_d_lo": float(mine["d_lo"]) if mine is not None else math.nan,
-                     "same_leader": answer is not None and g.key_of(answer) == lead,
-                     "within_epsilon": mine is not None and (g.key_of(answer) == lead
+                     "same_leader": key is not None and key == lead,
+                     "within_epsilon": mine is not None and (key == lead
                                                              or float(mine["d_lo"]) >= -settings.tolerance)})
     return pd.DataFrame(rows)
 

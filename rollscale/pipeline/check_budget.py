@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 
-__all__ = ["decision_findings", "decision_half_width", "decision_seeds"]
+__all__ = ["decision_findings", "decision_half_width"]
 
 Finding = tuple[str, tuple[str, ...], str, str]
 
@@ -31,7 +31,7 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> It
         yield ("note", reach, f"C* = {c_star:,} is {c_star / c_max:.2f} x c_max: answered by extrapolation "
                f"(up to eta = {eta:g}), with wider intervals (docs/benchmarks.md: about twice at 1.8 x)", "")
     val = size[1] if size else p.bucket.val_size
-    seeds = decision_seeds(p)
+    seeds, seeds_key = _decision_seeds(p)
     resolution = decision_half_width(p, val, seeds)
     if resolution is None:
         return  # the size and seed findings say why there is no interval
@@ -45,23 +45,18 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> It
         return
     more_seeds = math.ceil(2.0 * (power.Z95 * se / eps) ** 2 - 1e-9)
     more_val = math.ceil(val * (half / eps) ** 2 - 1e-9)
-    yield ("note", ("study.tolerance", _seeds_key(p), "bucket.val_size"), msg + "; two keys of equal reward "
+    yield ("note", ("study.tolerance", seeds_key, "bucket.val_size"), msg + "; two keys of equal reward "
                   "stay 'not decided'", f"study.tolerance: {math.ceil(100 * half - 1e-9) / 100:.2f} or more to decide between keys of equal reward; "
-                  f"or {_seeds_key(p)}: {more_seeds} seeds, or bucket.val_size: {more_val:,}")
+                  f"or {seeds_key}: {more_seeds} seeds, or bucket.val_size: {more_val:,}")
 
 
-def decision_seeds(p: StudyParams) -> int:
-    """The seeds the decision between two close keys reads: ``sweep.seeds``; under the decision search (science
-    §9.4) the seeds it adds where the decision hangs, up to ``sweep.search.seeds_max`` (null: ``sweep.seeds``)."""
+def _decision_seeds(p: StudyParams) -> tuple[int, str]:
+    """(the seeds the decision between two close keys reads, the key that sets them): ``sweep.seeds``; under the
+    decision search (science §9.4) the seeds it adds where the decision hangs, up to ``sweep.search.seeds_max``
+    (null: ``sweep.seeds``)."""
     if p.sweep.search.method == "decision" and p.sweep.search.seeds_max is not None:
-        return p.sweep.search.seeds_max
-    return len(p.sweep.seeds)
-
-
-def _seeds_key(p: StudyParams) -> str:
-    """The key that sets :func:`decision_seeds`."""
-    decision = p.sweep.search.method == "decision" and p.sweep.search.seeds_max is not None
-    return "sweep.search.seeds_max" if decision else "sweep.seeds"
+        return p.sweep.search.seeds_max, "sweep.search.seeds_max"
+    return len(p.sweep.seeds), "sweep.seeds"
 
 
 def decision_half_width(p: StudyParams, val: int, seeds: int | None = None) -> tuple[float, float] | None:
