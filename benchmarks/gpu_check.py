@@ -17,7 +17,7 @@ a hard time limit, and a crash or CUDA error in one part loses none of the other
    x 8 rollouts (one generate call of 256, ``sampling.batch_size`` of docs/gpu.md) and
    ``--new-tokens`` (512) new tokens, at ``micro_batch_tokens`` 16,384. The generation and the
    update peaks are read apart (a wrapper around the trainer's ``policy_update``), next to
-   docs/gpu.md's estimates for these shapes and ``rollscale.pipeline.init_values.full_finetune_gb``
+   docs/gpu.md's estimates for these shapes and ``rollscale.pipeline.check.memory.full_finetune_gb``
    (what ``rollscale init`` decides full fine-tuning vs LoRA by). A random model never ends a
    completion, so ``train.overlong_filter`` masks every rollout out of the loss (the row's
    ``n_tokens`` is 0), but every token still runs forward and backward: time and memory are the
@@ -185,7 +185,7 @@ def part_env(args: argparse.Namespace) -> dict:
             out[" ".join(cmd[:2])] = f"{type(err).__name__}: {err}"
     imports = {}
     for module in ("pydantic", "rollscale.config", "rollscale.train.trainer", "rollscale.train.distributed",
-                   "rollscale.train.sharded_checkpoint", "rollscale.pipeline.init_values", "tasks.sharded_run",
+                   "rollscale.train.sharded_checkpoint", "rollscale.pipeline.init.values", "tasks.sharded_run",
                    "tasks.models", "benchmarks/step.py"):
         try:
             mod = step_bench() if module.endswith(".py") else importlib.import_module(module)
@@ -209,7 +209,8 @@ def doc_estimates(shape: str, rollouts: int, seq_tokens: int, new_tokens: int, m
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from rollscale.pipeline.init_values import GPU_MEMORY_GB, full_finetune_gb
+    from rollscale.pipeline.check.memory import full_finetune_gb
+    from rollscale.pipeline.init.values import GPU_MEMORY_GB
 
     dims = _qwen_shape(shape)
     with torch.device("meta"):

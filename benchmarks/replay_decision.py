@@ -3,7 +3,7 @@
     python benchmarks/replay_decision.py /tmp/fresh/artifacts --params /tmp/fresh/params.yaml
     python benchmarks/replay_decision.py artifacts --cuts 1 0.5 0.25 --far-eta 4 --tolerance 0.05
 
-Reads the study's ``runs`` and ``evals`` tables (through DuckDB, rollscale.pipeline.storage: nothing is
+Reads the study's ``runs`` and ``evals`` tables (through DuckDB, rollscale.pipeline.query.storage: nothing is
 written) of a grid (every key, every seed, to C_max) and prints two markdown tables for docs/benchmarks.md:
 
 1. **Truncation** (issue 28, part 6): the decision at C* (``study.target_budget``, default C_max) from every
@@ -38,7 +38,7 @@ from rollscale.core.fit.analysis import run_evals  # noqa: E402
 from rollscale.core.fit.decision_table import decision_table  # noqa: E402
 from rollscale.core.search.agreement import decision_agreement, truncated  # noqa: E402
 from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
-from rollscale.pipeline.storage import query  # noqa: E402
+from rollscale.pipeline.query.storage import query  # noqa: E402
 from rollscale.train.search_groups import search_design, search_settings  # noqa: E402
 
 

@@ -5,7 +5,7 @@
     python benchmarks/search_replay.py artifacts --start-keys 4 8 16 --decisions
     python benchmarks/search_replay.py artifacts --alpha 0.4           # other settings than params.yaml's
 
-Reads the study's ``runs`` and ``evals`` tables (through DuckDB, rollscale.pipeline.storage) and the
+Reads the study's ``runs`` and ``evals`` tables (through DuckDB, rollscale.pipeline.query.storage) and the
 search's settings from params.yaml (``sweep.search``, ``sweep.eval_every`` and ``sweep.b_max``), replays
 the finished runs rung by rung
 (rollscale.core.search.replay.replay: each run truncated where the search would have stopped it) and
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollscale.config import load_params  # noqa: E402
 from rollscale.core.search.decisions import SearchSettings  # noqa: E402
 from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
-from rollscale.pipeline.storage import query  # noqa: E402
+from rollscale.pipeline.query.storage import query  # noqa: E402
 from rollscale.train.search_groups import search_settings  # noqa: E402
 
 

@@ -36,7 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollscale.pipeline.stages import load_stage_specs  # noqa: E402
+from rollscale.pipeline.stages.specs import load_stage_specs  # noqa: E402
 
 
 def set_key(params: dict, dotted: str, value: str) -> None:

@@ -1,4 +1,4 @@
-"""Cost of exporting the sweep's rows to TensorBoard and MLflow (rollscale.pipeline.trackers).
+"""Cost of exporting the sweep's rows to TensorBoard and MLflow (rollscale.train.trackers).
 
 Target (issue 16): with tracking on, a training step is at most 5 % slower.
 One run of the tiny model (full size: hidden 128, 4 layers; 32 prompts x 8
@@ -27,7 +27,7 @@ from rollscale.config import TrackingParams
 from rollscale.core.problems.sets import reasoning_gym_problems
 from rollscale.lm.models import char_tokenizer, tiny_llama
 from rollscale.core.rollouts import SamplingConfig
-from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, tracker_targets
+from rollscale.train.trackers import ExportingRunStore, RunExporter, tracker_targets
 from rollscale.train.checkpoint import RunStore
 from rollscale.train.run_config import RunConfig
 from rollscale.train.trainer import GRPOTrainer

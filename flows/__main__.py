@@ -46,14 +46,14 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     from rollscale.config import load_params
 
     study = load_params(params)  # bad config fails before any work, and before Prefect is even imported
-    from rollscale.pipeline.outputs import unrebuilt_damage, write_outputs_manifest
-    from rollscale.pipeline.storage import DamagedResultError
-    from rollscale.pipeline.stage_record import fingerprint, started_by, write_record
-    from rollscale.pipeline.stages import load_stage_specs, now, project_root, stage_lock, upstream
-    from tasks.common import quiet_prefect
+    from rollscale.pipeline.stages.outputs import unrebuilt_damage, write_outputs_manifest
+    from rollscale.pipeline.query.storage import DamagedResultError
+    from rollscale.pipeline.stages.record import fingerprint, started_by, write_record
+    from rollscale.pipeline.stages.specs import load_stage_specs, now, project_root, stage_lock, upstream
+    from rollscale.pipeline.runtime.workers import quiet_prefect
 
     specs = load_stage_specs()
-    # what this run runs on, taken before its code is imported (rollscale.pipeline.stage_record)
+    # what this run runs on, taken before its code is imported (rollscale.pipeline.stages.record)
     ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params,
                          upstream(specs[stage], specs))
     # the record of the last good outputs stays until this run finishes; what was damaged since it must be
@@ -73,7 +73,7 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
 
 def setup(debug: bool) -> None:
     prefect_env(debug)
-    if debug:  # worker processes inherit it (tasks.parallel forwards it)
+    if debug:  # worker processes inherit it (rollscale.pipeline.runtime.workers forwards it)
         os.environ[DEBUG_ENV] = "1"
     # vLLM logs 60-90 INFO/WARNING lines per engine start (and a harmless traceback: its chat-template
     # warm-up fails without a tokenizer, which the engine does not need); read before vLLM is imported
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def interrupted_line(signum: int) -> str:
         """What the stage kept (its flow module's ``kept_work``, when it has one) and how to go on."""
-        from rollscale.pipeline.stage_record import resume_command
+        from rollscale.pipeline.stages.record import resume_command
 
         kept_work = getattr(sys.modules.get(f"flows.{args.stage}"), "kept_work", None)
         try:
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     setup(debug)
 
     def go() -> None:
-        from rollscale.pipeline.stages import load_stage_specs
-        from tasks.server import prefect_api
+        from rollscale.pipeline.stages.specs import load_stage_specs
+        from rollscale.pipeline.runtime.server import prefect_api
 
         if args.stage not in load_stage_specs():
             raise ValueError(f"unknown stage {args.stage!r} (dvc.yaml has: {', '.join(load_stage_specs())})")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def record_exit(message: str, code: int) -> None:
         """What the study that started this stage through DVC says (DVC reports any failure as exit 255)."""
-        from rollscale.pipeline.stages import STAGE_EXIT, now
+        from rollscale.pipeline.stages.specs import STAGE_EXIT, now
 
         folder = Path(args.artifacts) / args.stage
         if folder.is_dir():

@@ -21,7 +21,7 @@ from rollscale.files import write_parquet_atomic
 from rollscale.train.sweep import run_configs
 from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise
-from tasks.parallel import local_runner, raise_first_error, run_all
+from rollscale.pipeline.runtime.workers import local_runner, raise_first_error, run_all
 from tasks.models import sampling_config
 
 

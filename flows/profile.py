@@ -22,7 +22,7 @@ from rollscale.pipeline.progress import Progress
 from rollscale.files import write_parquet_atomic
 from tasks.common import ARTIFACTS, read_model_ref, read_params, refresh_duckdb
 from tasks.models import close_engines
-from tasks.parallel import local_runner, raise_first_error, run_all
+from rollscale.pipeline.runtime.workers import local_runner, raise_first_error, run_all
 from tasks.problems import problem_pool
 from tasks.profile import profile_chunk
 

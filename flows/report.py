@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rollscale.config import StudyParams
 from rollscale.report import TABLE_NAMES, ReportPaths, write_report
-from rollscale.pipeline.trackers import log_report, tracker_targets
+from rollscale.train.trackers import log_report, tracker_targets
 from tasks.common import ARTIFACTS, read_params, transient
 from tasks.fit import read_tables
 

@@ -31,9 +31,9 @@ from rollscale.config import load_params
 from rollscale.pipeline import interrupts
 from rollscale.pipeline.errors import debug_enabled
 from rollscale.pipeline.interrupts import Interrupted
-from rollscale.pipeline.outputs import OUTPUTS_MANIFEST, stage_problem
-from rollscale.pipeline.stage_record import COMMAND_ENV
-from rollscale.pipeline.stages import (
+from rollscale.pipeline.stages.outputs import OUTPUTS_MANIFEST, stage_problem
+from rollscale.pipeline.stages.record import COMMAND_ENV
+from rollscale.pipeline.stages.specs import (
     RUN_INFO,
     STAGE_EXIT,
     StageFailedError,
@@ -154,7 +154,7 @@ def restore_outputs(stage: str, root: str, env: dict[str, str]) -> None:
 def study_flow(params_path: str = "params.yaml", stages: list[str] | None = None, force: bool = False,
                project: str | None = None) -> dict[str, str]:
     """Run the chosen stages (default all) in order; returns stage -> "ran" | "skipped"."""
-    from tasks.common import quiet_prefect
+    from rollscale.pipeline.runtime.workers import quiet_prefect
 
     quiet_prefect(debug_enabled())  # in a served run's own process too: the stages print their errors
     root = project_root(project)
@@ -277,8 +277,8 @@ def between_stages_line(signum: int, ran: dict[str, str], command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     from flows.__main__ import keep_our_signal_handlers, setup
     from rollscale.pipeline.errors import run_guarded
-    from tasks.common import quiet_prefect
-    from tasks.server import prefect_api
+    from rollscale.pipeline.runtime.workers import quiet_prefect
+    from rollscale.pipeline.runtime.server import prefect_api
 
     parser = argparse.ArgumentParser(prog="python -m flows.study")
     parser.add_argument("what", choices=("study", "serve"))

@@ -22,12 +22,12 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.files import write_json_atomic
-from rollscale.pipeline.stages import ARCHIVE_STALE_ENV
-from rollscale.pipeline.status import runs_kept, sweep_progress
-from rollscale.pipeline.trackers import tracker_targets
+from rollscale.pipeline.stages.specs import ARCHIVE_STALE_ENV
+from rollscale.pipeline.stages.status import runs_kept, sweep_progress
+from rollscale.train.trackers import tracker_targets
 from rollscale.train.run_config import RunConfig
 from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
-from tasks.parallel import local_runner, raise_first_error, run_all
+from rollscale.pipeline.runtime.workers import local_runner, raise_first_error, run_all
 from tasks.search import SweepSearch
 from tasks.sweep import (archive_stale_runs, mark_interrupted, refuse_stale_runs, reopen_damaged_runs, run_identity,
                          train_run_in_worker)

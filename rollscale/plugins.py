@@ -1,7 +1,7 @@
 """A user's own code named in params: ``"package.module:function"`` (a verifier, science §2).
 
 A leaf module (it imports nothing from rollscale), so validating a params file
-(:mod:`rollscale.config_data`) imports the user's function the same way the
+(:mod:`rollscale.config.data`) imports the user's function the same way the
 library later calls it (:func:`rollscale.core.problems.rewards.reward_fn`): a typo fails
 when the params are read, not mid-study.
 """

@@ -141,7 +141,7 @@ def _where(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
-# The plugin packages, by dotted name. A literal: rollscale.pipeline.stage_deps reads it to
+# The plugin packages, by dotted name. A literal: rollscale.pipeline.stages.deps reads it to
 # make their folders deps of every stage that loads this module (params validation does).
 PLUGIN_PACKAGES = ("rollscale.core.grpo.rules", "rollscale.core.grpo.losses", "rollscale.lm.engines")
 _RULES, _LOSSES, _ENGINES = PLUGIN_PACKAGES

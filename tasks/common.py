@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from rollscale.config import StudyParams, load_params
 from rollscale.core.problems.problem import Problem
 from rollscale.core.problems.profiling import problems_from_profile
-from rollscale.pipeline.storage import write_duckdb
+from rollscale.pipeline.query.storage import write_duckdb
 
 if TYPE_CHECKING:  # loading models pulls in torch and transformers: seconds the table stages do not need
     from rollscale.lm.models import ModelRef
@@ -43,14 +43,6 @@ def transient(task_obj, task_run, state) -> bool:
 retried_task = functools.partial(
     task, cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=transient
 )
-
-
-def quiet_prefect(debug: bool = False) -> None:
-    """Prefect logs a failed run's traceback itself; the one-line error the stage prints
-    (:mod:`rollscale.pipeline.errors`) is what a person reads. ``--debug`` keeps them."""
-    if not debug:
-        for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def read_params(path: str | Path) -> StudyParams:

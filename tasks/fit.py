@@ -14,7 +14,7 @@ from rollscale.config import FitParams
 from rollscale.core.fit import analysis
 from rollscale.core.fit.bootstrap import Bootstrap
 from rollscale.core.fit.decision_table import decision_table
-from rollscale.pipeline.storage import available_tables, query
+from rollscale.pipeline.query.storage import available_tables, query
 from rollscale.tables import TABLES
 from tasks.common import retried_task
 

@@ -1,5 +1,5 @@
 """The sweep's runs as Ray tasks (``sweep.executor: ray``), through prefect-ray: the same
-dispatch as the local process pool (:mod:`tasks.parallel`) on a Ray cluster.
+dispatch as the local process pool (:mod:`rollscale.pipeline.runtime.workers`) on a Ray cluster.
 
 Each run is one Ray task asking for ``sweep.ray_cpus_per_run`` CPUs and
 ``sweep.ray_gpus_per_run`` GPUs, so Ray packs as many runs side by side as the
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from rollscale.config import SweepParams
 from rollscale.train.run_config import RunResult
-from tasks.parallel import flow_api_url, run_all, worker_env
+from rollscale.pipeline.runtime.workers import flow_api_url, run_all, worker_env
 from tasks.sweep import train_run_in_worker
 
 # Ray re-runs a task whose worker process died this many times (system failures only)

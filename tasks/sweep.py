@@ -24,11 +24,11 @@ from rollscale.train.checkpoint import RunStore
 from rollscale.config import LoraParams, SamplingParams
 from rollscale.lm.models import ModelRef
 from rollscale.core.problems.problem import Problem
-from rollscale.pipeline.outputs import run_damage
+from rollscale.pipeline.stages.outputs import run_damage
 from rollscale.pipeline.progress import Progress
-from rollscale.pipeline.stages import read_json
-from rollscale.pipeline.trackers import ExportingRunStore, RunExporter, TrackerTargets
-from rollscale.pipeline.status import record_attempt
+from rollscale.pipeline.stages.specs import read_json
+from rollscale.train.trackers import ExportingRunStore, RunExporter, TrackerTargets
+from rollscale.pipeline.stages.status import record_attempt
 from rollscale.files import write_parquet_atomic
 from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
 from rollscale.train.trainer import GRPOTrainer
@@ -241,7 +241,7 @@ def archive_stale_runs(runs_dir: Path, stale: list[Path]) -> None:
 
 def reopen_damaged_runs(artifacts: Path, run_dirs: list[Path]) -> set[str]:
     """Ended runs (finished, or stopped by the search) whose stored results fail the checks ``fit`` reads
-    them with (:func:`rollscale.pipeline.outputs.run_damage`): named, and their done marker removed, so
+    them with (:func:`rollscale.pipeline.stages.outputs.run_damage`): named, and their done marker removed, so
     each is trained again from its newest good checkpoint (the run store skips damaged ones) to the
     untouched run's rows; never recorded as it is. Their ids."""
     damaged = set()

@@ -18,7 +18,7 @@ from rollscale.config import load_params, parse_params
 from rollscale.core.fit import power
 from rollscale.pipeline import cli
 from rollscale.core.problems.sources import table_problems
-from rollscale.pipeline.check import DataKnown, known_data, study_findings
+from rollscale.pipeline.check.findings import DataKnown, known_data, study_findings
 from tests.verl_data import write_verl_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,7 +270,7 @@ def test_infinite_noise_estimates_are_a_warning_before_the_sweep(tmp_path):
     import numpy as np
     import pandas as pd
 
-    from rollscale.pipeline.check_profile import noise_findings
+    from rollscale.pipeline.check.profile import noise_findings
 
     assert noise_findings(tmp_path) == []  # not measured yet: nothing said
     (tmp_path / "measure").mkdir()

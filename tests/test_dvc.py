@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from rollscale.pipeline.stages import RUN_INFO, stage_running
+from rollscale.pipeline.stages.specs import RUN_INFO, stage_running
 from tests.test_pipeline import SMALL
 from tests.test_study import HOLD
 

@@ -98,7 +98,7 @@ def test_lock_races_and_refused_stages_are_one_line_not_internal_errors():
     from dvc.lock import LockError
 
     from rollscale.pipeline.errors import explain
-    from rollscale.pipeline.stages import StageFailedError
+    from rollscale.pipeline.stages.specs import StageFailedError
 
     message, code = explain(LockError("'/s/artifacts/measure' is busy, it is being blocked by:"))
     assert code == 1 and "internal error" not in message and "\n" not in message, message

@@ -20,9 +20,9 @@ import rollscale.train.checkpoint as checkpoint_module
 from flows.report import report_flow
 from flows.sweep import sweep_flow
 from rollscale.train.checkpoint import RunStore
-from rollscale.pipeline.stages import RUN_INFO, stage_running
-from rollscale.pipeline.storage import query
-from rollscale.pipeline.status import study_status
+from rollscale.pipeline.stages.specs import RUN_INFO, stage_running
+from rollscale.pipeline.query.storage import query
+from rollscale.pipeline.stages.status import study_status
 from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
 
 pytestmark = pytest.mark.slow
@@ -296,10 +296,10 @@ def said(after: str, prefixes=("np4_",)) -> list[str]:
 
 
 def no_own_server_left(stage_pid: int) -> bool:
-    """The Prefect server a command started for itself (tasks/server.py) ended with it."""
+    """The Prefect server a command started for itself (rollscale/pipeline/runtime/server.py) ended with it."""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if f"tasks.server\0{stage_pid}\0".encode() in cmdline.read_bytes():
+            if f"rollscale.pipeline.runtime.server\0{stage_pid}\0".encode() in cmdline.read_bytes():
                 return False
         except OSError:
             continue  # ended meanwhile

@@ -12,7 +12,7 @@ import yaml
 from flows.fit import fit_flow
 from flows.report import report_flow
 from rollscale.files import write_parquet_atomic
-from rollscale.pipeline.storage import query
+from rollscale.pipeline.query.storage import query
 from rollscale.train.checkpoint import RunStore
 
 D = 200

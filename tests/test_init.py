@@ -11,12 +11,13 @@ import pytest
 import yaml
 
 from rollscale.config import load_params, parse_params
-from rollscale.pipeline.init_values import Machine, full_finetune_gb, micro_batch_gb, render, suggest
+from rollscale.pipeline.check.memory import full_finetune_gb, micro_batch_gb
+from rollscale.pipeline.init.values import Machine, render, suggest
 from rollscale.core.fit import power
 from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
 from rollscale.lm.model_info import ModelInfo, inspect_model, resolve_model
 from rollscale.pipeline import cli
-from rollscale.pipeline.check import known_data, study_findings
+from rollscale.pipeline.check.findings import known_data, study_findings
 from tests.verl_data import write_verl_table
 
 LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -215,7 +216,7 @@ def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_f
 
 
 def test_budget_keeps_a_larger_c_max_and_refuses_nonsense():
-    from rollscale.pipeline.init import budget_values
+    from rollscale.pipeline.init.command import budget_values
 
     values, why = {"sweep.c_max": 4000}, {}
     budget_values(values, why, 6000, 2.0)
@@ -248,9 +249,9 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     """Issue 32, "time first": `init --hours H` sizes the study from a calibration of this machine (here a
     stored one: 20 ms per rollout and new token, so the suggested study takes hours) and names each
     setting it gave up; the check's estimate of what it wrote is within H."""
-    from rollscale.pipeline import calibration
-    from rollscale.pipeline.calibration import Calibration
-    from rollscale.pipeline.stage_time import stage_times
+    from rollscale.pipeline.check import calibration
+    from rollscale.pipeline.check.calibration import Calibration
+    from rollscale.pipeline.check.timing import stage_times
 
     cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 1e4, 20.0, 5.0, 5.0, 1.0)
     monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)

@@ -12,7 +12,7 @@ import pytest
 from flows.measure import measure_flow
 from flows.profile import profile_flow
 from flows.sweep import sweep_flow
-from rollscale.pipeline.status import read_attempts
+from rollscale.pipeline.stages.status import read_attempts
 from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollscale.pipeline.project import DVCIGNORE, _with_data_dep, write_code_stamps
-from rollscale.pipeline.stage_deps import PROJECT_TEMPLATE, STAMP_FOLDER
+from rollscale.pipeline.init.project import DVCIGNORE, _with_data_dep, write_code_stamps
+from rollscale.pipeline.stages.deps import PROJECT_TEMPLATE, STAMP_FOLDER
 from tests.verl_data import write_verl_table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from prefect import flow, task
 
 from flows.sweep import sweep_flow
 from rollscale.config import parse_params
-from rollscale.pipeline.status import read_attempts
+from rollscale.pipeline.stages.status import read_attempts
 from tasks.ray_sweep import ray_address, worker_env
 from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
 
@@ -129,14 +129,14 @@ def nap_then_write(path: str, seconds: float) -> str:
 
 
 def test_an_interrupt_cancels_the_ray_tasks_on_a_cluster_it_did_not_start(tmp_path):
-    """Ctrl-C in a sweep on a Ray cluster (tasks.parallel.stop_units): its tasks are cancelled,
+    """Ctrl-C in a sweep on a Ray cluster (rollscale.pipeline.runtime.workers.stop_units): its tasks are cancelled,
     not left to finish, and the cluster, which the sweep did not start, is left running.
     (~15 s: a local Ray stands for the cluster; the sweep on it is tested above.)"""
     import ray
     from prefect_ray import RayTaskRunner
     from ray.exceptions import TaskCancelledError
 
-    from tasks.parallel import stop_units, submit_all
+    from rollscale.pipeline.runtime.workers import stop_units, submit_all
 
     ray.init(num_cpus=1, include_dashboard=False)
     try:

@@ -12,7 +12,7 @@ from rollscale.core.search.state import DECISION_COLUMNS
 from rollscale.report import build_charts, study_answer, summary_tables, write_report
 from rollscale.report.base import StageNotRun
 from rollscale.config import parse_params
-from rollscale.report.search_charts import chart_search, search_cost, table_search
+from rollscale.report.charts.search import chart_search, search_cost, table_search
 
 GROUP = "n:bucket=easy/rule=uniform/b_problem=4"
 C_MAX = 25600.0

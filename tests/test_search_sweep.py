@@ -13,7 +13,7 @@ import tasks.search as search_tasks
 from flows.sweep import sweep_flow
 from rollscale.config import load_params
 from rollscale.core.search.replay import replay
-from rollscale.pipeline.status import search_progress
+from rollscale.pipeline.stages.status import search_progress
 from rollscale.train.checkpoint import RunStore
 from rollscale.train.search_groups import search_settings
 from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
@@ -138,8 +138,8 @@ def test_a_damaged_ended_run_is_shown_damaged_and_retrained_to_the_untouched_tab
     study; the next sweep trains them again from their last good checkpoints (the stopped one back to its
     stop budget, marked stopped again) to the untouched tables, and leaves nothing damaged to record. Then a
     grid change the sweep refuses (it would drop ended runs) moves nothing, the search table included."""
-    from rollscale.pipeline.outputs import run_damage, stage_problem, unrebuilt_damage, write_outputs_manifest
-    from rollscale.pipeline.status import sweep_progress
+    from rollscale.pipeline.stages.outputs import run_damage, stage_problem, unrebuilt_damage, write_outputs_manifest
+    from rollscale.pipeline.stages.status import sweep_progress
 
     decide = search_tasks.decide
 

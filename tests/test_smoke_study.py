@@ -84,7 +84,7 @@ def rollscale(root: Path, *args: str) -> subprocess.CompletedProcess:
 def init_library(root: Path) -> dict:
     """What `rollscale init --model smollm2 --data data/arith.parquet` decides, from its library
     (lengths counted as 4 characters a token instead of loading the GGUF's tokenizer)."""
-    from rollscale.pipeline.init_values import Machine, render, suggest
+    from rollscale.pipeline.init.values import Machine, render, suggest
     from rollscale.core.problems.data_sample import count_rows, inspect_rows, read_sample
     from rollscale.lm.model_info import inspect_model, packaged_model
 

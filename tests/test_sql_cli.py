@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rollscale.pipeline.outputs import write_outputs_manifest
+from rollscale.pipeline.stages.outputs import write_outputs_manifest
 from rollscale.files import write_parquet_atomic
 from rollscale.train.checkpoint import RunStore
 

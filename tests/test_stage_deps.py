@@ -1,4 +1,4 @@
-"""dvc.yaml's code deps are what `rollscale deps` computes (rollscale.pipeline.stage_deps): DVC is the
+"""dvc.yaml's code deps are what `rollscale deps` computes (rollscale.pipeline.stages.deps): DVC is the
 only judge of what reruns, so a code change it cannot see would leave a stale result.
 
 One test imports every entry point in a fresh interpreter and checks that the project files in
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollscale.pipeline.stage_deps import code_deps, deps_diff, render_dvc_yaml, stage_files
+from rollscale.pipeline.stages.deps import code_deps, deps_diff, render_dvc_yaml, stage_files
 from rollscale.registry import PLUGIN_PACKAGES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def test_dvc_yaml_deps_are_the_computed_ones():
 def test_stage_deps_cover_every_project_file_it_imports(stage):
     deps = [REPO / d for d in STAGES[stage].get("deps", []) if not str(d).startswith("artifacts")]
     files = stage_files(REPO, stage)
-    assert REPO / "rollscale" / "config.py" in files and REPO / "rollscale" / "pipeline" / "stages.py" in files
+    assert REPO / "rollscale" / "config" / "study.py" in files and REPO / "rollscale" / "pipeline" / "stages" / "specs.py" in files
     uncovered = sorted(str(f.relative_to(REPO)) for f in files
                        if not any(f == d or f.is_relative_to(d) for d in deps))
     assert not uncovered, f"dvc.yaml stages.{stage}.deps miss: {uncovered}"

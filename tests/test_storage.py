@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rollscale.files import write_parquet_atomic
-from rollscale.pipeline.storage import DamagedResultError, QueryError, query, write_duckdb
+from rollscale.pipeline.query.storage import DamagedResultError, QueryError, query, write_duckdb
 from rollscale.train.checkpoint import RunStore
 
 
@@ -137,7 +137,7 @@ def test_duckdb_file_readable_while_rewritten(tmp_path):
 
 
 def test_stage_record_covers_its_files_and_names_what_changed(tmp_path):
-    from rollscale.pipeline.outputs import outputs_problem, stage_output_files, write_outputs_manifest
+    from rollscale.pipeline.stages.outputs import outputs_problem, stage_output_files, write_outputs_manifest
 
     store = RunStore(tmp_path / "sweep/runs/r1")
     save(store, 5, [{"run_id": "r1", "step": 5}])
@@ -170,8 +170,8 @@ def test_damage_found_when_a_stage_starts_must_be_rebuilt_before_its_record_is_w
     record; one the run leaves as it found it is named (its record is not rewritten over it), one it
     rewrote is not. After an unfinished run (its run record there) the files it changed are its own, and
     queries do not judge files written after the record while a run is unfinished."""
-    from rollscale.pipeline.outputs import outputs_problem, unrebuilt_damage, write_outputs_manifest
-    from rollscale.pipeline.stages import RUN_INFO
+    from rollscale.pipeline.stages.outputs import outputs_problem, unrebuilt_damage, write_outputs_manifest
+    from rollscale.pipeline.stages.specs import RUN_INFO
 
     folder = tmp_path / "fit"
     folder.mkdir()
@@ -198,7 +198,7 @@ def test_damage_found_when_a_stage_starts_must_be_rebuilt_before_its_record_is_w
 def test_an_ended_run_is_checked_as_fit_reads_it_from_any_working_folder(tmp_path, monkeypatch):
     """Issue 31, part 1: a finished run's committed parts, newest checkpoint and run.parquet / done.json
     (against the sweep's record) are one check, with the artifacts folder given relative (as the CLI does)."""
-    from rollscale.pipeline.outputs import run_damage, write_outputs_manifest
+    from rollscale.pipeline.stages.outputs import run_damage, write_outputs_manifest
 
     monkeypatch.chdir(tmp_path)
     store = RunStore(Path("artifacts/sweep/runs/r1"))
@@ -219,7 +219,7 @@ def test_an_ended_run_is_checked_as_fit_reads_it_from_any_working_folder(tmp_pat
 
 
 def test_query_time_limit_and_bad_text(tmp_path):
-    from rollscale.pipeline.storage import QueryTimeout
+    from rollscale.pipeline.query.storage import QueryTimeout
 
     write_parquet_atomic(pd.DataFrame({"x": range(3000)}), tmp_path / "profile" / "profile.parquet")
     slow = "select count(*) from profile a, profile b, profile c where a.x + b.x + c.x = 7777"

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from rollscale.pipeline.interrupts import Interrupted
-from rollscale.pipeline.stages import (
+from rollscale.pipeline.stages.specs import (
     FAILED,
     RUN_INFO,
     StageBusyError,
@@ -26,7 +26,7 @@ from rollscale.pipeline.stages import (
     stage_lock,
     stage_running,
 )
-from rollscale.pipeline.status import stage_statuses, sweep_progress
+from rollscale.pipeline.stages.status import stage_statuses, sweep_progress
 from rollscale.files import write_parquet_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_select_stages_keeps_dvc_order_and_names_unknown_stages():
 
 HOLD = """
 import sys, time
-from rollscale.pipeline.stages import stage_lock
+from rollscale.pipeline.stages.specs import stage_lock
 with stage_lock("bucket", sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)
@@ -218,7 +218,7 @@ def test_a_refused_stage_keeps_its_last_good_outputs_and_their_record(tmp_path_f
     """Issue 31, part 2: the record of a stage's last good outputs stays until a finished run replaces it,
     so a refused run leaves the outputs and their checksums as they were, and an edit of them afterwards is
     still named (not served)."""
-    from rollscale.pipeline.outputs import outputs_problem
+    from rollscale.pipeline.stages.outputs import outputs_problem
 
     art = copy_study(prepared_study(tmp_path_factory), tmp_path)
     params = write_params(tmp_path)

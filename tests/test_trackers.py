@@ -1,4 +1,4 @@
-"""Sweep rows copied to TensorBoard and a local MLflow store (rollscale.pipeline.trackers):
+"""Sweep rows copied to TensorBoard and a local MLflow store (rollscale.train.trackers):
 only committed rows, each once, equal to the run store's tables."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rollscale.config import TrackingParams  # noqa: E402
 from rollscale.core.problems.sets import reasoning_gym_problems  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama  # noqa: E402
 from rollscale.core.rollouts import SamplingConfig  # noqa: E402
-from rollscale.pipeline.trackers import (  # noqa: E402
+from rollscale.train.trackers import (  # noqa: E402
     ExportingRunStore,
     RunExporter,
     flatten_params,

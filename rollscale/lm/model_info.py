@@ -1,6 +1,6 @@
 """What a base model is, read from its files without loading its weights.
 
-``rollscale init`` sizes a study from it (:mod:`rollscale.pipeline.init_values`): the
+``rollscale init`` sizes a study from it (:mod:`rollscale.pipeline.init.values`): the
 parameter count (from safetensors headers or GGUF tensor shapes, else estimated
 from ``config.json``), hidden size, layers, vocabulary, context length, and
 whether a chat template ships with it. :func:`resolve_model` turns what a user

@@ -25,9 +25,9 @@ def spawn_flows(args: list[str], debug: bool, module: str = "flows", archive_sta
     Ctrl-C and SIGTERM are passed on to it, and it says what it kept (``command`` is how a person
     started it: the stage record keeps it, and an interrupted stage tells to run it again)."""
     from rollscale.pipeline.interrupts import run_forwarding
-    from rollscale.pipeline.project import refresh_code_stamps
-    from rollscale.pipeline.stage_record import COMMAND_ENV
-    from rollscale.pipeline.stages import ARCHIVE_STALE_ENV, project_root
+    from rollscale.pipeline.init.project import refresh_code_stamps
+    from rollscale.pipeline.stages.record import COMMAND_ENV
+    from rollscale.pipeline.stages.specs import ARCHIVE_STALE_ENV, project_root
 
     root = project_root()
     refresh_code_stamps(root)  # a user's study folder: DVC compares the installed code's stamps
@@ -48,9 +48,9 @@ def typed(args: argparse.Namespace, *words: str) -> str:
 
 
 def print_status(artifacts: str, as_json: bool) -> None:
-    from rollscale.pipeline.project import refresh_code_stamps
-    from rollscale.pipeline.stages import project_root
-    from rollscale.pipeline.status import format_status, study_status
+    from rollscale.pipeline.init.project import refresh_code_stamps
+    from rollscale.pipeline.stages.specs import project_root
+    from rollscale.pipeline.stages.status import format_status, study_status
 
     refresh_code_stamps(project_root())  # "stale" after an upgrade of rollscale, as `study` will find it
     status = study_status(artifacts=artifacts)
@@ -71,7 +71,7 @@ def query_timeout(timeout: float | None, params: str) -> float:
 def print_query(sql: str, artifacts: str, timeout: float | None = None, params: str = "params.yaml") -> None:
     import pandas as pd
 
-    from rollscale.pipeline.storage import query
+    from rollscale.pipeline.query.storage import query
 
     df = query(sql, artifacts, query_timeout(timeout, params))
     with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
@@ -79,7 +79,7 @@ def print_query(sql: str, artifacts: str, timeout: float | None = None, params: 
 
 
 def print_tables(artifacts: str) -> None:
-    from rollscale.pipeline.storage import available_tables
+    from rollscale.pipeline.query.storage import available_tables
     from rollscale.tables import TABLES
 
     have = available_tables(artifacts)
@@ -89,13 +89,13 @@ def print_tables(artifacts: str) -> None:
 
 def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: bool = False,
                 calibrate: bool = True) -> bool:
-    """Validate params and print whether the study can answer (rollscale.pipeline.check); True when
+    """Validate params and print whether the study can answer (rollscale.pipeline.check.findings); True when
     it found no error. With no error, each stage's time on this machine: from the stored calibration,
-    or (``calibrate``) one measured now (:mod:`rollscale.pipeline.stage_time`)."""
+    or (``calibrate``) one measured now (:mod:`rollscale.pipeline.check.timing`)."""
     from rollscale.config import load_params
-    from rollscale.pipeline.check import Finding, format_findings, known_data, study_findings
-    from rollscale.pipeline.check_profile import noise_findings
-    from rollscale.pipeline.stage_time import estimate_findings
+    from rollscale.pipeline.check.findings import Finding, format_findings, known_data, study_findings
+    from rollscale.pipeline.check.profile import noise_findings
+    from rollscale.pipeline.check.timing import estimate_findings
 
     params = load_params(params_path)
     if resolved:
@@ -112,7 +112,7 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
 
 def check_stage(stage: str) -> None:
     """``stage`` must be a stage of the project's dvc.yaml (the one list of stages)."""
-    from rollscale.pipeline.stages import load_stage_specs, select_stages
+    from rollscale.pipeline.stages.specs import load_stage_specs, select_stages
 
     select_stages(load_stage_specs(), [stage])
 
@@ -120,7 +120,7 @@ def check_stage(stage: str) -> None:
 def no_study_no_params(params: str) -> bool:
     """Whether a study folder is here (or above); with neither one nor ``params``, raise the one line
     that says to run `rollscale init` (with params, their own errors come first)."""
-    from rollscale.pipeline.stages import project_root
+    from rollscale.pipeline.stages.specs import project_root
 
     try:
         project_root()
@@ -135,7 +135,7 @@ def refuse_running_stages(artifacts: str, stages: str | None, params: str = "par
     """Raise the one-line refusal when a stage the study would run is running now. Outside a study
     folder: with no params either, the one line that says to run `rollscale init`; with params, the
     check still reports and the study stops after it, naming the missing dvc.yaml."""
-    from rollscale.pipeline.stages import busy_error, load_stage_specs, select_stages, stage_running
+    from rollscale.pipeline.stages.specs import busy_error, load_stage_specs, select_stages, stage_running
 
     if not no_study_no_params(params):
         return
@@ -147,7 +147,7 @@ def refuse_running_stages(artifacts: str, stages: str | None, params: str = "par
 
 def project_root_or_init() -> None:
     """Raise the one line that says to run `rollscale init` outside a study folder."""
-    from rollscale.pipeline.stages import project_root
+    from rollscale.pipeline.stages.specs import project_root
 
     project_root()
 
@@ -157,9 +157,9 @@ def deps(write: bool) -> int:
     In a study folder of the user's own (no flows/ of its own) the deps are stamps of the
     installed code: they are refreshed."""
     from rollscale.files import write_text_atomic
-    from rollscale.pipeline.project import is_user_project, write_code_stamps
-    from rollscale.pipeline.stage_deps import PROJECT_TEMPLATE, deps_diff, render_dvc_yaml, render_project_template
-    from rollscale.pipeline.stages import project_root
+    from rollscale.pipeline.init.project import is_user_project, write_code_stamps
+    from rollscale.pipeline.stages.deps import PROJECT_TEMPLATE, deps_diff, render_dvc_yaml, render_project_template
+    from rollscale.pipeline.stages.specs import project_root
 
     root = project_root()
     if is_user_project(root):
@@ -289,7 +289,7 @@ def command(argv: list[str] | None = None) -> int:
         code = run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, args.resolved)), debug)
         return code or (0 if ok[0] else 2)
     if args.command == "init":
-        from rollscale.pipeline.init import init_params
+        from rollscale.pipeline.init.command import init_params
 
         return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force,
                                                      args.engine, args.budget, args.gpus, args.hours)), debug)

@@ -3,7 +3,7 @@
 from rollscale.report.answer import Answer, study_answer
 from rollscale.report.base import TABLE_NAMES, ChartSpec, ReportPaths, TableSpec
 from rollscale.report.charts import build_charts
-from rollscale.report.noise_charts import quintile_tables
+from rollscale.report.charts.noise import quintile_tables
 from rollscale.report.page import write_report
 from rollscale.report.tables import summary_tables
 

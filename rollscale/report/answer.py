@@ -29,7 +29,7 @@ from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value
 from rollscale.report.reasons import blocking_reasons
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
 from rollscale.report.decision_text import decision_headline, decision_spec, fmt_budget
-from rollscale.report.search_charts import search_cost, search_sentence
+from rollscale.report.charts.search import search_cost, search_sentence
 
 __all__ = ["Answer", "study_answer"]
 

@@ -20,9 +20,9 @@ from rollscale.report.base import (
     as_numeric,
     require_columns,
 )
-from rollscale.report.noise_charts import k_sat_null_by_n, usable_k_sat, quintile_tables
+from rollscale.report.charts.noise import k_sat_null_by_n, usable_k_sat, quintile_tables
 from rollscale.report.reasons import runs_as_ended
-from rollscale.report.search_charts import table_search
+from rollscale.report.charts.search import table_search
 from rollscale.tables import table_stage
 
 

@@ -5,7 +5,7 @@ evaluations a sweep run makes (science §1, §5), what the fit needs of them
 (science §7: record points, four-parameter sigmoids), the sampling standard
 error of validation avg@k and the smallest reward difference it can resolve
 (science §5), epochs per run, and how the truncation share of a profile falls
-with ``max_new_tokens`` (science §2). :mod:`rollscale.pipeline.check` turns them
+with ``max_new_tokens`` (science §2). :mod:`rollscale.pipeline.check.findings` turns them
 into findings naming params keys.
 """
 

@@ -6,7 +6,7 @@
 solutions (numeric verifier), LaTeX ``\\boxed{}`` solutions (math verifier), bare
 numbers (numeric verifier) or short expressions (math verifier). It measures
 prompt and reference-solution lengths for ``rollscale init``
-(:mod:`rollscale.pipeline.init_values`). :func:`count_rows` counts a local file's rows
+(:mod:`rollscale.pipeline.init.values`). :func:`count_rows` counts a local file's rows
 without parsing them (the check's pool size).
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rollscale.config_data import TABLE_SUFFIXES
+from rollscale.config.data import TABLE_SUFFIXES
 from rollscale.core.problems.rows import BadRow, hub_rows
 from rollscale.core.problems.sources import file_rows, lookup
 

@@ -18,7 +18,7 @@ id. The verifier is a built-in name ("numeric", "math", "exact") or a user's
 sources are mixed with weights by :func:`mix_problems`; the selection depends
 on problem ids and a seed only, so it is the same whatever the row order.
 A table's settings are a ``data.tables`` entry of params.yaml
-(:class:`rollscale.config_data.TableParams`).
+(:class:`rollscale.config.data.TableParams`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollscale.config_data import TableParams
+from rollscale.config.data import TableParams
 from rollscale.core.problems.rows import BadRow, check_limit, collect, hub_rows, jsonl_rows, numeric_answer
 from rollscale.core.problems.problem import Problem, dedupe
 from rollscale.core.problems.rewards import last_boxed, reward_fn

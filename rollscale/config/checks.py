@@ -1,0 +1,154 @@
+"""Checks of a params file that the schema's types alone would let through.
+
+- :func:`read_params_yaml`: the file is a non-empty YAML mapping with no key
+  given twice (PyYAML keeps the last of two equal keys silently, so a typo'd
+  copy of a section would override the first without a word).
+- :func:`bool_for_number`: YAML's ``true`` / ``false`` where the schema wants
+  a number (pydantic reads ``c_max: true`` as 1 in its lax mode). Applied to
+  every field of every section by :class:`rollscale.config.sections._Section`,
+  so no field is retyped by hand.
+- :func:`model_path_problem`: ``model.name_or_path`` names a local model
+  folder, or has the hub's ``org/name`` form; anything else would fail only
+  when a later stage loads the model.
+
+Plain functions: :mod:`rollscale.config` turns their findings into ``ParamsError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+__all__ = ["bool_for_number", "model_path_problem", "read_params_yaml"]
+
+# a Hugging Face hub repo id: "org/name" of letters, digits, '-', '_', '.' (huggingface_hub's rule)
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+# files that make a folder something transformers (or peft) can load
+MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+# ---------------------------------------------------------------------------- the YAML file
+
+
+def _duplicate_key(node: yaml.Node, path: str = "") -> str | None:
+    """``key (line a and line b)`` for the first key given twice in a mapping under ``node``."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            dotted = f"{path}.{key}" if path else str(key)
+            line = key_node.start_mark.line + 1
+            if key is not None and key != "<<":
+                if key in seen:
+                    return f"{dotted} is given twice (line {seen[key]} and line {line}); keep one"
+                seen[key] = line
+            found = _duplicate_key(value_node, dotted)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _duplicate_key(item, f"{path}.{i}")
+            if found:
+                return found
+    return None
+
+
+def read_params_yaml(text: str) -> dict[str, Any]:
+    """The mapping in a params file's ``text``; ValueError saying what is wrong (not YAML,
+    empty, not a mapping, a key given twice)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"not valid YAML: {err}") from None
+    if raw is None:
+        raise ValueError("the file is empty (or only comments): write the sections to change, "
+                         "or `{}` for every default (`rollscale check --resolved` prints them)")
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a mapping of sections at the top level, got {type(raw).__name__}")
+    duplicate = _duplicate_key(node)
+    if duplicate:
+        raise ValueError(duplicate)
+    return raw
+
+
+# ---------------------------------------------------------------------------- booleans for numbers
+
+
+def _is_number_type(annotation: Any) -> bool:
+    return annotation in (int, float)
+
+
+def _alternatives(annotation: Any) -> tuple[Any, ...]:
+    origin = get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        return tuple(a for a in get_args(annotation) if a is not type(None))
+    if origin is typing.Annotated:
+        return _alternatives(get_args(annotation)[0])
+    return (annotation,)
+
+
+def bool_for_number(annotation: Any, value: Any, where: str = "") -> str | None:
+    """Where (``""`` = the value itself, else ``.1``, ``.key``) a boolean stands for a number
+    in ``value`` read for a field of type ``annotation``, or None.
+
+    Walks lists, tuples, dicts and dataclasses (``data.tables`` entries);
+    nested pydantic sections check their own fields."""
+    alternatives = _alternatives(annotation)
+    if isinstance(value, bool):
+        wants_number = any(_is_number_type(a) for a in alternatives)
+        takes_bool = any(a is bool or a is Any or get_origin(a) is Literal for a in alternatives)
+        return where if wants_number and not takes_bool else None
+    for alt in alternatives:
+        origin, args = get_origin(alt), get_args(alt)
+        if origin in (list, set, frozenset) and isinstance(value, (list, tuple)) and args:
+            items = [(args[0], v) for v in value]
+        elif origin is tuple and isinstance(value, (list, tuple)) and args:
+            items = [(args[0] if args[-1] is Ellipsis else a, v) for a, v in zip(args, value)]
+        elif origin is dict and isinstance(value, dict) and len(args) == 2:
+            found = [bool_for_number(args[1], v, f"{where}.{k}") for k, v in value.items()]
+            return next((f for f in found if f is not None), None)
+        elif dataclasses.is_dataclass(alt) and isinstance(value, dict):
+            hints = typing.get_type_hints(alt)
+            found = [bool_for_number(hints[k], v, f"{where}.{k}") for k, v in value.items() if k in hints]
+            return next((f for f in found if f is not None), None)
+        else:
+            continue
+        for i, (item_type, item) in enumerate(items):
+            found = bool_for_number(item_type, item, f"{where}.{i}")
+            if found is not None:
+                return found
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+def model_path_problem(name_or_path: str, gguf_file: str | None = None) -> str | None:
+    """Why ``name_or_path`` is neither a local model folder nor a hub id, or None.
+
+    A path that exists must be a folder transformers can load (``config.json``,
+    a peft ``adapter_config.json``, or the GGUF file named by ``gguf_file``).
+    A name that does not exist is a hub id only in the hub's ``org/name`` form:
+    a missing local folder is named as such, not sent to the hub."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            return (f"{name_or_path} is a file, not a model folder (give the folder; a GGUF file goes "
+                    "in model.gguf_file)")
+        if gguf_file and not (path / gguf_file).is_file():
+            return f"{path / gguf_file} not found (model.gguf_file names a file in model.name_or_path)"
+        if not gguf_file and not any((path / f).is_file() for f in MODEL_FILES):
+            return f"{name_or_path} is a folder without {' or '.join(MODEL_FILES)}: not a model folder"
+        return None
+    if HUB_ID_RE.match(name_or_path) and ".." not in name_or_path and "--" not in name_or_path:
+        return None
+    return (f"{name_or_path} not found: neither a local model folder nor a hub id of the form "
+            "org/name (e.g. Qwen/Qwen3-0.6B)")

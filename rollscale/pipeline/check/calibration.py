@@ -1,0 +1,318 @@
+"""A short measured calibration of this machine: the model's generate and train throughput (issue 32).
+
+``rollscale check`` turns it into each stage's wall time (:mod:`rollscale.pipeline.check.timing`) and
+``rollscale init --hours`` sizes a study to it. A few seconds for the tiny model; for a real one,
+the time to load it. What it measures, on one process with ``torch_threads`` threads (as one
+worker of a stage runs):
+
+* generation: one ``sampling.backend`` call of up to ``sampling.batch_size`` rollouts of the pool's
+  own prompts, at ``max_new_tokens`` up to :data:`GEN_TOKENS_MAX`, per rollout and new token (batched
+  decoding runs to the longest answer, so a call's time grows with max_new_tokens);
+* training: one GRPO update (:func:`rollscale.train.step.policy_update`, the sweep's loss and
+  micro-batches) on rollouts of the pool's prompt length x max_new_tokens, with advantages that
+  are not zero (a fresh model's own rollouts all score 0 and would train nothing);
+* the measure stage's Gram pass of per-rollout gradients (:func:`rollscale.train.online_noise.batch_gram`)
+  on two such batches;
+* a pilot update at ``lr_base`` on the model's own answers: how far one step moves their log-probs
+  (weights put back);
+* the tiny model's warm start: :data:`BASE_STEPS` supervised steps at ``base.batch_size`` with
+  ``base.threads``; a real model: the seconds to load it (the base stage loads and stores it).
+
+Times are this process's CPU seconds, on one thread: what the work costs a core of its own, steady
+when other jobs share the machine (wall seconds of the same calls varied 20-fold here beside other
+sessions' work; a busy machine's stages take longer than the estimate by as much). Stored as
+``artifacts/calibration.json`` under a key of every setting it depends on (not the
+lengths nor the grid, which the estimate scales), and reused while the key matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rollscale.config import StudyParams
+from rollscale.files import write_json_atomic
+
+__all__ = ["CALIBRATION_FILE", "Calibration", "calibrate", "calibration_key", "stored_calibration"]
+
+CALIBRATION_FILE = "calibration.json"
+GEN_ROLLOUTS_MAX = 128  # rollouts in the measured generate call (a sweep step's batch is 32-256)
+GEN_TOKENS_MAX = 32  # new tokens measured; a longer max_new_tokens is scaled from it
+TRAIN_TOKENS = 4096  # padded tokens of the larger measured update (at most 128 rollouts; a quarter for the smaller)
+# a model over LARGE_PARAMS (SmolLM2-135M and up) is measured on less work, so that the calibration
+# stays within about a minute on CPU: SMALL_WORK = (rollouts, new tokens, update tokens)
+LARGE_PARAMS = 20_000_000
+SMALL_WORK = (16, 16, 512)
+BASE_STEPS = 3  # measured supervised steps of the tiny model's warm start
+BASE_THREAD_SPEEDUP = 1.54  # 2 threads against 1 on the warm start, 2 idle cores (docs/benchmarks.md)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Seconds on this machine, one worker. A generate call of R rollouts decodes to its longest answer:
+    ``max_new_tokens x (gen_s_per_step + R x gen_s_per_token)`` (:meth:`generate_s`);
+    ``train_s_per_step + tokens x train_s_per_token`` an update of tokens of prompt and completion; the measure stage's Gram pass
+    over B rollouts: ``tokens x (gram_s_per_token + B x gram_s_per_token_rollout)``; ``base_s``: the base
+    stage's work (the tiny model's ``base.steps``, or loading a real model). ``logp_shift_per_lr``: the
+    pilot's mean |change| of a completion token's log-prob after one update, per unit learning rate."""
+
+    key: str
+    gen_s_per_step: float
+    gen_s_per_token: float
+    train_s_per_step: float
+    train_s_per_token: float
+    gram_s_per_token: float
+    gram_s_per_token_rollout: float
+    logp_shift_per_lr: float
+    prompt_tokens: float
+    base_s: float
+    load_s: float
+    measured_s: float
+
+    def generate_s(self, rollouts: int, batch_size: int, max_new_tokens: int) -> float:
+        """Seconds to generate ``rollouts`` in calls of at most ``batch_size``, each to ``max_new_tokens``."""
+        calls = -(-rollouts // batch_size) if rollouts > 0 else 0
+        return max_new_tokens * (calls * self.gen_s_per_step + rollouts * self.gen_s_per_token)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _base_fingerprint(artifacts: str | Path | None) -> str:
+    path = Path(artifacts or "") / "base" / "model_ref.json"
+    return path.read_text() if artifacts is not None and path.is_file() else ""
+
+
+def calibration_key(p: StudyParams, artifacts: str | Path | None = None) -> str:
+    """What the measured throughputs depend on: the model (the base stage's, once it has run: a trained
+    model's answers end sooner than a fresh one's), the sampler's engine, the update's memory settings,
+    the threads and the prompts' source (not the lengths or the grid: the estimate scales them)."""
+    s, t, d = p.sampling, p.sweep.train, p.data
+    parts = [p.model.model_dump_json(), s.backend, str(s.batch_size), str(s.engine_dtype), str(s.max_model_len),
+             json.dumps(s.chat_template_kwargs, sort_keys=True, default=str), str(t.micro_batch_tokens),
+             str(t.autocast_bf16), str(t.gradient_checkpointing), str(p.torch_threads),
+             p.base.model_dump_json() if p.model.kind == "tiny" else "", d.source, str(d.name), str(d.path),
+             json.dumps([str(x.path) for x in d.tables]), _base_fingerprint(artifacts)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def stored_calibration(p: StudyParams, artifacts: str | Path | None) -> Calibration | None:
+    """The stored calibration when its key is this study's, else None."""
+    path = Path(artifacts or "") / CALIBRATION_FILE
+    if artifacts is None or not path.is_file():
+        return None
+    try:
+        cal = Calibration(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return cal if cal.key == calibration_key(p, artifacts) else None
+
+
+def _prompts(p: StudyParams, count: int) -> list[str]:
+    """The first ``count`` prompts of the study's own pool (its lengths set the cost)."""
+    from rollscale.core.problems.sets import gsm8k_problems, math_problems, reasoning_gym_problems
+    from rollscale.core.problems.sources import table_problems
+
+    d = p.data
+    if d.source == "reasoning_gym":
+        pool = reasoning_gym_problems(d.name, count, d.seed, dict(d.config), d.prompt_style)
+    elif d.source == "table":
+        pool = table_problems(d.tables[0], d.skip_malformed, limit=count)
+    else:
+        loader = gsm8k_problems if d.source == "gsm8k" else math_problems
+        hub = {"hub_id": d.hub_id} if d.hub_id else {}
+        pool = loader(str(d.path) if d.path else None, split=d.split, skip_malformed=d.skip_malformed, limit=count, **hub)
+    return [q.prompt for q in pool[:count]]
+
+
+def _model(p: StudyParams, artifacts: str | Path | None):
+    """(model, tokenizer, chat template on, load seconds): the base stage's model when it has run, a fresh
+    tiny model of ``base``'s shape, or the real model's files."""
+    from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama
+
+    t0 = time.process_time()  # CPU seconds, as every other figure: reading and dequantising are CPU work
+    stored = Path(artifacts or "") / "base" / "model_ref.json"
+    if artifacts is not None and stored.is_file():
+        ref = ModelRef.from_json(stored.read_text())
+        model, tokenizer = load_model(ref)
+    elif p.model.kind == "tiny":
+        b, tokenizer = p.base, char_tokenizer()
+        model = tiny_llama(len(tokenizer), b.hidden_size, b.num_layers, b.num_heads, b.intermediate_size,
+                           b.max_positions, tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+        ref = ModelRef("tiny", chat_template=False)
+    else:
+        ref = ModelRef(str(p.model.name_or_path), p.model.gguf_file, p.model.dtype, p.model.chat_template)
+        model, tokenizer = load_model(ref)
+    load_s = time.process_time() - t0
+    if p.model.lora.enabled and p.model.kind != "tiny":
+        lora = p.model.lora
+        model = add_lora(model, lora.r, lora.alpha, lora.dropout, list(lora.target_modules))
+    return model, tokenizer, ref.chat_template, load_s
+
+
+def _work(model) -> tuple[int, int, int]:
+    """(rollouts of the larger generate call, new tokens, tokens of the larger update) for ``model``."""
+    large = sum(q.numel() for q in model.parameters()) > LARGE_PARAMS
+    return SMALL_WORK if large else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS)
+
+
+def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float, list]:
+    """(seconds per decoding step of a call, plus seconds per rollout in it, mean prompt tokens, the smaller
+    call's (prompt ids, rollout) pairs): two calls, of ``GEN_ROLLOUTS_MAX`` (at most ``sampling.batch_size``)
+    rollouts and of a quarter of that, give a call's fixed cost per new token and each rollout's."""
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.lm.engines import EngineConfig, make_engine
+    from rollscale.lm.models import render_prompt
+
+    s = p.sampling
+    most, new, _ = _work(model)
+    tokens = min(s.max_new_tokens, new)
+    rendered = [render_prompt(tokenizer, q, chat, s.chat_template_kwargs) for q in prompts]
+    engine = make_engine(model, tokenizer, EngineConfig(backend=s.backend, batch_size=s.batch_size,
+                                                        dtype=s.engine_dtype, max_model_len=s.max_model_len))
+    config = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=tokens)
+    timed, pairs = [], []
+    try:
+        engine.sample(rendered[:1], 1, config, seed=0)  # warm-up: first-call allocations
+        for batch in (min(s.batch_size, most), max(1, min(s.batch_size, most) // 4)):
+            per_prompt = max(1, -(-batch // len(rendered)))
+            chosen = rendered[: max(1, batch // per_prompt)]
+            t0 = time.process_time()
+            groups = engine.sample(chosen, per_prompt, config, seed=len(timed) + 1)
+            timed.append((len(chosen) * per_prompt, (time.process_time() - t0) / tokens))
+            pairs = [(tokenizer(q, add_special_tokens=False)["input_ids"], r) for q, g in zip(chosen, groups) for r in g]
+    finally:
+        engine.close()
+    (big, t_big), (small, t_small) = timed
+    per_rollout = max((t_big - t_small) / (big - small), 0.0) if big > small else t_big / big
+    fixed = max(t_big - per_rollout * big, 0.0)
+    prompt_tokens = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in rendered) / len(rendered)
+    return fixed, per_rollout, prompt_tokens, pairs
+
+
+def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float, pairs: list) -> tuple[float, float, float, float, float]:
+    """Seconds of one GRPO update on rollouts with advantages: per step and per (prompt + completion) token;
+    the measure stage's Gram pass per token and per token x rollout (:func:`rollscale.train.online_noise.batch_gram`:
+    its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter.
+    Last, the pilot's log-prob change per unit learning rate (:func:`_logp_shift_per_lr`)."""
+    import numpy as np
+    import torch
+
+    from rollscale.core.grpo.logprobs import token_logprobs
+    from rollscale.train.online_noise import batch_gram
+    from rollscale.train.step import StepSettings, TrainBatch, policy_update
+
+    rng = np.random.default_rng(0)
+    vocab = int(model.config.vocab_size)
+    _, new, budget = _work(model)
+    width = (max(1, round(prompt_tokens)), min(p.sampling.max_new_tokens, new))
+
+    def batch(n: int) -> TrainBatch:
+        return TrainBatch([rng.integers(3, vocab, width[0]).tolist() for _ in range(n)],
+                          [rng.integers(3, vocab, width[1]).tolist() for _ in range(n)],
+                          rng.normal(size=n), np.ones(n, dtype=bool), np.ones(n, dtype=bool))
+
+    trained = [q for q in model.parameters() if q.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=0.0)  # lr 0: the calibration leaves the weights as they were
+    settings = StepSettings(train=p.sweep.train, temperature=p.sampling.temperature,
+                            max_new_tokens=p.sampling.max_new_tokens)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @torch.no_grad()
+    def reference(ids, attention, completion):  # the KL reference's forward: a frozen copy costs the same
+        return token_logprobs(model, ids, attention, completion, p.sampling.temperature)
+
+    def cpu_s(fn) -> float:
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+
+    model.train()
+    big = max(4, min(128, budget // sum(width)))
+    small, large = batch(big // 4), batch(big)
+    policy_update(model, optimizer, trained, small, settings, pad, reference)  # warm-up
+    updates = [cpu_s(lambda b=b: policy_update(model, optimizer, trained, b, settings, pad, reference))
+               for b in (small, large)]
+    grams = [cpu_s(lambda b=b: batch_gram(model, b, settings, pad, reference)) / (len(b) * sum(width))
+             for b in (small, large)]
+    own = [(q, r.token_ids) for q, r in pairs if r.token_ids]  # the model's own answers: where GRPO moves it
+    pilot = TrainBatch([q for q, _ in own], [c for _, c in own], np.resize([1.0, -1.0], len(own)),
+                       np.ones(len(own), dtype=bool), np.ones(len(own), dtype=bool)) if len(own) >= 2 else small
+    shift = _logp_shift_per_lr(p, model, pilot, settings, pad, reference, trained)
+    model.eval()
+    # the update: a step's fixed part (optimizer, hooks) and its part per token, from the two sizes
+    per_token = max((updates[1] - updates[0]) / ((len(large) - len(small)) * sum(width)), 0.0)
+    fixed = max(updates[1] - per_token * len(large) * sum(width), 0.0)
+    pair = max((grams[1] - grams[0]) / (len(large) - len(small)), 0.0)  # per token and rollout: the B^2 part
+    return fixed, per_token, max(grams[0] - pair * len(small), 0.0), pair, shift
+
+
+def _logp_shift_per_lr(p: StudyParams, model, batch, settings, pad: int, reference, trained) -> float:
+    """The pilot: mean |change| of the completion-token log-probs of the model's own answers (the smaller
+    generate call's, advantages +1 / -1 in turn) after one update at ``lr_base``,
+    per unit learning rate (AdamW's first step moves each weight by about lr, whatever the gradient's
+    scale, so the change grows with lr). The weights are put back after."""
+    import numpy as np
+    import torch
+
+    from rollscale.core.grpo.logprobs import token_logprobs
+    from rollscale.train.step import micro_batch, policy_update
+
+    lr = p.sweep.train.lr_base
+    kept = [q.detach().clone() for q in trained]
+    mb = micro_batch(batch, np.arange(len(batch)), pad, next(model.parameters()).device)
+    with torch.no_grad():
+        before = token_logprobs(model, mb.input_ids, mb.attention, mb.completion_mask, p.sampling.temperature)
+    policy_update(model, torch.optim.AdamW(trained, lr=lr, weight_decay=0.0), trained, batch, settings, pad, reference)
+    with torch.no_grad():
+        after = token_logprobs(model, mb.input_ids, mb.attention, mb.completion_mask, p.sampling.temperature)
+        for q, old in zip(trained, kept):
+            q.copy_(old)
+    mask = mb.completion_mask.bool()
+    return float((after - before).abs()[mask].mean()) / lr
+
+
+def _tiny_base_s(p: StudyParams) -> float:
+    """The tiny model's warm start: ``base.steps`` x one supervised step at ``base.batch_size``, measured on
+    one thread (two threads beside other work ran 3-25x slower here, one thread steadily) and divided by
+    :data:`BASE_THREAD_SPEEDUP` when ``base.threads`` > 1 on a machine with the cores for them."""
+    import os
+
+    from rollscale.lm.models import char_tokenizer, tiny_llama, train_supervised
+
+    b, tokenizer = p.base, char_tokenizer()
+    model = tiny_llama(len(tokenizer), b.hidden_size, b.num_layers, b.num_heads, b.intermediate_size,
+                       b.max_positions, tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    pairs = [(f"{i}+{i + 7}-{i % 13}=", str(2 * i + 7 - i % 13)) for i in range(b.batch_size)]
+    train_supervised(model, tokenizer, pairs, 1, b.batch_size, b.lr)  # warm-up
+    t0 = time.process_time()
+    train_supervised(model, tokenizer, pairs, BASE_STEPS, b.batch_size, b.lr)
+    speedup = BASE_THREAD_SPEEDUP if b.threads > 1 and (os.cpu_count() or 1) > 1 else 1.0
+    return (time.process_time() - t0) / BASE_STEPS * b.steps / speedup
+
+
+def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse: bool = True) -> Calibration:
+    """The stored calibration when it is this study's (``reuse``), else measure it now and store it."""
+    import torch
+
+    if reuse and (cal := stored_calibration(p, artifacts)) is not None:
+        return cal
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(p.torch_threads)
+    try:
+        model, tokenizer, chat, load_s = _model(p, artifacts)
+        fixed, gen, prompt_tokens, pairs = _generate_s(p, model, tokenizer, chat, _prompts(p, 32))
+        train_step, train, gram, gram_pair, shift = _train_s(p, model, tokenizer, prompt_tokens, pairs)
+        base = _tiny_base_s(p) if p.model.kind == "tiny" else load_s
+    finally:
+        torch.set_num_threads(threads)
+    cal = Calibration(calibration_key(p, artifacts), fixed, gen, train_step, train, gram, gram_pair, shift,
+                      prompt_tokens, base, load_s,
+                      time.perf_counter() - t0)
+    if artifacts is not None:
+        write_json_atomic(cal.to_json(), Path(artifacts) / CALIBRATION_FILE)
+    return cal

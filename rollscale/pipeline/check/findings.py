@@ -1,0 +1,395 @@
+"""``rollscale check``: can this study answer? (run again at the start of ``rollscale study``)
+
+From the params and what is known of the data (the pool size, counted from a local
+table when that is cheap; the profile, when the profile stage has run: then the
+buckets and their train / validation splits are laid out exactly as the bucket
+stage will, with the current bucket settings), it computes with
+:mod:`rollscale.core.fit.power` what the study can resolve: evaluations per run
+against what the frontier fit needs, the standard error of validation avg@k and
+the smallest reward difference it can tell apart, epochs per run, the grid the
+sweep will train, the settings of one section another needs, the profile's
+truncation share. Each finding is an error (the study cannot work or cannot
+answer), a warning (it will be weak) or a note, naming the params keys and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from rollscale.config import StudyParams
+from rollscale.core.fit import power
+from rollscale.core.problems.buckets import BucketError, assign_buckets, make_splits
+from rollscale.pipeline.check.budget import decision_findings
+from rollscale.pipeline.check.evals import (
+    c_at_evaluation,
+    cadence_key,
+    evaluations_fix,
+    run_evaluation_steps,
+    search_fix,
+)
+from rollscale.pipeline.check.memory import sharded_memory_findings
+from rollscale.pipeline.check.profile import model_fit_findings
+
+__all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
+
+DETECTABLE_WARN = 0.10  # the default study's n values differ by 0.016-0.05 of avg@4 at 40k rollouts
+TRUNCATION_WARN = 0.05  # share of profiled rollouts cut at max_new_tokens above which the check warns
+TRUNCATION_TARGET = 0.02
+EPOCHS_WARN = 50.0  # passes over the training split (the default study's longest run makes ~33)
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Literal["error", "warning", "note"]
+    keys: tuple[str, ...]
+    message: str
+    fix: str = ""
+
+    def text(self) -> str:
+        return f"{self.level:7s} {', '.join(self.keys)}: {self.message}" + (f"\n        fix: {self.fix}" if self.fix else "")
+
+
+@dataclass(frozen=True)
+class DataKnown:
+    """What is known of the data before the stages run: the pool size (None: unknown, e.g. a
+    hub dataset; ``pool_exact`` False: an upper bound, duplicates and malformed rows still to
+    drop) and the profile table, if the profile stage has run."""
+
+    pool_size: int | None = None
+    pool_exact: bool = False
+    profile: pd.DataFrame | None = None
+    data_errors: tuple[str, ...] = ()  # what the stages would refuse in the data (:func:`read_tables`)
+
+
+def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") -> DataKnown:
+    """The pool size and profile, from ``artifacts``/profile when it exists, else counted cheaply
+    from the data source (reasoning-gym's size, local table files' rows)."""
+    from rollscale.core.problems.data_sample import count_rows
+
+    path = Path(artifacts or "") / "profile" / "profile.parquet"
+    if artifacts is not None and path.is_file():
+        try:
+            profile = pd.read_parquet(path)
+        except (OSError, ValueError):  # damaged: the study reruns the profile stage (status names it)
+            profile = None
+        if profile is not None:
+            return DataKnown(len(profile), True, profile)
+    d = params.data
+    size: int | None = None
+    if d.source == "reasoning_gym":
+        size = d.size
+    elif d.source == "table":
+        counts = [count_rows(t.path) if t.path is not None else None for t in d.tables]
+        if all(c is not None for c in counts):
+            weights = [t.weight / sum(t.weight for t in d.tables) for t in d.tables]
+            size = counts[0] if len(counts) == 1 else int(min(c / w for c, w in zip(counts, weights)))
+    elif d.path is not None:
+        size = count_rows(d.path)
+    if size is not None and d.limit is not None:
+        size = min(size, d.limit)
+    if d.source == "table" and (read := read_tables(params)) is not None:
+        return DataKnown(read[0], read[0] is not None, None, read[1])
+    return DataKnown(size, False, None)
+
+
+# local tables up to this many rows are read whole by the check, as the base stage reads them (seconds)
+READ_ROWS_MAX = 200_000
+
+
+def read_tables(params: StudyParams) -> tuple[int | None, tuple[str, ...]] | None:
+    """The pool the stages would load from local tables, read as they read them (each row mapped, duplicate
+    prompts dropped, mixed to ``data.limit``): its size and what they would refuse (a missing column, a
+    limit the tables cannot fill), or None when a table is a hub dataset or too large to read here."""
+    from rollscale.core.problems.problem import DataRowError
+    from rollscale.core.problems.data_sample import count_rows
+    from rollscale.core.problems.sources import mix_problems, table_problems
+
+    d = params.data
+    if any(t.path is None or (count_rows(t.path) or 0) > READ_ROWS_MAX for t in d.tables):
+        return None
+    parts = []
+    for t in d.tables:
+        try:
+            parts.append((t.label, table_problems(t, d.skip_malformed), t.weight))
+        except (DataRowError, ValueError, OSError) as err:
+            where = f"bad data row at {err.where}: {err.reason}" if isinstance(err, DataRowError) else str(err)
+            return None, (f"{where.splitlines()[0][:300]}",)
+    try:
+        pool = parts[0][1] if len(parts) == 1 and d.limit is None else mix_problems(parts, d.limit, d.seed)
+    except ValueError as err:
+        return sum(len(p) for _, p, _ in parts), (f"data.limit {d.limit}: {err} (after dropping duplicate "
+                                                   "prompts)",)
+    return len(pool), ()
+
+
+def _data(known: DataKnown) -> Iterable[Finding]:
+    for problem in known.data_errors:
+        yield Finding("error", ("data.tables", "data.limit"), f"the stages would refuse the data as they load the "
+                      f"pool: {problem}", "fix the table or the params (data.tables' columns, data.limit) as it says")
+
+
+def _cross_section(p: StudyParams) -> Iterable[Finding]:
+    if p.bucket.extremely_hard and p.profile.k_extreme == 0:
+        yield Finding("error", ("bucket.extremely_hard", "profile.k_extreme"),
+                      "Extremely hard needs the k_extreme samples of problems with avg@k = 0, and k_extreme is 0 "
+                      "(the bucket stage would refuse after the profile ran)",
+                      "set bucket.extremely_hard: false, or profile.k_extreme: 64 or more")
+    if p.model.kind == "tiny" and p.data.source != "reasoning_gym":
+        yield Finding("error", ("model.kind", "data.source"), "the tiny model is trained on reasoning-gym "
+                      "arithmetic; it cannot read your problems", "set model.kind: hf and model.name_or_path")
+    if p.model.kind == "hf" and p.data.source == "reasoning_gym" and p.data.prompt_style == "expression":
+        yield Finding("warning", ("data.prompt_style",), "a chat model gets bare expressions ('12+7-45=') made "
+                      "for the character-level tiny model", "set data.prompt_style: question")
+    if p.model.kind == "hf":  # the schema's defaults are the tiny model's: kept for a real model, they waste a run
+        if p.sampling.max_new_tokens <= 16:
+            yield Finding("warning", ("sampling.max_new_tokens",), f"{p.sampling.max_new_tokens} tokens suit the tiny "
+                          "model's bare answers; a chat model's are longer and would be cut (and masked)",
+                          "`rollscale init` sizes it from your data; the profile's truncation share then checks it")
+        if not p.model.lora.enabled and p.sweep.train.lr_base >= 1e-4:
+            yield Finding("warning", ("sweep.train.lr_base",), f"lr_base {p.sweep.train.lr_base:g} is the tiny "
+                          "model's (trained from scratch); full fine-tuning of a pretrained model uses ~1e-6 "
+                          "(TRL's GRPOConfig, verl)", "sweep.train.lr_base: 1.0e-6 (LoRA: 1.0e-5)")
+    for key, bucket in (("sweep.bucket", p.sweep.bucket), ("measure.bucket", p.measure.bucket)):
+        if bucket not in p.bucket.used:
+            yield Finding("warning", (key, "bucket.used"), f"{bucket!r} is not in bucket.used, so the bucket stage "
+                          "does not make sure it has problems and a validation set", f"add {bucket} to bucket.used")
+    if p.fit.bootstrap_resamples == 0:
+        yield Finding("warning", ("fit.bootstrap_resamples",), "no bootstrap: no claim gets an interval, and the "
+                      "report makes none", "set fit.bootstrap_resamples: 200")
+
+
+def _grid(p: StudyParams) -> Iterable[Finding]:
+    from rollscale.train.sweep import plan_runs
+
+    try:
+        plan = plan_runs(p.sweep)
+    except ValueError as err:
+        yield Finding("error", ("sweep.design", "sweep.n", "sweep.b_max"), str(err))
+        return
+    for why in plan.skipped:
+        yield Finding("warning", ("sweep.rules", "sweep.n"), f"skipped: {why}")
+    for rule in sorted({r.rule for r in p.sweep.rules} - {point.rule.rule for point, _ in plan.runs}):
+        yield Finding("error", ("sweep.rules", "sweep.n"), f"rule {rule!r} has no run: every n was skipped for it",
+                      "raise sweep.n, or change the rule's settings in sweep.rules (the skips above say why)")
+    if not plan.runs:
+        return
+    shapes = sorted({(pt.n, pt.b_problem) for pt, _ in plan.runs})
+    axis = "b_problem" if p.sweep.design == "prompt_axis" else "n"
+    keys = {n if axis == "n" else b for n, b in shapes}
+    if len(keys) < 2:
+        yield Finding("warning", (f"sweep.{axis}",), f"one {axis} on the {p.sweep.design} design: the frontier "
+                      "has one curve, so there is nothing to compare", f"give sweep.{axis} three values")
+    if len({n * b for n, b in shapes}) < 3:
+        yield Finding("note", ("sweep.n", "sweep.b_problem"), "fewer than 3 batch sizes B: S(B) and E(B) "
+                      "(steps to target against batch size) cannot be fitted")
+    seeds = len(p.sweep.seeds)
+    if seeds < 3:
+        yield Finding("warning", ("sweep.seeds",), f"{seeds} seed(s) per grid point: "
+                      + ("no interval, and the report shows no single-seed observation as a claim" if seeds == 1
+                         else "bootstrap intervals from 2 seeds are crude"), "sweep.seeds: [0, 1, 2]")
+    evals = {(n, b): len(run_evaluation_steps(p, n * b)) for n, b in shapes}
+    cadence = cadence_key(p)
+    fix = evaluations_fix(p, [n * b for n, b in shapes])
+    shown = ", ".join(f"n={n} x B_problem={b}: {e}" for (n, b), e in evals.items())
+    unfit = [s for s, e in evals.items() if e < power.FIT_MIN_EVALS]
+    weak = [s for s, e in evals.items() if power.FIT_MIN_EVALS <= e < power.EVALS_COMFORTABLE]
+    if len(unfit) == len(evals):
+        yield Finding("error", ("sweep.c_max", cadence), f"evaluations per run ({shown}) are below the "
+                      f"{power.FIT_MIN_EVALS} distinct budgets a sigmoid needs: no frontier can be fitted", fix)
+    elif unfit or weak:
+        yield Finding("warning", ("sweep.c_max", cadence), f"evaluations per run ({shown}): "
+                      f"a sigmoid needs {power.FIT_MIN_EVALS} record points, and records are only the rising "
+                      f"evaluations; below {power.EVALS_COMFORTABLE} its fit often fails", fix)
+    tokens = len(plan.runs) * p.sweep.c_max * p.sampling.max_new_tokens
+    yield Finding("note", ("sweep",), f"{len(plan.runs)} runs of {p.sweep.c_max:,} rollouts: up to {tokens:,} "
+                  f"generated tokens at max_new_tokens {p.sampling.max_new_tokens}")
+
+
+def _splits(p: StudyParams, profile: pd.DataFrame) -> tuple[dict | None, list[Finding]]:
+    b = p.bucket
+    quiet = logging.getLogger("rollscale.core.problems.buckets")  # its "bucket X is empty" is the bucket stage's to say
+    level, quiet.disabled = quiet.disabled, True
+    try:  # Extremely hard without the profile's k_extreme samples is _cross_section's error; the rest is laid out
+        membership = assign_buckets(profile, {"easy": b.easy, "hard": b.hard, "very_easy": b.very_easy},
+                                    extremely_hard=b.extremely_hard and "n_correct_extreme" in profile)
+        return make_splits(membership, b.val_size, b.seed, b.used, {k: list(v) for k, v in b.mixtures.items()},
+                           p.data.more_problems), []
+    except BucketError as err:
+        return None, [Finding("error", ("bucket.used", "bucket.val_size", "bucket.easy"), f"{err} (from the profile "
+                              f"of {len(profile)} problems)", "widen the bucket's bounds, lower bucket.val_size, "
+                              "or profile more problems (data.limit)")]
+    finally:
+        quiet.disabled = level
+
+
+def _sizes(p: StudyParams, known: DataKnown) -> Iterable[Finding]:
+    splits, found = (None, []) if known.profile is None else _splits(p, known.profile)
+    yield from found
+    sizes: dict[str, tuple[int, int]] = {}
+    if splits is not None:
+        sizes = {name: (len(s.train), len(s.val)) for name, s in splits.items()}
+    elif known.pool_size is not None:
+        bound = "" if known.pool_exact else "at most "
+        if known.pool_size <= p.bucket.val_size and p.bucket.used:
+            yield Finding("error", ("bucket.val_size", "data.limit"), f"the pool has {bound}{known.pool_size} "
+                          f"problems, not more than bucket.val_size = {p.bucket.val_size}: a used bucket would "
+                          "have no training problems", "lower bucket.val_size or use more problems")
+        train_max = known.pool_size - p.bucket.val_size
+        for key, b_problem in (("sweep.b_problem", max(p.sweep.b_problem)), ("measure.b_problem", p.measure.b_problem)):
+            if train_max > 0 and b_problem > train_max:
+                yield Finding("error", (key,), f"{b_problem} prompts per step, but even a bucket holding the whole "
+                              f"pool would train on {bound}{train_max}", f"lower {key} below {train_max}")
+    for key, bucket, b_problem in (("sweep", p.sweep.bucket, max(p.sweep.b_problem)),
+                                   ("measure", p.measure.bucket, p.measure.b_problem)):
+        if splits is None:
+            continue
+        train, val = sizes.get(bucket, (0, 0))
+        if train == 0 or (key == "sweep" and val == 0):
+            yield Finding("error", (f"{key}.bucket",), f"bucket {bucket!r} would have {train} training and {val} "
+                          "validation problems", f"choose another {key}.bucket, or widen its bounds")
+        elif b_problem > train:
+            yield Finding("error", (f"{key}.b_problem",), f"{b_problem} prompts per step over {train} training "
+                          f"problems of {bucket!r}: every step would repeat problems within its batch",
+                          f"{key}.b_problem: {max(2, train // 2)} or less (or a larger bucket)")
+    yield from _noise(p, sizes.get(p.sweep.bucket), splits, known)
+    if p.sweep.bucket in sizes and sizes[p.sweep.bucket][0] > 0:
+        train = sizes[p.sweep.bucket][0]
+        epochs = [power.epochs_per_run(power.steps_per_run(p.sweep.c_max, n * b), b, train)
+                  for n in p.sweep.n for b in p.sweep.b_problem]
+        lo, hi = min(epochs), max(epochs)
+        level = "warning" if hi > EPOCHS_WARN else "note"
+        yield Finding(level, ("sweep.c_max", "sweep.b_problem"), f"runs make {lo:.1f}-{hi:.1f} epochs over the "
+                      f"{train} training problems of {p.sweep.bucket!r}",
+                      "more problems (data.limit, wider bounds) or a smaller sweep.c_max" if level == "warning" else "")
+
+
+def _noise(p: StudyParams, size: tuple[int, int] | None, splits: dict | None, known: DataKnown) -> Iterable[Finding]:
+    val = size[1] if size else p.bucket.val_size
+    if val == 0:
+        return
+    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    if splits is not None and known.profile is not None and p.sweep.bucket in splits:
+        ids = set(splits[p.sweep.bucket].val)
+        prof = known.profile[known.profile["problem_id"].isin(ids)]
+        var, basis = power.pass_variance(prof["avg_at_k"], int(prof["k"].max())), "the profiled validation problems"
+    elif p.sweep.bucket in bounds:
+        var, basis = power.interval_pass_variance(*bounds[p.sweep.bucket]), f"the worst case in {p.sweep.bucket}'s bounds"
+    else:
+        var, basis = 0.25, "the worst case p = 0.5"
+    se = power.avg_at_k_se(val, p.sweep.eval_k, var)
+    d = power.detectable_difference(se)
+    msg = (f"validation avg@{p.sweep.eval_k} over {val} problems has a standard error of {se:.3f} (pass-rate "
+           f"variance from {basis}): differences below {d:.3f} are not detectable")
+    if d > DETECTABLE_WARN:
+        yield Finding("warning", ("bucket.val_size", "sweep.eval_k"), msg, _precision_fix(p, val, d, size, known))
+    else:
+        yield Finding("note", ("bucket.val_size", "sweep.eval_k"), msg)
+
+
+def _precision_fix(p: StudyParams, val: int, d: float, size: tuple[int, int] | None, known: DataKnown) -> str:
+    """The validation size or samples that resolve DETECTABLE_WARN / 2, as far as the bucket allows
+    (issue 32: `bucket.val_size: 193` was proposed for a bucket of 60 problems). The standard error
+    depends on val_size x eval_k (power.avg_at_k_se), so eval_k makes up what the bucket cannot."""
+    target = DETECTABLE_WARN / 2
+    need = math.ceil(val * (d / target) ** 2)  # val_size at this eval_k; val_size x eval_k in all
+    samples = need * p.sweep.eval_k
+    b = max(p.sweep.b_problem)
+    if size is not None:  # after the profile: the bucket's own problems, b_problem of them kept to train
+        cap, where = size[0] + size[1] - b, f"{p.sweep.bucket!r} holds {size[0] + size[1]} problems"
+    elif known.pool_size is not None:
+        cap, where = known.pool_size - b, f"the pool has {'' if known.pool_exact else 'at most '}{known.pool_size}"
+    else:
+        cap, where = None, ""
+    more_k = math.ceil(samples / val)
+    if cap is None or need <= cap:
+        return f"bucket.val_size: {need}, or sweep.eval_k: {more_k}, resolves {target:.2f}"
+    if cap <= val:  # no room for more validation problems: only more samples of each
+        return (f"sweep.eval_k: {more_k} ({where} and {b} train per step: bucket.val_size cannot grow), resolves "
+                f"{target:.2f}; or profile more problems (data.limit for a table) or widen the bucket's bounds")
+    return (f"sweep.eval_k: {more_k}, or bucket.val_size: {cap} (the most: {where}, {b} of them train per step) "
+            f"with sweep.eval_k: {math.ceil(samples / cap)}, resolves {target:.2f}")
+
+
+def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Finding]:
+    if profile is None or not {"mean_len", "trunc_rate"} <= set(profile.columns) or profile.empty:
+        return
+    share = float(profile["trunc_rate"].mean())
+    cap = p.sampling.max_new_tokens
+    masked = " and masked from training (sweep.train.overlong_filter)" if p.sweep.train.overlong_filter else ""
+    msg = f"{share:.1%} of profiled rollouts reached max_new_tokens {cap} (the profile as last run){masked}"
+    if share <= TRUNCATION_WARN:
+        yield Finding("note", ("sampling.max_new_tokens",), msg)
+        return
+    need = power.max_new_tokens_for_truncation(profile["mean_len"], profile["trunc_rate"], cap, TRUNCATION_TARGET)
+    fix = (f"sampling.max_new_tokens: {need} (an exponential tail fitted to the profile puts the share at "
+           f"{TRUNCATION_TARGET:.0%} there; it errs long), then rerun profile" if need is not None else
+           "every rollout was cut: raise sampling.max_new_tokens several-fold and rerun profile")
+    yield Finding("warning", ("sampling.max_new_tokens",), msg, fix)
+
+
+def _search(p: StudyParams) -> Iterable[Finding]:
+    """The frontier search (science §8): whether it has keys to choose between, and from which rung it can
+    stop one (a stop rests on a fit of MIN_POINTS record points, and records are at most the evaluations)."""
+    from rollscale.core.search.decisions import MIN_POINTS, rung_budgets
+    from rollscale.train.search_groups import search_plan
+
+    s = p.sweep.search
+    if s.method != "frontier":
+        return
+    try:
+        groups = search_plan(p.sweep).groups
+    except ValueError:
+        return  # the grid's own finding names it
+    if not groups:
+        yield Finding("note", ("sweep.search.method",), "frontier search with no two keys to choose between: "
+                      "every run trains to c_max, as in a grid")
+        return
+    rungs = rung_budgets(p.sweep.c_max, s.eta, s.first_rung)
+    cadence = cadence_key(p)
+    said = f"rungs at C = {', '.join(f'{c:,}' for c in rungs)}"
+    last = rungs[-2] if len(rungs) > 1 else 0  # the last rung that can stop a key before c_max
+    # C at which a key's runs have MIN_POINTS evaluations past step 0 (records are at most the evaluations)
+    earliest = {(g.group, k): c_at_evaluation(p, g.step_rollouts(k) or 0, MIN_POINTS) for g in groups for k in g.keys}
+    late = {key: c for key, c in earliest.items() if c > last}
+    fix = search_fix(p, [g.step_rollouts(k) or 0 for g in groups for k in g.keys], last)
+    if len(late) == len(earliest):
+        yield Finding("warning", ("sweep.search", cadence), f"{said}: no key has {MIN_POINTS} "
+                      "evaluations by the last rung before c_max, so the search can stop nothing and spends what "
+                      "the grid does", fix)
+    elif late:
+        shown = ", ".join(f"{k} (from C = {c:,.0f})" if math.isfinite(c) else f"{k} (never)"
+                          for (_, k), c in sorted(late.items(), key=lambda kv: kv[1]))
+        yield Finding("note", ("sweep.search", cadence), f"{said}; a key is stopped only on a fit of "
+                      f"{MIN_POINTS} record points, so {shown} cannot be stopped before c_max", fix)
+    else:
+        yield Finding("note", ("sweep.search",), f"{said}; every key has {MIN_POINTS} evaluations by C = "
+                      f"{max(earliest.values()):,.0f}, where a stop can rest on its fit")
+
+
+def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
+    """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
+    known = known or DataKnown()
+    found = [*_data(known), *_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
+             *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
+             *(Finding(*f) for f in decision_findings(params)),
+             *(Finding(*f) for f in sharded_memory_findings(params))]
+    order = {"error": 0, "warning": 1, "note": 2}
+    return sorted(found, key=lambda f: order[f.level])
+
+
+def format_findings(findings: list[Finding], source: str = "params.yaml") -> str:
+    """One block per finding, then a verdict line."""
+    errors = sum(f.level == "error" for f in findings)
+    warnings = sum(f.level == "warning" for f in findings)
+    verdict = ("the study cannot answer as set: fix the errors" if errors else
+               "the study can run; the warnings say where it will be weak" if warnings else
+               "the study can answer")
+    lines = [f.text() for f in findings]
+    return "\n".join([*lines, f"check {source}: {errors} error(s), {warnings} warning(s): {verdict}"])

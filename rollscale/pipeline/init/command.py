@@ -1,0 +1,152 @@
+"""``rollscale init --model M --data D [--gpu H100|none] [--budget C] [--out params.yaml] [--force]``.
+
+Reads the model's files (:mod:`rollscale.lm.model_info`) and a sample of the data
+(:mod:`rollscale.core.problems.data_sample`, lengths in the model's own tokens), lets
+:mod:`rollscale.pipeline.init.values` decide the params with their reasons, writes them
+and runs the check (:mod:`rollscale.pipeline.check.findings`) on what it wrote.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+__all__ = ["init_params", "problem_count"]
+
+
+def _token_counter(name_or_path: str, gguf_file: str | None):
+    """The model's tokenizer as a length function, or None when it cannot be loaded here."""
+    try:
+        from transformers import AutoTokenizer
+
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError, ImportError):
+        return None
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _data_arg(data: str) -> str:
+    """A local file as a path relative to the project folder when inside it (params stay portable)."""
+    path = Path(data)
+    if not path.exists():
+        return data
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def problem_count(source) -> int | None:
+    """The problems a local table gives as the stages load it (duplicate prompts dropped), so the
+    ``data.limit`` init writes is one the pool can fill; its rows, unread, when it is too large to read
+    here (:data:`rollscale.pipeline.check.findings.READ_ROWS_MAX`)."""
+    from rollscale.core.problems.data_sample import count_rows
+    from rollscale.core.problems.sources import table_problems
+    from rollscale.pipeline.check.findings import READ_ROWS_MAX
+
+    rows = count_rows(source.path)
+    return len(table_problems(source)) if rows is not None and rows <= READ_ROWS_MAX else rows
+
+
+def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
+    """``--budget C``: the study answers at C* = C rollouts (science §9), so ``study.target_budget`` = C and
+    ``sweep.c_max`` at least C / eta (a fit is trusted eta times past its data, A3), kept when already larger."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"--budget: expected the rollouts of your production run (an integer >= 1), got {budget!r}")
+    values["study.target_budget"] = budget
+    why["study.target_budget"] = "C*: the rollouts of your production run (rollscale init --budget)"
+    need = math.ceil(budget / eta)
+    if values.get("sweep.c_max", 0) < need:
+        values["sweep.c_max"] = need
+        why["sweep.c_max"] = (f"rollouts per run: C* / eta = {budget:,} / {eta:g}, so the decision at C* is at most an "
+                              f"extrapolation of eta (science §9.3); {budget:,} would see C* itself")
+
+
+def hours_values(values: dict, why: dict, hours: float, artifacts: Path, pool: int | None) -> str:
+    """``--hours H``: measure this machine's calibration (stored in ``artifacts`` for `rollscale check`) and
+    shrink the study to H hours (:func:`rollscale.pipeline.init.hours.fit_hours`); the lines to print."""
+    from rollscale.pipeline.check.calibration import calibrate
+    from rollscale.pipeline.init.hours import fit_hours, params_of
+
+    cal = calibrate(params_of(values, why), artifacts)
+    times, given = fit_hours(values, why, hours, cal, pool)
+    per = ", ".join(f"{stage} {t / 60:.1f} min" for stage, t in times.seconds.items())
+    fits = times.total <= hours * 3600
+    head = (f"init --hours {hours:g}: about {times.total / 60:.0f} min on this machine ({per}; calibration measured "
+            f"in {cal.measured_s:.0f} s, stored in {artifacts})")
+    if not fits:
+        head += f": more than {hours:g} h even at the smallest study init writes; give it more hours or a faster machine"
+    gave = "".join(f"\n  gave up {g.text()}" for g in given) or "\n  gave up nothing: the suggested study fits"
+    return head + gave
+
+
+def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
+                engine: str | None = None, budget: int | None = None, gpus: int = 1,
+                hours: float | None = None) -> str:
+    """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check).
+    ``engine`` (hf | vllm): the sampler, else the machine's (vLLM on a GPU, transformers on CPU);
+    ``budget``: the rollouts of the production run, the study's C* (:func:`budget_values`);
+    ``gpus``: the GPUs of one node, over which a run is sharded when only so full fine-tuning fits;
+    ``hours``: the wall time the study may take here (:func:`hours_values`)."""
+    from rollscale.config import StudyParams, load_params
+    from rollscale.pipeline.init.values import Machine, render, suggest, write_params
+    from rollscale.core.problems.data_sample import inspect_rows, read_sample
+    from rollscale.config.data import TableParams
+    from rollscale.core.problems.sources import table_problems
+    from rollscale.lm.model_info import inspect_model, resolve_model
+    from rollscale.pipeline.check.findings import format_findings, known_data, study_findings
+    from rollscale.pipeline.init.project import init_project
+
+    if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
+        raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
+    if hours is not None:
+        from rollscale.pipeline.init.hours import check_hours
+
+        check_hours(hours)
+    machine = Machine.from_arg(gpu, gpus)
+    name_or_path, gguf_file = resolve_model(model)
+    info = inspect_model(name_or_path, gguf_file)
+    try:  # datasets draws a progress bar per file it reads; init prints its own summary
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+    sample = inspect_rows(read_sample(data), _token_counter(name_or_path, gguf_file))
+    data_path = _data_arg(data)
+    if Path(data).exists():
+        source = TableParams(path=data_path, prompt=sample.prompt, answer=sample.answer,
+                             answer_format=sample.answer_format, reward=sample.reward)
+        table_problems(source, limit=50)  # the mapping must read the file's rows (DataRowError names a bad one)
+    pool = problem_count(source) if Path(data).exists() else None
+    values, why = suggest(info, sample, data_path, pool, machine)
+    if engine:
+        values["sampling.backend"], why["sampling.backend"] = engine, f"--engine {engine}"
+        if engine == "vllm":  # one engine per worker process, or per rank of a sharded run (the config refuses more)
+            devices = values.get("sweep.devices_per_run", 1)
+            values["workers"], why["workers"] = devices, ("vLLM: one engine, in one worker process" if devices == 1
+                                                          else why["workers"])
+    if budget is not None:
+        budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
+    sized = hours_values(values, why, hours, Path(out).parent / "artifacts", pool) if hours is not None else ""
+    command = (f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
+               + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else "")
+               + (f" --hours {hours:g}" if hours else ""))
+    header = [f"rollscale study parameters, written by `{command}`.",
+              "Each comment says why its value; everything else is the schema's default (rollscale/config/study.py).",
+              "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
+    path = write_params(out, render(values, why, header), force)
+    project = init_project(Path(path).parent, data, force, values["model.kind"])  # an empty folder becomes the study's
+    params = load_params(path)
+    known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
+    chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
+                                                       "sampling.max_new_tokens", "sweep.c_max")
+                       + (("sweep.devices_per_run",) if "sweep.devices_per_run" in values else ())
+                       + (("study.target_budget",) if budget is not None else ()))
+    return (f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
+            f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "
+            f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"
+            + (sized + "\n" if sized else "")
+            + "".join(line + "\n" for line in project)
+            + format_findings(study_findings(params, known), str(path)))

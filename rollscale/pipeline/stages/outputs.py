@@ -1,0 +1,226 @@
+"""Checksums of every stage's outputs: ``artifacts/<stage>/MANIFEST.json``.
+
+A stage that finishes records the size and sha256 of each file it wrote
+(:func:`write_outputs_manifest`). The record of the last good outputs stays
+until a finished run replaces it: a failed, refused or interrupted run leaves
+it as it was. A file changed, truncated, removed or added after that is then
+named by ``rollscale status`` (the stage is "damaged"), by a query of its
+table (:mod:`rollscale.pipeline.query.storage`), and makes ``rollscale study`` run
+the stage again, even where DVC's own hashes cannot see it (DVC trusts a file
+whose size and mtime did not change). While a stage runs, or after a run that
+did not finish, a file written after the record is the new run's and is not
+judged by queries and ``status`` (``unfinished_ok``); a stage about to record
+its outputs refuses when a file that did not match the record when it started
+is still the same (:func:`unrebuilt_damage`): damage is never recorded as valid.
+
+A sweep run's files are checked as the ``fit`` stage reads them
+(:func:`run_damage`): the row parts its newest checkpoint commits
+(:func:`rollscale.train.manifest.committed_parts`), that checkpoint, and its
+``run.parquet`` / ``done.json`` / ``identity.json`` against this record.
+
+Not recorded here: dot-files (stage locks, temporary files) and what the sweep's
+run store already checks itself (checkpoint folders and the row parts their
+manifests commit, :mod:`rollscale.train.manifest`); ``archive/`` (runs moved
+out of the tables). A stage without a record (interrupted, or run by an older
+version) is not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from rollscale.files import sha256_file, write_json_atomic
+from rollscale.train.manifest import CHECKPOINT_RE, PART_RE, check_file, committed_parts, verify_checkpoint
+
+OUTPUTS_MANIFEST = "MANIFEST.json"
+VERSION = 1
+# `rollscale status` hashes files up to this size and checks larger ones by size only (it must stay fast)
+QUICK_HASH_BYTES = 64 << 20
+
+# a sweep run's files that say what it is and how it ended (its attempts.jsonl is a log, not a result)
+RUN_RESULT_FILES = ("run.parquet", "done.json", "identity.json")
+ENDED = ("finished", "stopped")  # a run the sweep does not train again unless it is damaged
+
+__all__ = ["OUTPUTS_MANIFEST", "outputs_problem", "run_damage", "stage_output_files", "stage_problem",
+           "unrebuilt_damage", "write_outputs_manifest"]
+
+
+def _recorded(rel: Path) -> bool:
+    """Whether the file at ``rel`` (relative to its stage folder) belongs in the stage's record."""
+    parts = rel.parts
+    if any(p.startswith(".") for p in parts) or rel == Path(OUTPUTS_MANIFEST) or parts[0] == "archive":
+        return False
+    if any(CHECKPOINT_RE.match(p) for p in parts[:-1]) or PART_RE.match(parts[-1]):
+        return False  # the run store's own manifests check these
+    return True
+
+
+def stage_output_files(artifacts: str | os.PathLike[str], stage: str) -> list[Path]:
+    """The files of ``artifacts/<stage>`` that its record covers, sorted, relative to that folder."""
+    folder = Path(artifacts) / stage
+    if not folder.is_dir():
+        return []
+    return sorted(rel for p in folder.rglob("*") if p.is_file() and _recorded(rel := p.relative_to(folder)))
+
+
+def write_outputs_manifest(artifacts: str | os.PathLike[str], stage: str) -> Path:
+    """Record the size and sha256 of the stage's files (no time stamp: equal outputs give an equal
+    record, so DVC's hash of the folder does not change when the outputs did not)."""
+    folder = Path(artifacts) / stage
+    files = {str(rel): {"bytes": (folder / rel).stat().st_size, "sha256": sha256_file(folder / rel)}
+             for rel in stage_output_files(artifacts, stage)}
+    return write_json_atomic({"version": VERSION, "stage": stage, "files": files}, folder / OUTPUTS_MANIFEST)
+
+
+def _read(folder: Path) -> dict | None:
+    try:
+        manifest = json.loads((folder / OUTPUTS_MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"files": None}
+    return manifest if isinstance(manifest, dict) else {"files": None}
+
+
+def _problems(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Path] | None, quick: bool,
+              unfinished_ok: bool) -> Iterator[tuple[Path, str]]:
+    """(file relative to the stage folder, what is wrong) for each file that fails the record; a record
+    that cannot be read is one problem at the record's path."""
+    folder = Path(artifacts) / stage
+    manifest = _read(folder)
+    if manifest is None:
+        return
+    recorded = manifest.get("files")
+    if not isinstance(recorded, dict):
+        yield Path(OUTPUTS_MANIFEST), f"{folder / OUTPUTS_MANIFEST} is unreadable (damaged); run the stage again"
+        return
+    if files is None:
+        wanted = sorted({*map(Path, recorded), *stage_output_files(artifacts, stage)})
+    else:
+        wanted = [Path(f).resolve().relative_to(folder.resolve()) if Path(f).is_absolute() else Path(f) for f in files]
+    # a run in progress or one that did not finish: the files it wrote are newer than the record
+    since = (folder / OUTPUTS_MANIFEST).stat().st_mtime if unfinished_ok and _unfinished(folder, stage) else None
+    for rel in wanted:
+        if since is not None and _written_after(folder / rel, since):
+            continue
+        meta = recorded.get(str(rel))
+        if meta is None:
+            yield rel, (f"{folder / rel} was not written by the stage's last finished run "
+                        f"(not in its {OUTPUTS_MANIFEST})")
+            continue
+        size = meta.get("bytes") or 0
+        problem = check_file(folder / rel, meta, hash_it=not quick or size <= QUICK_HASH_BYTES)
+        if problem:
+            yield rel, problem
+
+
+def _unfinished(folder: Path, stage: str) -> bool:
+    """The stage runs now, or its last run did not finish (its run or failure record is there)."""
+    from rollscale.pipeline.stages.specs import FAILED, RUN_INFO, stage_running
+
+    return (folder / RUN_INFO).exists() or (folder / FAILED).exists() or stage_running(folder.parent, stage)
+
+
+def _written_after(file: Path, since: float) -> bool:
+    try:
+        return file.stat().st_mtime > since
+    except OSError:
+        return False
+
+
+def outputs_problem(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Path] | None = None,
+                    quick: bool = False, unfinished_ok: bool = False) -> str | None:
+    """What is wrong with the stage's files against its record (the first problem), or None.
+
+    ``files`` (absolute, or relative to the stage folder): check only these, e.g. one table's;
+    default: every file of the record and every file the stage folder holds now. ``quick``
+    hashes files up to :data:`QUICK_HASH_BYTES` (larger ones: size only). ``unfinished_ok``:
+    while the stage runs or after a run that did not finish, files written after the record
+    are not judged. None when the stage has no record (see the module docstring)."""
+    return next((why for _, why in _problems(artifacts, stage, files, quick, unfinished_ok)), None)
+
+
+def unrebuilt_damage(artifacts: str | os.PathLike[str], stage: str) -> Callable[[], str | None]:
+    """Taken when a stage starts after a finished run: the files that do not match the record then
+    (damaged since); the returned check, called before the new record is written, names the first
+    of them the run left as it found it (it would record the damage as valid), or None."""
+    folder = Path(artifacts) / stage
+    if _unfinished(folder, stage):  # its own unfinished run changed files: they are rebuilt or refused by the run
+        return lambda: None
+    # (an unreadable record checks nothing: the run's new record replaces it)
+    found = {rel: (why, _digest(folder / rel)) for rel, why in _problems(artifacts, stage, None, False, False)
+             if rel != Path(OUTPUTS_MANIFEST)}
+
+    def left() -> str | None:
+        for rel, (why, digest) in found.items():
+            if digest is not None and _digest(folder / rel) == digest:
+                return (f"{why}; the stage did not rebuild it, so its record of checksums is kept: restore or "
+                        "delete that file and run the stage again")
+        return None
+
+    return left
+
+
+def _digest(file: Path) -> str | None:
+    try:
+        return sha256_file(file)
+    except OSError:
+        return None
+
+
+def run_damage(artifacts: str | os.PathLike[str], run_dir: str | os.PathLike[str], quick: bool = False,
+               unfinished_ok: bool = False) -> str | None:
+    """Why an ended sweep run (``done.json``: finished or stopped) cannot be trusted, or None: the row
+    parts its newest checkpoint commits, as ``fit`` reads them (:func:`committed_parts`), that
+    checkpoint (``quick``: its weights by size only), and its :data:`RUN_RESULT_FILES` against the
+    sweep's record. A run that has not ended is not judged: the sweep resumes it anyway."""
+    run_dir = Path(run_dir)
+    if _read_status(run_dir / "done.json") not in ENDED:
+        return None
+    _, problem = committed_parts(run_dir)
+    if problem is None:
+        ckpts = sorted((int(m.group(1)), p) for p in run_dir.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
+        if ckpts and (why := verify_checkpoint(run_dir, *ckpts[-1], quick=quick)):
+            problem = f"{ckpts[-1][1]}: {why}"
+    if problem is None:
+        folder = Path(artifacts) / "sweep"
+        recorded = (_read(folder) or {}).get("files")
+        rel = run_dir.resolve().relative_to(folder.resolve())  # the record names files from the stage folder
+        files = [rel / name for name in RUN_RESULT_FILES
+                 if (run_dir / name).exists() or (isinstance(recorded, dict) and str(rel / name) in recorded)]
+        problem = outputs_problem(artifacts, "sweep", files, quick, unfinished_ok)
+    return problem
+
+
+def _read_status(done: Path) -> str | None:
+    """The status ``done.json`` says (None: no file); an unreadable one is judged as an ended run's."""
+    try:
+        data = json.loads(done.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "finished"  # unreadable: judged as an ended run (its record names the file)
+    return data.get("status") if isinstance(data, dict) else "finished"
+
+
+def runs_damage(artifacts: str | os.PathLike[str], quick: bool = False,
+                unfinished_ok: bool = False) -> dict[str, str]:
+    """:func:`run_damage` of every sweep run folder: run id -> why (damaged runs only)."""
+    runs = Path(artifacts) / "sweep" / "runs"
+    if not runs.is_dir():
+        return {}
+    return {d.name: why for d in sorted(runs.iterdir())
+            if d.is_dir() and (why := run_damage(artifacts, d, quick, unfinished_ok))}
+
+
+def stage_problem(artifacts: str | os.PathLike[str], stage: str, quick: bool = False,
+                  unfinished_ok: bool = False) -> str | None:
+    """:func:`outputs_problem` of the whole stage, and for the sweep the first damaged run
+    (:func:`run_damage`: what its record does not cover, its checkpoints and row parts)."""
+    problem = outputs_problem(artifacts, stage, quick=quick, unfinished_ok=unfinished_ok)
+    if problem is None and stage == "sweep":
+        problem = next(iter(runs_damage(artifacts, quick, unfinished_ok).values()), None)
+    return problem

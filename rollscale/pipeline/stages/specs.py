@@ -1,0 +1,280 @@
+"""The study's stages as ``dvc.yaml`` declares them, what DVC says is stale, and
+the lock a running stage holds.
+
+DVC is the one judge of what reruns: a stage is stale when ``dvc status``
+says so (its params, code deps or upstream outputs changed since ``dvc.lock``
+recorded it), so ``dvc repro``, ``rollscale study`` and the served deployment
+can never disagree. A running stage holds an OS file lock
+(``artifacts/<stage>/.stage.lock``, via :mod:`filelock`), released by the
+kernel when its process dies, and ``.stage.run.json`` says who holds it.
+
+Plain functions over files; no Prefect. Times are UTC ISO strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from filelock import FileLock, Timeout
+
+from rollscale.files import write_json_atomic
+
+log = logging.getLogger("rollscale.pipeline.stages.specs")
+
+LOCK = ".stage.lock"
+RUN_INFO = ".stage.run.json"
+FAILED = ".stage.failed.json"
+# how the stage's last command ended when it failed or refused: its one line and exit status, which
+# `rollscale study` passes on (DVC reports every failed stage as exit 255)
+STAGE_EXIT = ".stage.exit.json"
+# set to "1" by `rollscale run sweep --archive-stale` / `rollscale study --archive-stale`: a DVC stage
+# command takes no flags, so the consent to archive ended sweep runs reaches the stage this way
+ARCHIVE_STALE_ENV = "ROLLSCALE_ARCHIVE_STALE"
+
+
+class StageBusyError(RuntimeError):
+    """The stage is already running in a live process; two writers would mix their outputs."""
+
+
+class StageFailedError(RuntimeError):
+    """A stage that ``dvc repro`` ran failed or refused; ``code``: its own exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ArtifactsNotWritableError(OSError):
+    """The artifacts folder cannot be written (read-only, permissions, full disk)."""
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno n]" prefix
+        return str(self.strerror)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def project_root(start: str | os.PathLike[str] | None = None) -> Path:
+    """The project folder (holding ``dvc.yaml``: a clone of rollscale, or a study folder that
+    ``rollscale init`` wrote): ``start`` (default the working directory) or the nearest folder above it."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "dvc.yaml").is_file():
+            return folder
+    raise FileNotFoundError(f"no study in {here} or above (no dvc.yaml): run `rollscale init --model M --data D` "
+                            "in an empty folder to start one there, or run rollscale from a study's folder")
+
+
+# ---------------------------------------------------------------------------- stage specs
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of ``dvc.yaml``: its dependencies (paths) and params keys (dotted)."""
+
+    name: str
+    deps: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+
+
+def _entry_names(entries: Any, what: str, stage: str) -> tuple[str, ...]:
+    """DVC lists deps/params as strings or one-key mappings ({path: options} / {file: [keys]})."""
+    if entries is None:
+        return ()
+    if not isinstance(entries, list):
+        raise ValueError(f"dvc.yaml: stages.{stage}.{what} must be a list, got {type(entries).__name__}")
+    names: list[str] = []
+    for entry in entries:
+        if isinstance(entry, str):
+            names.append(entry)
+        elif isinstance(entry, dict) and what == "params":
+            for keys in entry.values():  # {params.yaml: [a, b]}
+                names.extend(str(k) for k in (keys or []))
+        elif isinstance(entry, dict) and len(entry) == 1:
+            names.append(str(next(iter(entry))))
+        else:
+            raise ValueError(f"dvc.yaml: stages.{stage}.{what}: cannot read entry {entry!r}")
+    return tuple(names)
+
+
+def load_stage_specs(root: str | os.PathLike[str] | None = None) -> dict[str, StageSpec]:
+    """The stages of the project's ``dvc.yaml`` in file order (the study's order), name -> spec."""
+    path = project_root(root) / "dvc.yaml"
+    raw = yaml.safe_load(path.read_text())
+    stages = (raw or {}).get("stages")
+    if not isinstance(stages, dict) or not stages:
+        raise ValueError(f"{path}: expected a non-empty 'stages' mapping")
+    return {
+        name: StageSpec(name, _entry_names(body.get("deps"), "deps", name),
+                        _entry_names(body.get("params"), "params", name))
+        for name, body in stages.items()
+    }
+
+
+def select_stages(specs: Mapping[str, StageSpec], stages: list[str] | None) -> list[str]:
+    """The chosen stages in study order; None or empty = all of them."""
+    if not stages:
+        return list(specs)
+    unknown = [s for s in stages if s not in specs]
+    if unknown:
+        raise ValueError(f"stages: unknown stage(s) {unknown} (dvc.yaml has: {', '.join(specs)})")
+    return [s for s in specs if s in stages]
+
+
+def upstream(spec: StageSpec, specs: Mapping[str, StageSpec]) -> list[str]:
+    """Stages whose output folder ``artifacts/<stage>`` this stage depends on."""
+    names = []
+    for dep in spec.deps:
+        parts = Path(dep).parts
+        if len(parts) >= 2 and parts[0] == "artifacts" and parts[1] in specs and parts[1] != spec.name:
+            names.append(parts[1])
+    return names
+
+
+# ---------------------------------------------------------------------------- DVC
+
+
+def dvc_changes(root: str | os.PathLike[str] | None = None, stage: str | None = None) -> dict[str, list[str]]:
+    """What ``dvc status`` reports changed, stage -> readable reasons; stages not listed are
+    up to date with ``dvc.lock``. Only the stage itself is compared (not its upstream)."""
+    from dvc.repo import Repo
+
+    with Repo(str(project_root(root))) as repo:
+        raw = repo.status(targets=[stage] if stage else None)
+    changes: dict[str, list[str]] = {}
+    for name, entries in raw.items():
+        name = name.split(":")[-1]  # "dvc.yaml:stage" when targets are given
+        reasons = []
+        for entry in entries:
+            if isinstance(entry, str):
+                reasons.append(entry)
+                continue
+            for kind, items in entry.items():
+                for path, how in (items.items() if isinstance(items, dict) else [(items, "")]):
+                    if isinstance(how, dict):  # a params file: key -> modified / new / deleted
+                        reasons += [f"param {key} ({path}): {change}" for key, change in how.items()]
+                    else:
+                        reasons.append(f"{kind.replace('changed ', '')} {path}: {how}".strip())
+        changes[name] = reasons
+    return changes
+
+
+# ---------------------------------------------------------------------------- stage lock
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except ValueError:
+        return {}  # half-written or damaged: present but unreadable
+    return data if isinstance(data, dict) else {}
+
+
+def stage_running(artifacts: str | os.PathLike[str], stage: str) -> bool:
+    """Whether a live process holds the stage's lock now."""
+    path = Path(artifacts) / stage / LOCK
+    if not path.exists():
+        return False
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    except OSError:
+        return False  # cannot lock (read-only folder): nobody can be writing there
+    lock.release()
+    return False
+
+
+def busy_error(stage: str, artifacts: str | os.PathLike[str]) -> StageBusyError:
+    """The one-line refusal of a stage that a live process runs now (its run record says which)."""
+    held = read_json(Path(artifacts) / stage / RUN_INFO) or {}
+    return StageBusyError(f"stage {stage!r} is already running (pid {held.get('pid')} on {held.get('host')}, "
+                          f"since {held.get('started_at')}); wait for it or stop that process first")
+
+
+def _not_writable(folder: Path, stage: str, err: OSError) -> ArtifactsNotWritableError:
+    return ArtifactsNotWritableError(
+        err.errno or errno.EIO,
+        f"artifacts folder {folder} is not writable ({os.strerror(err.errno) if err.errno else err}): "
+        f"stage {stage!r} did not start; "
+        "earlier results are unchanged; free space or fix the permissions and run it again",
+    )
+
+
+@contextlib.contextmanager
+def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
+    """Run a stage under its lock; on an exception ``.stage.failed.json`` records it.
+
+    Taking the lock is the stage's first write, so a stage already running
+    (:class:`StageBusyError`) or an unwritable or full artifacts folder
+    (:class:`ArtifactsNotWritableError`) fails here, before any work. A run
+    that was killed left ``.stage.run.json`` without a lock holder, and one
+    stopped by Ctrl-C or SIGTERM left it with the signal and time: reported
+    "interrupted" until the next run takes over.
+    """
+    folder = Path(artifacts) / stage
+    info = {"stage": stage, "pid": os.getpid(), "host": socket.gethostname(), "started_at": now()}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(folder / LOCK)
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise busy_error(stage, artifacts) from None
+    except OSError as err:
+        raise _not_writable(folder, stage, err) from err
+    try:
+        previous = read_json(folder / RUN_INFO)
+        if previous:
+            log.warning("stage %s: the run of pid %s on %s (started %s) stopped without finishing; starting again",
+                        stage, previous.get("pid"), previous.get("host"), previous.get("started_at"))
+        try:
+            write_json_atomic(info, folder / RUN_INFO)
+        except OSError as err:
+            raise _not_writable(folder, stage, err) from err
+        t0 = time.perf_counter()
+        interrupted = False
+        try:
+            yield info
+        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the run record stays, saying so
+            interrupted = True
+            with contextlib.suppress(OSError):
+                write_json_atomic(interrupted_info(info, err), folder / RUN_INFO)
+            raise
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                write_json_atomic({**info, "error": f"{type(err).__name__}: {err}"[:2000], "failed_at": now()},
+                                  folder / FAILED)
+            raise
+        else:
+            log.info("stage %s: finished in %.1f s", stage, time.perf_counter() - t0)
+            (folder / FAILED).unlink(missing_ok=True)
+        finally:
+            if not interrupted:
+                (folder / RUN_INFO).unlink(missing_ok=True)
+    finally:
+        lock.release()
+
+
+def interrupted_info(info: dict, err: BaseException) -> dict:
+    """The run record of a stage stopped by a signal: when and by which (``rollscale status``
+    reports it "interrupted", and the next run takes over)."""
+    from rollscale.pipeline.interrupts import signal_of
+
+    return {**info, "interrupted_at": now(), "signal": signal.Signals(signal_of(err)).name}

@@ -1,0 +1,135 @@
+"""Each stage's time from a measured calibration (issue 32, "time first"): the arithmetic of
+:mod:`rollscale.pipeline.check.timing` on a hand-made calibration, and one real calibration of a
+small tiny model, stored and reused."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from rollscale.config import parse_params
+from rollscale.pipeline.check import timing as stage_time
+from rollscale.pipeline.check.calibration import CALIBRATION_FILE, Calibration, calibrate, calibration_key, stored_calibration
+from rollscale.pipeline.check.timing import estimate_findings, stage_times
+
+SMALL = {"workers": 1, "sampling": {"max_new_tokens": 8, "batch_size": 64},
+         "profile": {"k": 4, "k_extreme": 0, "chunk_size": 10},
+         "measure": {"n": [4], "b_problem": 2, "steps": 3},
+         "bucket": {"val_size": 10},
+         "sweep": {"n": [2, 4], "b_problem": [4], "seeds": [0], "c_max": 64, "eval_k": 1, "eval_per_doubling": 0,
+                   "eval_every": 4, "search": {"method": "grid"}},
+         "base": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "steps": 30,
+                  "batch_size": 16, "threads": 1}}
+
+
+def cal_of(**kw) -> Calibration:
+    zero = dict(key="k", gen_s_per_step=0.0, gen_s_per_token=0.0, train_s_per_step=0.0, train_s_per_token=0.0,
+                gram_s_per_token=0.0, gram_s_per_token_rollout=0.0, logp_shift_per_lr=1e4, prompt_tokens=2.0, base_s=0.0, load_s=0.0,
+                measured_s=1.0)
+    return Calibration(**{**zero, **kw})
+
+
+def work(times) -> dict[str, float]:
+    """Seconds of work, less each stage's fixed start-up."""
+    start = {"base": stage_time.STAGE_START_S, "profile": stage_time.STAGE_START_S, "measure": stage_time.STAGE_START_S,
+             "sweep": stage_time.STAGE_START_S, "bucket": stage_time.BUCKET_S, "fit": stage_time.FIT_S,
+             "report": stage_time.REPORT_S}
+    return {k: round(v - start[k], 9) for k, v in times.seconds.items()}
+
+
+def test_each_stage_counts_its_rollouts_tokens_and_evaluations():
+    p = parse_params(SMALL)
+    # generation alone: 1 ms per rollout and new token -> 8 ms a rollout
+    gen = work(stage_times(p, cal_of(gen_s_per_token=1e-3), pool=30))
+    assert gen["profile"] == pytest.approx(30 * 4 * 8e-3)  # 3 chunks of 10 problems x k = 4
+    assert gen["measure"] == pytest.approx(3 * 8 * 8e-3)  # 3 steps of n = 4 x 2 prompts
+    # n = 2 (B 8): 8 steps, evaluations at 0, 4, 8; n = 4 (B 16): 4 steps, at 0, 4; each 10 x (eval_k + greedy)
+    assert gen["sweep"] == pytest.approx((64 + 64 + 5 * 20) * 8e-3)
+    # training alone: 1 ms per token of (2 prompt + 8 completion) tokens, measured lengths once profiled
+    train = stage_times(p, cal_of(train_s_per_token=1e-3), pool=30)
+    assert work(train)["sweep"] == pytest.approx(128 * 10e-3) and "max_new_tokens" in train.lengths_from
+    profile = pd.DataFrame({"problem_id": [f"p{i}" for i in range(30)], "mean_len": 3.0, "avg_at_k": 0.5, "k": 4})
+    profiled = stage_times(p, cal_of(train_s_per_token=1e-3), pool=None, profile=profile)
+    assert work(profiled)["sweep"] == pytest.approx(128 * 5e-3) and profiled.lengths_from == "the profile's lengths"
+    # each generate call's fixed cost per decoding step: one call per profile chunk here (40 <= 64 rollouts)
+    assert work(stage_times(p, cal_of(gen_s_per_step=1e-3), pool=30))["profile"] == pytest.approx(3 * 8e-3)
+
+
+def test_workers_share_the_units_and_a_search_spends_its_measured_share():
+    p = parse_params({**SMALL, "workers": 2})
+    one, two = (stage_times(parse_params({**SMALL, "workers": w}), cal_of(gen_s_per_token=1e-3), pool=30)
+                for w in (1, 2))
+    # two runs side by side: the sum shared by 2 workers, each 1.25x slower, at least the longer run
+    assert work(two)["sweep"] == pytest.approx(max(work(one)["sweep"] * 1.25 / 2, (64 + 60) * 8e-3 * 1.25))
+    frontier = parse_params({**SMALL, "sweep": {**SMALL["sweep"], "search": {"method": "frontier"}}})
+    times = stage_times(frontier, cal_of(gen_s_per_token=1e-3), pool=30)
+    assert times.search_share == stage_time.SEARCH_SPENT["frontier"]
+    assert work(times)["sweep"] == pytest.approx(work(one)["sweep"] * stage_time.SEARCH_SPENT["frontier"])
+    assert p.workers == 2
+
+
+def test_a_search_whose_validation_cannot_settle_a_key_is_counted_at_the_whole_grid():
+    """Issue 32's --hours 1 SmolLM2 study (4 validation problems, avg@4, 2 seeds: D known to +-0.245) was counted
+    at the decision search's 56 % of the grid and trained every key to C_max."""
+    coarse = parse_params({**SMALL, "bucket": {"val_size": 4},
+                           "sweep": {**SMALL["sweep"], "seeds": [0, 1], "eval_k": 4,
+                                     "search": {"method": "decision", "seeds_max": 4}}})
+    times = stage_times(coarse, cal_of(gen_s_per_token=1e-3), pool=30)
+    # keys {2, 4} to C_max with 2 seeds, n = 8 beyond the leading edge (the bracket), seeds 3 and 4 for two keys:
+    # 10 runs against the grid's 4 (that study added n = 8, then seeds where the decision hung)
+    assert times.search_share == pytest.approx(10 / 4) and "settle no key" in times.share_why
+    level, _, msg, _ = stage_time.time_finding(coarse, times, cal_of(gen_s_per_token=1e-3))
+    assert "250% of the grid" in msg and "+-0.245" in msg and "a key beyond the leading edge" in msg
+    # with seeds_max = seeds_min no seed is added: keys to C_max and the bracket's key
+    capped = parse_params({**SMALL, "bucket": {"val_size": 4}, "sweep": {
+        **SMALL["sweep"], "seeds": [0, 1], "eval_k": 4, "search": {"method": "decision", "seeds_max": 2}}})
+    assert stage_times(capped, cal_of(gen_s_per_token=1e-3), pool=30).search_share == pytest.approx(6 / 4)
+    # avg@16 over 100 problems with 3 seeds resolves D to +-0.02: the measured share of the default study
+    fine = parse_params({**SMALL, "bucket": {"val_size": 100},
+                         "sweep": {**SMALL["sweep"], "seeds": [0, 1, 2], "eval_k": 16, "search": {"method": "decision"}}})
+    fine_times = stage_times(fine, cal_of(gen_s_per_token=1e-3), pool=30, val_size=100)
+    assert fine_times.search_share == stage_time.SEARCH_SPENT["decision"] and not fine_times.share_why
+
+
+def test_the_finding_names_each_stage_and_warns_past_12_hours():
+    p = parse_params(SMALL)
+    level, _, msg, fix = stage_time.time_finding(p, stage_times(p, cal_of(gen_s_per_token=1e-3), 30),
+                                                 cal_of(gen_s_per_token=1e-3))
+    assert level == "note" and all(f"{s} " in msg for s in ("base", "profile", "measure", "sweep", "fit", "report"))
+    assert "trains all 128 rollouts of the grid" in msg
+    slow = cal_of(gen_s_per_token=30.0)
+    level, keys, msg, fix = stage_time.time_finding(p, stage_times(p, slow, 30), slow)
+    assert level == "warning" and " h on this machine" in msg and "rollscale init --hours" in fix
+
+
+def test_a_calibration_is_measured_stored_and_reused_for_the_same_settings(tmp_path):
+    p = parse_params(SMALL)
+    cal = calibrate(p, tmp_path)
+    assert cal.gen_s_per_token > 0 and cal.train_s_per_token > 0 and cal.base_s > 0 and cal.prompt_tokens > 3
+    stored = json.loads((tmp_path / CALIBRATION_FILE).read_text())
+    assert stored["key"] == calibration_key(p, tmp_path) and stored_calibration(p, tmp_path) == cal
+    # the lengths and the grid are scaled by the estimate, not measured again; the model is
+    assert stored_calibration(parse_params({**SMALL, "sampling": {**SMALL["sampling"], "max_new_tokens": 16}}),
+                              tmp_path) == cal
+    assert stored_calibration(parse_params({**SMALL, "torch_threads": 2}), tmp_path) is None
+    # a stored calibration is used as it is: 1 s per rollout and token -> the sweep's 228 rollouts x 8 s + start-up
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({**stored, "gen_s_per_token": 1.0, "gen_s_per_step": 0.0}))
+    finding = estimate_findings(p, tmp_path, 30, None, measure=False)[0]  # then the learning-rate warning, if any
+    assert finding[0] == "note" and "sweep 31 min" in finding[2]
+    assert estimate_findings(p, tmp_path / "elsewhere", 30, None, measure=False) == []  # none stored, none measured
+
+
+def test_a_learning_rate_that_cannot_move_the_policy_in_the_planned_steps_is_a_warning():
+    """Issue 32, part 5: lr 1e-6 over a few dozen steps never moved greedy accuracy. The pilot's log-prob
+    change per unit lr x each run's steps x its lr(B): the run that moves least must reach 0.05 nats."""
+    from rollscale.pipeline.check.lr import lr_findings
+
+    p = parse_params(SMALL)  # lr_base 1e-4, b_base 256: n = 4 (B 16) runs 4 steps at lr 2.5e-5, n = 2 8 at 1.77e-5
+    assert lr_findings(p, cal_of(logp_shift_per_lr=1e4)) == []  # 4 x 2.5e-5 x 1e4 = 1 nat
+    ((level, keys, msg, fix),) = lr_findings(p, cal_of(logp_shift_per_lr=100.0))  # 0.01 nats
+    assert level == "warning" and keys == ("sweep.train.lr_base",)
+    assert "n=4 x B_problem=4 (4 steps at lr 2.5e-05) moves it by at most 0.01" in msg
+    assert fix.startswith("sweep.train.lr_base: 0.0005 or more")
+    assert lr_findings(p, cal_of(logp_shift_per_lr=0.0)) == []  # no pilot measured: nothing said
