@@ -157,6 +157,42 @@ def kind(value: object) -> str:
     return "number" if isinstance(value, (int, float)) else type(value).__name__
 
 
+def verl_field_types(verl_dir: Path) -> dict[str, dict[str, str]]:
+    """Each config dataclass of the installed verl (``_target_`` of its YAML nodes) -> field -> annotation,
+    read from its source with ast (verl imports its GPU deps), bases' fields included."""
+    import ast
+
+    classes: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for path in [verl_dir / "base_config.py", *(verl_dir / "workers/config").glob("*.py"),
+                 *(verl_dir / "trainer/config").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                fields = {a.target.id: ast.unparse(a.annotation) for a in node.body
+                          if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)}
+                classes[node.name] = ([ast.unparse(b).split(".")[-1] for b in node.bases], fields)
+
+    def resolved(name: str) -> dict[str, str]:
+        bases, fields = classes.get(name, ([], {}))
+        out: dict[str, str] = {}
+        for base in bases:
+            out.update(resolved(base))
+        return out | fields
+
+    return {name: resolved(name) for name in classes}
+
+
+def annotation_admits(annotation: str, value: object) -> bool | None:
+    """Whether a dataclass field annotated ``annotation`` takes ``value`` (None: not a plain type, unchecked)."""
+    import re
+
+    words = set(re.findall(r"[A-Za-z_]+", annotation))
+    plain = words & {"bool", "int", "float", "str"}
+    if not plain:
+        return None
+    admits = set(plain) | ({"int"} if "float" in plain else set()) | ({"NoneType"} if words & {"Optional", "None"} else set())
+    return type(value).__name__ in admits
+
+
 def verl_config_dir() -> Path:
     spec = importlib.util.find_spec("verl")  # found without importing verl (its GPU deps are not installed)
     if spec is None:
@@ -191,6 +227,18 @@ def test_verl_overrides_exist_in_verls_own_config(study, capsys):
         was = OmegaConf.select(default, key)
         if was is not None:  # a default of null takes any type
             assert kind(got) == kind(was), (key, was, got)
+    # and against verl's typed dataclasses, where a node names one (_target_): each field's annotation takes the value
+    types, checked = verl_field_types(config_dir.parent.parent), 0
+    for override in overrides:
+        parts = override.split("=", 1)[0].lstrip("+").split(".")
+        node = OmegaConf.select(default, ".".join(parts[:-1]))
+        if OmegaConf.is_dict(node) and "_target_" in node:
+            cls = str(node["_target_"]).rsplit(".", 1)[-1]
+            assert parts[-1] in types[cls], (cls, parts[-1])
+            admits = annotation_admits(types[cls][parts[-1]], OmegaConf.select(applied, ".".join(parts)))
+            assert admits is not False, (override, cls, types[cls][parts[-1]])
+            checked += admits is True
+    assert checked >= 25
     assert OmegaConf.select(applied, "actor_rollout_ref.rollout.n") == 4
     assert OmegaConf.select(applied, "data.train_batch_size") == 2
     assert OmegaConf.select(applied, "actor_rollout_ref.actor.ppo_mini_batch_size") == 2
