@@ -3,7 +3,8 @@
 Real checks: the TRL YAML is read by TRL's own ``trl grpo`` parser into a GRPOConfig that a GRPOTrainer
 trains two steps from on the tiny model (CPU); the verl overrides are composed by Hydra with the
 installed verl package's ``ppo_trainer`` config (its defaults list of actor, rollout, ... files), which
-refuses an unknown key, and each value's type is checked against verl's default there.
+refuses an unknown key, and each value's type is checked against verl's typed config dataclasses
+(annotations read from verl's source) or, where a node has none, against verl's default.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rollscale.integrations.export.verl_overrides import verl_gaps, verl_setting
 from rollscale.pipeline.cli import main
 
 PARAMS = {
+    "model": {"lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
     "sweep": {"bucket": "easy", "design": "rollout_axis", "n": [2, 4], "b_problem": [2], "c_max": 64,
               "rules": ["uniform", {"rule": "pods", "keep": 0.5}],
               "train": {"lr_base": 1e-3, "b_base": 8, "clip_higher": True, "agg_mode": "seq-mean-token-sum-norm",
@@ -140,8 +142,9 @@ def test_trl_yaml_trains_two_steps_with_trl(study, capsys):
     reward = getattr(importlib.import_module(module), name)
     data = Dataset.from_dict({"prompt": ["1+2=", "3+4=", "2+2=", "5+1="], "answer": ["3", "7", "4", "6"]})
     torch.set_num_threads(1)
+    assert (model.use_peft, model.lora_r, model.lora_target_modules) == (True, 4, ["q_proj", "v_proj"])
     trainer = trl.GRPOTrainer(model=model.model_name_or_path, reward_funcs=[reward], args=args, train_dataset=data,
-                              processing_class=tok)
+                              processing_class=tok, peft_config=trl.get_peft_config(model))
     trainer.train()
     assert trainer.state.global_step == 2
     assert sum("loss" in row for row in trainer.state.log_history) == 2
@@ -217,27 +220,28 @@ def test_verl_overrides_exist_in_verls_own_config(study, capsys):
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         default = compose("ppo_trainer")
         applied = compose("ppo_trainer", overrides=overrides)  # Hydra refuses a key the config lacks
-    for override in overrides:
-        key, _ = override.split("=", 1)
-        got = OmegaConf.select(applied, key.lstrip("+"))
-        if key.startswith("+"):  # added for verl's DAPO reward manager: its parent exists in verl's config
-            assert OmegaConf.select(default, key.lstrip("+").split(".")[0]) is not None, key
-            continue
-        assert OmegaConf.select(default, key, default="<missing>") != "<missing>", key
-        was = OmegaConf.select(default, key)
-        if was is not None:  # a default of null takes any type
-            assert kind(got) == kind(was), (key, was, got)
-    # and against verl's typed dataclasses, where a node names one (_target_): each field's annotation takes the value
+    # each key in verl's composed config, each value of the type verl's typed dataclass gives the field where
+    # the node names one (_target_; annotations read with ast: verl imports its GPU deps), else of its default's
     types, checked = verl_field_types(config_dir.parent.parent), 0
     for override in overrides:
-        parts = override.split("=", 1)[0].lstrip("+").split(".")
+        key = override.split("=", 1)[0]
+        parts = key.lstrip("+").split(".")
+        got = OmegaConf.select(applied, ".".join(parts))
+        if key.startswith("+"):  # added for verl's DAPO reward manager: its parent exists in verl's config
+            assert OmegaConf.select(default, parts[0]) is not None, key
+            continue
+        assert OmegaConf.select(default, key, default="<missing>") != "<missing>", key
         node = OmegaConf.select(default, ".".join(parts[:-1]))
         if OmegaConf.is_dict(node) and "_target_" in node:
             cls = str(node["_target_"]).rsplit(".", 1)[-1]
             assert parts[-1] in types[cls], (cls, parts[-1])
-            admits = annotation_admits(types[cls][parts[-1]], OmegaConf.select(applied, ".".join(parts)))
+            admits = annotation_admits(types[cls][parts[-1]], got)
             assert admits is not False, (override, cls, types[cls][parts[-1]])
             checked += admits is True
+            continue  # the dataclass is the authority (target_modules: Optional[Any], a string or a list)
+        was = OmegaConf.select(default, key)
+        if was is not None:  # a default of null takes any type
+            assert kind(got) == kind(was), (key, was, got)
     assert checked >= 25
     assert OmegaConf.select(applied, "actor_rollout_ref.rollout.n") == 4
     assert OmegaConf.select(applied, "data.train_batch_size") == 2

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from rollscale.config import SamplingParams, StudyParams, TrainParams
+from rollscale.config import LoraParams, SamplingParams, StudyParams, TrainParams
 from rollscale.core.grpo.allocation import rule_class
 from rollscale.core.grpo.shaping import sqrt_scaled_lr
 
@@ -62,7 +62,7 @@ class ProductionRun:
         trained_per_step: rollouts a step of the exported run trains on, the B of the learning rate (B for
             a rule exported as plain GRPO).
         verifiers: the verifier names of the study's problems (``numeric``, ``math``, ``exact`` or ``module:function``).
-        model: the base model's path or hub id.
+        model: the base model's path or hub id; ``lora`` the ``model.lora`` section (LoRA when enabled).
     """
 
     design: str
@@ -86,6 +86,7 @@ class ProductionRun:
     trained_per_step: int = 0
     verifiers: tuple[str, ...] = ("numeric",)
     model: str = ""
+    lora: LoraParams | None = None
 
     @property
     def batch(self) -> int:
@@ -117,8 +118,8 @@ def _verifiers(params: StudyParams) -> tuple[str, ...]:
 
 
 def _model(params: StudyParams, artifacts: str) -> str:
-    if params.model.kind == "tiny":
-        return f"{artifacts}/base/model"  # the base stage's save_pretrained folder
+    if params.model.kind == "tiny" or params.model.gguf_file:
+        return f"{artifacts}/base/model"  # the base stage's save_pretrained folder (a GGUF file dequantised there)
     return str(params.model.name_or_path)
 
 
@@ -186,6 +187,7 @@ def production_run(params: StudyParams, decision: pd.DataFrame, key: int | None 
         lr=sqrt_scaled_lr(train.lr_base, trained, train.b_base), train=train,
         sampling=params.sampling, rule_args=allocation.run_args(), trained_per_step=trained,
         verifiers=_verifiers(params), model=_model(params, artifacts),
+        lora=params.model.lora if params.model.lora.enabled else None,
     )
 
 

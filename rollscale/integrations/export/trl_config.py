@@ -83,6 +83,12 @@ def trl_settings(run: ProductionRun) -> list[Setting]:
     else:
         out.append(Setting("vllm_importance_sampling_correction", False, "sweep.train.tis_cap 0: off"))
     out.append(Setting("model_name_or_path", run.model, "model.name_or_path (a tiny model: the base stage's folder)"))
+    if run.lora is not None:
+        out += [Setting("use_peft", True, "model.lora.enabled: LoRA adapters are trained"),
+                Setting("lora_r", run.lora.r, "model.lora.r"),
+                Setting("lora_alpha", run.lora.alpha, "model.lora.alpha"),
+                Setting("lora_dropout", run.lora.dropout, "model.lora.dropout"),
+                Setting("lora_target_modules", list(run.lora.target_modules), "model.lora.target_modules")]
     funcs = ([reward] if reward else []) + (["get_soft_overlong_punishment"] if t.overlong_penalty_cache > 0 else [])
     if funcs:
         out.append(Setting("reward_funcs", funcs, f"the study's verifier {run.verifiers[0]!r} on the dataset's answer "
@@ -155,7 +161,7 @@ Settings: {yaml_name} (each with the study quantity it comes from). Your dataset
 columns prompt and answer; the reward is the study's verifier {verifier!r} (science §2).
 """
 from datasets import load_dataset
-from trl import GRPOTrainer
+from trl import GRPOTrainer, get_peft_config
 {penalty}from trl.scripts.grpo import make_parser
 
 from rollscale.integrations.export.rewards import trl_reward
@@ -163,6 +169,6 @@ from rollscale.integrations.export.rewards import trl_reward
 script_args, args, model_args, _ = make_parser().parse_args_and_config(["--config", "{yaml_name}"])
 train = load_dataset("YOUR_DATASET", split="train")  # columns: prompt, answer
 trainer = GRPOTrainer(model=model_args.model_name_or_path, reward_funcs=[{reward}{extra}], args=args,
-                      train_dataset=train)
+                      train_dataset=train, peft_config=get_peft_config(model_args))
 trainer.train()
 '''

@@ -62,6 +62,11 @@ def verl_settings(run: ProductionRun) -> list[Setting]:
                 "sweep.train.gradient_checkpointing (memory only)"),
         Setting("actor_rollout_ref.model.path", run.model, "model.name_or_path (a tiny model: the base stage's folder)"),
     ]
+    if run.lora is not None:
+        out += [Setting("actor_rollout_ref.model.lora_rank", run.lora.r, "model.lora.r (LoRA on: model.lora.enabled)"),
+                Setting("actor_rollout_ref.model.lora_alpha", run.lora.alpha, "model.lora.alpha"),
+                Setting("actor_rollout_ref.model.target_modules", list(run.lora.target_modules),
+                        "model.lora.target_modules")]
     if t.tis_cap > 0:
         out += [Setting("algorithm.rollout_correction.rollout_is", "token",
                         "token-level truncated importance sampling of the sampler's mismatch (sweep.train.tis_cap)"),
@@ -97,6 +102,8 @@ def verl_gaps(run: ProductionRun) -> list[Gap]:
         gaps.append(Gap("rule dynamic", "algorithm.filter_groups is applied by verl's DAPO recipe and its v1 "
                         "trainer, not by main_ppo's RayPPOTrainer; and verl's steps count trained batches while the "
                         "study's C counts every drawn rollout, so M = C* / B overstates the study's steps"))
+    if run.lora is not None and run.lora.dropout > 0:
+        gaps.append(Gap("model.lora.dropout", "verl's LoRA has no dropout setting: it trains without"))
     if t.overlong_filter:
         gaps.append(Gap("sweep.train.overlong_filter", "verl's ppo_trainer has no loss mask for truncated responses "
                         "(the study drops them from the loss): they are trained on"))
@@ -111,6 +118,8 @@ def _value(value: object) -> str:
         return "True" if value else "False"
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_value(v) for v in value) + "]"
     return str(value)
 
 
