@@ -97,6 +97,11 @@ def test_bad_input_is_one_line(study, capsys):
     assert "--to mlflow: expected one of trl, verl" in capsys.readouterr().err
     assert main(["export", "--to", "trl", "--key", "16"]) == 2
     assert "--key 16: not a key of the study" in capsys.readouterr().err
+    assert main(["export", "--to", "trl", "--rule", "variance"]) == 2
+    assert "--rule variance: not a rule of the study's decision (rules: pods, uniform)" in capsys.readouterr().err
+    (study / "params.yaml").write_text(yaml.safe_dump(dict(PARAMS, sweep={**PARAMS["sweep"], "rules": ["pods"]})))
+    assert main(["export", "--to", "trl", "--rule", "uniform"]) == 2
+    assert "rule uniform is not in sweep.rules of params.yaml" in capsys.readouterr().err
     (study / "artifacts/fit/decision.parquet").unlink()
     assert main(["export", "--to", "verl"]) == 2
     err = capsys.readouterr().err.strip()

@@ -172,7 +172,10 @@ def production_run(params: StudyParams, decision: pd.DataFrame, key: int | None 
         raise LookupError(f"decision group {where}, key {int(row['key'])}: its runs differ in n or B_problem, so "
                           "no one production run has its settings")
     n, b_problem = int(row["n"]), int(row["b_problem"])
-    entry = next(r for r in params.sweep.rules if r.rule == str(row["rule"]))
+    entry = next((r for r in params.sweep.rules if r.rule == str(row["rule"])), None)
+    if entry is None:
+        raise LookupError(f"decision group {where}: rule {row['rule']} is not in sweep.rules of params.yaml (changed "
+                          "since the fit stage ran? run it again)")
     allocation = rule_class(entry.rule).for_grid_point(entry, n, b_problem)
     train = params.sweep.train.for_bucket(params.sweep.bucket)  # the recipe the study's runs trained with
     # B of the sqrt rule: what a step trains on. A rule no framework runs (PODS, ...) is exported as plain
