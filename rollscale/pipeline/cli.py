@@ -227,6 +227,12 @@ def parser() -> argparse.ArgumentParser:
     p_status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sub.add_parser("serve", help="serve the study as a Prefect deployment on params.schedule's cron") \
         .add_argument("--params", default="params.yaml")
+    p_export = sub.add_parser("export", help="write the decision at C* (or --key) as a TRL GRPOConfig or verl overrides")
+    p_export.add_argument("--to", required=True, help="trl or verl")
+    p_export.add_argument("--key", type=int, default=None, help="another key of the decision than its leader")
+    p_export.add_argument("--rule", default=None, help="the rule whose decision to export (default: the best leader's)")
+    p_export.add_argument("--output", default=None, help="file to write (default: export/trl_grpo.yaml, export/verl_overrides.sh)")
+    p_export.add_argument("--params", default="params.yaml")
     p_deps = sub.add_parser("deps", help="check dvc.yaml's code deps against the code each stage imports (exit 1: stale)")
     p_deps.add_argument("--write", action="store_true", help="rewrite the deps in dvc.yaml")
     return p
@@ -280,6 +286,11 @@ def command(argv: list[str] | None = None) -> int:
     if args.command == "deps":
         result = {}
         return run_guarded(lambda: result.setdefault("code", deps(args.write)), debug) or result["code"]
+    if args.command == "export":
+        from rollscale.integrations.export.command import export_run, print_exported
+
+        return run_guarded(lambda: print_exported(export_run(args.to, args.params, args.artifacts, args.key, args.rule,
+                                                             args.output)), debug)
     if args.command == "sql":
         return run_guarded(lambda: print_query(args.query, args.artifacts, args.timeout, args.params), debug)
     if args.command == "tables":

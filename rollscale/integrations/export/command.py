@@ -1,0 +1,69 @@
+"""``rollscale export --to trl|verl``: the study's answer written as a production run's settings.
+
+Reads ``params.yaml`` and the fit stage's ``decision`` table, picks the leader at C* (or ``--key``),
+writes the framework's files and returns what to print; what the framework cannot express is
+returned as warning lines (stderr) besides the comment block in the files.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from rollscale.config import load_params
+from rollscale.files import write_text_atomic
+from rollscale.integrations.export.plan import production_run
+from rollscale.integrations.export.trl_config import trl_gaps, trl_snippet, trl_yaml
+from rollscale.integrations.export.verl_overrides import verl_gaps, verl_shell
+from rollscale.tables import TABLES
+
+__all__ = ["FRAMEWORKS", "Exported", "export_run", "print_exported"]
+
+FRAMEWORKS = ("trl", "verl")
+DEFAULT_OUTPUT = {"trl": "export/trl_grpo.yaml", "verl": "export/verl_overrides.sh"}
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What ``rollscale export`` wrote and what to tell: ``files``, the run's ``headline``, ``warnings``."""
+
+    files: list[Path]
+    headline: str
+    warnings: list[str]
+
+
+def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "artifacts", key: int | None = None,
+               rule: str | None = None, output: str | None = None) -> Exported:
+    """Write the production run of the study for framework ``to`` (``trl``: a GRPOConfig YAML and a Python
+    snippet beside it; ``verl``: a bash script of Hydra overrides) at ``output`` (default under ``export/``)."""
+    if to not in FRAMEWORKS:
+        raise ValueError(f"--to {to}: expected one of {', '.join(FRAMEWORKS)}")
+    params = load_params(params_path)
+    table = Path(artifacts) / TABLES["decision"]
+    if not table.exists():
+        raise LookupError(f"{table}: no decision yet; run the fit stage first (rollscale run fit)")
+    run = production_run(params, pd.read_parquet(table), key, rule, artifacts)
+    source = f"{Path(params_path).resolve().parent} ({params_path}, {table})"
+    out = Path(output or DEFAULT_OUTPUT[to])
+    if to == "trl":
+        snippet = out.with_suffix(".py")
+        write_text_atomic(trl_yaml(run, source), out)
+        write_text_atomic(trl_snippet(run, out.name), snippet)
+        files, gaps = [out, snippet], trl_gaps(run)
+    else:
+        write_text_atomic(verl_shell(run, source), out)
+        out.chmod(0o755)
+        files, gaps = [out], verl_gaps(run)
+    return Exported(files, run.headline(), [f"{to} cannot express {g.what}: {g.why}" for g in gaps])
+
+
+def print_exported(done: Exported) -> None:
+    """The files written (stdout) and one warning line per setting the framework cannot express (stderr)."""
+    print(f"exported {done.headline}")
+    for path in done.files:
+        print(f"wrote {path}")
+    for line in done.warnings:
+        print(f"rollscale export: warning: {line}", file=sys.stderr)
