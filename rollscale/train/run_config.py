@@ -1,4 +1,5 @@
-"""What decides one GRPO run: :class:`RunConfig`, its id and hash, its allocation rule (science §1, §3, §4)."""
+"""What decides one GRPO run: :class:`RunConfig`, its id and hash, its allocation rule (science §1, §3, §4);
+how it ended (:class:`RunResult`) and its row of the ``runs`` table (:func:`run_row`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollscale.config import TrainParams
@@ -180,3 +182,24 @@ class RunResult:
     steps: int
     c: int
     c_tokens: int
+
+
+# why a run ended (the runs table's end_reason): a stopped run is a finished run with a shorter C (science §9.4)
+END_REASONS = {"finished": "budget reached", "paused": "paused at a search rung", "failed": "failed"}
+
+
+def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | None = None, error: str | None = None,
+            stop: dict | None = None) -> pd.DataFrame:
+    """The run's row of the ``runs`` table; ``stop`` (rung, rule, c) for a run the search stopped."""
+    reason = (f"stopped at rung {stop['rung']} by rule {stop['rule']}" if status == "stopped" and stop
+              else END_REASONS.get(status))
+    row = pd.DataFrame([{
+        "run_id": config.run_id, "bucket": bucket, "n": config.n, "b_problem": config.b_problem,
+        "m": config.trained_group_size, "rule": config.rule, "seed": config.seed, "c_max": config.c_max,
+        "lr": config.lr, "kl_coef": config.train.kl_coef, "entropy_coef": config.train.entropy_coef,
+        "status": status, "steps": result.steps if result else 0, "c": result.c if result else 0,
+        "c_tokens": result.c_tokens if result else 0, "error": error or (result.error if result else None),
+        "end_reason": reason, "stop_rung": stop["rung"] if stop else None, "stop_rule": stop["rule"] if stop else None,
+    }])
+    # typed even when empty, so every run's file has the same schema in DuckDB
+    return row.astype({"end_reason": "string", "stop_rung": "Int64", "stop_rule": "string", "error": "string"})

@@ -70,7 +70,7 @@ def plan_runs(sweep: SweepParams) -> RunPlan:
 
 
 def point_config(sweep: SweepParams, sampling: SamplingConfig, point: GridPoint) -> RunConfig:
-    """The :class:`RunConfig` of one grid point (also a key or seed a frontier search adds, science §8);
+    """The :class:`RunConfig` of one grid point (also a key or seed the search adds, science §9.4);
     raises :class:`~rollscale.core.grpo.allocation.RuleNotApplicable` where its rule cannot run there."""
     from rollscale.train.run_config import RunConfig
 
