@@ -23,7 +23,6 @@ SENTENCE = ("The search that stops when the decision is made (science §9.4) spe
 def _decision(decision: int, c: float, key: int, seed: int, action: str, rule: str, note: str) -> dict:
     return {"group": GROUP, "decision": decision, "rung": decision, "c": c, "key": str(key), "seed": seed,
             "action": action, "rule": rule, "c_train": c if action == "stop" else C_MAX, "leader": "8",
-            "beaten_share": math.nan, "margin_lo": math.nan, "a_hi": math.nan,
             "leader_lo": 0.5, "key_hi": math.nan, "best_share": math.nan, "at_c": math.nan,
             "n_points": 8 * decision, "note": note, "c_star": C_MAX, "r_star": math.nan, "d_lo": math.nan,
             "d_hi": math.nan}

@@ -340,7 +340,7 @@ class GRPOTrainer:
         end. A finished run (``done.json``) is loaded, not trained again; a failed or stopped one resumes.
         ``on_step`` / ``on_eval`` get each row, ``progress`` ``(c, c_max)`` after each step. A non-finite
         loss ends the run "failed" (good steps checkpointed); other exceptions are recorded and raised.
-        ``budget`` < c_max (a search rung, §8): pause at the first step with C >= budget, evaluated and
+        ``budget`` < c_max (a search rung, §9.4): pause at the first step with C >= budget, evaluated and
         checkpointed, status "paused", no done marker."""
         cfg = self.config
         end = cfg.c_max if budget is None else min(cfg.c_max, budget)

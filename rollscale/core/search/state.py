@@ -46,12 +46,11 @@ AXES: tuple[str, ...] = ("rollout", "prompt", "iso_batch", "rule")
 # continue: train on to the next rung; stop: no further (the method's rule says why); add: a new key
 # (bracket); seed: a new seed of a key (undecided); finish: the run reached C_max at the last rung
 ACTIONS: tuple[str, ...] = ("continue", "stop", "add", "seed", "finish")
-# beaten_share, margin_lo and a_hi were the retired search's (science §8; NaN in rows written since); the last
-# four: the decision at C* behind a row: C*, the key's median reward there over refits, and the one-sided
-# 1 - alpha bounds of its difference to the leader D_k
+# the last four: the decision at C* behind a row: C*, the key's median reward there over refits, and the
+# one-sided 1 - alpha bounds of its difference to the leader D_k (docs/tables.md)
 DECISION_COLUMNS = ["group", "decision", "rung", "c", "key", "seed", "action", "rule", "c_train", "leader",
-                    "beaten_share", "margin_lo", "a_hi", "leader_lo", "key_hi", "best_share", "at_c", "n_points",
-                    "note", "c_star", "r_star", "d_lo", "d_hi"]
+                    "leader_lo", "key_hi", "best_share", "at_c", "n_points", "note", "c_star", "r_star", "d_lo",
+                    "d_hi"]
 
 
 @dataclass(frozen=True)

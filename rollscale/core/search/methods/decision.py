@@ -223,12 +223,10 @@ def _settled(s: Standing, key: Any, group: SearchGroup, settings: SearchSettings
 
 
 def _numbers(t: pd.DataFrame | None, key: Any, target: float) -> dict[str, Any]:
-    """The columns a row carries for ``key`` (the decision at C*; ``beaten_share``, ``margin_lo`` and ``a_hi``
-    NaN: the retired search of science §8 wrote them)."""
+    """The columns a row carries for ``key`` (the decision at C*)."""
     nan = math.nan
-    out: dict[str, Any] = {"leader": None, "beaten_share": nan, "margin_lo": nan, "a_hi": nan, "leader_lo": nan,
-                           "key_hi": nan, "best_share": nan, "at_c": nan, "c_star": target, "r_star": nan,
-                           "d_lo": nan, "d_hi": nan}
+    out: dict[str, Any] = {"leader": None, "leader_lo": nan, "key_hi": nan, "best_share": nan, "at_c": nan,
+                           "c_star": target, "r_star": nan, "d_lo": nan, "d_hi": nan}
     if t is None or t["leader"].iloc[0] is None:
         return out
     lead = t["leader"].iloc[0]
