@@ -16,6 +16,7 @@ import yaml
 
 from rollscale.config import load_params, parse_params
 from rollscale.core.fit import power
+from rollscale.core.fit import schedule as evaluation_schedule
 from rollscale.pipeline import cli
 from rollscale.core.problems.sources import table_problems
 from rollscale.pipeline.check.findings import DataKnown, known_data, study_findings
@@ -182,13 +183,13 @@ def test_the_grid_counts_the_evaluations_the_trainer_makes():
     schedule (sweep.eval_per_doubling, science §9.1). It asks the trainer's own eval_due, step by step here."""
     sweep = {"n": [2, 4], "b_problem": [8], "c_max": 192, "seeds": [0, 1, 2], "eval_every": 6}
     params = parse_params({"sweep": sweep})
-    schedule = power.budget_schedule(192, params.sweep.eval_per_doubling)
+    budgets = evaluation_schedule.budget_schedule(192, params.sweep.eval_per_doubling)
     counts = {}
     for b in (16, 32):  # the trainer's loop: step 0, every step eval_due says, the last step
         last = power.steps_per_run(192, b)
-        counts[b] = len({0, last, *(s for s in range(1, last + 1) if power.eval_due(s, (s - 1) * b, s * b, 6, schedule))})
+        counts[b] = len({0, last, *(s for s in range(1, last + 1) if evaluation_schedule.eval_due(s, (s - 1) * b, s * b, 6, budgets))})
     assert counts == {16: 11, 32: 7}
-    assert [len(power.evaluation_steps(192, b, 4, 6)) for b in (16, 32)] == [11, 7]
+    assert [len(evaluation_schedule.evaluation_steps(192, b, 4, 6)) for b in (16, 32)] == [11, 7]
     (weak,) = [f for f in study_findings(params) if "evaluations per run" in f.message]
     assert weak.level == "warning" and weak.keys == ("sweep.c_max", "sweep.eval_per_doubling")
     assert "n=2 x B_problem=8: 11, n=4 x B_problem=8: 7" in weak.message

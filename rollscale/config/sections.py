@@ -182,13 +182,35 @@ def _rule_spec() -> Any:
     return Annotated[Union[tuple(models)], Field(discriminator="rule"), BeforeValidator(_rule_entry)]
 
 
-class SweepParams(Section):
+class RunRecordParams(BaseModel):
+    """What a run records beside its steps, and how often: evaluations (science §5, §9.1), checkpoints and the
+    gradient-noise measurement (§6). The sweep's keys (``sweep.eval_every``, ...) and the fields of every run's
+    config (:class:`rollscale.train.run_config.RunConfig`) alike, so each default is here once."""
+
+    # evaluations on one shared budget schedule (science §9.1): the first step whose C reaches each of this many
+    # budgets per doubling of C (from c_max / 64 to c_max), so every n gets as many points per doubling;
+    # 0 = every eval_every steps instead (a cadence in steps gives a large B few points)
+    eval_per_doubling: int = Field(4, ge=0)
+    eval_every: int = Field(20, ge=1)
+    eval_k: int = Field(4, ge=1)  # samples per validation problem (science §5)
+    eval_temperature: float = Field(0.6, ge=0)
+    checkpoint_every: int = Field(20, ge=1)  # and at the end
+    noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
+
+    def run_record(self) -> dict[str, Any]:
+        """These settings by name, as a run's config takes them."""
+        return {name: getattr(self, name) for name in RunRecordParams.model_fields}
+
+
+class SweepParams(Section, RunRecordParams):
     """The rollout sweep over n, B_problem and allocation rules (science §1, §4).
 
     Designs of the CBS-in-RLVR framework: ``prompt_axis`` (n = n[0] fixed,
     B_problem varies), ``rollout_axis`` (B_problem = b_problem[0] fixed, n
     varies), ``iso_batch`` (B = b_total fixed, the split varies with n),
-    ``grid`` (every n x B_problem).
+    ``grid`` (every n x B_problem). What each run records and how often
+    (``eval_per_doubling``, ``eval_every``, ``eval_k``, ``eval_temperature``,
+    ``checkpoint_every``, ``noise_every``): :class:`RunRecordParams`.
     """
 
     bucket: str = "easy"
@@ -205,15 +227,6 @@ class SweepParams(Section):
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
     train: TrainParams = Field(default_factory=TrainParams)
-    # evaluations on one shared budget schedule (science §9.1): the first step whose C reaches each of this many
-    # budgets per doubling of C (from c_max / 64 to c_max), so every n gets as many points per doubling;
-    # 0 = every eval_every steps instead (a cadence in steps gives a large B few points)
-    eval_per_doubling: int = Field(4, ge=0)
-    eval_every: int = Field(20, ge=1)
-    eval_k: int = Field(4, ge=1)
-    eval_temperature: float = Field(0.6, ge=0)
-    checkpoint_every: int = Field(20, ge=1)
-    noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
     # where the runs train: local (a pool of `workers` processes here) | ray (one Ray task per run)
     executor: Literal["local", "ray"] = "local"
     # Ray cluster ("ray://head:10001" or "auto"); null = the RAY_ADDRESS environment variable,

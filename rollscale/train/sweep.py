@@ -84,12 +84,7 @@ def point_config(sweep: SweepParams, sampling: SamplingConfig, point: GridPoint)
         seed=point.seed,
         train=sweep.train.for_bucket(sweep.bucket),  # the validated section itself, recipe resolved
         sampling=sampling,
-        eval_every=sweep.eval_every,
-        eval_per_doubling=sweep.eval_per_doubling,
-        eval_k=sweep.eval_k,
-        eval_temperature=sweep.eval_temperature,
-        checkpoint_every=sweep.checkpoint_every,
-        noise_every=sweep.noise_every,
+        **sweep.run_record(),  # evaluations, checkpoints, noise: the sweep's own (RunRecordParams)
     )
 
 

@@ -31,7 +31,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.core.fit.power import eval_due
+from rollscale.core.fit.schedule import eval_due
 from rollscale.core.grpo.allocation import allocate
 from rollscale.core.grpo.shaping import warmup_factor
 from rollscale.core.grpo.logprobs import token_logprobs

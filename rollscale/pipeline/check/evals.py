@@ -1,6 +1,6 @@
 """What ``rollscale check`` counts of a sweep run's evaluations: the trainer's own rule, not a copy.
 
-A run evaluates at step 0, at the steps :func:`rollscale.core.fit.power.eval_due` says (the shared budget
+A run evaluates at step 0, at the steps :func:`rollscale.core.fit.schedule.eval_due` says (the shared budget
 schedule of science §9.1, ``sweep.eval_per_doubling``; or every ``sweep.eval_every`` steps when that is 0) and
 at its last step: :func:`run_evaluation_steps` asks the same function the trainer does, so the grid's
 evaluation count and their cost in the sweep's time follow the
@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rollscale.config import StudyParams
-from rollscale.core.fit import power
+from rollscale.core.fit import power, schedule
 
 __all__ = ["cadence_key", "evaluations_fix", "run_evaluation_steps"]
 
 
 def run_evaluation_steps(p: StudyParams, rollouts_per_step: int) -> list[int]:
     """The steps a sweep run of ``rollouts_per_step`` rollouts a step evaluates at: the trainer's own rule
-    (:func:`rollscale.core.fit.power.eval_due`; the shared budget schedule of science §9.1, or every
+    (:func:`rollscale.core.fit.schedule.eval_due`; the shared budget schedule of science §9.1, or every
     ``sweep.eval_every`` steps when ``sweep.eval_per_doubling`` is 0)."""
-    return power.evaluation_steps(p.sweep.c_max, rollouts_per_step, p.sweep.eval_per_doubling, p.sweep.eval_every)
+    return schedule.evaluation_steps(p.sweep.c_max, rollouts_per_step, p.sweep.eval_per_doubling, p.sweep.eval_every)
 
 
 def cadence_key(p: StudyParams) -> str:
