@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from rollscale.config import RunRecordParams, TrainParams
 from rollscale.core.fit.schedule import budget_schedule

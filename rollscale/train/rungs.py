@@ -153,12 +153,12 @@ class SweepSearch:
         self.method = search_method(sweep.search.method)
         self.searching = self.method.searches  # every method that searches runs in this one loop
         self.pending: dict[str, tuple[SearchGroup, Any]] = {}  # run id -> (group, key) of a rung still training
+        self.settings = search_settings(sweep, params.study)
         if not self.searching:  # a grid: every run alone, trained to C_max
             self.search = SearchPlan(None, [], {}, [], tuple(sweep.rules))
-            self.settings = search_settings(sweep, params.study)
             self.identity, self.decisions, self.alone = {}, empty_decisions(), list(self.grid.values())
             return
-        self.search, self.settings = search_plan(sweep), search_settings(sweep, params.study)
+        self.search = search_plan(sweep)
         self.alone = [self._config(p) for p in self.search.alone]
         self.identity = search_identity(self.search, self.settings)
         self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
