@@ -328,7 +328,7 @@ def tiny_run_config(autocast: bool, checkpointing: bool):
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.train.run_config import RunConfig
 
-    return RunConfig(n=4, b_problem=4, c_max=64, seed=3, eval_every=2, eval_k=2, checkpoint_every=2, noise_every=2,
+    return RunConfig(n=4, b_problem=4, c_max=64, seed=3, eval_per_doubling=0, eval_every=2, eval_k=2, checkpoint_every=2, noise_every=2,
                      sampling=SamplingConfig(temperature=1.0, max_new_tokens=6),
                      train=dict(lr_base=1e-2, b_base=16, warmup_steps=0, kl_coef=0.05, entropy_coef=0.0,
                                 zero_var_filter=False, overlong_filter=False, ppo_epochs=2, micro_batch_tokens=40,

@@ -12,12 +12,11 @@ written) of a grid (every key, every seed, to C_max) and prints two markdown tab
    rollscale.core.fit.decision_table.decision_table with its params (``study.tolerance``,
    ``sweep.search.eta``, ``fit.bootstrap_resamples`` and ``fit.bootstrap_seed``). Where every key is unknown
    at a cut (C* beyond eta times the data), ``--far-eta`` reads it again with that eta (beyond A3, labelled).
-2. **Searches** (issue 29, part 3): the grid replayed rung by rung through ``sweep.search.method`` frontier
-   (science §8) and decision (§9.4, keys starting with ``sweep.search.seeds_min`` seeds) with the study's
-   search settings (rollscale.core.search.replay.replay, which calls the search's own
-   rollscale.core.search.decisions.decide): rollouts spent against the grid's, the search's own answer (method
-   decision), and the fit stage's decision at C* on the runs as the search would have left them, against the
-   full grid's.
+2. **Searches** (issue 29, part 3): the grid replayed rung by rung through every registered search method
+   (rollscale.registry.SEARCH_METHODS; decision, science §9.4: keys starting with ``sweep.search.seeds_min``
+   seeds) with the study's search settings (rollscale.core.search.replay.replay, which calls the search's own
+   rollscale.core.search.decisions.decide): rollouts spent against the grid's, the search's own answer, and
+   the fit stage's decision at C* on the runs as the search would have left them, against the full grid's.
 """
 
 from __future__ import annotations
@@ -37,8 +36,10 @@ from rollscale.config import load_params  # noqa: E402
 from rollscale.core.fit.analysis import run_evals  # noqa: E402
 from rollscale.core.fit.decision_table import decision_table  # noqa: E402
 from rollscale.core.search.agreement import decision_agreement, truncated  # noqa: E402
+from rollscale.core.search.decisions import search_method  # noqa: E402
 from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
 from rollscale.pipeline.query.storage import query  # noqa: E402
+from rollscale.registry import SEARCH_METHODS  # noqa: E402
 from rollscale.train.search_groups import search_design, search_settings  # noqa: E402
 
 
@@ -85,13 +86,12 @@ def search_table(runs: pd.DataFrame, evals: pd.DataFrame, ev: pd.DataFrame, para
                  resamples: int, seed: int) -> pd.DataFrame:
     """Issue 29, part 3: one row per (method, search group)."""
     rows = []
-    for method in ("frontier", "decision"):
+    for method in (m for m in SEARCH_METHODS.names() if search_method(m).searches):
         search = params.sweep.search.model_copy(update={"method": method})
         sweep = params.sweep.model_copy(update={"search": search})
         settings = search_settings(sweep, params.study)
-        seeds_min = search.seeds_min if method == "decision" else None
         start = time.perf_counter()
-        res = replay(runs, evals, design, settings, sweep.b_max, seeds_min=seeds_min)
+        res = replay(runs, evals, design, settings, sweep.b_max)
         seconds = time.perf_counter() - start
         # the fit stage reads the sweep's search table beside the runs where its decision takes it (science §9.4)
         table = res.decisions if "search" in inspect.signature(decision_table).parameters else None
@@ -101,9 +101,7 @@ def search_table(runs: pd.DataFrame, evals: pd.DataFrame, ev: pd.DataFrame, para
             bucket, rule = (dict(p.split("=", 1) for p in s["group"].split(":", 1)[1].split("/"))[k]
                             for k in ("bucket", "rule"))
             mine = agree[(agree["bucket"] == bucket) & (agree["rule"] == rule) & (agree["design"] == "n")]
-            own = "—"
-            if method == "decision":
-                own = (f"{s['search_leader']}" if s["search_decided"] else f"not decided ({s['search_leader']} leads)")
+            own = f"{s['search_leader']}" if s["search_decided"] else f"not decided ({s['search_leader']} leads)"
             row = {"method": method, "group": s["group"], "rungs": s["rungs"], "stops": s["stops"] or "—",
                    "seeds not in grid": s["seeds_not_in_grid"],
                    "rollouts": f"{s['search_rollouts']:,.0f} of {s['grid_rollouts']:,.0f} ({s['spent']:.1%})",

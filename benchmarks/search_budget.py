@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollscale.core.search.decisions import SearchSettings  # noqa: E402
+from rollscale.config import DecisionParams, SearchParams  # noqa: E402
+from rollscale.core.search.state import SearchSettings  # noqa: E402
 from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, make_studies  # noqa: E402
 from rollscale.core.search.simulate_budget import (  # noqa: E402
     seeds_oracle,
@@ -35,11 +36,13 @@ from rollscale.core.search.simulate_budget import (  # noqa: E402
 SCHEDULE = (625.0, 4)  # the sweep's default: sweep.eval_per_doubling 4 from c_max / 64
 
 
-def run(per: int, seeds_min: int, seeds_max: int, draws: int = 1600, grid: bool = False, **kw: float) -> tuple:
+def run(per: int, seeds_min: int, seeds_max: int, draws: int = 1600, grid: bool = False, tolerance: float = 0.02,
+        **kw: float) -> tuple:
     studies = make_studies(per, seed=0, families=tuple(FAMILIES) + tuple(MORE_FAMILIES),
                            seeds=tuple(range(seeds_min)), schedule=SCHEDULE, eval_draws=draws)
     t = time.process_time()
-    result = simulate_decision(studies, SearchSettings(method="decision", seeds_max=seeds_max, **kw), grid=grid)
+    settings = SearchSettings(SearchParams(method="decision", seeds_max=seeds_max, **kw), DecisionParams(tolerance=tolerance))
+    result = simulate_decision(studies, settings, grid=grid)
     return summarise_decision(result), time.process_time() - t
 
 

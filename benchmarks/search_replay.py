@@ -1,4 +1,4 @@
-"""Replay a finished grid study through the frontier search: what it would have decided and spent.
+"""Replay a finished grid study through the sweep's search (science §9.4): what it would have decided and spent.
 
     python benchmarks/search_replay.py artifacts                     # the default study's rollout axis
     python benchmarks/search_replay.py artifacts --design rule       # the rules preset of docs/results.md
@@ -10,8 +10,7 @@ search's settings from params.yaml (``sweep.search``, ``sweep.eval_every`` and `
 the finished runs rung by rung
 (rollscale.core.search.replay.replay: each run truncated where the search would have stopped it) and
 prints one row per group: its stops, the keys it would add (in the grid or not), rollouts spent
-against the grid's, and whether the best key matches the grid's wherever the grid's share is
->= 95 %. Under ``method: decision`` it also reads the grid's own decision at C* on every run
+against the grid's and the search's own answer. It also reads the grid's own decision at C* on every run
 (``grid_decision``) and says whether the search's answer is the grid's leader or within epsilon of it.
 ``--decisions`` prints every decision row too. Pure reading: nothing is written.
 """
@@ -19,7 +18,6 @@ against the grid's, and whether the best key matches the grid's wherever the gri
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -29,8 +27,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollscale.config import load_params  # noqa: E402
-from rollscale.core.search.decisions import SearchSettings  # noqa: E402
 from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
+from rollscale.core.search.state import SearchSettings  # noqa: E402
 from rollscale.pipeline.query.storage import query  # noqa: E402
 from rollscale.train.search_groups import search_settings  # noqa: E402
 
@@ -46,26 +44,22 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, help="instead of params.yaml's sweep.search.alpha")
     args = ap.parse_args()
     params = load_params(args.params)
-    settings = search_settings(params.sweep, params.study)
-    settings = dataclasses.replace(settings, **{k: v for k, v in (("eta", args.eta), ("alpha", args.alpha))
-                                                 if v is not None})
+    search = params.sweep.search.model_copy(update={k: v for k, v in (("eta", args.eta), ("alpha", args.alpha))
+                                                    if v is not None})
+    settings = search_settings(params.sweep.model_copy(update={"search": search}), params.study)
     runs = query("SELECT * FROM runs", args.artifacts)
     evals = query("SELECT * FROM evals", args.artifacts)
     start = None
     if args.start_keys:
         keys = tuple(k if args.design == "rule" else int(k) for k in args.start_keys)
         start = _all_groups(runs, evals, args.design, params.sweep.b_max, keys, settings)
-    # method decision: keys start with seeds_min of the grid's seeds, as the sweep's search starts them
-    seeds_min = params.sweep.search.seeds_min if settings.method == "decision" else None
-    result = replay(runs, evals, args.design, settings, params.sweep.b_max, start, seeds_min=seeds_min)
+    result = replay(runs, evals, args.design, settings, params.sweep.b_max, start)  # keys start as the sweep's
     print(f"{args.artifacts}: {len(runs)} runs; search eta {settings.eta:g}, alpha {settings.alpha:g}, "
           f"first rung {settings.first_rung:g}, extra seeds {settings.extra_seeds}\n")
-    table = result.summary.assign(spent=lambda d: d["spent"].map("{:.1%}".format),
-                                  agree=lambda d: d["agree"].map(lambda v: "—" if pd.isna(v) else f"{v:.1%}"))
+    table = result.summary.assign(spent=lambda d: d["spent"].map("{:.1%}".format))
     print(table.to_markdown(index=False))
-    if settings.method == "decision":
-        print("\nThe decision at C* (science §9.4) read on every run of the grid, beside the search's answer:\n")
-        print(grid_decision(runs, evals, args.design, settings, params.sweep.b_max, result).to_markdown(index=False))
+    print("\nThe decision at C* (science §9.4) read on every run of the grid, beside the search's answer:\n")
+    print(grid_decision(runs, evals, args.design, settings, params.sweep.b_max, result).to_markdown(index=False))
     if args.decisions:
         print()
         print(result.decisions.drop(columns=["decision"]).to_markdown(index=False, floatfmt=".4g"))
@@ -74,10 +68,10 @@ def main() -> None:
 def grid_decision(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: SearchSettings, b_max: int,
                   result) -> pd.DataFrame:
     """Per group the grid's own decision at C* (every key, every seed, to C_max; the search's decision function,
-    rollscale.core.search.budget.standings, so rules are keys too) and whether the search's answer is the grid's
+    rollscale.core.search.methods.decision.standings, so rules are keys too) and whether the search's answer is the grid's
     leader or within epsilon of it there (the grid's lower bound of its D >= -epsilon)."""
     from rollscale.core.fit.analysis import run_evals
-    from rollscale.core.search.budget import c_star, standings
+    from rollscale.core.search.methods.decision import c_star, standings
     from rollscale.core.search.replay import replay_groups
 
     groups, points = replay_groups(run_evals(runs, evals), design, b_max)

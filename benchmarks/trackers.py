@@ -42,7 +42,7 @@ def one_run(tracked: bool, steps: int, checkpoint_every: int, root: Path) -> tup
                                       prompt_style="expression")
     b_problem, n = 32, 8
     cfg = RunConfig(run_id="bench", n=n, b_problem=b_problem, c_max=steps * b_problem * n, train=dict(lr_base=1e-4, b_base=256),
-                    eval_every=10**6, eval_k=1, checkpoint_every=checkpoint_every,
+                    eval_per_doubling=0, eval_every=10**6, eval_k=1, checkpoint_every=checkpoint_every,
                     sampling=SamplingConfig(temperature=1.0, max_new_tokens=4))
     trainer = GRPOTrainer(tiny_llama(len(tok), **TINY_ARCH).eval(), tok, problems[:-8], problems[-8:], cfg,
                           use_chat_template=False)

@@ -7,7 +7,7 @@ the base model with GRPO on the bucket's training split, logging every step and
 evaluating on the bucket's validation split. We plan the runs of the search
 method; train each to its next budget (a grid's: C_max); as the runs of a
 group's rung come back, decide from their evaluations which keys stop and which
-keys and seeds join (science §8, §9.4; the ``search`` table); and repeat until
+keys and seeds join (science §9.4; the ``search`` table); and repeat until
 every run is stopped or at C_max. Runs are checkpointed; finished runs are not
 trained again, interrupted ones resume, and a run that diverges (non-finite
 loss) is recorded as failed while the others go on.
@@ -28,7 +28,8 @@ from rollscale.train.trackers import tracker_targets
 from rollscale.train.run_config import RunConfig
 from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from rollscale.pipeline.runtime.workers import local_runner, raise_first_error, run_all
-from tasks.search import SweepSearch
+from rollscale.train.rungs import SweepSearch
+from tasks.models import sampling_config
 from tasks.sweep import (archive_stale_runs, mark_interrupted, refuse_stale_runs, reopen_damaged_runs, run_identity,
                          train_run_in_worker)
 
@@ -50,10 +51,10 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     runs_dir = root / "sweep" / "runs"
     trackers = tracker_targets(params.tracking, root / "trackers")
 
-    # Plan: the runs of the method (sweep.search.method). A grid trains every run to C_max; the frontier
-    # search (science §8) and the search to the decision at C* (§9.4) advance each group's runs in rungs of
-    # budget and decide after each rung; the decisions of an earlier sweep with the same settings read back.
-    search = SweepSearch(params, root / "sweep")
+    # Plan: the runs of the method (sweep.search.method). A grid trains every run to C_max; the search to the
+    # decision at C* (science §9.4) advances each group's runs in rungs of budget and decides after each rung;
+    # the decisions of an earlier sweep with the same settings read back.
+    search = SweepSearch(params, root / "sweep", sampling_config(params.sampling))
     configs = search.configs()
     wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
     # the input is checked before anything is moved: a refused sweep leaves its outputs as they were

@@ -1,5 +1,5 @@
 """Registries: what params.yaml may name (allocation rules, advantage estimators, policy losses,
-loss aggregations, sampling engines), each filled by the modules that define the entries.
+loss aggregations, sampling engines, search methods), each filled by the modules that define the entries.
 
 A leaf: it imports nothing from the library. Each registry knows its *plugin packages* by dotted
 name and imports them on first use, the way entry points are found: every module of such a
@@ -12,9 +12,10 @@ Two kinds of discovery:
 - eager (rules, losses): the first lookup imports every module of the plugin packages. Their
   modules are imported when ``params.yaml`` is validated, so they keep heavy imports (torch)
   out of module level: tensors have methods for everything a loss needs.
-- lazy (engines): one entry per module, named after it (``hf_paged.py`` is "hf-paged"); the
+- lazy (engines, search methods): one entry per module, named after it (``hf_paged.py`` is "hf-paged"); the
   names are read from the package's folder without importing anything, and :meth:`Registry.get`
-  imports only the module asked for (vLLM loads only when chosen).
+  imports only the module asked for (vLLM loads only when chosen; a search method's fits only when
+  the sweep searches).
 """
 
 from __future__ import annotations
@@ -143,12 +144,14 @@ def _where(obj: Any) -> str:
 
 # The plugin packages, by dotted name. A literal: rollscale.pipeline.stages.deps reads it to
 # make their folders deps of every stage that loads this module (params validation does).
-PLUGIN_PACKAGES = ("rollscale.core.grpo.rules", "rollscale.core.grpo.losses", "rollscale.lm.engines")
-_RULES, _LOSSES, _ENGINES = PLUGIN_PACKAGES
+PLUGIN_PACKAGES = ("rollscale.core.grpo.rules", "rollscale.core.grpo.losses", "rollscale.lm.engines",
+                   "rollscale.core.search.methods")
+_RULES, _LOSSES, _ENGINES, _METHODS = PLUGIN_PACKAGES
 
-# The registries of the study (science §3, §4; docs/architecture.md).
+# The registries of the study (science §3, §4, §9.4; docs/architecture.md).
 ALLOCATION_RULES: Registry = Registry("allocation rule", plugins=[_RULES])
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", plugins=[_LOSSES])
 POLICY_LOSSES: Registry = Registry("policy loss", plugins=[_LOSSES])
 LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", plugins=[_LOSSES])
 SAMPLING_ENGINES: Registry = Registry("sampling engine", plugins=[_ENGINES], lazy=True, skip=["base"])
+SEARCH_METHODS: Registry = Registry("search method", plugins=[_METHODS], lazy=True, skip=["base"])

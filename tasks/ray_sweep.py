@@ -52,7 +52,7 @@ def train_runs_on_ray(
 ) -> tuple[dict[int, RunResult], list[str]]:
     """Train every run (the parameters of :func:`tasks.sweep.train_run_in_worker`) as a Ray
     task, inside the calling sweep flow; returns {index: result} and one "run_id: error" line
-    per run that raised. ``on_result`` may return new units (a frontier search's next rung), run the same way."""
+    per run that raised. ``on_result`` may return new units (a search's next rung), run the same way."""
     import ray
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options

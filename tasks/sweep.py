@@ -30,34 +30,13 @@ from rollscale.pipeline.stages.specs import read_json
 from rollscale.train.trackers import ExportingRunStore, RunExporter, TrackerTargets
 from rollscale.pipeline.stages.status import record_attempt
 from rollscale.files import write_parquet_atomic
-from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_hash
+from rollscale.train.run_config import END_REASONS, RunConfig, RunResult, config_hash, data_hash, run_row
 from rollscale.train.trainer import GRPOTrainer
 from tasks.common import refresh_duckdb, transient
 from tasks.sharded_run import train_sharded
 from tasks.models import training_model
 
 log = logging.getLogger("rollscale.train.sweep")
-
-
-# why a run ended (the runs table's end_reason): a stopped run is a finished run with a shorter C (science §8)
-END_REASONS = {"finished": "budget reached", "paused": "paused at a search rung", "failed": "failed"}
-
-
-def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | None = None, error: str | None = None,
-            stop: dict | None = None) -> pd.DataFrame:
-    """The run's row of the ``runs`` table; ``stop`` (rung, rule, c) for a run the frontier search stopped."""
-    reason = (f"stopped at rung {stop['rung']} by rule {stop['rule']}" if status == "stopped" and stop
-              else END_REASONS.get(status))
-    row = pd.DataFrame([{
-        "run_id": config.run_id, "bucket": bucket, "n": config.n, "b_problem": config.b_problem,
-        "m": config.trained_group_size, "rule": config.rule, "seed": config.seed, "c_max": config.c_max,
-        "lr": config.lr, "kl_coef": config.train.kl_coef, "entropy_coef": config.train.entropy_coef,
-        "status": status, "steps": result.steps if result else 0, "c": result.c if result else 0,
-        "c_tokens": result.c_tokens if result else 0, "error": error or (result.error if result else None),
-        "end_reason": reason, "stop_rung": stop["rung"] if stop else None, "stop_rule": stop["rule"] if stop else None,
-    }])
-    # typed even when empty, so every run's file has the same schema in DuckDB
-    return row.astype({"end_reason": "string", "stop_rung": "Int64", "stop_rule": "string", "error": "string"})
 
 
 def ended_result(store: RunStore, config: RunConfig, train_problems: list[Problem],
@@ -101,7 +80,7 @@ def train_run(
     """Train (or resume, or skip when finished) one GRPO run into ``run_dir``, sampling with
     the ``sampling.backend`` engine (default: HF ``generate`` on the training model); with
     ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow.
-    ``budget``: pause there (a frontier search's rung, science §8) instead of at C_max.
+    ``budget``: pause there (a search's rung, science §9.4) instead of at C_max.
     ``devices`` > 1: one FSDP2 run over that many processes (:mod:`tasks.sharded_run`); its
     rows go to the trackers when it ends."""
     run_dir_path = Path(run_dir)
@@ -141,7 +120,7 @@ def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers
     exporter = trackers and RunExporter(trackers, run_dir_path, config.run_id, config.to_dict())
     store = ExportingRunStore(run_dir_path, exporter) if exporter else RunStore(run_dir_path)
     resumed = store.latest()  # a resumed run's bar starts at its committed C, not at 0
-    # a frontier search's rung pauses the run at its budget: the bar and its ETA run to there (science §8)
+    # a search's rung pauses the run at its budget: the bar and its ETA run to there (science §9.4)
     end = int(min(config.c_max, budget)) if budget is not None else config.c_max
     start = min(int(resumed.state.get("c", 0)), end) if resumed else 0
     desc = config.run_id if end == config.c_max else f"{config.run_id} (to rung C = {end:,})"

@@ -139,6 +139,6 @@ def run_config(**train):
 
     """Three steps of 4 prompts x 8 rollouts, every group trained (the filters off), a large rate."""
     return RunConfig(n=8, b_problem=4, c_max=96, sampling=SamplingConfig(temperature=1.0, max_new_tokens=8),
-                     eval_every=2, eval_k=2, checkpoint_every=2,
+                     eval_per_doubling=0, eval_every=2, eval_k=2, checkpoint_every=2,
                      train=dict(lr_base=0.05, b_base=32, warmup_steps=0, micro_batch_tokens=128, zero_var_filter=False,
                                 overlong_filter=False, **train))

@@ -16,6 +16,7 @@ import yaml
 
 from rollscale.config import load_params, parse_params
 from rollscale.core.fit import power
+from rollscale.core.fit import schedule as evaluation_schedule
 from rollscale.pipeline import cli
 from rollscale.core.problems.sources import table_problems
 from rollscale.pipeline.check.findings import DataKnown, known_data, study_findings
@@ -177,42 +178,18 @@ def test_cli_check_and_study_refuse_a_study_that_cannot_answer(project, capsys):
     assert "training problems" not in capsys.readouterr().out
 
 
-def test_the_search_says_which_keys_it_cannot_stop():
-    """A stop rests on a fit of 8 record points (science §8): a key with fewer evaluations by the last rung
-    before c_max runs to c_max whatever its curve; where no key has them the search cannot save anything."""
-    sweep = {"n": [2, 4, 8], "b_problem": [16], "c_max": 40000, "search": {"method": "frontier"}, "eval_per_doubling": 0}
-    (note,) = by_key(study_findings(parse_params({"sweep": {**sweep, "eval_every": 20}})))["sweep.search"]
-    assert note.level == "note" and "8 (from C = 20,480) cannot be stopped before c_max" in note.message
-    assert "2 (" not in note.message and "4 (" not in note.message and note.fix == "sweep.eval_every: 19 (or less)"
-    (warn,) = by_key(study_findings(parse_params({"sweep": {**sweep, "eval_every": 100}})))["sweep.search"]
-    assert warn.level == "warning" and "the search can stop nothing" in warn.message
-    (ok,) = by_key(study_findings(parse_params({"sweep": {**sweep, "eval_every": 10}})))["sweep.search"]
-    assert ok.level == "note" and "every key has 8 evaluations by C = 10,240" in ok.message
-    # on the shared schedule (science §9.1) every key has its 8th evaluation near C_max / 16 (the 2,500 rung)
-    schedule = {**sweep, "eval_per_doubling": 4}
-    (ok,) = by_key(study_findings(parse_params({"sweep": schedule})))["sweep.search"]
-    assert ok.level == "note" and "every key has 8 evaluations by C = 2,176" in ok.message
-    (late,) = by_key(study_findings(parse_params({"sweep": {**schedule, "eval_per_doubling": 1}})))["sweep.search"]
-    assert late.level == "warning" and "the search can stop nothing" in late.message  # 7 budgets from 625
-    assert late.fix == "sweep.eval_per_doubling: 2 (or more)"
-    one = parse_params({"sweep": {"n": [4], "search": {"method": "frontier"}}})
-    assert "no two keys" in by_key(study_findings(one))["sweep.search.method"][0].message
-    grid = parse_params({"sweep": {**sweep, "search": {"method": "grid"}}})
-    assert "sweep.search" not in by_key(study_findings(grid))  # grid: nothing to say
-
-
 def test_the_grid_counts_the_evaluations_the_trainer_makes():
     """Issue 28: `check` counted evaluations by sweep.eval_every while the runs evaluate on the shared budget
     schedule (sweep.eval_per_doubling, science §9.1). It asks the trainer's own eval_due, step by step here."""
     sweep = {"n": [2, 4], "b_problem": [8], "c_max": 192, "seeds": [0, 1, 2], "eval_every": 6}
     params = parse_params({"sweep": sweep})
-    schedule = power.budget_schedule(192, params.sweep.eval_per_doubling)
+    budgets = evaluation_schedule.budget_schedule(192, params.sweep.eval_per_doubling)
     counts = {}
     for b in (16, 32):  # the trainer's loop: step 0, every step eval_due says, the last step
         last = power.steps_per_run(192, b)
-        counts[b] = len({0, last, *(s for s in range(1, last + 1) if power.eval_due(s, (s - 1) * b, s * b, 6, schedule))})
+        counts[b] = len({0, last, *(s for s in range(1, last + 1) if evaluation_schedule.eval_due(s, (s - 1) * b, s * b, 6, budgets))})
     assert counts == {16: 11, 32: 7}
-    assert [len(power.evaluation_steps(192, b, 4, 6)) for b in (16, 32)] == [11, 7]
+    assert [len(evaluation_schedule.evaluation_steps(192, b, 4, 6)) for b in (16, 32)] == [11, 7]
     (weak,) = [f for f in study_findings(params) if "evaluations per run" in f.message]
     assert weak.level == "warning" and weak.keys == ("sweep.c_max", "sweep.eval_per_doubling")
     assert "n=2 x B_problem=8: 11, n=4 x B_problem=8: 7" in weak.message

@@ -37,7 +37,7 @@ def test_cpu_stage_never_touches_cuda(no_cuda, tmp_path):
     problems = reasoning_gym_problems("chain_sum", 40, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
                                       prompt_style="expression")
     model = tiny_llama(len(tok), hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=32)
-    cfg = RunConfig(n=4, b_problem=2, c_max=16, eval_every=1, checkpoint_every=1, noise_every=1,
+    cfg = RunConfig(n=4, b_problem=2, c_max=16, eval_per_doubling=0, eval_every=1, checkpoint_every=1, noise_every=1,
                     sampling=SamplingConfig(temperature=1.0, max_new_tokens=3), train=dict(kl_coef=0.01))
     trainer = GRPOTrainer(model.to(resolve_device("cpu")), tok, problems[:30], problems[30:], cfg,
                           use_chat_template=False, reward=lambda text, gold: float(len(text) % 2))

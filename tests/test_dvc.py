@@ -27,7 +27,7 @@ STUDY = {
     "measure": {"bucket": "hard", "n": [4], "b_problem": 2, "steps": 1},
     "sweep": {"bucket": "hard", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 48, "seeds": [0],
               "eval_every": 2, "eval_k": 2, "checkpoint_every": 2, "train": {"lr_base": 1e-3, "warmup_steps": 0},
-              # DVC's view of the stages is what is tested here: every run to c_max (the frontier search's rungs
+              # DVC's view of the stages is what is tested here: every run to c_max (the search's rungs
               # and stops have their own tests, tests/test_search_sweep.py)
               "search": {"method": "grid"}},
 }

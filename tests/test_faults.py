@@ -61,7 +61,7 @@ def wait_for(condition, what: str, timeout: float = 180, proc: subprocess.Popen 
 def check_complete_rows(run_dir: Path, c_max: int, eval_every: int, eval_per_doubling: int = 4) -> None:
     """Every step once, in order, and the evaluations the schedule asks for (the shared budget schedule by
     default, science §9.1; ``eval_per_doubling`` 0: every ``eval_every`` steps); C grows to C_max."""
-    from rollscale.core.fit import power
+    from rollscale.core.fit import schedule as evaluation_schedule
 
     steps = pd.concat([pd.read_parquet(p) for p in sorted(run_dir.glob("steps-*.parquet"))], ignore_index=True)
     evals = pd.concat([pd.read_parquet(p) for p in sorted(run_dir.glob("evals-*.parquet"))], ignore_index=True)
@@ -69,9 +69,9 @@ def check_complete_rows(run_dir: Path, c_max: int, eval_every: int, eval_per_dou
     assert steps["step"].tolist() == list(range(1, last + 1)), f"{run_dir.name}: steps lost or duplicated"
     assert steps["c"].is_monotonic_increasing and steps["c"].iloc[-1] >= c_max > steps["c"].iloc[-2]
     if eval_per_doubling:
-        schedule = power.budget_schedule(c_max, eval_per_doubling)
+        schedule = evaluation_schedule.budget_schedule(c_max, eval_per_doubling)
         c = [0, *steps["c"].tolist()]
-        wanted = sorted({0, last, *(i for i in range(1, last + 1) if power.eval_due(i, c[i - 1], c[i], eval_every, schedule))})
+        wanted = sorted({0, last, *(i for i in range(1, last + 1) if evaluation_schedule.eval_due(i, c[i - 1], c[i], eval_every, schedule))})
     else:
         wanted = sorted({0, *range(eval_every, last + 1, eval_every), last})
     assert evals["step"].tolist() == wanted, f"{run_dir.name}: evaluations lost or duplicated"

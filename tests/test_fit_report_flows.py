@@ -127,7 +127,7 @@ def test_report_flow_writes_html_pngs_and_summary(study):
                   "noise_steps"):
         assert (out / "charts" / f"{chart}.png").read_bytes().startswith(b"\x89PNG"), chart
     # the profile and bucket stages did not run: the report says so instead of failing; the sweep ran
-    # as a grid, so there is no frontier search to draw (science §8)
+    # as a grid, so there is no search to draw (science §9.4)
     assert set(paths.missing) == {"difficulty", "k_sat", "search"}
     assert "sweep.search.method: grid" in paths.missing["search"]
     assert "dvc repro profile" in html and "dvc repro profile" in summary

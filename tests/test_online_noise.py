@@ -41,7 +41,7 @@ def make_trainer(warm, **overrides):
     model.load_state_dict(copy.deepcopy(state))
     train = dict(lr_base=1e-3, b_base=24, warmup_steps=0, kl_coef=1e-3, entropy_coef=1e-3, zero_var_filter=True,
                  overlong_filter=False)
-    cfg = dict(n=6, b_problem=4, c_max=24 * 4, noise_every=1, eval_every=2, eval_k=2, checkpoint_every=2,
+    cfg = dict(n=6, b_problem=4, c_max=24 * 4, noise_every=1, eval_per_doubling=0, eval_every=2, eval_k=2, checkpoint_every=2,
                train=train, sampling=SamplingConfig(temperature=1.0, max_new_tokens=4))
     cfg.update(overrides)
     return GRPOTrainer(model.eval(), tok, problems[:60], problems[100:110], RunConfig(**cfg), use_chat_template=False)

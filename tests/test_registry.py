@@ -6,10 +6,11 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from rollscale.config import ParamsError, SweepParams, TrainParams, parse_params
+from rollscale.config import ParamsError, StudyParams, SweepParams, TrainParams, load_params, parse_params
 from rollscale.core.grpo.allocation import make_rule
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.registry import (
@@ -151,6 +152,37 @@ BEFORE = {
     "np16_nr8_pods_m4_s0": "8502788c0d5a7488",
     "np16_nr8_pilot_p2_pf2_s1": "63de05425d99970d",
 }
+
+
+# the default study's planned runs (params.yaml, and the defaults of StudyParams()) as they were before a run's
+# config took its evaluation, checkpoint and noise settings from the sweep's own fields (issue 38, part 4):
+# its runs resume, and its tables stay the same. Changed on purpose (a new default study)? Write the new ones.
+DEFAULT_PLAN = {
+    "params.yaml": {
+        "np16_nr2_uniform_s0": "68fa2da871106799", "np16_nr2_uniform_s1": "7643acb4c2796d13",
+        "np16_nr2_uniform_s2": "ae832a9bd133e43e", "np16_nr4_uniform_s0": "61233d86dcf4acd9",
+        "np16_nr4_uniform_s1": "c5171f9c6a9fe533", "np16_nr4_uniform_s2": "8f6b43c2cf0b7226",
+        "np16_nr8_uniform_s0": "c3630aeaca46531a", "np16_nr8_uniform_s1": "f60cf75657d6f13f",
+        "np16_nr8_uniform_s2": "182a8b0afd28478b", "np16_nr16_uniform_s0": "e1e5e24fbeb2dce0",
+        "np16_nr16_uniform_s1": "29fa7b6e12ab9b3b", "np16_nr16_uniform_s2": "79efdf7d7070cc19",
+    },
+    "defaults": {
+        "np16_nr4_uniform_s0": "bf0f877234453978", "np16_nr4_uniform_s1": "97eeac75a28b0bc0",
+        "np16_nr4_uniform_s2": "03c00502ef8baea8", "np16_nr8_uniform_s0": "070f9f897025f694",
+        "np16_nr8_uniform_s1": "566c6154b7a4a6c4", "np16_nr8_uniform_s2": "f86102cb41310f87",
+        "np16_nr16_uniform_s0": "7d58762870c702bf", "np16_nr16_uniform_s1": "e8e760711c22dc8c",
+        "np16_nr16_uniform_s2": "f8d4a74b382bd5b4",
+    },
+}
+
+
+def test_the_default_studys_planned_runs_keep_their_ids_and_config_hashes():
+    for name, params in (("params.yaml", load_params(Path(__file__).parents[1] / "params.yaml")),
+                         ("defaults", StudyParams())):
+        s = params.sampling
+        sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                  max_new_tokens=s.max_new_tokens)
+        assert {c.run_id: config_hash(c) for c in run_configs(params.sweep, sampling)} == DEFAULT_PLAN[name], name
 
 
 def test_run_ids_and_config_hashes_of_stored_studies_are_unchanged(caplog):

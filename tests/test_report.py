@@ -120,7 +120,7 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
                               "response_len_mean": 150.0, "trunc_frac": 0.01, "grad_norm": 1.0, "lr": 1e-5,
                               "t_generate": 2.0, "t_score": 0.1, "t_train": 1.0})
     runs, evals, steps = pd.DataFrame(run_rows), pd.DataFrame(eval_rows), pd.DataFrame(step_rows)
-    # a frontier search (science §8) that kept every key: all continue at rung 1, all finish at rung 2
+    # a search (science §9.4) that kept every key: all continue at rung 1, all finish at rung 2
     group = f"n:bucket=easy/rule=grpo/b_problem={b_problem}"
     search = pd.DataFrame(
         [{"group": group, "decision": d, "rung": d, "c": c, "key": str(n_run), "seed": 0, "action": action,

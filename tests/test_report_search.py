@@ -1,4 +1,4 @@
-"""The report shows the frontier search (science §8): its chart, its cost in the headline, its decisions table."""
+"""The report shows the sweep's search (science §9.4): its chart, its cost in the headline, its decisions table."""
 
 from __future__ import annotations
 
@@ -16,23 +16,23 @@ from rollscale.report.charts.search import chart_search, search_cost, table_sear
 
 GROUP = "n:bucket=easy/rule=uniform/b_problem=4"
 C_MAX = 25600.0
-SENTENCE = ("The frontier search spent 76,800 rollouts, 75% of the 102,400 a grid of the same runs trains to "
-            "C_max; it stopped n = 16.")
+SENTENCE = ("The search that stops when the decision is made (science §9.4) spent 76,800 rollouts, 75% of the "
+            "102,400 of a grid of every key it tried with seeds_max seeds to C_max; it settled n = 16.")
 
 
 def _decision(decision: int, c: float, key: int, seed: int, action: str, rule: str, note: str) -> dict:
     return {"group": GROUP, "decision": decision, "rung": decision, "c": c, "key": str(key), "seed": seed,
             "action": action, "rule": rule, "c_train": c if action == "stop" else C_MAX, "leader": "8",
-            "beaten_share": math.nan, "margin_lo": math.nan, "a_hi": 0.41 if key == 16 else 0.7,
             "leader_lo": 0.5, "key_hi": math.nan, "best_share": math.nan, "at_c": math.nan,
-            "n_points": 8 * decision, "note": note}
+            "n_points": 8 * decision, "note": note, "c_star": C_MAX, "r_star": math.nan, "d_lo": math.nan,
+            "d_hi": math.nan}
 
 
 def _search_tables() -> dict[str, pd.DataFrame]:
-    """n = 8 and n = 16, seeds 0 and 1; n = 16 stopped at rung 1 (C = 12,800) by rule b."""
+    """n = 8 and n = 16, seeds 0 and 1; n = 16 stopped at rung 1 (C = 12,800) by rule epsilon."""
     search = pd.DataFrame(
         [_decision(1, 12800.0, 8, s, "continue", "none", "leads") for s in (0, 1)]
-        + [_decision(1, 12800.0, 16, s, "stop", "b", "A_hi 0.41 < leader 0.5") for s in (0, 1)]
+        + [_decision(1, 12800.0, 16, s, "stop", "epsilon", "D's upper bound -0.2 <= epsilon") for s in (0, 1)]
         + [_decision(2, C_MAX, 8, s, "finish", "budget", "reached C_max") for s in (0, 1)],
         columns=DECISION_COLUMNS,
     )
@@ -45,8 +45,8 @@ def _search_tables() -> dict[str, pd.DataFrame]:
             runs.append({"run_id": run_id, "bucket": "easy", "n": n, "b_problem": 4, "rule": "uniform",
                          "seed": seed, "c_max": C_MAX, "status": "stopped" if stopped else "finished",
                          "steps": int(c_end // (4 * n)), "c": c_end,
-                         "end_reason": "stopped at rung 1 by rule b" if stopped else "budget reached",
-                         "stop_rung": 1 if stopped else None, "stop_rule": "b" if stopped else None})
+                         "end_reason": "stopped at rung 1 by rule epsilon" if stopped else "budget reached",
+                         "stop_rung": 1 if stopped else None, "stop_rule": "epsilon" if stopped else None})
             for c in np.arange(0.0, c_end + 1, 1600.0):
                 mean = 0.1 + (0.7 if n == 8 else 0.4) * c / (c + 4000.0)
                 evals.append({"run_id": run_id, "step": int(c // (4 * n)), "c": c, "avg_at_k": mean,
@@ -75,20 +75,19 @@ def test_chart_marks_the_stopped_runs_and_the_rungs(tables):
     assert len(_layer_values(spec.chart, 1)) == len(tables["evals"][tables["evals"]["c"] > 0])
     stopped = _layer_values(spec.chart, 2)
     assert [(r["run_id"], r["c"], r["stop_rule"]) for r in stopped] == [
-        ("np4_nr16_uniform_s0", 12800.0, "b"), ("np4_nr16_uniform_s1", 12800.0, "b")]
-    assert all(r["end_reason"] == "stopped at rung 1 by rule b" for r in stopped)
-    assert "stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule b, its asymptote's upper bound" in spec.caption
-    assert spec.caption.endswith(".") and "science §8" in spec.caption
+        ("np4_nr16_uniform_s0", 12800.0, "epsilon"), ("np4_nr16_uniform_s1", 12800.0, "epsilon")]
+    assert all(r["end_reason"] == "stopped at rung 1 by rule epsilon" for r in stopped)
+    assert "stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule epsilon, settled" in spec.caption
+    assert spec.caption.endswith(".") and "science §9.4" in spec.caption and "frontier" not in spec.caption
     assert "[rollouts generated]" in str(spec.chart.to_dict())
 
 
 def test_search_cost_against_the_grid(tables):
     cost = search_cost(tables)
-    assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "method": "frontier",
-                    "stopped": "n = 16", "added": ""}
+    assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "stopped": "n = 16", "added": ""}
     added = pd.concat([tables["search"], pd.DataFrame([_decision(1, 12800.0, 4, 0, "add", "bracket", "edge")])])
     assert search_cost(dict(tables, search=added))["added"] == "n = 4"
-    assert study_answer(dict(tables, search=added)).headline.endswith("it stopped n = 16 and added n = 4.")
+    assert study_answer(dict(tables, search=added)).headline.endswith("it settled n = 16 and added n = 4.")
 
 
 def test_table_has_one_row_per_key_and_decision_with_its_seeds(tables):
@@ -97,7 +96,7 @@ def test_table_has_one_row_per_key_and_decision_with_its_seeds(tables):
                                    "note"]
     assert frame[["rung", "C", "key", "seeds", "action", "rule"]].values.tolist() == [
         ["1", "12800", "8", "0, 1", "continue", "none"],
-        ["1", "12800", "16", "0, 1", "stop", "b"],
+        ["1", "12800", "16", "0, 1", "stop", "epsilon"],
         ["2", "25600", "8", "0, 1", "finish", "budget"],
     ]
     assert (frame["group"] == GROUP).all() and frame["n_points"].tolist() == ["8", "8", "16"]
@@ -120,7 +119,7 @@ def test_a_grid_sweep_shows_nothing_of_a_search(tables):
     table = {s.name: s for s in summary_tables(grid)}["search"]
     assert table.frame is None and "sweep.search.method: grid" in table.missing
     assert search_cost(grid) is None
-    assert "frontier search" not in study_answer(grid).headline
+    assert "search" not in study_answer(grid).headline
     # no sweep at all: the stage to run
     none = {name: None for name in ("runs", "evals", "search")}
     assert chart_search(none, {}).missing == "No sweep results yet: run the `sweep` stage (dvc repro sweep)."
@@ -131,17 +130,17 @@ def test_the_written_report_shows_the_search(tables, tmp_path):
     paths = write_report(tables, tmp_path)
     page, md = paths.html.read_text(encoding="utf-8"), paths.summary.read_text(encoding="utf-8")
     assert 'id="chart-search"' in page and "search" in paths.pngs and "search" not in paths.missing
-    assert "Frontier search: every run" in page and "## Frontier search decisions" in md
+    assert "The search of science §9.4: every run" in page and "## The search's decisions" in md
     assert paths.headline.endswith(SENTENCE) and "75% of the 102,400" in page
 
 
 def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_seeds(tables):
-    """Science §9.4's search: the method named, spent = each run's largest c_train in the search table (a run
+    """Science §9.4's search: spent = each run's largest c_train in the search table (a run
     reused at C_max counts only as far as the search trained it), the grid every key with seeds_max seeds."""
-    search = tables["search"].assign(c_star=C_MAX, rule=tables["search"]["rule"].replace({"b": "epsilon"}))
+    search = tables["search"]
     reused = dict(tables, search=search, runs=tables["runs"].assign(c=C_MAX))  # runs an earlier grid trained
     cost = search_cost(reused, {"sweep": {"seeds": [0, 1, 2], "search": {"seeds_max": 4}}})
-    assert cost["method"] == "decision" and cost["spent"] == 2 * 12800.0 + 2 * C_MAX
+    assert cost["spent"] == 2 * 12800.0 + 2 * C_MAX
     assert cost["grid"] == 2 * 4 * C_MAX and cost["share"] == pytest.approx(76800 / 204800)
     assert search_cost(reused, {"sweep": {"seeds": [0, 1, 2]}})["grid"] == 2 * 3 * C_MAX  # null: len(seeds)
     # the report stage passes the validated params tree, not a mapping
@@ -155,5 +154,5 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     assert search_cost(dict(reused, search=leader_stop), validated)["stopped"] == ""
     chart = chart_search(reused, {})  # each run's curve to where it stopped, which key was settled at which rung
     assert chart.title.startswith("The search of science §9.4") and "frontier" not in chart.caption
-    assert "the search of science §9.4 stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule epsilon, settled" \
+    assert "the search stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule epsilon, settled" \
         in chart.caption

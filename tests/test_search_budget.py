@@ -1,4 +1,4 @@
-"""The search of science §9.4 (rollscale.core.search.budget): per simulated family, the key it names at C*
+"""The search of science §9.4 (rollscale/core/search/methods/decision.py): per simulated family, the key it names at C*
 against the true curves, and the rollouts it spends against the grid's (every key, seeds_max seeds, to C_max).
 
 The simulation (rollscale.core.search.simulate_budget) runs every study through the same plan / decide loop
@@ -20,16 +20,16 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from rollscale.config import parse_params
-from rollscale.core.search.budget import RULES
-from rollscale.core.search.decisions import ACTIONS, DECISION_COLUMNS, SearchSettings
+from rollscale.config import DecisionParams, SearchParams, parse_params
+from rollscale.core.search.methods.decision import RULES
+from rollscale.core.search.state import ACTIONS, DECISION_COLUMNS, SearchSettings
 from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, grid_tables, make_studies
 from rollscale.core.search.simulate_budget import simulate_decision, summarise_decision
 from rollscale.train.search_groups import search_plan, search_settings
 
 PER_FAMILY = 8
 ALL = tuple(FAMILIES) + tuple(MORE_FAMILIES)
-SETTINGS = SearchSettings(method="decision", eta=1.41, alpha=0.3, tolerance=0.02, seeds_max=4)
+SETTINGS = SearchSettings(SearchParams(method="decision", eta=1.41, alpha=0.3, seeds_max=4), DecisionParams(tolerance=0.02))
 AVG16, AVG4 = 1600, 400  # samples behind one evaluation: avg@16 (the default's eval_k) or avg@4 over 100 problems
 
 
@@ -134,8 +134,8 @@ def test_sweep_search_method_decision_starts_keys_with_seeds_min_and_shares_epsi
     s = search_settings(params.sweep, params.study)
     assert g.seeds == (0, 1) and (s.method, s.seeds_max, s.tolerance, s.target_budget) == ("decision", 4, 0.03,
                                                                                              30_000)
-    frontier = parse_params({"sweep": {"search": {"method": "frontier"}}}).sweep
-    assert search_settings(frontier).method == "frontier" and search_plan(frontier).groups[0].seeds == (0, 1, 2)
+    grid = parse_params({"sweep": {"search": {"method": "grid"}}}).sweep
+    assert search_settings(grid).method == "grid" and search_plan(grid).groups[0].seeds == (0, 1, 2)
 
 
 def test_the_same_runs_give_the_same_decisions_so_a_rerun_resumes_to_them():

@@ -1,4 +1,4 @@
-"""Each sweep design becomes the frontier search's groups (science §8), named as the replay names them,
+"""Each sweep design becomes the search's groups (science §9.4), named as the replay names them,
 and each (group, key, seed) maps back to the grid point a run trains (also keys and seeds the grid lacks)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from rollscale.train.sweep import GridPoint, plan_runs
 
 
 def plan_of(**sweep):
-    return search_plan(parse_params({"sweep": {"search": {"method": "frontier"}, **sweep}}).sweep)
+    # seeds_min 3: every key starts with the grid's three seeds
+    return search_plan(parse_params({"sweep": {"search": {"seeds_min": 3}, **sweep}}).sweep)
 
 
 def test_rollout_axis_is_one_group_per_rule_keyed_by_n_with_the_bracket_up_to_b_max():
@@ -56,7 +57,7 @@ def test_a_point_alone_in_its_group_trains_to_c_max_and_one_key_is_no_search():
     assert [g.group for g in p.groups] == ["n:bucket=easy/rule=uniform/b_problem=16"]
     assert {(pt.n, pt.b_problem) for pt in p.alone} == {(2, 64)}
     assert len(p.alone) == 3  # its three seeds
-    one = parse_params({"sweep": {"n": [4], "search": {"method": "frontier"}}}).sweep
+    one = parse_params({"sweep": {"n": [4]}}).sweep
     assert search_design(one) is None and search_plan(one).groups == []
     assert len(search_plan(one).alone) == len(plan_runs(one).runs)
 

@@ -1,4 +1,4 @@
-"""The sweep stage's frontier search (science §8) on the tiny study: runs pause at rung budgets and resume
+"""The sweep stage's search (science §9.4) on the tiny study: runs pause at rung budgets and resume
 bit-identically, the decisions are the replay's of the same grid, a stopped run says why, a rerun trains
 nothing, and a grid sweep afterwards trains the stopped runs on to C_max."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import tasks.search as search_tasks
+import rollscale.train.rungs as search_tasks
 from flows.sweep import sweep_flow
 from rollscale.config import load_params
 from rollscale.core.search.replay import replay
@@ -20,8 +20,9 @@ from tests.test_study import copy_study, prepared_study, sweep_rows, write_param
 
 pytestmark = pytest.mark.slow
 
+# the search of science §9.4 from both seeds, within the grid's keys (the bracket adds none)
 SWEEP = {"n": [2, 4, 8], "b_problem": [4], "c_max": 192, "seeds": [0, 1], "eval_every": 2, "checkpoint_every": 4,
-         "search": {"method": "frontier", "eta": 2.0, "first_rung": 0.25}}
+         "search": {"method": "decision", "seeds_min": 2, "eta": 2.0, "first_rung": 0.25, "key_max": 8}}
 GROUP = "n:bucket=easy/rule=uniform/b_problem=4"
 
 
@@ -45,14 +46,19 @@ def tables(art: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_search_decides_as_the_replay_of_the_same_grid(prepared, grid, tmp_path):
+    """science §9.4 (sweep.search.method: decision): the sweep's decisions are the replay's of the same grid (one
+    dispatch), every row carries C*, the group ends with every key stopped or finished, and every run that
+    reached C_max, paused and resumed at every rung, has the grid's rows bit for bit."""
     art = copy_study(prepared, tmp_path)
     params = write_params(tmp_path, sweep=SWEEP)
     sweep_flow(params_path=str(params), artifacts=str(art))
     decisions = pd.read_parquet(art / "sweep" / "search.parquet")
-    assert set(decisions["group"]) == {GROUP} and decisions["rung"].max() == 3  # rungs at 48, 96, 192
+    assert set(decisions["group"]) == {GROUP} and (decisions["c_star"] == 192).all()  # rungs at 48, 96, 192
+    last = decisions[decisions["decision"] == decisions["decision"].max()]
+    assert set(last["action"]) <= {"stop", "finish"}
     p = load_params(params)
     grid_runs, grid_evals = tables(grid / "artifacts")
-    replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep), b_max=p.sweep.b_max)
+    replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep, p.study), b_max=p.sweep.b_max)
     pd.testing.assert_frame_equal(decisions.reset_index(drop=True), replayed.decisions.reset_index(drop=True),
                                   check_dtype=False)
     # paused and resumed at every rung, each run ends with the grid's rows, bit for bit
@@ -67,23 +73,23 @@ def test_a_stopped_run_says_why_a_rerun_trains_nothing_and_a_grid_trains_it_on(p
                                                                                monkeypatch, capsys):
     decide = search_tasks.decide
 
-    def stop_n8_at_rung_1(points, groups, decisions, settings, cache=None):
-        rows = decide(points, groups, decisions, settings, cache)
+    def stop_n8_at_rung_1(points, groups, decisions, settings):
+        rows = decide(points, groups, decisions, settings)
         forced = (rows["rung"] == 1) & (rows["key"] == "8")
-        rows.loc[forced, ["action", "rule", "note"]] = ["stop", "b", "forced by the test"]
+        rows.loc[forced, ["action", "rule", "note"]] = ["stop", "epsilon", "forced by the test"]
+        rows.loc[forced, "c_train"] = 64.0  # as a stop decides: trained to this rung's leg (its evaluation past 48)
         return rows
 
     monkeypatch.setattr(search_tasks, "decide", stop_n8_at_rung_1)
     art = copy_study(prepared, tmp_path)
     params = write_params(tmp_path, sweep=SWEEP)
     sweep_flow(params_path=str(params), artifacts=str(art))
-    assert "stop 8 (rule b)" in capsys.readouterr().out
+    assert "stop 8 (rule epsilon)" in capsys.readouterr().out
     runs, evals = tables(art)
     stopped = runs[runs["n"] == 8]
-    assert (stopped["status"] == "stopped").all() and (stopped["end_reason"] == "stopped at rung 1 by rule b").all()
+    assert (stopped["status"] == "stopped").all() and (stopped["end_reason"] == "stopped at rung 1 by rule epsilon").all()
     # rung 1 is C = 48; a run's leg ends at its first evaluation past it (every 2 steps of 32 rollouts: 64)
     assert (stopped["stop_rung"] == 1).all() and (stopped["c"] == 64).all()
-    assert (runs.loc[runs["n"] < 8, "c"] >= 192).all()
     for run_id in stopped["run_id"]:
         assert RunStore(art / "sweep" / "runs" / run_id).done()["status"] == "stopped"
     lines = search_progress(art)
@@ -114,24 +120,6 @@ def test_a_stopped_run_says_why_a_rerun_trains_nothing_and_a_grid_trains_it_on(p
     pd.testing.assert_frame_equal(evals, tables(grid / "artifacts")[1])
 
 
-def test_the_search_to_the_decision_at_c_star_runs_in_the_same_loop_as_its_replay(prepared, grid, tmp_path):
-    """science §9.4 (sweep.search.method: decision): the sweep's decisions are the replay's of the same grid,
-    every row carries C*, and the group ends with every key stopped or finished."""
-    sweep = {**SWEEP, "search": {**SWEEP["search"], "method": "decision", "seeds_min": 2}}
-    art = copy_study(prepared, tmp_path)
-    params = write_params(tmp_path, sweep=sweep)
-    sweep_flow(params_path=str(params), artifacts=str(art))
-    decisions = pd.read_parquet(art / "sweep" / "search.parquet")
-    assert set(decisions["group"]) == {GROUP} and (decisions["c_star"] == 192).all()
-    last = decisions[decisions["decision"] == decisions["decision"].max()]
-    assert set(last["action"]) <= {"stop", "finish"}
-    p = load_params(params)
-    grid_runs, grid_evals = tables(grid / "artifacts")
-    replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep, p.study), b_max=p.sweep.b_max)
-    pd.testing.assert_frame_equal(decisions.reset_index(drop=True), replayed.decisions.reset_index(drop=True),
-                                  check_dtype=False)
-
-
 def test_a_damaged_ended_run_is_shown_damaged_and_retrained_to_the_untouched_tables(prepared, tmp_path, monkeypatch):
     """Issue 31, part 1: with the search done (so nothing is in its plan), a finished run whose run.parquet
     was edited and a stopped run with a byte flipped in an evals part are "damaged" in `status` and for the
@@ -143,10 +131,10 @@ def test_a_damaged_ended_run_is_shown_damaged_and_retrained_to_the_untouched_tab
 
     decide = search_tasks.decide
 
-    def stop_n8_at_rung_1(points, groups, decisions, settings, cache=None):
-        rows = decide(points, groups, decisions, settings, cache)
+    def stop_n8_at_rung_1(points, groups, decisions, settings):
+        rows = decide(points, groups, decisions, settings)
         forced = (rows["rung"] == 1) & (rows["key"] == "8")
-        rows.loc[forced, ["action", "rule", "note"]] = ["stop", "b", "forced"]
+        rows.loc[forced, ["action", "rule", "note"]] = ["stop", "epsilon", "forced"]
         rows.loc[forced, "c_train"] = rows.loc[forced, "c"]  # as a stop decides: trained to this rung's budget
         return rows
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from rollscale.config import parse_params
+from rollscale.core.search.decisions import search_method
 from rollscale.pipeline.check import timing as stage_time
 from rollscale.pipeline.check.calibration import CALIBRATION_FILE, Calibration, calibrate, calibration_key, stored_calibration
 from rollscale.pipeline.check.timing import estimate_findings, stage_times
@@ -63,10 +64,11 @@ def test_workers_share_the_units_and_a_search_spends_its_measured_share():
                 for w in (1, 2))
     # two runs side by side: the sum shared by 2 workers, each 1.25x slower, at least the longer run
     assert work(two)["sweep"] == pytest.approx(max(work(one)["sweep"] * 1.25 / 2, (64 + 60) * 8e-3 * 1.25))
-    frontier = parse_params({**SMALL, "sweep": {**SMALL["sweep"], "search": {"method": "frontier"}}})
-    times = stage_times(frontier, cal_of(gen_s_per_token=1e-3), pool=30)
-    assert times.search_share == stage_time.SEARCH_SPENT["frontier"]
-    assert work(times)["sweep"] == pytest.approx(work(one)["sweep"] * stage_time.SEARCH_SPENT["frontier"])
+    searched = parse_params({**SMALL, "sweep": {**SMALL["sweep"], "search": {"method": "decision"}}})
+    times = stage_times(searched, cal_of(gen_s_per_token=1e-3), pool=30)
+    measured = search_method("decision").measured_spent(searched.sweep.search)  # the method's own measurement
+    assert times.search_share == measured == 0.559
+    assert work(times)["sweep"] == pytest.approx(work(one)["sweep"] * measured)
     assert p.workers == 2
 
 
@@ -90,7 +92,10 @@ def test_a_search_whose_validation_cannot_settle_a_key_is_counted_at_the_whole_g
     fine = parse_params({**SMALL, "bucket": {"val_size": 100},
                          "sweep": {**SMALL["sweep"], "seeds": [0, 1, 2], "eval_k": 16, "search": {"method": "decision"}}})
     fine_times = stage_times(fine, cal_of(gen_s_per_token=1e-3), pool=30, val_size=100)
-    assert fine_times.search_share == stage_time.SEARCH_SPENT["decision"] and not fine_times.share_why
+    assert fine_times.search_share == 0.559 and not fine_times.share_why
+    one_seed = parse_params({**SMALL, "bucket": {"val_size": 100}, "sweep": {
+        **SMALL["sweep"], "seeds": [0, 1, 2], "eval_k": 16, "search": {"method": "decision", "seeds_min": 1}}})
+    assert stage_times(one_seed, cal_of(gen_s_per_token=1e-3), pool=30, val_size=100).search_share == 0.500
 
 
 def test_the_finding_names_each_stage_and_warns_past_12_hours():

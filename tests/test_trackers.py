@@ -33,7 +33,7 @@ def _trainer(run_id: str) -> GRPOTrainer:
     tok = char_tokenizer()
     problems = reasoning_gym_problems("chain_sum", 200, 0, dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
                                       prompt_style="expression")
-    cfg = RunConfig(run_id=run_id, n=4, b_problem=4, c_max=16 * 4, train=dict(lr_base=1e-3, b_base=16), eval_every=2, eval_k=2,
+    cfg = RunConfig(run_id=run_id, n=4, b_problem=4, c_max=16 * 4, train=dict(lr_base=1e-3, b_base=16), eval_per_doubling=0, eval_every=2, eval_k=2,
                     checkpoint_every=2, sampling=SamplingConfig(temperature=1.0, max_new_tokens=4))
     return GRPOTrainer(tiny_llama(len(tok), **ARCH).eval(), tok, problems[:40], problems[100:108], cfg,
                        use_chat_template=False)

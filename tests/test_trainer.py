@@ -13,7 +13,7 @@ import torch
 from tokenizers import decoders
 
 import rollscale.train.step as step_module
-from rollscale.core.fit import power
+from rollscale.core.fit import schedule as evaluation_schedule
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
 from rollscale.core.problems.sets import reasoning_gym_problems
@@ -69,7 +69,8 @@ def _config(**overrides) -> RunConfig:
     """A RunConfig; overrides of ``sweep.train`` settings (TrainParams fields) go into ``train``,
     and the rule's own arguments (m, n_pilot, ...: not RunConfig fields) into ``rule_args``."""
     train = dict(TRAIN, **{k: v for k, v in overrides.items() if k in TrainParams.model_fields})
-    base = dict(n=4, b_problem=4, c_max=16 * 6, sampling=SAMPLING, eval_every=2, eval_k=4, checkpoint_every=3,
+    base = dict(n=4, b_problem=4, c_max=16 * 6, sampling=SAMPLING, eval_per_doubling=0, eval_every=2, eval_k=4,
+                checkpoint_every=3,
                 train=train)
     base.update({k: v for k, v in overrides.items() if k in RunConfig.model_fields})
     rule_args = {k: v for k, v in overrides.items() if k not in TrainParams.model_fields | RunConfig.model_fields}
@@ -318,7 +319,7 @@ def test_budget_schedule_evaluations_and_resume(warm, tmp_path):
     assert straight.run(RunStore(tmp_path / "straight")).steps == 6
     # C = 16: crosses 1.5, 3, 6, 12; 32: 24; 48: 48; 96: the last. Step 0, 1, 2, 3, 6
     assert list(RunStore(tmp_path / "straight").rows("evals")["step"]) == [0, 1, 2, 3, 6]
-    assert power.evaluation_steps(96, 16, 1) == [0, 1, 2, 3, 6]
+    assert evaluation_schedule.evaluation_steps(96, 16, 1) == [0, 1, 2, 3, 6]
     resumed, result = _killed_then_resumed(warm, cfg, tmp_path / "resumed", kill_at=5)
     assert result.status == "finished"
     _assert_same_run(RunStore(tmp_path / "straight"), RunStore(tmp_path / "resumed"), straight.model, resumed.model)

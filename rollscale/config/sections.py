@@ -11,10 +11,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from rollscale.config.checks import bool_for_number
-from rollscale.registry import ADVANTAGE_ESTIMATORS, ALLOCATION_RULES, LOSS_AGGREGATIONS, POLICY_LOSSES, closest_hint
+from rollscale.registry import (
+    ADVANTAGE_ESTIMATORS,
+    ALLOCATION_RULES,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    SEARCH_METHODS,
+    closest_hint,
+)
 
 
 class Section(BaseModel):
@@ -91,27 +107,32 @@ class TrainParams(Section):
         return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
-class SearchParams(Section):
-    """How the sweep spends its rollouts (science §8): every run to C_max, or the frontier search.
+# retired keys of sweep.search -> what to do instead (science §8's search was retired on 2026-11-27)
+RETIRED_SEARCH = {"method: frontier": "the frontier search (science §8) was retired on 2026-11-27: use "
+                                      "sweep.search.method: decision (science §9.4) or grid",
+                  "grid_points": "sweep.search.grid_points was the retired frontier search's budget grid "
+                                 "(science §8, retired on 2026-11-27): delete the key"}
 
-    The frontier search advances runs in rungs c_1 < ... < c_R = C_max spaced
-    by ``eta``, refits the §7 sigmoids and their bootstrap after each rung,
-    stops keys that cannot be best at any budget still to come, adds the key
-    beyond a grid edge that wins, and adds seeds where the answer is undecided.
+
+class SearchParams(Section):
+    """How the sweep spends its rollouts (science §9.4): a search method of
+    :data:`rollscale.registry.SEARCH_METHODS` (one module of ``rollscale/core/search/methods/``).
+
+    ``decision`` (the default) advances runs in rungs c_1 < ... < c_R = C_max spaced by ``eta`` and
+    stops once the decision at ``study.target_budget`` (C*) is made within ``study.tolerance``;
+    ``grid`` trains every run to C_max.
     """
 
-    # grid: every run to C_max; frontier: science §8; decision: science §9.4, stop when the decision at
-    # study.target_budget (C*) is made within study.tolerance (rollscale/core/search/budget.py)
-    method: Literal["grid", "frontier", "decision"] = "grid"
+    # decision: science §9.4 (rollscale/core/search/methods/decision.py); grid: every run to C_max.
+    # The one default of the method: the sweep, the replay, check and init read it here
+    method: str = "decision"
     # rung factor c_(r+1) = eta c_r, and A3: a fit is trusted at most eta times past the largest C it saw
     eta: float = Field(2.0, gt=1)
-    # bounds behind a stop are one-sided 1 - alpha bootstrap bounds (expanded percentile: with 3 seeds near the
-    # seeds' range); 0.3 with eta 2: 98 % agreement with the grid in simulation, and the replay of the default
-    # grid keeps its answer (0.4 saved more in simulation but stopped the default's winner, docs/benchmarks.md)
+    # bounds behind a stop are one-sided 1 - alpha bootstrap bounds of the decision's D_k (science §9.4)
     alpha: float = Field(0.3, gt=0, lt=0.5)
     # the first rung: <= 1 is a fraction of C_max, > 1 a number of rollouts (rungs go down from C_max by eta)
     first_rung: float = Field(0.0625, gt=0)
-    # seeds beyond sweep.seeds a key may get where the last rung's answer is undecided; 0 = none
+    # seeds beyond sweep.seeds a key may get where the decision hangs (seeds_max null); 0 = none
     extra_seeds: int = Field(0, ge=0)
     # method decision: each key starts with the first seeds_min of sweep.seeds; seeds are added (at C_max, to the
     # leader and the closest unsettled key) up to seeds_max where the decision hangs; null = len(sweep.seeds).
@@ -122,12 +143,25 @@ class SearchParams(Section):
     # and up to b_max / B_problem (b_max / n; iso-batch: B)
     key_min: int | None = Field(None, ge=1)
     key_max: int | None = Field(None, ge=1)
-    # the search's own fits (science §7): record bins, the budget grid and the bootstrap; the fit stage's
-    # defaults, kept apart so that changing the analysis (fit.*) never changes what the sweep trains
+    # the search's own fits: the rise a record bin of the leader must show (A2 stops), and the bootstrap; the
+    # fit stage's defaults, kept apart so that changing the analysis (fit.*) never changes what the sweep trains
     bin_width: float = Field(0.02, gt=0, le=1)
-    grid_points: int = Field(50, ge=2)
     bootstrap_resamples: int = Field(200, ge=0)
     bootstrap_seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "grid_points" in data:
+            raise ValueError(RETIRED_SEARCH["grid_points"])
+        return data
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        if v == "frontier":
+            raise ValueError(RETIRED_SEARCH["method: frontier"])
+        return SEARCH_METHODS.check(v)
 
 
 def _rule_entry(value: Any) -> Any:
@@ -148,13 +182,35 @@ def _rule_spec() -> Any:
     return Annotated[Union[tuple(models)], Field(discriminator="rule"), BeforeValidator(_rule_entry)]
 
 
-class SweepParams(Section):
+class RunRecordParams(BaseModel):
+    """What a run records beside its steps, and how often: evaluations (science §5, §9.1), checkpoints and the
+    gradient-noise measurement (§6). The sweep's keys (``sweep.eval_every``, ...) and the fields of every run's
+    config (:class:`rollscale.train.run_config.RunConfig`) alike, so each default is here once."""
+
+    # evaluations on one shared budget schedule (science §9.1): the first step whose C reaches each of this many
+    # budgets per doubling of C (from c_max / 64 to c_max), so every n gets as many points per doubling;
+    # 0 = every eval_every steps instead (a cadence in steps gives a large B few points)
+    eval_per_doubling: int = Field(4, ge=0)
+    eval_every: int = Field(20, ge=1)
+    eval_k: int = Field(4, ge=1)  # samples per validation problem (science §5)
+    eval_temperature: float = Field(0.6, ge=0)
+    checkpoint_every: int = Field(20, ge=1)  # and at the end
+    noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
+
+    def run_record(self) -> dict[str, Any]:
+        """These settings by name, as a run's config takes them."""
+        return {name: getattr(self, name) for name in RunRecordParams.model_fields}
+
+
+class SweepParams(Section, RunRecordParams):
     """The rollout sweep over n, B_problem and allocation rules (science §1, §4).
 
     Designs of the CBS-in-RLVR framework: ``prompt_axis`` (n = n[0] fixed,
     B_problem varies), ``rollout_axis`` (B_problem = b_problem[0] fixed, n
     varies), ``iso_batch`` (B = b_total fixed, the split varies with n),
-    ``grid`` (every n x B_problem).
+    ``grid`` (every n x B_problem). What each run records and how often
+    (``eval_per_doubling``, ``eval_every``, ``eval_k``, ``eval_temperature``,
+    ``checkpoint_every``, ``noise_every``): :class:`RunRecordParams`.
     """
 
     bucket: str = "easy"
@@ -171,15 +227,6 @@ class SweepParams(Section):
     b_max: int = Field(1024, ge=1)  # hardware bound: B_problem * n <= b_max
     c_max: int = Field(40000, ge=1)  # rollouts per run; M = c_max / B
     train: TrainParams = Field(default_factory=TrainParams)
-    # evaluations on one shared budget schedule (science §9.1): the first step whose C reaches each of this many
-    # budgets per doubling of C (from c_max / 64 to c_max), so every n gets as many points per doubling;
-    # 0 = every eval_every steps instead (a cadence in steps gives a large B few points)
-    eval_per_doubling: int = Field(4, ge=0)
-    eval_every: int = Field(20, ge=1)
-    eval_k: int = Field(4, ge=1)
-    eval_temperature: float = Field(0.6, ge=0)
-    checkpoint_every: int = Field(20, ge=1)
-    noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
     # where the runs train: local (a pool of `workers` processes here) | ray (one Ray task per run)
     executor: Literal["local", "ray"] = "local"
     # Ray cluster ("ray://head:10001" or "auto"); null = the RAY_ADDRESS environment variable,
@@ -192,7 +239,7 @@ class SweepParams(Section):
     # processes (GPUs) one run trains on, FSDP2-sharded on one node (rollscale/train/distributed.py,
     # launched with torchrun); a local run of N takes N of the `workers` slots, a Ray run N GPUs
     devices_per_run: int = Field(1, ge=1)
-    # grid (every run to c_max) or frontier search (science §8; rollscale.core.search.decisions)
+    # how the sweep spends its rollouts: a search method (science §9.4; rollscale/core/search/methods/)
     search: SearchParams = Field(default_factory=SearchParams)
 
     @field_validator("rules")

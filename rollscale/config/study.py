@@ -28,6 +28,7 @@ from rollscale.config.sections import (
     MeasureParams,
     QueryParams,
     ReportParams,
+    RunRecordParams,
     SearchParams,
     Section,
     SweepParams,
@@ -37,7 +38,7 @@ from rollscale.registry import SAMPLING_ENGINES
 
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "DecisionParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
-    "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "SamplingParams", "ScheduleParams", "SearchParams",
+    "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "RunRecordParams", "SamplingParams", "ScheduleParams", "SearchParams",
     "StudyParams", "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 

@@ -10,7 +10,8 @@ orchestration, no model loading. One folder per concern:
 - ``noise/``: the per-rollout gradient Gram matrix and the gradient-noise estimators (§6).
 - ``fit/``: record points, sigmoids, the frontier, bootstrap intervals, targets and the
   study's power (science §7).
-- ``search/``: the frontier search's decisions, state, simulator and replay (science §8).
+- ``search/``: the sweep's search: its rungs and state, the registered methods (``methods/``: grid,
+  decision), a grid's replay and simulated studies (science §9.4).
 
 Beside them, the vocabulary every part shares: ``rollouts`` (what an engine is given and
 returns), ``metrics`` (avg@k), ``seeds`` and ``checks``.

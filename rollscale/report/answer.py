@@ -12,7 +12,7 @@ stages not run, what ran (:mod:`rollscale.report.reasons`: unfinished runs, runs
 infinite noise estimates, a bucket too small), one seed per setting (no interval: what one seed shows is listed
 apart, never claimed), curves that could not be fitted (too few evaluations per
 run), curves not bent within the budget, intervals that overlap (the validation
-noise floor from :mod:`rollscale.core.fit.power`). A frontier search (science §8)
+noise floor from :mod:`rollscale.core.fit.power`). The sweep's search (science §9.4)
 adds what it spent against a grid of the same runs.
 """
 
@@ -39,7 +39,7 @@ SHOWN = 3  # decided claims quoted in the headline sentence
 @dataclass(frozen=True)
 class Answer:
     answered: bool
-    headline: str  # one sentence: the answer, or "No answer yet: ..."; then a frontier search's cost (§8)
+    headline: str  # one sentence: the answer, or "No answer yet: ..."; then the search's cost (§9.4)
     fixes: list[str]  # what to change, each naming its params key
     claims: TableSpec
     observations: TableSpec | None

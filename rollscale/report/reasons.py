@@ -19,7 +19,7 @@ from rollscale.report.base import as_numeric, fmt_value
 
 __all__ = ["ENDED", "blocking_reasons", "infinite_noise", "runs_as_ended", "runs_reached_text"]
 
-ENDED = ("finished", "stopped")  # stopped: ended by the frontier search short of C_max (science §8)
+ENDED = ("finished", "stopped")  # stopped: ended by the search short of C_max (science §9.4)
 LEARN_SE = 2.0  # a gain over step 0 within 2 standard errors of the two evaluations is noise
 
 

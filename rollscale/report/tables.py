@@ -286,7 +286,7 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
     ratio beside it); K_sat by pass-rate quintile, unfiltered and filtered;
     step-level noise; one table per fit kind with parameters ± SE, R²,
     points and status; steps to target; epochs at frontier transitions; CRS
-    prediction check; runs; the frontier search's decisions (science §8). A missing table gives a TableSpec saying which
+    prediction check; runs; the search's decisions (science §9.4). A missing table gives a TableSpec saying which
     stage to run.
     """
     t = check_tables(tables)

@@ -52,7 +52,7 @@ __all__ = ["Checkpoint", "RunStore"]
 
 DONE = "done.json"
 ROW_KINDS: tuple[str, ...] = ("steps", "evals")
-# stopped: a frontier search ended the run short of C_max (science §8); a grid run later resumes it
+# stopped: the search ended the run short of C_max (science §9.4); a grid run later resumes it
 STATUSES: tuple[str, ...] = ("finished", "failed", "stopped")
 _TMP_PREFIX = ".tmp-"
 

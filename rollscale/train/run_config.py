@@ -1,4 +1,5 @@
-"""What decides one GRPO run: :class:`RunConfig`, its id and hash, its allocation rule (science §1, §3, §4)."""
+"""What decides one GRPO run: :class:`RunConfig`, its id and hash, its allocation rule (science §1, §3, §4);
+how it ended (:class:`RunResult`) and its row of the ``runs`` table (:func:`run_row`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import pandas as pd
+from pydantic import ConfigDict, Field, model_validator
 
-from rollscale.config import TrainParams
-from rollscale.core.fit.power import budget_schedule
+from rollscale.config import RunRecordParams, TrainParams
+from rollscale.core.fit.schedule import budget_schedule
 from rollscale.core.grpo.allocation import AllocationRule, make_rule
 from rollscale.core.rollouts import SamplingConfig
 from rollscale.core.grpo.shaping import sqrt_scaled_lr
@@ -20,13 +22,16 @@ from rollscale.core.grpo.shaping import sqrt_scaled_lr
 _RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class RunConfig(BaseModel):
+class RunConfig(RunRecordParams):
     """Everything that decides one GRPO run (science §1, §3, §4, §5).
 
     The training settings are ``train``, the validated ``sweep.train`` section of
     params.yaml itself (:class:`~rollscale.config.TrainParams`), with its
     recipe resolved for the run's bucket (:meth:`TrainParams.for_bucket`): a new
-    training setting is one field there.
+    training setting is one field there. What the run records and how often
+    (evaluations, checkpoints, the noise measurement) are the fields of
+    :class:`~rollscale.config.RunRecordParams`, the sweep's own: their defaults
+    are the sweep's (``sweep.eval_every`` and the rest), stated there once.
 
     Attributes:
         run_id: a name safe in paths; "" gives :func:`readable_run_id`.
@@ -40,16 +45,11 @@ class RunConfig(BaseModel):
         train: the GRPO step's settings (loss, optimizer, micro-batching, science §3).
         sampling: how training rollouts are sampled (temperature > 0, since the
             loss needs the log-probs of the sampling distribution).
-        eval_every: evaluate every this many steps (and at step 0 and at the end), when
-            ``eval_per_doubling`` is 0.
-        eval_per_doubling: > 0: evaluate on the shared budget schedule instead (science §9.1:
-            the first step whose C reaches each of ``eval_per_doubling`` budgets per doubling,
-            :func:`rollscale.core.fit.power.budget_schedule`), and at step 0 and the end.
-        eval_k: samples per validation problem (science §5).
-        eval_temperature: temperature of those samples.
-        checkpoint_every: checkpoint every this many steps (and at the end).
-        noise_every: measure gradient noise (science §6) every this many steps
-            from the per-rollout gradient Gram matrix of the step's batch; 0 = off.
+        eval_per_doubling, eval_every, eval_k, eval_temperature, checkpoint_every, noise_every:
+            :class:`~rollscale.config.RunRecordParams` (evaluations at step 0, on the shared budget
+            schedule of science §9.1, :func:`rollscale.core.fit.schedule.budget_schedule`, or every
+            ``eval_every`` steps when ``eval_per_doubling`` is 0, and at the end; the noise every
+            ``noise_every`` steps from the per-rollout gradient Gram matrix, science §6; 0 = off).
         noise_ema: EMA decay of the B_simple numerator and denominator (science §6.2).
     """
 
@@ -64,12 +64,6 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     train: TrainParams = Field(default_factory=TrainParams)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    eval_every: int = Field(10, ge=1)
-    eval_per_doubling: int = Field(0, ge=0)
-    eval_k: int = Field(4, ge=1)
-    eval_temperature: float = Field(0.6, ge=0)
-    checkpoint_every: int = Field(10, ge=1)
-    noise_every: int = Field(0, ge=0)
     noise_ema: float = Field(0.9, ge=0, lt=1)
 
     @model_validator(mode="after")
@@ -180,3 +174,24 @@ class RunResult:
     steps: int
     c: int
     c_tokens: int
+
+
+# why a run ended (the runs table's end_reason): a stopped run is a finished run with a shorter C (science §9.4)
+END_REASONS = {"finished": "budget reached", "paused": "paused at a search rung", "failed": "failed"}
+
+
+def run_row(config: RunConfig, bucket: str, status: str, result: RunResult | None = None, error: str | None = None,
+            stop: dict | None = None) -> pd.DataFrame:
+    """The run's row of the ``runs`` table; ``stop`` (rung, rule, c) for a run the search stopped."""
+    reason = (f"stopped at rung {stop['rung']} by rule {stop['rule']}" if status == "stopped" and stop
+              else END_REASONS.get(status))
+    row = pd.DataFrame([{
+        "run_id": config.run_id, "bucket": bucket, "n": config.n, "b_problem": config.b_problem,
+        "m": config.trained_group_size, "rule": config.rule, "seed": config.seed, "c_max": config.c_max,
+        "lr": config.lr, "kl_coef": config.train.kl_coef, "entropy_coef": config.train.entropy_coef,
+        "status": status, "steps": result.steps if result else 0, "c": result.c if result else 0,
+        "c_tokens": result.c_tokens if result else 0, "error": error or (result.error if result else None),
+        "end_reason": reason, "stop_rung": stop["rung"] if stop else None, "stop_rule": stop["rule"] if stop else None,
+    }])
+    # typed even when empty, so every run's file has the same schema in DuckDB
+    return row.astype({"end_reason": "string", "stop_rung": "Int64", "stop_rule": "string", "error": "string"})

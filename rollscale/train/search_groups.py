@@ -1,6 +1,6 @@
-"""The frontier search's groups for a sweep section (science §8): which runs compete for which key.
+"""A sweep's search groups (science §9.4): which runs compete for which key, and the search's settings.
 
-A sweep design becomes one or more :class:`~rollscale.core.search.decisions.SearchGroup`,
+A sweep design becomes one or more :class:`~rollscale.core.search.state.SearchGroup`,
 each a set of runs the search picks a best key in, holding the rest fixed:
 
 * ``rollout_axis`` (and ``grid`` with several n): key n, one group per rule and B_problem;
@@ -20,24 +20,21 @@ from dataclasses import dataclass
 
 from rollscale.config import DecisionParams, SweepParams
 from rollscale.core.grpo.allocation import RuleParams
-from rollscale.core.search.decisions import SearchGroup, SearchSettings, bracket_limits
+from rollscale.core.search.decisions import search_method
 from rollscale.core.search.replay import DESIGNS
+from rollscale.core.search.state import SearchGroup, SearchSettings, bracket_limits
 from rollscale.train.sweep import GridPoint, plan_runs
 
 __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
 
 
 def search_settings(sweep: SweepParams, study: DecisionParams | None = None) -> SearchSettings:
-    """The search's settings (``sweep.search``, science §8, §9.4) with the sweep's evaluation interval, and the
+    """The search's settings: ``sweep.search`` itself with the sweep's evaluation interval and seeds, and the
     decision's C* and tolerance (``study``; its defaults when None). On the shared budget schedule (science
     §9.1) a run evaluates at the first step past each rung's budget, so a leg ends there (``eval_every`` None)."""
-    s, d = sweep.search, study if study is not None else DecisionParams()
-    return SearchSettings(eta=s.eta, alpha=s.alpha, first_rung=s.first_rung, extra_seeds=s.extra_seeds,
-                          resamples=s.bootstrap_resamples, bootstrap_seed=s.bootstrap_seed, bin_width=s.bin_width,
-                          grid_points=s.grid_points, eval_every=None if sweep.eval_per_doubling else sweep.eval_every,
-                          method="decision" if s.method == "decision" else "frontier",
-                          target_budget=d.target_budget, tolerance=d.tolerance,
-                          seeds_max=s.seeds_max if s.seeds_max is not None else len(set(sweep.seeds)))
+    return SearchSettings(sweep.search, study if study is not None else DecisionParams(),
+                          eval_every=None if sweep.eval_per_doubling else sweep.eval_every,
+                          sweep_seeds=len(set(sweep.seeds)))
 
 
 def search_design(sweep: SweepParams) -> str | None:
@@ -92,8 +89,8 @@ def search_plan(sweep: SweepParams) -> SearchPlan:
         name = f"{design}:" + "/".join(f"{c}={value[c](p)}" for c in fixed_cols)
         members.setdefault(name, []).append(p)
     groups, fixed, alone = [], {}, []
-    seeds = tuple(sorted(set(sweep.seeds)))  # science §9.4: keys start with seeds_min seeds, more where it hangs
-    seeds = seeds[:sweep.search.seeds_min] if sweep.search.method == "decision" else seeds
+    # the method's start (science §9.4: keys start with seeds_min seeds, more where the decision hangs)
+    seeds = search_method(sweep.search.method).start_seeds(tuple(sorted(set(sweep.seeds))), sweep.search)
     for name, ps in sorted(members.items()):
         keys = sorted({key_of(p) for p in ps}, key=str if axis == "rule" else int)
         if len(keys) < 2:

@@ -70,7 +70,7 @@ def plan_runs(sweep: SweepParams) -> RunPlan:
 
 
 def point_config(sweep: SweepParams, sampling: SamplingConfig, point: GridPoint) -> RunConfig:
-    """The :class:`RunConfig` of one grid point (also a key or seed a frontier search adds, science §8);
+    """The :class:`RunConfig` of one grid point (also a key or seed the search adds, science §9.4);
     raises :class:`~rollscale.core.grpo.allocation.RuleNotApplicable` where its rule cannot run there."""
     from rollscale.train.run_config import RunConfig
 
@@ -84,12 +84,7 @@ def point_config(sweep: SweepParams, sampling: SamplingConfig, point: GridPoint)
         seed=point.seed,
         train=sweep.train.for_bucket(sweep.bucket),  # the validated section itself, recipe resolved
         sampling=sampling,
-        eval_every=sweep.eval_every,
-        eval_per_doubling=sweep.eval_per_doubling,
-        eval_k=sweep.eval_k,
-        eval_temperature=sweep.eval_temperature,
-        checkpoint_every=sweep.checkpoint_every,
-        noise_every=sweep.noise_every,
+        **sweep.run_record(),  # evaluations, checkpoints, noise: the sweep's own (RunRecordParams)
     )
 
 

@@ -31,7 +31,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollscale.core.fit.power import eval_due
+from rollscale.core.fit.schedule import eval_due
 from rollscale.core.grpo.allocation import allocate
 from rollscale.core.grpo.shaping import warmup_factor
 from rollscale.core.grpo.logprobs import token_logprobs
@@ -340,7 +340,7 @@ class GRPOTrainer:
         end. A finished run (``done.json``) is loaded, not trained again; a failed or stopped one resumes.
         ``on_step`` / ``on_eval`` get each row, ``progress`` ``(c, c_max)`` after each step. A non-finite
         loss ends the run "failed" (good steps checkpointed); other exceptions are recorded and raised.
-        ``budget`` < c_max (a search rung, §8): pause at the first step with C >= budget, evaluated and
+        ``budget`` < c_max (a search rung, §9.4): pause at the first step with C >= budget, evaluated and
         checkpointed, status "paused", no done marker."""
         cfg = self.config
         end = cfg.c_max if budget is None else min(cfg.c_max, budget)

@@ -43,7 +43,7 @@ class SearchVerdict:
 
 
 def search_verdicts(search: pd.DataFrame | None, c_star: float | None = None) -> dict[str, SearchVerdict]:
-    """The search table's verdicts by group (science §9.4); none for a search by §8's frontier (no C*), nor for
+    """The search table's verdicts by group (science §9.4); none for a table without C* (the retired search of §8), nor for
     one made at another C* than ``c_star`` (the target changed after the sweep: its verdicts do not apply)."""
     if search is None or search.empty or "c_star" not in search.columns:
         return {}

@@ -2,7 +2,7 @@
 
 Pure functions over counts a params file and a profile give: how many steps and
 evaluations a sweep run makes (science §1, §5), what the fit needs of them
-(science §7: record points, four-parameter sigmoids), the sampling standard
+(science §7: record points, four-parameter sigmoids; when a run evaluates: :mod:`rollscale.core.fit.schedule`), the sampling standard
 error of validation avg@k and the smallest reward difference it can resolve
 (science §5), epochs per run, and how the truncation share of a profile falls
 with ``max_new_tokens`` (science §2). :mod:`rollscale.pipeline.check.findings` turns them
@@ -18,10 +18,9 @@ from numpy.typing import ArrayLike
 from rollscale.core.fit.curves import SIGMOID_MIN_POINTS
 
 __all__ = [
-    "EVAL_DOUBLINGS", "EVALS_COMFORTABLE", "FIT_MIN_EVALS", "Z95", "avg_at_k_se", "budget_schedule",
-    "detectable_difference", "epochs_per_run", "eval_due", "evaluation_steps", "evaluations_per_run",
-    "interval_pass_variance", "max_new_tokens_for_truncation", "pass_variance", "steps_per_run",
-    "truncated_share_at",
+    "EVALS_COMFORTABLE", "FIT_MIN_EVALS", "Z95", "avg_at_k_se", "detectable_difference", "epochs_per_run",
+    "evaluations_per_run", "interval_pass_variance", "max_new_tokens_for_truncation", "pass_variance",
+    "positive_int", "steps_per_run", "truncated_share_at",
 ]
 
 # a key's sigmoid needs this many distinct compute values; its record points are a subset of the
@@ -33,7 +32,8 @@ EVALS_COMFORTABLE = 2 * FIT_MIN_EVALS
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
 
-def _positive_int(name: str, value: int) -> int:
+def positive_int(name: str, value: int) -> int:
+    """``value`` when it is an integer >= 1 (not a boolean), else a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
     return int(value)
@@ -42,53 +42,14 @@ def _positive_int(name: str, value: int) -> int:
 def steps_per_run(c_max: int, rollouts_per_step: int) -> int:
     """Optimizer steps of a run that generates ``rollouts_per_step`` rollouts a step and stops
     once cumulative C >= ``c_max`` (science §1): ``ceil(c_max / B)``."""
-    return -(-_positive_int("c_max", c_max) // _positive_int("rollouts_per_step", rollouts_per_step))
+    return -(-positive_int("c_max", c_max) // positive_int("rollouts_per_step", rollouts_per_step))
 
 
 def evaluations_per_run(steps: int, eval_every: int) -> int:
     """Validation evaluations of a run of ``steps`` steps: step 0, every ``eval_every`` steps and
     the last step (science §5; :func:`rollscale.train.run_loop.run`)."""
-    steps, eval_every = _positive_int("steps", steps), _positive_int("eval_every", eval_every)
+    steps, eval_every = positive_int("steps", steps), positive_int("eval_every", eval_every)
     return 1 + steps // eval_every + (1 if steps % eval_every else 0)
-
-
-# the shared schedule's first budget is c_max / 2^EVAL_DOUBLINGS (625 of the default's 40,000 rollouts): the
-# search's first rung (c_max / 16) and every rung after it (eta = 2) are budgets of the schedule
-EVAL_DOUBLINGS = 6
-
-
-def budget_schedule(c_max: int, per_doubling: int) -> np.ndarray:
-    """The budgets every run is evaluated at (science §9.1): ``c_j = c_first * 2^(j / k)`` for
-    ``k = per_doubling``, ``c_first = c_max / 2^EVAL_DOUBLINGS``, up to ``c_max``."""
-    c_max, k = _positive_int("c_max", c_max), _positive_int("per_doubling", per_doubling)
-    j = np.arange(EVAL_DOUBLINGS * k + 1)
-    return c_max * np.exp2((j - EVAL_DOUBLINGS * k) / k)
-
-
-def eval_due(step: ArrayLike, c_before: ArrayLike, c_after: ArrayLike, eval_every: int,
-             schedule: np.ndarray | None) -> bool | np.ndarray:
-    """Whether a run evaluates after ``step`` (from cumulative C ``c_before`` to ``c_after``): at the first step
-    whose C reaches each budget of ``schedule`` (science §9.1), or with no schedule every ``eval_every`` steps.
-    Arrays of steps give an array (:func:`evaluation_steps`); the trainer asks one step at a time."""
-    if schedule is None:
-        due = np.asarray(step) % eval_every == 0
-    else:  # a budget in (c_before, c_after]
-        budgets = np.sort(np.asarray(schedule, float))
-        due = np.searchsorted(budgets, c_after, "right") > np.searchsorted(budgets, c_before, "right")
-    return bool(due) if np.ndim(due) == 0 else np.asarray(due)
-
-
-def evaluation_steps(c_max: int, rollouts_per_step: int, per_doubling: int, eval_every: int = 1) -> list[int]:
-    """The steps a run of ``rollouts_per_step`` rollouts a step evaluates at, as the trainer decides them
-    (:func:`eval_due`, one function for both): step 0, every step due on the shared budget schedule of
-    ``per_doubling`` budgets per doubling (science §9.1; where B exceeds a spacing, every step), or every
-    ``eval_every`` steps when ``per_doubling`` is 0, and its last step."""
-    last = steps_per_run(c_max, rollouts_per_step)
-    schedule = budget_schedule(c_max, per_doubling) if per_doubling else None
-    steps = np.arange(1, last + 1)
-    due = eval_due(steps, (steps - 1) * rollouts_per_step, steps * rollouts_per_step,
-                   _positive_int("eval_every", eval_every), schedule)
-    return sorted({0, last, *steps[due].tolist()})
 
 
 def avg_at_k_se(val_size: int, eval_k: int, pass_var: float = 0.25) -> float:
@@ -99,7 +60,7 @@ def avg_at_k_se(val_size: int, eval_k: int, pass_var: float = 0.25) -> float:
     pass rate (0.25 at most, at p = 0.5). The validation set is fixed, so two runs
     compared on it differ by this noise, not by which problems were drawn.
     """
-    val_size, eval_k = _positive_int("val_size", val_size), _positive_int("eval_k", eval_k)
+    val_size, eval_k = positive_int("val_size", val_size), positive_int("eval_k", eval_k)
     if not (math.isfinite(pass_var) and 0.0 <= pass_var <= 0.25):
         raise ValueError(f"pass_var: expected a number in [0, 0.25], got {pass_var!r}")
     return math.sqrt(pass_var / (val_size * eval_k))
@@ -116,7 +77,7 @@ def detectable_difference(se: float, z: float = Z95) -> float:
 def pass_variance(avg_at_k: ArrayLike, k: int) -> float:
     """Mean p (1 - p) over problems from their profiled avg@k with ``k`` samples each, with
     the unbiased small-sample factor k / (k - 1) (a problem at 0 or 1 contributes 0)."""
-    k = _positive_int("k", k)
+    k = positive_int("k", k)
     p = np.asarray(avg_at_k, dtype=float)
     if p.size == 0 or not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)):
         raise ValueError("avg_at_k: expected a non-empty array of values in [0, 1]")
@@ -134,7 +95,7 @@ def interval_pass_variance(lo: float, hi: float) -> float:
 
 def epochs_per_run(steps: int, b_problem: int, train_size: int) -> float:
     """Passes over the training split a run makes: ``steps * b_problem / train_size``."""
-    return _positive_int("steps", steps) * _positive_int("b_problem", b_problem) / _positive_int("train_size", train_size)
+    return positive_int("steps", steps) * positive_int("b_problem", b_problem) / positive_int("train_size", train_size)
 
 
 def _tails(mean_len: ArrayLike, trunc_rate: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -169,7 +130,7 @@ def truncated_share_at(mean_len: ArrayLike, trunc_rate: ArrayLike, profiled_max:
     ``max_new_tokens`` asked for errs long. Below ``profiled_max`` the observed share is a
     lower bound; it is returned as is.
     """
-    profiled_max, new_max = _positive_int("profiled_max", profiled_max), _positive_int("new_max", new_max)
+    profiled_max, new_max = positive_int("profiled_max", profiled_max), positive_int("new_max", new_max)
     rates, means = _tails(mean_len, trunc_rate)
     if new_max <= profiled_max:
         return float(rates.mean())

@@ -1,3 +1,2 @@
-"""The frontier search (science §8): which key stops at which rung (``decisions``; the
-stop rules a-c, the bracket, seeds where undecided), its bookkeeping (``state``), what the
-fits say of a group (``view``), simulated studies (``simulate``) and a grid's replay (``replay``)."""
+"""A sweep's search (science §9.4): its settings, groups and rungs (``state``), the methods, one module each
+(``methods/``, dispatched by ``decisions``), a grid's replay (``replay``, ``agreement``) and simulated studies."""

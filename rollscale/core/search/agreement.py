@@ -17,7 +17,7 @@ import math
 import pandas as pd
 
 from rollscale.core.fit.decision_table import decision_table
-from rollscale.core.search.decisions import truncate
+from rollscale.core.search.state import truncate
 
 __all__ = ["AGREEMENT_COLUMNS", "decision_agreement", "truncated"]
 

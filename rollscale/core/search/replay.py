@@ -1,4 +1,4 @@
-"""Replay a finished grid rung by rung: what the frontier search would have decided and spent (science §8).
+"""Replay a finished grid rung by rung: what the sweep's search would have decided and spent (science §9.4).
 
 The proof by replay: the grid's own stored runs are read as the search would
 have seen them. At each decision every run is truncated at the budget the
@@ -7,15 +7,12 @@ its evaluations up to the budget, and the one that crosses it within one
 step), so a run the search stopped keeps only its points up to the stop
 rung. Keys or seeds the search would add that the grid lacks are reported
 ("would add, not in grid") and have no points: they are never stopped and
-never decide anything. At the end both answers, the grid's on all its points
-and the search's on what it kept, are read with the same code
-(:func:`rollscale.core.search.decisions.frontier_answer`) at the grid's budgets.
-The decision at C* (science §9) is compared the same way by
-:func:`rollscale.core.search.agreement.decision_agreement` on the grid's
-evaluations the search kept (:attr:`ReplayResult.evals`). With ``seeds_min``
-every key starts with the grid's first ``seeds_min`` seeds, as
-``sweep.search.method: decision`` starts them; the grid's other seeds come in
-only where a ``seed`` decision asks for them.
+never decide anything. The search's decision at C* (science §9) is compared
+with the grid's by :func:`rollscale.core.search.agreement.decision_agreement`
+on the grid's evaluations the search kept (:attr:`ReplayResult.evals`). Every key starts
+with the seeds the method starts it with (``sweep.search.method: decision``:
+the grid's first ``seeds_min``); the grid's other seeds come in only where a
+``seed`` decision asks for them.
 
 Designs (:data:`DESIGNS`): ``n`` (rollout axis: key n, per family and
 B_problem), ``b_problem`` (prompt axis: key B_problem, per n), ``iso_batch``
@@ -25,22 +22,15 @@ B_problem; no bracket).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import pandas as pd
 
 from rollscale.core.fit.analysis import run_evals
-from rollscale.core.search.decisions import (
-    SearchGroup,
-    SearchSettings,
-    bracket_limits,
-    decide,
-    empty_decisions,
-    frontier_answer,
-    plan,
-    truncate,
-)
+from rollscale.core.search.decisions import decide, search_method
+from rollscale.core.search.state import SearchGroup, SearchSettings, bracket_limits, empty_decisions, plan, truncate
 
 __all__ = ["DESIGNS", "ReplayResult", "replay", "replay_groups"]
 
@@ -55,36 +45,31 @@ DESIGNS: dict[str, tuple[str, str, list[str]]] = {
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """The search's decisions on a grid, each grid run's rollouts both ways, and the two answers.
+    """The search's decisions on a grid, each grid run's rollouts both ways, and what the search kept.
 
     ``runs``: group, key, seed, run_id, grid_c (rollouts the grid run
-    generated), search_c (what the search would have). ``budgets``: the
-    grid's frontier budgets with both best keys and shares. ``summary``: one
+    generated), search_c (what the search would have). ``summary``: one
     row per group (rollouts spent against the grid's, stops by rule, keys
-    and seeds it would add that the grid lacks, agreement where the grid's
-    share >= 95 %, and whether the answers match at every such budget; under
-    ``method: decision`` the search's own answer too). ``evals``: the grid's
+    and seeds it would add that the grid lacks, the search's own answer: its
+    last decision's leader and whether it was decided). ``evals``: the grid's
     :func:`rollscale.core.fit.analysis.run_evals` rows the search would have
     (what the fit stage reads after it; :func:`rollscale.core.search.agreement.decision_agreement`).
     """
 
     decisions: pd.DataFrame
     runs: pd.DataFrame
-    budgets: pd.DataFrame
     summary: pd.DataFrame
     evals: pd.DataFrame
 
 
 def replay_groups(evals: pd.DataFrame, design: str, b_max: int, start_keys: dict[str, tuple] | None = None,
-                  seeds_min: int | None = None) -> tuple[list[SearchGroup], pd.DataFrame]:
-    """The search groups of a grid's :func:`rollscale.core.fit.analysis.run_evals` table, and its points.
+                  ) -> tuple[list[SearchGroup], pd.DataFrame]:
+    """The search groups of a grid's :func:`rollscale.core.fit.analysis.run_evals` table (every seed), and its
+    points.
 
     ``start_keys`` (group -> keys) starts a group's search from a subset of
-    the grid's keys (the rest can only come in through the bracket);
-    ``seeds_min`` from the first ``seeds_min`` of its seeds (the points hold every seed).
+    the grid's keys (the rest can only come in through the bracket).
     """
-    if seeds_min is not None and seeds_min < 1:
-        raise ValueError(f"seeds_min: expected an integer >= 1, got {seeds_min!r}")
     if design not in DESIGNS:
         raise ValueError(f"design: expected one of {list(DESIGNS)}, got {design!r}")
     axis, key_col, fixed_cols = DESIGNS[design]
@@ -97,7 +82,7 @@ def replay_groups(evals: pd.DataFrame, design: str, b_max: int, start_keys: dict
         lo, hi = bracket_limits(axis, fixed, b_max)
         c_max = float(g["c_max"].max()) if g["c_max"].notna().any() else float(g["c"].max())
         keys = start_keys.get(name, tuple(g[key_col].unique())) if start_keys else tuple(g[key_col].unique())
-        seeds = tuple(sorted(int(s) for s in g["seed"].unique()))[:seeds_min]
+        seeds = tuple(sorted(int(s) for s in g["seed"].unique()))
         groups.append(SearchGroup(name, axis, keys, seeds, c_max, fixed=fixed, key_min=lo, key_max=hi))
         points.append(pd.DataFrame({"group": name, "key": g[key_col].to_numpy() if axis == "rule" else
                                     g[key_col].to_numpy(int), "run_id": g["run_id"].to_numpy(),
@@ -108,16 +93,17 @@ def replay_groups(evals: pd.DataFrame, design: str, b_max: int, start_keys: dict
 
 
 def replay(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: SearchSettings, b_max: int = 1024,
-           start_keys: dict[str, tuple] | None = None, level: float = 0.95, seeds_min: int | None = None,
-           ) -> ReplayResult:
+           start_keys: dict[str, tuple] | None = None) -> ReplayResult:
     """Replay the finished runs of a grid through the search (module docstring); pure, no files.
 
-    ``runs`` / ``evals`` are the sweep's tables (finished runs are used);
-    ``settings`` the search's (its ``eval_every`` should be the sweep's);
-    ``seeds_min``: keys start with that many of the grid's seeds (``sweep.search.seeds_min``).
+    ``runs`` / ``evals`` are the sweep's tables (finished runs are used); ``settings`` the search's (its
+    ``eval_every`` should be the sweep's): its method decides, and says which of the grid's seeds each key
+    starts with, as the sweep's search does (:func:`rollscale.train.search_groups.search_plan`).
     """
     ev = run_evals(runs, evals)
-    groups, points = replay_groups(ev, design, b_max, start_keys, seeds_min)
+    groups, points = replay_groups(ev, design, b_max, start_keys)
+    method = search_method(settings.method)
+    groups = [dataclasses.replace(g, seeds=method.start_seeds(g.seeds, settings.search)) for g in groups]
     decisions = empty_decisions()
     have = set(zip(points["group"], points["key"], points["seed"], strict=True))
     while not plan(groups, decisions, settings).empty:
@@ -130,18 +116,8 @@ def replay(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: Searc
                                                                 strict=True)]
     kept = truncate(points, budgets[budgets["in_grid"]])
     per_run = _runs(points, kept)
-    wanted = None
-    grid = frontier_answer(points, groups, settings)
-    if not grid.empty:
-        wanted = {g: t["c"].to_numpy(float) for g, t in grid.groupby("group")}
-    found = frontier_answer(kept, [g for g in groups if wanted and g.group in wanted], settings, wanted)
-    both = grid.merge(found, on=["group", "c"], how="left", suffixes=("_grid", "_search"))
-    table = pd.DataFrame({"group": both["group"], "c": both["c"], "grid_key": both["best_key_grid"],
-                          "grid_share": both["best_share_grid"], "search_key": both["best_key_search"],
-                          "search_share": both["best_share_search"]})
     kept_evals = ev.merge(kept[["run_id", "c"]].drop_duplicates(), on=["run_id", "c"], how="inner")
-    summary = _summary(groups, decisions, budgets, per_run, table, level, settings.method == "decision")
-    return ReplayResult(decisions, per_run, table, summary, kept_evals)
+    return ReplayResult(decisions, per_run, _summary(groups, decisions, budgets, per_run), kept_evals)
 
 
 def _lookup(groups: list[SearchGroup], names: pd.Series) -> list[SearchGroup]:
@@ -158,7 +134,7 @@ def _runs(points: pd.DataFrame, kept: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summary(groups: list[SearchGroup], decisions: pd.DataFrame, budgets: pd.DataFrame, runs: pd.DataFrame,
-             table: pd.DataFrame, level: float, at_c_star: bool) -> pd.DataFrame:
+             ) -> pd.DataFrame:
     rows = []
     for g in groups:
         d = decisions[decisions["group"] == g.group]
@@ -167,9 +143,8 @@ def _summary(groups: list[SearchGroup], decisions: pd.DataFrame, budgets: pd.Dat
         grid_keys = {str(k) for k in runs.loc[runs["group"] == g.group, "key"]}
         missing_seeds = budgets[(budgets["group"] == g.group) & ~budgets["in_grid"]
                                 & budgets["key"].astype(str).isin(grid_keys)]
-        r, t = runs[runs["group"] == g.group], table[table["group"] == g.group]
-        decided = t[t["grid_share"] >= level]
-        agree = decided["grid_key"] == decided["search_key"]
+        r = runs[runs["group"] == g.group]
+        last = d[d["decision"] == d["decision"].max()] if len(d) else d  # science §9.4: the search's own answer
         rows.append({
             "group": g.group, "keys": ", ".join(str(k) for k in g.keys), "rungs": int(d["rung"].max()) if len(d) else 0,
             "stops": "; ".join(f"{k} at C = {c:,.0f} ({rule})" for k, c, rule in
@@ -179,11 +154,7 @@ def _summary(groups: list[SearchGroup], decisions: pd.DataFrame, budgets: pd.Dat
             "seeds_not_in_grid": int(len(missing_seeds)),
             "grid_rollouts": float(r["grid_c"].sum()), "search_rollouts": float(r["search_c"].sum()),
             "spent": float(r["search_c"].sum() / r["grid_c"].sum()) if r["grid_c"].sum() else math.nan,
-            "decided_budgets": int(len(decided)), "agree": float(agree.mean()) if len(decided) else math.nan,
-            "answer_matches": bool(agree.all()) if len(decided) else None,
+            "search_leader": last["leader"].dropna().iloc[-1] if last["leader"].notna().any() else None,
+            "search_decided": bool((last["rule"] == "decided").any()),
         })
-        if at_c_star:  # science §9.4: the search's own answer, its last decision's rows
-            last = d[d["decision"] == d["decision"].max()] if len(d) else d
-            rows[-1].update(search_leader=last["leader"].dropna().iloc[-1] if last["leader"].notna().any() else None,
-                            search_decided=bool((last["rule"] == "decided").any()))
     return pd.DataFrame(rows)

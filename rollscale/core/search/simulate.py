@@ -1,4 +1,5 @@
-"""Whole studies simulated without training: the proof of the frontier search (science §8, "what it must show").
+"""Whole studies simulated without training: the families the search's proof runs on (science §9.4;
+:mod:`rollscale.core.search.simulate_budget`).
 
 Each simulated study is one rollout-axis group shaped like the embedded
 default (README, docs/results.md): B_problem = 16, C_max = 40,000 rollouts,
@@ -17,35 +18,22 @@ problems. Families (:data:`FAMILIES`):
 * ``tie``: n = 4 and n = 8 have one true curve;
 * ``a2``: large n rise first, small n rise higher: n* falls (A2 violated).
 
-Grid and search both go through :mod:`rollscale.core.search.decisions`: the grid trains
-every key the study could use (its grid and the bracket's key) to C_max and
-reads the answer with :func:`rollscale.core.search.decisions.frontier_answer`; the
-search runs :func:`~rollscale.core.search.decisions.plan` / :func:`~rollscale.core.search.decisions.decide`
-to the end, every study at once (one batched fit per decision round), and its
-answer is read the same way at the grid's budgets. Runs at a rung evaluate at
-the step that crosses it, as the run loop does at the end of a leg.
+A study's grid (:func:`grid_tables`) is the sweep's ``runs`` and ``evals`` tables of every key it could train;
+:class:`Runs` draws each run's evaluations once and reads them at any leg, as the run loop evaluates at the
+step that ends a leg.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from rollscale.core.search.decisions import (
-    SearchGroup,
-    SearchSettings,
-    a2_contradicted,
-    decide,
-    empty_decisions,
-    frontier_answer,
-    plan,
-)
+from rollscale.core.search.state import SearchGroup
 
-__all__ = ["FAMILIES", "MORE_FAMILIES", "UNIVERSE", "Runs", "SimStudy", "SimResult", "grid_tables", "make_studies",
-           "seed_curve", "simulate", "summarise"]
+__all__ = ["FAMILIES", "MORE_FAMILIES", "UNIVERSE", "Runs", "SimStudy", "grid_tables", "make_studies", "seed_curve"]
 
 R0 = 0.37
 # family -> (grid keys, gains A - R0 for n = 2, 4, 8, 16, C_mid for n = 2, 4, 8, 16)
@@ -56,7 +44,7 @@ FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]
     "tie": ((2, 4, 8, 16), (0.13, 0.20, 0.20, 0.14), (5000, 6000, 6000, 20000)),
     "a2": ((2, 4, 8, 16), (0.30, 0.20, 0.16, 0.12), (15000, 8000, 2000, 2000)),
 }
-# science §9.4's proof adds three shapes §8's did not have (rollscale.core.search.simulate_budget)
+# three shapes more (rollscale.core.search.simulate_budget runs both sets)
 MORE_FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {
     # a late bloomer: n = 16 rises last and highest, below n = 8 until past C_max / 2 (about 25,000)
     "late": ((2, 4, 8, 16), (0.14, 0.17, 0.19, 0.32), (2500, 4000, 6000, 22000)),
@@ -198,63 +186,3 @@ def grid_tables(studies: list[SimStudy], legs: dict | None = None) -> tuple[pd.D
                           "b_problem": first["group"].map(b_problem), "seed": first["seed"].astype(int),
                           "c_max": float(studies[0].c_max), "status": "finished"})
     return table.reset_index(drop=True), evals
-
-
-@dataclass(frozen=True)
-class SimResult:
-    """Per study and budget the grid's and the search's answers, and the decisions and rollouts behind them."""
-
-    budgets: pd.DataFrame  # group, family, c, grid_key, grid_share, search_key, search_share, extrapolated
-    studies: pd.DataFrame  # group, family, grid_rollouts, search_rollouts, spent, added, seeds_added, a2 flags
-    decisions: pd.DataFrame
-
-
-def simulate(studies: list[SimStudy], settings: SearchSettings, level: float = 0.95) -> SimResult:
-    """Run every study as a grid and as a frontier search (module docstring); A2 checked on both answers."""
-    settings = replace(settings, eval_every=studies[0].eval_every)  # legs end at evaluations, as the stage's do
-    runs = Runs(studies)
-    groups = [s.group() for s in studies]
-    grid_legs = {(s.name, n, seed): {runs.steps(s, n, s.c_max)} for s in studies for n in UNIVERSE
-                 for seed in s.seeds}
-    decisions, legs, cache = empty_decisions(), {}, {}  # one fit per distinct curve (rollscale.core.fit.curve_bank)
-    while not (todo := plan(groups, decisions, settings)).empty:
-        for group, key, seed, c in zip(todo["group"], todo["key"], todo["seed"], todo["c"], strict=True):
-            legs.setdefault((group, int(key), int(seed)), set()).add(runs.steps(runs.studies[group], int(key), c))
-        decisions = pd.concat([decisions, decide(runs.points(legs), groups, decisions, settings, cache)],
-                              ignore_index=True)
-    grid = frontier_answer(runs.points(grid_legs), groups, settings, cache=cache)
-    wanted = {g: grp["c"].to_numpy(float) for g, grp in grid.groupby("group")}
-    found = frontier_answer(runs.points(legs), [g for g in groups if g.group in wanted], settings, wanted, cache)
-    both = grid.merge(found, on=["group", "c"], how="left", suffixes=("_grid", "_search"))
-    family = {s.name: s.family for s in studies}
-    budgets = pd.DataFrame({"group": both["group"], "family": both["group"].map(family), "c": both["c"],
-                            "grid_key": both["best_key_grid"], "grid_share": both["best_share_grid"],
-                            "search_key": both["best_key_search"], "search_share": both["best_share_search"],
-                            "extrapolated": both["extrapolated_search"].fillna(False).astype(bool)})
-    per = pd.DataFrame({"group": [s.name for s in studies], "family": [s.family for s in studies]})
-    per["grid_rollouts"] = per["group"].map(runs.spent(grid_legs))
-    per["search_rollouts"] = per["group"].map(runs.spent(legs))
-    per["spent"] = per["search_rollouts"] / per["grid_rollouts"]
-    adds = decisions[decisions["action"] == "add"].groupby("group")["key"].agg(lambda k: ",".join(sorted(set(k))))
-    per["added"] = per["group"].map(adds).fillna("")
-    per["seeds_added"] = per["group"].map(decisions[decisions["action"] == "seed"].groupby("group").size()).fillna(0)
-    for name, table in (("grid", grid), ("search", found)):
-        holds = per["group"].map(table.groupby("group")["a2_holds"].first())
-        per[f"a2_warns_{name}"] = ~holds.fillna(True).astype(bool)
-    by_group = dict(tuple(decisions.groupby("group")))
-    contradicted = {g: a2_contradicted(t["c"], t["best_key"].astype(float), by_group[g], g) is not None
-                    for g, t in found.groupby("group")}
-    per["a2_warns_search"] |= per["group"].map(contradicted).fillna(False).astype(bool)
-    return SimResult(budgets, per, decisions)
-
-
-def summarise(result: SimResult, level: float = 0.95, families: tuple[str, ...] | None = None) -> dict[str, float]:
-    """Agreement where the grid decides (share >= ``level``), median and mean rollouts spent, A2 warnings."""
-    b, s = result.budgets, result.studies
-    if families is not None:
-        b, s = b[b["family"].isin(families)], s[s["family"].isin(families)]
-    decided = b[b["grid_share"] >= level]
-    return {"studies": float(len(s)), "decided_budgets": float(len(decided)),
-            "agree": float((decided["grid_key"] == decided["search_key"]).mean()) if len(decided) else math.nan,
-            "median_spent": float(s["spent"].median()), "mean_spent": float(s["spent"].mean()),
-            "a2_warns_grid": float(s["a2_warns_grid"].mean()), "a2_warns_search": float(s["a2_warns_search"].mean())}

@@ -4,8 +4,8 @@ The studies are :mod:`rollscale.core.search.simulate`'s (rollout axis,
 B_problem 16, C_max 40,000, validation avg@4 over 100 problems), in its five
 families and the three of :data:`rollscale.core.search.simulate.MORE_FAMILIES`
 (a late bloomer, a close race, curves unbent at C_max). Each study runs the
-search with ``method = decision`` through the same
-:func:`~rollscale.core.search.decisions.plan` /
+search its settings name (``decision``) through the same
+:func:`~rollscale.core.search.state.plan` /
 :func:`~rollscale.core.search.decisions.decide` loop the sweep uses, every
 study at once. Its answer (the leader of the last decision) is judged against
 the study's true curves at C* (the curve of a median seed): the regret is
@@ -33,8 +33,9 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core.fit.decision import decide as decide_at, fit_groups
-from rollscale.core.search.budget import c_star, seed_cap
-from rollscale.core.search.decisions import SearchSettings, decide, empty_decisions, plan
+from rollscale.core.search.decisions import decide
+from rollscale.core.search.methods.decision import c_star, seed_cap
+from rollscale.core.search.state import SearchSettings, empty_decisions, plan
 from rollscale.core.search.simulate import UNIVERSE, Runs, SimStudy, grid_tables, seed_curve
 
 __all__ = ["BudgetResult", "grid_decision", "seeds_oracle", "simulate_decision", "summarise_decision", "true_reward"]
@@ -58,7 +59,7 @@ def seeds_oracle(study: SimStudy, seeds: int) -> bool:
 
 
 def a2_holds(study: SimStudy, points: int = 60) -> bool:
-    """Whether the study's true best n is non-decreasing in C up to C_max (science §8, A2)."""
+    """Whether the study's true best n is non-decreasing in C up to C_max (A2, science §9.4's rule ``a2``)."""
     c = np.geomspace(study.c_max / 64, study.c_max, points)
     best = [max(UNIVERSE, key=lambda n: true_reward(study, n, x)) for x in c]
     return bool(np.all(np.diff(best) >= 0))
@@ -96,18 +97,18 @@ class BudgetResult:
 
 
 def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: bool = False) -> BudgetResult:
-    """Run every study as a §9.4 search (module docstring); ``settings.method`` is set to ``decision``. ``grid``:
-    also the whole grid's own decision (:func:`grid_decision`: columns ``grid_answer``, ``grid_regret``,
-    ``grid_right``)."""
+    """Run every study through the search ``settings.method`` names (module docstring; the default, science
+    §9.4's ``decision``). ``grid``: also the whole grid's own decision (:func:`grid_decision`: columns
+    ``grid_answer``, ``grid_regret``, ``grid_right``)."""
     every = None if studies[0].schedule is not None else studies[0].eval_every
-    settings = replace(settings, method="decision", eval_every=every)  # legs end at evaluations, as the stage's
+    settings = replace(settings, eval_every=every)  # legs end at evaluations, as the stage's
     runs = Runs(studies)
     groups = [s.group() for s in studies]
-    decisions, legs, cache = empty_decisions(), {}, {}
+    decisions, legs = empty_decisions(), {}
     while not (todo := plan(groups, decisions, settings)).empty:
         for group, key, seed, c in zip(todo["group"], todo["key"], todo["seed"], todo["c"], strict=True):
             legs.setdefault((group, int(key), int(seed)), set()).add(runs.steps(runs.studies[group], int(key), c))
-        decisions = pd.concat([decisions, decide(runs.points(legs), groups, decisions, settings, cache)],
+        decisions = pd.concat([decisions, decide(runs.points(legs), groups, decisions, settings)],
                               ignore_index=True)
     spent = runs.spent(legs)
     last = decisions.groupby("group").tail(1).set_index("group")

@@ -1,4 +1,4 @@
-"""The frontier search's bookkeeping (science §8): settings, groups, rungs, and the state its decisions imply.
+"""A sweep's search, whatever its method: settings, groups, rungs, and the state its decisions imply (science §9.4).
 
 The search is a pure function of its settings, its groups and the table of
 decisions made so far (the ``search`` table): which keys are in play, which
@@ -7,25 +7,26 @@ follow from those rows (:func:`group_state`), so a rerun that replays the same
 decisions resumes exactly where the last one stopped. :func:`run_budgets`
 says how far every run must have trained before the next decision, and
 :func:`plan` which runs still have to move. The decisions themselves are made
-in :mod:`rollscale.core.search.decisions`, which re-exports this module.
+by the method (:mod:`rollscale.core.search.methods`) through
+:func:`rollscale.core.search.decisions.decide`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from rollscale.config import DecisionParams, SearchParams
 from rollscale.core.fit.columns import require
 
 __all__ = [
     "ACTIONS",
     "AXES",
     "DECISION_COLUMNS",
-    "METHODS",
     "GroupState",
     "SearchGroup",
     "SearchSettings",
@@ -42,64 +43,61 @@ __all__ = [
 
 Axis = Literal["rollout", "prompt", "iso_batch", "rule"]
 AXES: tuple[str, ...] = ("rollout", "prompt", "iso_batch", "rule")
-# continue: train on to the next rung; stop: no further (rule a, b or c); add: a new key (bracket);
-# seed: a new seed of a key (undecided); finish: the run reached C_max at the last rung
+# continue: train on to the next rung; stop: no further (the method's rule says why); add: a new key
+# (bracket); seed: a new seed of a key (undecided); finish: the run reached C_max at the last rung
 ACTIONS: tuple[str, ...] = ("continue", "stop", "add", "seed", "finish")
-METHODS: tuple[str, ...] = ("frontier", "decision")  # science §8, §9.4 (rollscale.core.search.budget)
-# the last four: the decision at C* behind a §9.4 row (NaN for §8's): C*, the key's median reward there over
-# refits, and the one-sided 1 - alpha bounds of its difference to the leader D_k
+# the last four: the decision at C* behind a row: C*, the key's median reward there over refits, and the
+# one-sided 1 - alpha bounds of its difference to the leader D_k (docs/tables.md)
 DECISION_COLUMNS = ["group", "decision", "rung", "c", "key", "seed", "action", "rule", "c_train", "leader",
-                    "beaten_share", "margin_lo", "a_hi", "leader_lo", "key_hi", "best_share", "at_c", "n_points",
-                    "note", "c_star", "r_star", "d_lo", "d_hi"]
+                    "leader_lo", "key_hi", "best_share", "at_c", "n_points", "note", "c_star", "r_star", "d_lo",
+                    "d_hi"]
 
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """The search's parameters (``sweep.search`` with the fit stage's bin width, grid and bootstrap).
+    """The search's settings: the validated ``sweep.search`` section itself (:class:`~rollscale.config.SearchParams`:
+    ``method``, ``eta``, ``alpha``, ``first_rung``, ``extra_seeds``, ``seeds_max``, ``bin_width``, the bootstrap),
+    the decision's C* and epsilon (``study``: :class:`~rollscale.config.DecisionParams`), and what the sweep adds.
 
-    ``eta``: rung factor, and how far past its data a fit is trusted (A3);
-    ``alpha``: the bounds behind a stop are one-sided 1 - alpha bounds of the
-    bootstrap (expanded percentile, §7), the margin by which a leader beats a
-    key included; ``first_rung``: <= 1 a fraction of C_max, > 1 rollouts;
-    ``extra_seeds``: seeds a key may gain where the last rung is undecided;
-    ``eval_every``: the sweep's evaluation interval in steps: a run's leg
-    ends at its first evaluation at or past the rung's budget, so the search
-    reads exactly the evaluations a grid run has there (None: at the budget).
-
-    ``method``: ``frontier`` (science §8, :mod:`rollscale.core.search.decisions`)
-    or ``decision`` (§9.4, :mod:`rollscale.core.search.budget`), which also reads
-    ``target_budget`` (C*; None: each group's C_max), ``tolerance`` (epsilon)
-    and ``seeds_max`` (the seeds a key may reach where the decision hangs;
-    None: the group's seeds plus ``extra_seeds``). Under ``decision`` a group's
-    seeds are the ones each key starts with (``seeds_min``).
+    Each setting has its default in one place, the pydantic section; the properties read them. ``eval_every``:
+    the sweep's evaluation interval in steps: a run's leg ends at its first evaluation at or past the rung's
+    budget, so the search reads exactly the evaluations a grid run has there (None: at the budget; on the
+    shared budget schedule of science §9.1 a run evaluates at the first step past each rung's budget).
+    ``sweep_seeds``: the sweep's seeds, the most a key may reach where ``sweep.search.seeds_max`` is null
+    (None: the group's seeds plus ``extra_seeds``).
     """
 
-    eta: float = 2.0
-    alpha: float = 0.3
-    first_rung: float = 0.0625
-    extra_seeds: int = 0
-    resamples: int = 200
-    bootstrap_seed: int = 0
-    bin_width: float = 0.02
-    grid_points: int = 50
+    search: SearchParams = field(default_factory=SearchParams)
+    study: DecisionParams = field(default_factory=DecisionParams)
     eval_every: int | None = None
-    method: str = "frontier"
-    target_budget: float | None = None
-    tolerance: float = 0.02
-    seeds_max: int | None = None
+    sweep_seeds: int | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"search settings: method must be one of {list(METHODS)}, got {self.method!r}")
-        checks = {"target_budget": self.target_budget is None or self.target_budget > 0,
-                  "tolerance": 0 < self.tolerance < 1, "seeds_max": self.seeds_max is None or self.seeds_max >= 1,
-                  "eta": self.eta > 1, "alpha": 0 < self.alpha < 0.5, "first_rung": self.first_rung > 0,
-                  "extra_seeds": self.extra_seeds >= 0, "resamples": self.resamples >= 0,
-                  "bin_width": self.bin_width > 0, "grid_points": self.grid_points >= 2,
-                  "eval_every": self.eval_every is None or self.eval_every >= 1}
-        bad = [name for name, ok in checks.items() if not ok or not math.isfinite(float(getattr(self, name) or 0))]
-        if bad:
-            raise ValueError(f"search settings: out of range: {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
+        for name, value in (("eval_every", self.eval_every), ("sweep_seeds", self.sweep_seeds)):
+            if value is not None and not value >= 1:
+                raise ValueError(f"search settings: {name} must be >= 1 or None, got {value!r}")
+
+    method = property(lambda self: self.search.method, doc="``sweep.search.method``")
+    eta = property(lambda self: self.search.eta, doc="rung factor; a fit is trusted eta times past its data (A3)")
+    alpha = property(lambda self: self.search.alpha, doc="bounds are one-sided 1 - alpha bootstrap bounds")
+    first_rung = property(lambda self: self.search.first_rung, doc="<= 1 a fraction of C_max, > 1 rollouts")
+    extra_seeds = property(lambda self: self.search.extra_seeds, doc="seeds a key may gain where undecided")
+    bin_width = property(lambda self: self.search.bin_width, doc="record bins of the search's own fits")
+    resamples = property(lambda self: self.search.bootstrap_resamples, doc="bootstrap refits")
+    bootstrap_seed = property(lambda self: self.search.bootstrap_seed, doc="seed of the bootstrap's draws")
+    target_budget = property(lambda self: self.study.target_budget, doc="C* (None: each group's C_max)")
+    tolerance = property(lambda self: self.study.tolerance, doc="epsilon")
+
+    @property
+    def seeds_max(self) -> int | None:
+        """The seeds a key may reach where the decision hangs: ``sweep.search.seeds_max``, else the sweep's."""
+        return self.search.seeds_max if self.search.seeds_max is not None else self.sweep_seeds
+
+    def identity(self) -> dict[str, Any]:
+        """Every value the decisions depend on, flat (what a stored ``search`` table was made with)."""
+        names = ("eta", "alpha", "first_rung", "extra_seeds", "resamples", "bootstrap_seed", "bin_width", "eval_every",
+                 "method", "target_budget", "tolerance", "seeds_max")
+        return {name: getattr(self, name) for name in names}
 
 
 @dataclass(frozen=True)
@@ -167,7 +165,7 @@ def bracket_limits(axis: str, fixed: int | None, b_max: int, key_min: int | None
 
 
 def rung_budgets(c_max: float, eta: float, first_rung: float) -> tuple[int, ...]:
-    """``c_1 < ... < c_R = C_max``: C_max / eta^j for j = R - 1, ..., 0, none below the first rung (science §8).
+    """``c_1 < ... < c_R = C_max``: C_max / eta^j for j = R - 1, ..., 0, none below the first rung (science §9.4).
 
     ``first_rung`` <= 1 is a fraction of C_max, above 1 a number of rollouts.
     Budgets are whole rollouts (rounded up).
@@ -287,7 +285,7 @@ def plan(groups: list[SearchGroup], decisions: pd.DataFrame, settings: SearchSet
 
 
 def truncate(points: pd.DataFrame, budgets: pd.DataFrame) -> pd.DataFrame:
-    """Each run's evaluations as far as the search had trained it: up to its budget ``c`` (science §8).
+    """Each run's evaluations as far as the search had trained it: up to its budget ``c`` (science §9.4).
 
     ``budgets`` has ``group, key, seed, c`` (:func:`run_budgets`). A run
     trained to budget c stops at the first step with C >= c and evaluates

@@ -54,7 +54,9 @@ def _decision_seeds(p: StudyParams) -> tuple[int, str]:
     """(the seeds the decision between two close keys reads, the key that sets them): ``sweep.seeds``; under the
     decision search (science §9.4) the seeds it adds where the decision hangs, up to ``sweep.search.seeds_max``
     (null: ``sweep.seeds``)."""
-    if p.sweep.search.method == "decision" and p.sweep.search.seeds_max is not None:
+    from rollscale.core.search.decisions import search_method
+
+    if search_method(p.sweep.search.method).adds_seeds and p.sweep.search.seeds_max is not None:
         return p.sweep.search.seeds_max, "sweep.search.seeds_max"
     return len(p.sweep.seeds), "sweep.seeds"
 

@@ -1,29 +1,27 @@
 """What ``rollscale check`` counts of a sweep run's evaluations: the trainer's own rule, not a copy.
 
-A run evaluates at step 0, at the steps :func:`rollscale.core.fit.power.eval_due` says (the shared budget
+A run evaluates at step 0, at the steps :func:`rollscale.core.fit.schedule.eval_due` says (the shared budget
 schedule of science §9.1, ``sweep.eval_per_doubling``; or every ``sweep.eval_every`` steps when that is 0) and
 at its last step: :func:`run_evaluation_steps` asks the same function the trainer does, so the grid's
-evaluation count, their cost in the sweep's time and the C from which a search can stop a key follow the
+evaluation count and their cost in the sweep's time follow the
 schedule the runs will use. The fixes name the setting that schedule reads.
 """
 
 from __future__ import annotations
 
-import math
-
 from collections.abc import Callable
 
 from rollscale.config import StudyParams
-from rollscale.core.fit import power
+from rollscale.core.fit import power, schedule
 
-__all__ = ["c_at_evaluation", "cadence_key", "evaluations_fix", "run_evaluation_steps", "search_fix"]
+__all__ = ["cadence_key", "evaluations_fix", "run_evaluation_steps"]
 
 
 def run_evaluation_steps(p: StudyParams, rollouts_per_step: int) -> list[int]:
     """The steps a sweep run of ``rollouts_per_step`` rollouts a step evaluates at: the trainer's own rule
-    (:func:`rollscale.core.fit.power.eval_due`; the shared budget schedule of science §9.1, or every
+    (:func:`rollscale.core.fit.schedule.eval_due`; the shared budget schedule of science §9.1, or every
     ``sweep.eval_every`` steps when ``sweep.eval_per_doubling`` is 0)."""
-    return power.evaluation_steps(p.sweep.c_max, rollouts_per_step, p.sweep.eval_per_doubling, p.sweep.eval_every)
+    return schedule.evaluation_steps(p.sweep.c_max, rollouts_per_step, p.sweep.eval_per_doubling, p.sweep.eval_every)
 
 
 def cadence_key(p: StudyParams) -> str:
@@ -45,25 +43,6 @@ def evaluations_fix(p: StudyParams, batches: list[int]) -> str:
     every = max(1, steps_min // (enough - 1))
     c_needed = widest * p.sweep.eval_every * (enough - 1)
     return f"sweep.eval_every: {every} (or less)" + (f", or sweep.c_max: {c_needed}" if c_needed > p.sweep.c_max else "")
-
-
-def c_at_evaluation(p: StudyParams, rollouts_per_step: int, count: int) -> float:
-    """The C of a run's ``count``-th evaluation past step 0 (inf: it has fewer)."""
-    steps = run_evaluation_steps(p, rollouts_per_step)[1:] if rollouts_per_step else []
-    return float(steps[count - 1] * rollouts_per_step) if len(steps) >= count else math.inf
-
-
-def search_fix(p: StudyParams, batches: list[int], last: float) -> str:
-    """The cadence that gives every key MIN_POINTS evaluations by ``last``, the last rung before c_max."""
-    from rollscale.core.search.decisions import MIN_POINTS
-
-    widest = max(batches)
-    if not last:
-        return "sweep.search.first_rung: 0.0625"
-    if p.sweep.eval_per_doubling:
-        k = _denser(p, lambda q: all(c_at_evaluation(q, b, MIN_POINTS) <= last for b in batches))
-        return f"sweep.eval_per_doubling: {k} (or more)" if k else "sweep.search.first_rung: 0.0625"
-    return f"sweep.eval_every: {max(1, int(last // (MIN_POINTS * widest)))} (or less)"
 
 
 def _denser(p: StudyParams, enough: Callable[[StudyParams], bool]) -> int | None:

@@ -28,11 +28,9 @@ from rollscale.core.fit import power
 from rollscale.core.problems.buckets import BucketError, assign_buckets, make_splits
 from rollscale.pipeline.check.budget import decision_findings
 from rollscale.pipeline.check.evals import (
-    c_at_evaluation,
     cadence_key,
     evaluations_fix,
     run_evaluation_steps,
-    search_fix,
 )
 from rollscale.pipeline.check.memory import sharded_memory_findings
 from rollscale.pipeline.check.profile import model_fit_findings
@@ -334,49 +332,10 @@ def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Findin
     yield Finding("warning", ("sampling.max_new_tokens",), msg, fix)
 
 
-def _search(p: StudyParams) -> Iterable[Finding]:
-    """The frontier search (science §8): whether it has keys to choose between, and from which rung it can
-    stop one (a stop rests on a fit of MIN_POINTS record points, and records are at most the evaluations)."""
-    from rollscale.core.search.decisions import MIN_POINTS, rung_budgets
-    from rollscale.train.search_groups import search_plan
-
-    s = p.sweep.search
-    if s.method != "frontier":
-        return
-    try:
-        groups = search_plan(p.sweep).groups
-    except ValueError:
-        return  # the grid's own finding names it
-    if not groups:
-        yield Finding("note", ("sweep.search.method",), "frontier search with no two keys to choose between: "
-                      "every run trains to c_max, as in a grid")
-        return
-    rungs = rung_budgets(p.sweep.c_max, s.eta, s.first_rung)
-    cadence = cadence_key(p)
-    said = f"rungs at C = {', '.join(f'{c:,}' for c in rungs)}"
-    last = rungs[-2] if len(rungs) > 1 else 0  # the last rung that can stop a key before c_max
-    # C at which a key's runs have MIN_POINTS evaluations past step 0 (records are at most the evaluations)
-    earliest = {(g.group, k): c_at_evaluation(p, g.step_rollouts(k) or 0, MIN_POINTS) for g in groups for k in g.keys}
-    late = {key: c for key, c in earliest.items() if c > last}
-    fix = search_fix(p, [g.step_rollouts(k) or 0 for g in groups for k in g.keys], last)
-    if len(late) == len(earliest):
-        yield Finding("warning", ("sweep.search", cadence), f"{said}: no key has {MIN_POINTS} "
-                      "evaluations by the last rung before c_max, so the search can stop nothing and spends what "
-                      "the grid does", fix)
-    elif late:
-        shown = ", ".join(f"{k} (from C = {c:,.0f})" if math.isfinite(c) else f"{k} (never)"
-                          for (_, k), c in sorted(late.items(), key=lambda kv: kv[1]))
-        yield Finding("note", ("sweep.search", cadence), f"{said}; a key is stopped only on a fit of "
-                      f"{MIN_POINTS} record points, so {shown} cannot be stopped before c_max", fix)
-    else:
-        yield Finding("note", ("sweep.search",), f"{said}; every key has {MIN_POINTS} evaluations by C = "
-                      f"{max(earliest.values()):,.0f}, where a stop can rest on its fit")
-
-
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
-    found = [*_data(known), *_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known),
+    found = [*_data(known), *_cross_section(params), *_grid(params), *_sizes(params, known),
              *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
              *(Finding(*f) for f in decision_findings(params)),
              *(Finding(*f) for f in sharded_memory_findings(params))]

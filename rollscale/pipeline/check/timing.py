@@ -23,7 +23,7 @@ from rollscale.pipeline.check.calibration import Calibration
 from rollscale.pipeline.check.budget import decision_half_width
 from rollscale.pipeline.check.evals import run_evaluation_steps
 
-__all__ = ["SEARCH_SPENT", "StageTimes", "estimate_findings", "settles_nothing", "stage_times", "time_finding"]
+__all__ = ["StageTimes", "estimate_findings", "settles_nothing", "stage_times", "time_finding"]
 
 # a stage's process, Prefect flow and worker pool start-up (docs/benchmarks.md: a pool of 2 starts in 9.2 s)
 STAGE_START_S = 9.0
@@ -32,13 +32,6 @@ SIDE_BY_SIDE_SLOWDOWN = 1.25
 # the fit and report stages: their start-up and a few seconds of work (the default study: 5.3 s and 10.1 s,
 # docs/benchmarks.md); they grow little with the study
 FIT_S, REPORT_S, BUCKET_S = 5.3, 10.1, 3.2
-# the share of the grid's rollouts (sweep.seeds seeds) a search spends (science §8): the default study with the
-# frontier search spent 75.6 % (docs/benchmarks.md, "The default study with the frontier search"); the decision
-# search (science §9.4) with 2 seeds to start 55.9 % of the 3-seed grid replayed on the default study's grid
-# (docs/benchmarks.md, "The decision at C* replayed on the default grid"), with 1 seed to start (the default)
-# 50.0 %: 240,256 rollouts replayed on the default study's runs (docs/benchmarks.md, "One seed a key to start")
-SEARCH_SPENT = {"frontier": 0.756, "decision": 0.559}
-DECISION_SPENT_ONE_SEED = 0.500
 # a search stops a key only on a difference the runs resolve (science §9.4): where a key must be worse than the
 # leader by more than this to be settled (2 x the half-width of D less the tolerance, check_budget), no key
 # stops and the sweep trains the whole grid. Keys of the default study differ at C* by <= 0.06, those of the
@@ -138,8 +131,10 @@ def stage_times(p: StudyParams, cal: Calibration, pool: int | None, profile: pd.
 
 def settles_nothing(p: StudyParams, val: int) -> str:
     """Why a search of ``p`` can settle no key early (:data:`SETTLE_GAP_MAX`), or "" where it can."""
+    from rollscale.core.search.decisions import search_method
+
     resolution = decision_half_width(p, val)
-    if p.sweep.search.method not in SEARCH_SPENT or resolution is None:
+    if search_method(p.sweep.search.method).measured_spent(p.sweep.search) is None or resolution is None:
         return ""
     if 2 * resolution[0] - p.study.tolerance <= SETTLE_GAP_MAX:
         return ""
@@ -152,12 +147,14 @@ def _search_share(p: StudyParams, val: int) -> tuple[float, str]:
     share): 1 for a grid or a search with no keys to choose. A search that can settle no key (:func:`settles_nothing`)
     trains every key to C_max, a key beyond the leading edge where the bracket allows one (science §9.4; the
     --hours 1 SmolLM2 study added n = 8 to {2, 4}), and, for the decision search, seeds up to ``seeds_max`` for
-    the leader and one other key: its share can pass 1."""
-    from rollscale.core.search.budget import seed_cap
+    the leader and one other key: its share can pass 1. The measured share is the method's
+    (:meth:`rollscale.core.search.methods.base.SearchMethod.measured_spent`)."""
+    from rollscale.core.search.decisions import search_method
     from rollscale.train.search_groups import search_plan, search_settings
 
-    method = p.sweep.search.method
-    if method not in SEARCH_SPENT:
+    method = search_method(p.sweep.search.method)
+    spent = method.measured_spent(p.sweep.search)
+    if spent is None:
         return 1.0, ""
     try:
         groups = search_plan(p.sweep).groups
@@ -167,14 +164,13 @@ def _search_share(p: StudyParams, val: int) -> tuple[float, str]:
         return 1.0, ""
     why = settles_nothing(p, val)
     if not why:
-        one_seed = method == "decision" and p.sweep.search.seeds_min == 1
-        return (DECISION_SPENT_ONE_SEED if one_seed else SEARCH_SPENT[method]), ""
+        return spent, ""
     settings, grid_seeds = search_settings(p.sweep, p.study), len(p.sweep.seeds)
     runs = grid = beyond_any = added_any = 0
     for g in groups:
         lo, hi = min(g.keys), max(g.keys)
         beyond = g.axis != "rule" and ((lo // 2 != lo and g.allows(lo // 2)) or g.allows(hi * 2))
-        added = 2 * max(0, seed_cap(g, settings) - len(g.seeds)) if method == "decision" else 0
+        added = method.seeds_added(g, settings)
         runs += (len(g.keys) + int(beyond)) * len(g.seeds) + added
         grid += len(g.keys) * grid_seeds
         beyond_any, added_any = beyond_any or beyond, added_any or added

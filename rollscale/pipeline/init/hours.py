@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from rollscale.config import StudyParams, parse_params
+from rollscale.core.search.decisions import search_method
 from rollscale.pipeline.check.calibration import Calibration
 from rollscale.pipeline.init.values import EASY_SHARE
 from rollscale.pipeline.check.timing import StageTimes, settles_nothing, stage_times
@@ -91,7 +92,7 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
         nothing (it only narrows an interval that stays wider than any difference between keys)."""
         p = params_of(values, {})
         lo, val = p.sweep.search.seeds_min, p.bucket.val_size
-        if p.sweep.search.method != "decision" or (v is not None and v <= lo) or not settles_nothing(p, val):
+        if not search_method(p.sweep.search.method).adds_seeds or (v is not None and v <= lo) or not settles_nothing(p, val):
             return None
         return lo
 

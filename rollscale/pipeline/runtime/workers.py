@@ -95,7 +95,7 @@ def run_all(
     """Run every unit on ``runner``; returns {index: result} and (label, error) per unit that
     raised (each logged as it happens). ``on_result(index, result)`` is called in the flow's
     process as each unit finishes; it may return new (params, label) units, submitted at once
-    (a frontier search's next rung of one group: a barrier for that group's runs only) and
+    (a search's next rung of one group: a barrier for that group's runs only) and
     indexed after the ones before them."""
     params, labels = list(params), list(labels)
     results, errors = {}, []

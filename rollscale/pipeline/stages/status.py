@@ -257,7 +257,7 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
 
 def runs_kept(runs: list[RunProgress]) -> str:
     """What an interrupted sweep kept, in words: its runs by state (science §1)."""
-    finished = sum(r.status in ("finished", "stopped") for r in runs)  # stopped: ended by the search (§8, §9.4)
+    finished = sum(r.status in ("finished", "stopped") for r in runs)  # stopped: ended by the search (§9.4)
     stopped = sum(r.status == "stopped" for r in runs)
     failed = sum(r.status == "failed" for r in runs)
     resume = sum(r.status not in ("finished", "stopped", "failed") and r.step is not None for r in runs)
@@ -274,7 +274,7 @@ def runs_kept(runs: list[RunProgress]) -> str:
 
 
 def search_progress(artifacts: str | os.PathLike[str]) -> list[str]:
-    """The frontier search (science §8) in words, a line per group: the last rung decided, the keys it
+    """The sweep's search (science §9.4) in words, a line per group: the last rung decided, the keys it
     stopped (rung and rule), added and seeded; none for a grid sweep."""
     path = Path(artifacts) / "sweep" / "search.parquet"
     try:
@@ -333,6 +333,6 @@ def format_status(status: StudyStatus) -> str:
         out += ["", f"sweep runs ({len(status.runs)}; step and C of the last good checkpoint):",
                 pd.DataFrame(rows).to_string(index=False, justify="left")]
     if status.search:
-        out += ["", "frontier search (the search table):", *status.search]
+        out += ["", "search (the search table):", *status.search]
     return "\n".join(out)
 

@@ -1,4 +1,4 @@
-"""The report's figures in order (science §2, §5, §6.2, §6.3, §7, §8)."""
+"""The report's figures in order (science §2, §5, §6.2, §6.3, §7, §9.4)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ _CHART_BUILDERS = (
 
 
 def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> list[ChartSpec]:
-    """The report's nine figures, in order (science §2, §5, §6.2, §6.3, §7, §8).
+    """The report's nine figures, in order (science §2, §5, §6.2, §6.3, §7, §9.4).
 
     1. ``difficulty``: avg@k histogram with the bucket bands of
        ``params["bucket"]`` (defaults easy [0.3, 0.6], hard [0, 0.0625],
@@ -38,7 +38,7 @@ def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
        n) or infinite is drawn at the cap as a distinct marker.
     3. ``noise_steps``: B_simple, K_crit, K_sat_icc (log) and rho_icc over steps.
     4. ``reward_vs_compute``: validation avg@k ± SE against C, every run, by n.
-    5. ``search``: the frontier search's runs against C, its rungs and where
+    5. ``search``: the search's runs against C, its rungs and where
        stopped runs ended, by stop rule (missing for a grid sweep).
     6. ``frontier``: F(C) coloured by n* and the fitted n*(C), per design.
     7. ``best_worst_at_k``: best@k and worst@k against C per run, peaks marked.

@@ -1,9 +1,10 @@
-"""The frontier search in the report (science §8): its runs' curves, rungs and stops, its cost, its decisions.
+"""The sweep's search in the report (science §9.4): its runs' curves, rungs and stops, its cost, its decisions.
 
-A frontier search advances every run in rungs of budget and, after each rung,
-stops a key that cannot be best (rules a, b, c of science §8). The ``search``
-table holds one row per run per decision; it is empty when the sweep ran as a
-grid (``sweep.search.method: grid``), and then nothing here is shown.
+The search advances every run in rungs of budget and, after each rung, settles
+the keys that cannot beat the leader at C* by more than epsilon and stops them
+(rules epsilon, a2, decided of science §9.4). The ``search`` table holds one
+row per run per decision; it is empty when the sweep ran as a grid
+(``sweep.search.method: grid``), and then nothing here is shown.
 """
 
 from __future__ import annotations
@@ -36,12 +37,8 @@ from rollscale.report.reasons import runs_as_ended, runs_reached_text
 
 __all__ = ["chart_search", "search_cost", "search_sentence", "table_search"]
 
-# what each stop rule says (science §8)
+# what each stop rule says (science §9.4)
 RULE_WHY = {
-    "a": "beaten at the rung by the leader, a larger n, in ≥ 1 − α of refits (A2)",
-    "b": "its asymptote's upper bound below the leader's lower bound",
-    "c": "its upper bound below the leader's lower bound at every budget still to come (A3)",
-    # science §9.4 (sweep.search.method: decision)
     "epsilon": "settled: it cannot beat the leader at C* by more than the tolerance (upper bound of D ≤ ε)",
     "a2": "settled: an n below the leader, beaten by it (A2: it will not overtake at a larger budget)",
     "decided": "the leader at C*, every other key settled: the decision is made",
@@ -56,7 +53,7 @@ def _no_search(t: Mapping[str, pd.DataFrame | None], what: str) -> str:
     if "sweep" in stages_not_run(t):
         return missing_stage("search", "sweep results")
     return (f"The sweep ran as a grid (`sweep.search.method: grid`): {runs_reached_text(_ended_runs(t))}, so "
-            f"there is no {what} (science §8).")
+            f"there is no {what} (science §9.4).")
 
 
 def _ended_runs(t: Mapping[str, pd.DataFrame | None]) -> pd.DataFrame | None:
@@ -95,27 +92,18 @@ def _keys_text(rows: pd.DataFrame) -> str:
     return "; ".join(f"{name} = {', '.join(values)}" for name, values in by_name.items())
 
 
-def _method(s: pd.DataFrame) -> str:
-    """Which search ran: ``decision`` (science §9.4: its rows carry C*) or ``frontier`` (§8)."""
-    return "decision" if "c_star" in s.columns and as_numeric(s["c_star"]).notna().any() else "frontier"
-
-
-def _search_name(s: pd.DataFrame) -> str:
-    return "the search of science §9.4" if _method(s) == "decision" else "the frontier search"
-
-
 def _stops_text(s: pd.DataFrame, runs: pd.DataFrame | None) -> str:
-    """What the search stopped and why, for a caption (science §8, §9.4); with no stop, what the runs did."""
+    """What the search stopped and why, for a caption (science §9.4); with no stop, what the runs did."""
     stops = s[s["action"] == "stop"]
     if stops.empty:
-        return f"{_search_name(s)} stopped no key; {runs_reached_text(runs)}"
+        return f"the search stopped no key; {runs_reached_text(runs)}"
     parts = []
     for (group, key, rung, rule), g in stops.groupby(["group", "key", "rung", "rule"], sort=False):
         seeds = ", ".join(fmt_value(v) for v in sorted(g["seed"].unique()))
         why = RULE_WHY.get(rule, rule)
         parts.append(f"{_key_label(group, key)} (seed {seeds}) at rung {fmt_value(rung)} "
                      f"(C = {fmt_value(g['c'].iloc[0])}) by rule {rule}, {why}")
-    return f"{_search_name(s)} stopped " + "; ".join(parts)
+    return "the search stopped " + "; ".join(parts)
 
 
 def _stopped_points(runs: pd.DataFrame | None, ev: pd.DataFrame) -> pd.DataFrame:
@@ -134,16 +122,16 @@ def _stopped_points(runs: pd.DataFrame | None, ev: pd.DataFrame) -> pd.DataFrame
 
 
 def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
-    """Every run's validation curve against C with the search's rungs and where its stopped runs ended (§8)."""
-    name, title = "search", "Frontier search: every run's curve, the rungs, and where runs were stopped"
+    """Every run's validation curve against C with the search's rungs and where its stopped runs ended (§9.4)."""
+    name, title = "search", "The search of science §9.4: every run's curve to where it stopped, the rungs, and why"
     caption = (
         "Validation avg@k against compute C in rollouts (log scale) for every run coloured by n, with a dashed "
         "rule at each rung's budget and a marker (shaped by the stop rule) at the last evaluation of each run "
-        "the search stopped (science §8)"
+        "the search stopped (science §9.4)"
     )
     s = _search(t)
     if s is None:
-        return ChartSpec(name, title, caption + ".", missing=_no_search(t, "frontier search to draw"))
+        return ChartSpec(name, title, caption + ".", missing=_no_search(t, "search to draw"))
     if t.get("evals") is None:
         return ChartSpec(name, title, caption + ".", missing=absent(t, "evals", "sweep results"))
     ev, has_runs = evals_with_runs(dict(t), ["avg_at_k"])
@@ -167,8 +155,6 @@ def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
         lines,
     ]
     stopped = _stopped_points(t.get("runs"), ev)
-    if _method(s) == "decision":
-        title = "The search of science §9.4: every run's curve to where it stopped, the rungs, and why"
     if not stopped.empty:
         layers.append(
             alt.Chart(inline_records(stopped)).mark_point(filled=True, size=110, color="#d62728", stroke="black",
@@ -195,11 +181,9 @@ def _seeds_max(params: Mapping[str, Any] | None) -> int | None:
 
 def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None,
                 ) -> dict[str, Any] | None:
-    """Rollouts the search spent against the grid's (science §8, §9.4); ``method`` names the search that ran.
+    """Rollouts the search spent against the grid's (science §9.4).
 
-    §8's frontier search: ``spent`` is runs.c summed over the finished and
-    stopped runs, ``grid`` their c_max summed. §9.4's (rows with C*): ``spent``
-    is what the search trained each run to (its rows' largest ``c_train``: a
+    ``spent`` is what the search trained each run to (its rows' largest ``c_train``: a
     run reused from an earlier sweep counts only as far as the search needed
     it), ``grid`` every key in play with ``sweep.search.seeds_max`` seeds (from
     ``params``; else the most any key reached) to C_max. ``share`` = spent /
@@ -211,18 +195,14 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
     if s is None or runs is None:
         return None
     require_columns(runs, "runs", ["status", "c", "c_max"])
+    require_columns(s, "search", ["c_train"])
     done = runs[runs["status"].astype(str).isin(SPENT_STATUSES)]
-    spent, grid = float(as_numeric(done["c"]).sum()), float(as_numeric(done["c_max"]).sum())
-    if done.empty or grid <= 0:
+    if done.empty or float(as_numeric(done["c_max"]).sum()) <= 0:
         return None
-    method = _method(s)
-    if method == "decision" and "c_train" in s.columns:
-        trained = as_numeric(s["c_train"]).groupby([s["group"], s["key"], s["seed"]]).max()
-        spent = float(trained.sum())
-        c_max = as_numeric(done["c_max"]).max()
-        seeds = _seeds_max(params) or int(s.groupby(["group", "key"])["seed"].nunique().max())
-        grid = float(s.groupby("group")["key"].nunique().sum() * seeds * c_max)
-    return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done), "method": method,
+    spent = float(as_numeric(s["c_train"]).groupby([s["group"], s["key"], s["seed"]]).max().sum())
+    seeds = _seeds_max(params) or int(s.groupby(["group", "key"])["seed"].nunique().max())
+    grid = float(s.groupby("group")["key"].nunique().sum() * seeds * as_numeric(done["c_max"]).max())
+    return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done),
             # the leader stops too when the decision is made (rule "decided"): it was not settled
             "stopped": _keys_text(s[(s["action"] == "stop") & (s["rule"] != "decided")]),
             "added": _keys_text(s[s["action"] == "add"])}
@@ -230,14 +210,9 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
 
 def search_sentence(cost: Mapping[str, Any]) -> str:
     """The headline's sentence on the search's cost, from :func:`search_cost`."""
-    if cost.get("method") == "decision":
-        text = (f"The search that stops when the decision is made (science §9.4) spent {cost['spent']:,.0f} "
-                f"rollouts, {cost['share']:.0%} of the {cost['grid']:,.0f} of a grid of every key it tried with "
-                f"seeds_max seeds to C_max; it settled {cost['stopped'] or 'no key'}")
-    else:
-        text = (f"The frontier search spent {cost['spent']:,.0f} rollouts, {cost['share']:.0%} of the "
-                f"{cost['grid']:,.0f} a grid of the same runs trains to C_max; "
-                f"it stopped {cost['stopped'] or 'no key'}")
+    text = (f"The search that stops when the decision is made (science §9.4) spent {cost['spent']:,.0f} "
+            f"rollouts, {cost['share']:.0%} of the {cost['grid']:,.0f} of a grid of every key it tried with "
+            f"seeds_max seeds to C_max; it settled {cost['stopped'] or 'no key'}")
     return text + (f" and added {cost['added']}." if cost["added"] else ".")
 
 
@@ -247,13 +222,13 @@ def _fold(values: pd.Series) -> str:
 
 
 def table_search(t: Mapping[str, pd.DataFrame | None]) -> TableSpec:
-    """The search's decisions, one row per group, decision and key with its seeds listed (science §8)."""
-    name, title = "search", "Frontier search decisions"
-    caption = ("Each decision of the frontier search (science §8), one row per key with its seeds: the rung and its "
-               "budget C, the action (continue, stop, add, seed, finish), the rule behind it (a, b, c: stops; "
-               "bracket: a key added at the grid's edge; undecided: a seed added; science §9.4's search: epsilon, "
-               "a2 and decided), the leader, the points behind the key's fit, and why in words; a §9.4 search "
-               "adds each key's reward at C* and the upper bound of its difference D to the leader.")
+    """The search's decisions, one row per group, decision and key with its seeds listed (science §9.4)."""
+    name, title = "search", "The search's decisions"
+    caption = ("Each decision of the search (science §9.4), one row per key with its seeds: the rung and its "
+               "budget C, the action (continue, stop, add, seed, finish), the rule behind it (epsilon, a2, decided: "
+               "stops; bracket: a key added at the grid's edge; undecided: a seed added), the leader, the "
+               "evaluations behind the key's fit, its reward at C* and the upper bound of its difference D to the "
+               "leader, and why in words.")
     s = _search(t)
     if s is None:
         return TableSpec(name, title, caption, missing=_no_search(t, "search decision to list"))
@@ -263,7 +238,7 @@ def table_search(t: Mapping[str, pd.DataFrame | None]) -> TableSpec:
                "seeds": _fold(g["seed"].sort_values())}
         for col in ("action", "rule", "leader", "n_points", "note"):
             row[col] = _fold(g[col]) if col in g.columns else "—"
-        for col, label in (("r_star", "R at C*"), ("d_hi", "D upper bound")):  # science §9.4's rows only
+        for col, label in (("r_star", "R at C*"), ("d_hi", "D upper bound")):
             if col in s.columns and as_numeric(s[col]).notna().any():
                 row[label] = _fold(as_numeric(g[col]).round(3))
         rows.append(row)

@@ -1,7 +1,7 @@
-"""The search that stops when the decision is made (science §9.4): the answer at C* for part of the grid.
+"""``sweep.search.method: decision``, the default: the search that stops when the decision is made (science
+§9.4), the answer at C* for part of the grid.
 
-``sweep.search.method: decision``. Runs advance in the rungs of §8
-(:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
+Runs advance in rungs of budget (:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
 group's seeds (``seeds_min``). After each rung :func:`decide_group` reads the
 decision (:func:`standings`) at the target budget C* (each key's reward
 ``R_k(C*)``, the leader L with the largest median over paired refits, the
@@ -53,7 +53,7 @@ its extrapolations settled keys wrongly). A key whose runs have fewer than
 :data:`MIN_POINTS` evaluations each (it or the leader) is not settled
 either. Every row carries C* (``c_star``), the key's reward there
 (``r_star``) and the one-sided 1 - alpha bounds of D_k (``d_lo``, ``d_hi``)
-beside §8's columns that apply.
+beside the columns of the ``search`` table that apply (:data:`rollscale.core.search.state.DECISION_COLUMNS`).
 
 The numbers are the decision's own (:func:`rollscale.core.fit.decision.decide`,
 science §9.2-9.3: one shared R0, every run fitted at it, the seed spread
@@ -72,18 +72,32 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rollscale.config import SearchParams
 from rollscale.core.fit.decision import RunCurves, decide, fit_groups
 from rollscale.core.fit.tables import REWARD_MAX
+from rollscale.core.search.methods.base import SearchMethod
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
-from rollscale.core.search.view import BRACKET_SHARE, MIN_POINTS, level
+from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["RULES", "Standing", "c_star", "decide_group", "seed_cap", "standings"]
+__all__ = ["BRACKET_SHARE", "MIN_POINTS", "RULES", "Decision", "Standing", "c_star", "decide_group", "level",
+           "seed_cap", "standings"]
+
+BRACKET_SHARE = 0.5  # an edge key leading at C* in >= 50 % of paired refits: the key beyond it joins
+# a key is settled on runs of MIN_POINTS evaluations or more (it and the leader), 2+ a parameter of the §7 sigmoid:
+# fewer let noise settle keys (simulated; the replay of the default grid added n = 32 on 3 points of n = 16,
+# docs/benchmarks.md)
+MIN_POINTS = 8
 
 # rule -> what it says (the `rule` column of a §9.4 row)
 RULES = {"epsilon": "settled: the upper bound of D_k <= epsilon", "a2": "settled: below the leader's n, beaten at c_r",
          "decided": "the leader, every other key settled", "bracket": "the key beyond a winning edge at C*",
          "undecided": "a seed where the decision hangs, or not decided at the cap", "budget": "reached C_max",
          "none": "not settled"}
+
+
+def level(settings: SearchSettings) -> float:
+    """The two-sided level whose interval ends are one-sided 1 - alpha bounds."""
+    return 1.0 - 2.0 * settings.alpha
 
 
 def c_star(group: SearchGroup, settings: SearchSettings) -> float:
@@ -209,11 +223,10 @@ def _settled(s: Standing, key: Any, group: SearchGroup, settings: SearchSettings
 
 
 def _numbers(t: pd.DataFrame | None, key: Any, target: float) -> dict[str, Any]:
-    """The columns a row carries for ``key`` (the decision at C*; §8's bounds NaN)."""
+    """The columns a row carries for ``key`` (the decision at C*)."""
     nan = math.nan
-    out: dict[str, Any] = {"leader": None, "beaten_share": nan, "margin_lo": nan, "a_hi": nan, "leader_lo": nan,
-                           "key_hi": nan, "best_share": nan, "at_c": nan, "c_star": target, "r_star": nan,
-                           "d_lo": nan, "d_hi": nan}
+    out: dict[str, Any] = {"leader": None, "leader_lo": nan, "key_hi": nan, "best_share": nan, "at_c": nan,
+                           "c_star": target, "r_star": nan, "d_lo": nan, "d_hi": nan}
     if t is None or t["leader"].iloc[0] is None:
         return out
     lead = t["leader"].iloc[0]
@@ -264,7 +277,7 @@ def _edge_answer(lead: Any, group: SearchGroup, st: GroupState) -> list[tuple[An
 def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, settings: SearchSettings,
                  ) -> list[dict]:
     """The next decision of one group (module docstring) from its :class:`Standing` (None: no evaluations yet):
-    rows of the ``search`` table, as §8's decide makes."""
+    rows of the ``search`` table."""
     r, budgets = int(st.rung), st.budgets  # type: ignore[arg-type]
     c_r, last = float(budgets[r - 1]), r == len(budgets)
     next_c = float(group.c_max if last else budgets[r])
@@ -331,3 +344,33 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
         for row in rows:
             row["leader"] = str(lead)
     return rows
+
+
+@SEARCH_METHODS.register("decision")
+class Decision(SearchMethod):
+    """Stop once the decision at C* is made (module docstring; science §9.4)."""
+
+    name = "decision"
+    adds_seeds = True
+    words = "search to the decision at C*"
+
+    def start_seeds(self, seeds: tuple[int, ...], search: SearchParams) -> tuple[int, ...]:
+        """Each key starts with the first ``seeds_min`` seeds; more come where the decision hangs."""
+        return seeds[:search.seeds_min]
+
+    def decide(self, points: pd.DataFrame, groups: list[SearchGroup], states: list[GroupState],
+               settings: SearchSettings) -> list[dict]:
+        rungs = {g.group: float(st.budgets[int(st.rung) - 1]) for g, st in zip(groups, states, strict=True)}
+        tables = standings(points, groups, rungs, settings)
+        return [r for g, st in zip(groups, states, strict=True) for r in decide_group(g, st, tables.get(g.group),
+                                                                                     settings)]
+
+    def measured_spent(self, search: SearchParams) -> float | None:
+        # of the grid's rollouts (sweep.seeds seeds), replayed on the default study's grid: with 2 seeds to start
+        # 55.9 % ("The decision at C* replayed on the default grid"), with 1 (the default) 50.0 %, 240,256
+        # rollouts ("One seed a key to start"; docs/benchmarks.md)
+        return 0.500 if search.seeds_min == 1 else 0.559
+
+    def seeds_added(self, group: SearchGroup, settings: SearchSettings) -> int:
+        # a seed each for the leader and one other key, up to the cap, where the decision hangs
+        return 2 * max(0, seed_cap(group, settings) - len(group.seeds))

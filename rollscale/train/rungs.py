@@ -1,14 +1,15 @@
-"""The sweep's rungs for every method (``sweep.search.method``): plan, train to the next budget, decide,
-repeat. The one place that drives a sweep's runs; its decisions are pure functions of the runs' tables
-(:mod:`rollscale.core.search`), written as the ``search`` table.
+"""The sweep's rungs for every search method (``sweep.search.method``, science §9.4): plan, train to the next
+budget, decide, repeat. The one place that drives a sweep's runs (``flows/sweep.py`` calls it); its decisions
+are the method's pure functions of the runs' tables (:mod:`rollscale.core.search`), written as the ``search``
+table.
 
-:class:`SweepSearch` plans the runs of the method: ``grid`` trains every run to C_max at once;
-``frontier`` (science §8) and ``decision`` (§9.4) train the groups of
+:class:`SweepSearch` plans the runs of the method: a method that does not search (``grid``) trains every run
+to C_max at once; one that does (``decision``, science §9.4) trains the groups of
 :func:`rollscale.train.search_groups.search_plan` in rungs of budget. ``start()`` gives
 the runs of every group's next rung (and the runs alone in their group, to
 C_max); ``finished(run)`` is called as each run comes back and, once every
 run of that group's rung is in, refits the group's curves
-(:func:`rollscale.core.search.decisions.decide`), writes the decisions
+(:func:`rollscale.core.search.decisions.decide`, the method's rules), writes the decisions
 (``sweep/search.parquet``, the ``search`` table) before any run trains on,
 marks the runs of stopped keys as ended ("stopped", with their rung and
 rule), and gives the runs of the group's next rung. A rung is a barrier for
@@ -30,23 +31,22 @@ from typing import Any
 import pandas as pd
 
 from rollscale.config import StudyParams
-from rollscale.core.search.decisions import (
+from rollscale.core.rollouts import SamplingConfig
+from rollscale.core.search.decisions import decide, search_method
+from rollscale.core.search.state import (
+    GroupState,
     SearchGroup,
     SearchSettings,
-    decide,
     empty_decisions,
     group_state,
     plan,
     rung_budgets,
 )
-from rollscale.core.search.state import METHODS, GroupState
 from rollscale.files import write_json_atomic, write_parquet_atomic
 from rollscale.train.checkpoint import RunStore
-from rollscale.train.run_config import RunConfig, RunResult
+from rollscale.train.run_config import RunConfig, RunResult, run_row
 from rollscale.train.search_groups import SearchPlan, search_plan, search_settings
 from rollscale.train.sweep import GridPoint, point_config, run_configs
-from tasks.models import sampling_config
-from tasks.sweep import run_row
 
 SEARCH_TABLE = "search.parquet"  # under artifacts/sweep (rollscale.tables.TABLES["search"])
 SEARCH_IDENTITY = "search.json"
@@ -58,7 +58,7 @@ Unit = tuple[RunConfig, float | None]
 def search_identity(search: SearchPlan, settings: SearchSettings) -> dict[str, Any]:
     """What the stored decisions are valid for: the settings and the groups (keys, seeds, C_max, limits)."""
     groups = [{f.name: getattr(g, f.name) for f in dataclasses.fields(g) if f.init} for g in search.groups]
-    return json.loads(json.dumps({"settings": dataclasses.asdict(settings), "groups": groups}, default=list))
+    return json.loads(json.dumps({"settings": settings.identity(), "groups": groups}, default=list))
 
 
 def _archive(path: Path, why: str) -> None:
@@ -141,22 +141,24 @@ def mark_stopped(run_dir: Path, config: RunConfig, bucket: str, rung: int, rule:
 
 
 class SweepSearch:
-    """The rungs of one sweep (module docstring): ``params``' sweep section, its runs under ``sweep_dir``/runs.
-    Building it reads the decisions of an earlier sweep with the same settings and moves nothing."""
+    """The rungs of one sweep (module docstring): ``params``' sweep section, its runs under ``sweep_dir``/runs,
+    sampled with ``sampling`` (``params.sampling`` as the runs take it). Building it reads the decisions of an
+    earlier sweep with the same settings and moves nothing."""
 
-    def __init__(self, params: StudyParams, sweep_dir: Path) -> None:
+    def __init__(self, params: StudyParams, sweep_dir: Path, sampling: SamplingConfig) -> None:
         sweep = params.sweep
         self.sweep, self.sweep_dir, self.bucket = sweep, sweep_dir, sweep.bucket
-        self.sampling = sampling_config(params.sampling)
+        self.sampling = sampling
         self.grid = {c.run_id: c for c in run_configs(sweep, self.sampling)}
-        self.searching = sweep.search.method in METHODS  # §8 or §9.4: one loop for every search
+        self.method = search_method(sweep.search.method)
+        self.searching = self.method.searches  # every method that searches runs in this one loop
         self.pending: dict[str, tuple[SearchGroup, Any]] = {}  # run id -> (group, key) of a rung still training
-        self.cache: dict = {}  # fits of unchanged curves, kept between decisions
+        self.settings = search_settings(sweep, params.study)
         if not self.searching:  # a grid: every run alone, trained to C_max
-            self.search, self.settings = SearchPlan(None, [], {}, [], tuple(sweep.rules)), SearchSettings()
+            self.search = SearchPlan(None, [], {}, [], tuple(sweep.rules))
             self.identity, self.decisions, self.alone = {}, empty_decisions(), list(self.grid.values())
             return
-        self.search, self.settings = search_plan(sweep), search_settings(sweep, params.study)
+        self.search = search_plan(sweep)
         self.alone = [self._config(p) for p in self.search.alone]
         self.identity = search_identity(self.search, self.settings)
         self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
@@ -184,11 +186,10 @@ class SweepSearch:
         s = self.sweep.search
         if self.search.groups:
             rungs = rung_budgets(self.sweep.c_max, s.eta, s.first_rung)
-            what = "frontier search" if s.method == "frontier" else "search to the decision at C*"
-            print(f"sweep: {what} over {self.search.design} in {len(self.search.groups)} group(s), rungs at C = "
+            print(f"sweep: {self.method.words} over {self.search.design} in {len(self.search.groups)} group(s), rungs at C = "
                   f"{', '.join(f'{c:,}' for c in rungs)} (eta {s.eta}, alpha {s.alpha})")
         else:
-            print("sweep: frontier search: no two keys to choose between in this grid; every run trains to C_max")
+            print(f"sweep: {self.method.words}: no two keys to choose between in this grid; every run trains to C_max")
 
     def start(self, damaged: set[str]) -> list[Unit]:
         """The first runs to train, the longest (most steps: more evaluations and per-step work) first, so the
@@ -233,7 +234,7 @@ class SweepSearch:
                 if runs:
                     self.pending.update({c.run_id: (g, key) for key, c, _ in runs})
                     return [(c, b) for _, c, b in runs]
-            new = decide(self._points(g), [g], self.decisions, self.settings, self.cache)
+            new = decide(self._points(g), [g], self.decisions, self.settings)
             self.decisions = pd.concat([self.decisions, new], ignore_index=True) if len(self.decisions) else new
             save_decisions(self.sweep_dir, self.decisions, self.identity)
             print(decision_line(g, new), flush=True)
