@@ -152,3 +152,16 @@ def model_path_problem(name_or_path: str, gguf_file: str | None = None) -> str |
         return None
     return (f"{name_or_path} not found: neither a local model folder nor a hub id of the form "
             "org/name (e.g. Qwen/Qwen3-0.6B)")
+
+
+def cron_problem(cron: str) -> str | None:
+    """Why ``cron`` is no schedule Prefect runs, or None: Prefect's own validation (what ``serve`` and
+    ``track --serve`` hand it). Prefect is imported here: loading it costs seconds, and only a set cron needs it."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=cron)
+    except ValueError:
+        return (f"expected a cron string of five fields (minute hour day month weekday), e.g. '0 3 * * *', or a "
+                f"macro such as '@daily', got {cron!r}")
+    return None

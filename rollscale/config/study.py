@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rollscale.config.checks import model_path_problem, read_params_yaml
+from rollscale.config.checks import cron_problem, model_path_problem, read_params_yaml
 from rollscale.config.data import DataParams, TableParams
 from rollscale.config.keys import model_at
 from rollscale.config.sections import (
@@ -31,6 +31,7 @@ from rollscale.config.sections import (
     SearchParams,
     Section,
     SweepParams,
+    TrackParams,
     TrainParams,
 )
 from rollscale.registry import SAMPLING_ENGINES
@@ -38,7 +39,7 @@ from rollscale.registry import SAMPLING_ENGINES
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "DecisionParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
     "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "SamplingParams", "ScheduleParams", "SearchParams",
-    "StudyParams", "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
+    "StudyParams", "SweepParams", "TableParams", "TrackParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 
 
@@ -231,17 +232,8 @@ class ScheduleParams(Section):
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        # Prefect's own schedule validation (croniter): what it accepts is what `serve` can run.
-        # Imported here: loading Prefect costs seconds, and only a set cron needs it.
-        from prefect.client.schemas.schedules import CronSchedule
-
-        try:
-            CronSchedule(cron=v)
-        except ValueError:
-            raise ValueError(f"expected a cron string of five fields (minute hour day month weekday), "
-                             f"e.g. '0 3 * * *', or a macro such as '@daily', got {v!r}") from None
+        if v is not None and (problem := cron_problem(v)):
+            raise ValueError(problem)
         return v
 
     @field_validator("timezone")
@@ -294,6 +286,7 @@ class StudyParams(Section):
     report: ReportParams = Field(default_factory=ReportParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
+    track: TrackParams = Field(default_factory=TrackParams)
     query: QueryParams = Field(default_factory=QueryParams)
 
     @property
