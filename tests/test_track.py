@@ -167,7 +167,10 @@ def test_a_run_below_the_band_is_flagged_with_the_settings_that_differ(study):
 
 
 def run_track(*args: str) -> int:
-    return main(["track", *args])
+    """One tick in this process (what `rollscale track` starts as `python -m flows.track`)."""
+    from flows.track import main as track_main
+
+    return track_main(list(args))
 
 
 def test_bad_input_is_one_line_and_leaves_the_study(study, capsys):
@@ -213,17 +216,124 @@ def test_a_run_exported_with_another_n_is_warned(study):
     assert "the run logs n = 8 rollouts per prompt but was exported with n = 4" in done.warnings[0]
 
 
-def test_production_is_queryable_and_no_stage(study, capsys):
+def test_production_is_queryable_and_no_stage(study, capfd):
     from rollscale.report.base import check_tables, stages_not_run
 
     root, _ = study
     assert main(["sql", "select count(*) as n from production"]) == 2
-    assert "table 'production' does not exist yet: run `rollscale track --logs DIR`" in capsys.readouterr().err
+    assert "table 'production' does not exist yet: run `rollscale track --logs DIR`" in capfd.readouterr().err
     verl_log(root / "verl.jsonl", range(1, 4))
-    assert run_track("--logs", "verl.jsonl", "--format", "verl-jsonl") == 0
-    capsys.readouterr()
+    assert main(["track", "--logs", "verl.jsonl", "--format", "verl-jsonl"]) == 0  # the command: its own process
+    assert "track: 3 new points" in capfd.readouterr().out
     assert main(["sql", "select step, c, metric from production order by step"]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "critic/score/mean" in out and out.split()[-3:] == ["3", "24.0", "critic/score/mean"]
     # the report's stages are dvc.yaml's: a production table never makes a "production" stage that has not run
     assert "production" not in stages_not_run(check_tables({}))
+
+
+TRAINER = '''
+import json, sys, time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import trl
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl.scripts.grpo import make_parser
+
+from rollscale.integrations.export.rewards import trl_reward
+from rollscale.lm.models import char_tokenizer
+
+torch.set_num_threads(1)
+TABLE = Path("artifacts/production/production.parquet")
+
+
+class WaitForTheTracker(TrainerCallback):
+    """At two steps the run waits (at most 150 s) until the served tracker has ticked past them, so that
+    both ticks land while it trains; the times it was seen are written for the test."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step in (6, 12):
+            deadline = time.time() + 150
+            while time.time() < deadline:
+                if TABLE.exists() and pd.read_parquet(TABLE)["step"].max() >= state.global_step - 1:
+                    with open("seen.jsonl", "a") as f:
+                        f.write(json.dumps({"step": state.global_step, "rows": len(pd.read_parquet(TABLE))}) + "\\n")
+                    break
+                time.sleep(0.5)
+
+
+_, args, model, _ = make_parser().parse_args_and_config(
+    ["--config", "export/trl_grpo.yaml", "--output_dir", "out", "--report_to", "tensorboard", "--use_cpu", "true",
+     "--logging_steps", "1", "--save_strategy", "no"])
+data = Dataset.from_dict({"prompt": ["1+2=", "3+4=", "2+2=", "5+1="] * 4, "answer": ["3", "7", "4", "6"] * 4})
+trainer = trl.GRPOTrainer(model=model.model_name_or_path, reward_funcs=[trl_reward("numeric")], args=args,
+                          train_dataset=data, processing_class=char_tokenizer(), callbacks=[WaitForTheTracker()])
+trainer.train()
+print("trained", trainer.state.global_step, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_trl_run_tracked_live_by_the_served_deployment(study, tmp_path, capsys):
+    """The study's answer exported to TRL, a GRPOTrainer of the tiny model trained from the export with TensorBoard
+    logging in a process of its own, `rollscale track --serve` ticking while it trains, the page in Chromium and
+    the production table through `rollscale sql`."""
+    pytest.importorskip("trl")
+    pytest.importorskip("tensorboard")
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from rollscale.lm.models import char_tokenizer, tiny_llama
+    from tests.browser import CHROMIUM, chromium, console_messages
+
+    root, decision = study
+    torch.manual_seed(0)
+    tiny_llama(len(char_tokenizer()), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+               max_positions=32).save_pretrained(root / "artifacts/base/model")
+    assert main(["export", "--to", "trl"]) == 0
+    assert "M = 20 steps" in capsys.readouterr().out
+    (root / "train.py").write_text(TRAINER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "PREFECT_RUNNER_POLL_FREQUENCY": "1", "OMP_NUM_THREADS": "1"}
+    served = subprocess.Popen([sys.executable, "-m", "rollscale.pipeline.cli", "track", "--logs", "out", "--serve",
+                               "--every", "2"], cwd=root, env=env, stdout=open(tmp_path / "serve.log", "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    trainer = subprocess.Popen([sys.executable, "train.py"], cwd=root, env=env, stdout=open(tmp_path / "train.log", "w"),
+                               stderr=subprocess.STDOUT)
+    try:
+        assert trainer.wait(timeout=400) == 0, (tmp_path / "train.log").read_text()[-3000:]
+        table = root / "artifacts/production/production.parquet"
+        deadline = time.time() + 120  # the tick after the run's last step
+        while time.time() < deadline and not (table.exists() and pd.read_parquet(table)["step"].max() == 20):
+            time.sleep(1)
+    finally:
+        if served.poll() is None:
+            os.killpg(served.pid, signal.SIGTERM)
+            try:
+                served.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(served.pid, signal.SIGKILL)
+    log = (tmp_path / "serve.log").read_text()
+    seen = [json.loads(line) for line in (root / "seen.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in seen] == [6, 12] and seen[0]["rows"] < seen[1]["rows"] < 20, log[-3000:]  # 2 ticks mid-run
+    assert "track: deployment track/rollscale-track, every 2 s" in log
+    rows = pd.read_parquet(table)
+    assert rows["step"].tolist() == list(range(1, 21)) and rows["c"].tolist() == [8.0 * s for s in range(1, 21)]
+    assert set(rows["metric"]) == {"train/reward"} and rows["forecast"].notna().all()
+    html = root / "artifacts/production/index.html"
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is absent (apt-get install chromium): the page was written, not rendered")
+    dom = chromium(["--dump-dom", html.as_uri()], tmp_path / "profile")
+    assert dom.returncode == 0 and console_messages(dom.stderr) == [], dom.stderr[-2000:]
+    assert 'class="marks"' in dom.stdout and "Expected at C* = 160 rollouts" in dom.stdout
+    assert main(["sql", "select count(*) as points, max(c) as c from production"]) == 0
+    assert capsys.readouterr().out.split()[-2:] == ["20", "160.0"]

@@ -165,3 +165,8 @@ def cron_problem(cron: str) -> str | None:
         return (f"expected a cron string of five fields (minute hour day month weekday), e.g. '0 3 * * *', or a "
                 f"macro such as '@daily', got {cron!r}")
     return None
+
+
+def deployment_problem(name: str) -> str | None:
+    """Why ``name`` is no Prefect deployment name (runs are named "<flow>/<deployment>"), or None."""
+    return None if name.strip() and "/" not in name else f"expected a non-empty deployment name without '/', got {name!r}"

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
-from rollscale.config.checks import bool_for_number, cron_problem
+from rollscale.config.checks import bool_for_number, cron_problem, deployment_problem
 from rollscale.registry import ADVANTAGE_ESTIMATORS, ALLOCATION_RULES, LOSS_AGGREGATIONS, POLICY_LOSSES, closest_hint
 
 
@@ -321,6 +321,6 @@ class TrackParams(Section):
     @field_validator("deployment")
     @classmethod
     def _deployment(cls, v: str) -> str:
-        if not v.strip() or "/" in v:
-            raise ValueError(f"expected a non-empty deployment name without '/', got {v!r}")
+        if problem := deployment_problem(v):
+            raise ValueError(problem)
         return v

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rollscale.config.checks import cron_problem, model_path_problem, read_params_yaml
+from rollscale.config.checks import cron_problem, deployment_problem, model_path_problem, read_params_yaml
 from rollscale.config.data import DataParams, TableParams
 from rollscale.config.keys import model_at
 from rollscale.config.sections import (
@@ -225,8 +225,8 @@ class ScheduleParams(Section):
     @field_validator("deployment")
     @classmethod
     def _deployment(cls, v: str) -> str:
-        if not v.strip() or "/" in v:
-            raise ValueError(f"expected a non-empty deployment name without '/', got {v!r}")
+        if problem := deployment_problem(v):
+            raise ValueError(problem)
         return v
 
     @field_validator("cron")
