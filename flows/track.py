@@ -13,6 +13,7 @@ Without ``--serve``: one tick. With it: a Prefect deployment ticking every ``tra
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def serve_track(params_path: str, artifacts: str, track: TrackParams) -> None:
                  parameters={"params_path": str(Path(params_path).resolve()), "artifacts": str(Path(artifacts).resolve()),
                              "settings": track.model_dump()},
                  description="A production run against the rollscale study's forecast", tags=["rollscale"],
-                 entrypoint_type=EntrypointType.MODULE_PATH, print_starting_message=False)
+                 entrypoint_type=EntrypointType.MODULE_PATH, print_starting_message=False,
+                 limit=1)  # one tick at a time: a late tick waits for the one before it, never overlaps it
 
 
 def parser() -> argparse.ArgumentParser:
@@ -101,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def go() -> None:
         track = settings_of(args)
+        if args.serve and not os.environ.get("PREFECT_API_URL"):
+            # the temporary server a command starts for itself runs none of Prefect's services: no tick would start
+            raise EnvironmentError("--serve needs a Prefect server whose scheduler starts the ticks: run `prefect "
+                                   "server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api (or tick "
+                                   "without --serve, e.g. from cron)")
         with prefect_api():
             if args.serve:
                 serve_track(args.params, args.artifacts, track)

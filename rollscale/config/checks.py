@@ -21,9 +21,10 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
+from pydantic import AfterValidator
 
 __all__ = ["bool_for_number", "model_path_problem", "read_params_yaml"]
 
@@ -167,6 +168,18 @@ def cron_problem(cron: str) -> str | None:
     return None
 
 
-def deployment_problem(name: str) -> str | None:
-    """Why ``name`` is no Prefect deployment name (runs are named "<flow>/<deployment>"), or None."""
-    return None if name.strip() and "/" not in name else f"expected a non-empty deployment name without '/', got {name!r}"
+def _checked_cron(cron: str | None) -> str | None:
+    if cron is not None and (problem := cron_problem(cron)):
+        raise ValueError(problem)
+    return cron
+
+
+def _checked_deployment(name: str) -> str:
+    if not name.strip() or "/" in name:  # runs are named "<flow>/<deployment>"
+        raise ValueError(f"expected a non-empty deployment name without '/', got {name!r}")
+    return name
+
+
+# a served deployment's schedule (null: none) and name, as `rollscale serve` and `rollscale track --serve` take them
+CronSchedule = Annotated[Optional[str], AfterValidator(_checked_cron)]
+DeploymentName = Annotated[str, AfterValidator(_checked_deployment)]

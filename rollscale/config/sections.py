@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
-from rollscale.config.checks import bool_for_number, cron_problem, deployment_problem
+from rollscale.config.checks import CronSchedule, DeploymentName, bool_for_number
 from rollscale.registry import ADVANTAGE_ESTIMATORS, ALLOCATION_RULES, LOSS_AGGREGATIONS, POLICY_LOSSES, closest_hint
 
 
@@ -305,22 +305,8 @@ class TrackParams(Section):
     patience: int = Field(3, ge=1)
     # the served deployment (--serve) ticks every this many seconds, or on ``cron`` when it is set
     every: int = Field(60, ge=1)
-    cron: str | None = None
-    deployment: str = "rollscale-track"
+    cron: CronSchedule = None
+    deployment: DeploymentName = "rollscale-track"
     # the decision's key the run was exported from (rollscale export --key / --rule); null = the leader
     key: int | None = None
     rule: str | None = None
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, v: str | None) -> str | None:
-        if v is not None and (problem := cron_problem(v)):
-            raise ValueError(problem)
-        return v
-
-    @field_validator("deployment")
-    @classmethod
-    def _deployment(cls, v: str) -> str:
-        if problem := deployment_problem(v):
-            raise ValueError(problem)
-        return v

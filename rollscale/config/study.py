@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rollscale.config.checks import cron_problem, deployment_problem, model_path_problem, read_params_yaml
+from rollscale.config.checks import CronSchedule, DeploymentName, model_path_problem, read_params_yaml
 from rollscale.config.data import DataParams, TableParams
 from rollscale.config.keys import model_at
 from rollscale.config.sections import (
@@ -213,28 +213,14 @@ class ScheduleParams(Section):
     """The served deployment of the study (``rollscale serve``) and its cron schedule."""
 
     # Prefect deployment name: runs are started as "study/<deployment>"
-    deployment: str = "rollscale-study"
+    deployment: DeploymentName = "rollscale-study"
     # five-field cron string ("0 3 * * *" = daily at 03:00) or a macro (@daily); null = served, started by hand
-    cron: str | None = None
+    cron: CronSchedule = None
     timezone: str = "UTC"
     # stages the scheduled study runs, in study order; empty = all (e.g. [profile, measure] to re-profile)
     stages: list[str] = Field(default_factory=list)
     # recompute the stages even when unchanged (e.g. a new checkpoint saved at the same path)
     force: bool = False
-
-    @field_validator("deployment")
-    @classmethod
-    def _deployment(cls, v: str) -> str:
-        if problem := deployment_problem(v):
-            raise ValueError(problem)
-        return v
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, v: str | None) -> str | None:
-        if v is not None and (problem := cron_problem(v)):
-            raise ValueError(problem)
-        return v
 
     @field_validator("timezone")
     @classmethod
