@@ -7,7 +7,7 @@ tables, the report reads them, and both take the list from here.
 
 from __future__ import annotations
 
-__all__ = ["RUN_PART_TABLES", "TABLES", "table_stage"]
+__all__ = ["RUN_PART_TABLES", "STUDY_TABLES", "TABLES", "TRACKED_TABLES", "table_stage"]
 
 # table name -> Parquet glob relative to the artifacts folder.
 # The first path component is the stage that writes the table.
@@ -28,11 +28,18 @@ TABLES: dict[str, str] = {
     "epoch_transitions": "fit/epoch_transitions.parquet",
     "record_points": "fit/record_points.parquet",
     "decision": "fit/decision.parquet",
+    "production": "production/production.parquet",
 }
 # tables whose rows are committed by a run's checkpoints (rollscale.train.checkpoint)
 RUN_PART_TABLES = ("steps", "evals")
+# tables no stage writes: a command outside the study (name -> the command). Their folder under artifacts/ is
+# no stage, so the report and `rollscale status` never count it as one that has not run; `rollscale sql` queries them
+TRACKED_TABLES: dict[str, str] = {"production": "rollscale track --logs DIR"}
+# the study's own tables, each written by a stage of dvc.yaml
+STUDY_TABLES: tuple[str, ...] = tuple(name for name in TABLES if name not in TRACKED_TABLES)
 
 
 def table_stage(name: str) -> str:
-    """The stage that writes table ``name``."""
+    """The stage that writes table ``name`` (for a tracked table, the folder its command writes)."""
     return TABLES[name].split("/")[0]
+

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,8 +19,8 @@ from rollscale.report import (
     summary_tables,
     write_report,
 )
+from tests.browser import CHROMIUM, chromium, console_messages
 
-CHROMIUM = Path("/usr/bin/chromium")
 CHART_NAMES = [
     "difficulty",
     "k_sat",
@@ -389,31 +387,12 @@ def test_rewrite_removes_the_png_of_a_chart_now_missing(study, tmp_path):
 # a real browser, offline
 
 
-def _chromium(args: list[str], user_dir: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={user_dir}", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-        "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
-
-
-def _console_messages(stderr: str) -> list[str]:
-    """Console output of the page (Chromium logs every console message as INFO:CONSOLE).
-
-    The report page logs nothing when all is well: vega's warnings ("WARN ...") and a failed
-    chart's console.error both count, as do uncaught exceptions.
-    """
-    return [line for line in stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)")
 def test_report_renders_offline_in_chromium(full_report, tmp_path):
     url = full_report.html.resolve().as_uri()
-    dom = _chromium(["--dump-dom", url], tmp_path / "profile_dom")
+    dom = chromium(["--dump-dom", url], tmp_path / "profile_dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert _console_messages(dom.stderr) == []
+    assert console_messages(dom.stderr) == []
     html = dom.stdout
     # a chart that failed to draw gets the "error" class (see the page's script)
     assert not re.search(r'class="chart[^"]*\berror\b', html)
@@ -424,9 +403,9 @@ def test_report_renders_offline_in_chromium(full_report, tmp_path):
     for (start, name), end in zip(starts, ends, strict=True):
         assert html[start:end].count('class="marks"') == 1, name
     shot = tmp_path / "report.png"
-    res = _chromium([f"--screenshot={shot}", "--window-size=1400,6000", url], tmp_path / "profile_shot")
+    res = chromium([f"--screenshot={shot}", "--window-size=1400,6000", url], tmp_path / "profile_shot")
     assert res.returncode == 0, res.stderr[-2000:]
-    assert _console_messages(res.stderr) == []
+    assert console_messages(res.stderr) == []
     assert shot.read_bytes().startswith(PNG_MAGIC)
 
 
@@ -629,7 +608,7 @@ def test_first_screen_shows_the_answer_in_chromium(study, tmp_path, kind):
     probe = tmp_path / "report" / "probe.html"
     head, tail = paths.html.read_text().rsplit("</body>", 1)  # the last one: the bundle's JS holds the string too
     probe.write_text(head + FIRST_SCREEN + tail)
-    dom = _chromium(["--window-size=1400,900", "--dump-dom", probe.as_uri()], tmp_path / "profile_dom")
+    dom = chromium(["--window-size=1400,900", "--dump-dom", probe.as_uri()], tmp_path / "profile_dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     attrs = dict(re.findall(r'data-(verdict-bottom|claims-top|figures-top|viewport)="([-0-9.]+)"', dom.stdout))
     viewport = float(attrs["viewport"])
@@ -639,5 +618,5 @@ def test_first_screen_shows_the_answer_in_chromium(study, tmp_path, kind):
     assert verdict.startswith({"decision": "At C* = 40,000 rollouts: n = 4", "decided": "Answer: all / all: n* = "}.get(
         kind, "No answer yet: the data cannot decide"))
     shot = tmp_path / "first_screen.png"
-    res = _chromium([f"--screenshot={shot}", "--window-size=1400,900", paths.html.as_uri()], tmp_path / "profile_shot")
+    res = chromium([f"--screenshot={shot}", "--window-size=1400,900", paths.html.as_uri()], tmp_path / "profile_shot")
     assert res.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC)

@@ -21,9 +21,10 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
+from pydantic import AfterValidator
 
 __all__ = ["bool_for_number", "model_path_problem", "read_params_yaml"]
 
@@ -152,3 +153,33 @@ def model_path_problem(name_or_path: str, gguf_file: str | None = None) -> str |
         return None
     return (f"{name_or_path} not found: neither a local model folder nor a hub id of the form "
             "org/name (e.g. Qwen/Qwen3-0.6B)")
+
+
+def cron_problem(cron: str) -> str | None:
+    """Why ``cron`` is no schedule Prefect runs, or None: Prefect's own validation (what ``serve`` and
+    ``track --serve`` hand it). Prefect is imported here: loading it costs seconds, and only a set cron needs it."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=cron)
+    except ValueError:
+        return (f"expected a cron string of five fields (minute hour day month weekday), e.g. '0 3 * * *', or a "
+                f"macro such as '@daily', got {cron!r}")
+    return None
+
+
+def _checked_cron(cron: str | None) -> str | None:
+    if cron is not None and (problem := cron_problem(cron)):
+        raise ValueError(problem)
+    return cron
+
+
+def _checked_deployment(name: str) -> str:
+    if not name.strip() or "/" in name:  # runs are named "<flow>/<deployment>"
+        raise ValueError(f"expected a non-empty deployment name without '/', got {name!r}")
+    return name
+
+
+# a served deployment's schedule (null: none) and name, as `rollscale serve` and `rollscale track --serve` take them
+CronSchedule = Annotated[Optional[str], AfterValidator(_checked_cron)]
+DeploymentName = Annotated[str, AfterValidator(_checked_deployment)]

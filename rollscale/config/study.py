@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rollscale.config.checks import model_path_problem, read_params_yaml
+from rollscale.config.checks import CronSchedule, DeploymentName, model_path_problem, read_params_yaml
 from rollscale.config.data import DataParams, TableParams
 from rollscale.config.keys import model_at
 from rollscale.config.sections import (
@@ -32,6 +32,7 @@ from rollscale.config.sections import (
     SearchParams,
     Section,
     SweepParams,
+    TrackParams,
     TrainParams,
 )
 from rollscale.registry import SAMPLING_ENGINES
@@ -39,7 +40,7 @@ from rollscale.registry import SAMPLING_ENGINES
 __all__ = [
     "BaseParams", "BucketParams", "DataParams", "DecisionParams", "FitParams", "LoraParams", "MeasureParams", "ModelParams",
     "ParamsError", "ProfileParams", "QueryParams", "ReportParams", "RunRecordParams", "SamplingParams", "ScheduleParams", "SearchParams",
-    "StudyParams", "SweepParams", "TableParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
+    "StudyParams", "SweepParams", "TableParams", "TrackParams", "TrackingParams", "TrainParams", "format_validation_error", "load_params", "parse_params",
 ]
 
 
@@ -213,37 +214,14 @@ class ScheduleParams(Section):
     """The served deployment of the study (``rollscale serve``) and its cron schedule."""
 
     # Prefect deployment name: runs are started as "study/<deployment>"
-    deployment: str = "rollscale-study"
+    deployment: DeploymentName = "rollscale-study"
     # five-field cron string ("0 3 * * *" = daily at 03:00) or a macro (@daily); null = served, started by hand
-    cron: str | None = None
+    cron: CronSchedule = None
     timezone: str = "UTC"
     # stages the scheduled study runs, in study order; empty = all (e.g. [profile, measure] to re-profile)
     stages: list[str] = Field(default_factory=list)
     # recompute the stages even when unchanged (e.g. a new checkpoint saved at the same path)
     force: bool = False
-
-    @field_validator("deployment")
-    @classmethod
-    def _deployment(cls, v: str) -> str:
-        if not v.strip() or "/" in v:
-            raise ValueError(f"expected a non-empty deployment name without '/', got {v!r}")
-        return v
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        # Prefect's own schedule validation (croniter): what it accepts is what `serve` can run.
-        # Imported here: loading Prefect costs seconds, and only a set cron needs it.
-        from prefect.client.schemas.schedules import CronSchedule
-
-        try:
-            CronSchedule(cron=v)
-        except ValueError:
-            raise ValueError(f"expected a cron string of five fields (minute hour day month weekday), "
-                             f"e.g. '0 3 * * *', or a macro such as '@daily', got {v!r}") from None
-        return v
 
     @field_validator("timezone")
     @classmethod
@@ -295,6 +273,7 @@ class StudyParams(Section):
     report: ReportParams = Field(default_factory=ReportParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
+    track: TrackParams = Field(default_factory=TrackParams)
     query: QueryParams = Field(default_factory=QueryParams)
 
     @property

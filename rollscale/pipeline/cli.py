@@ -233,6 +233,9 @@ def parser() -> argparse.ArgumentParser:
     p_export.add_argument("--rule", default=None, help="the rule whose decision to export (default: the best leader's)")
     p_export.add_argument("--output", default=None, help="file to write (default: export/trl_grpo.yaml, export/verl_overrides.sh)")
     p_export.add_argument("--params", default="params.yaml")
+    # its flags are flows/track.py's (`rollscale track --help`), passed on as they are
+    sub.add_parser("track", add_help=False, help="track a production run's logs against the study's forecast band "
+                   "(--logs DIR [--format tensorboard|mlflow|verl-jsonl] [--metric NAME] [--every S | --cron C] [--serve])")
     p_deps = sub.add_parser("deps", help="check dvc.yaml's code deps against the code each stage imports (exit 1: stale)")
     p_deps.add_argument("--write", action="store_true", help="rewrite the deps in dvc.yaml")
     return p
@@ -246,8 +249,25 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def track(rest: list[str], artifacts: str, debug: bool) -> int:
+    """``python -m flows.track`` with the command's flags, in this folder (a clone's flows/ first on the path);
+    its exit status. Ctrl-C and SIGTERM are passed on to it."""
+    from rollscale.pipeline.interrupts import run_forwarding
+    from rollscale.pipeline.stages.specs import project_root
+
+    try:
+        root = str(project_root())
+    except FileNotFoundError:  # no study folder above: the installed flows/ run
+        root = ""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    return run_forwarding([sys.executable, "-m", "flows.track", "--artifacts", artifacts, *rest,
+                           *(["--debug"] if debug else [])], env=env)
+
+
 def command(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args, rest = parser().parse_known_args(argv)
+    if rest and args.command != "track":
+        args = parser().parse_args(argv)  # argparse's own error for an unknown flag
     debug = debug_enabled(args.debug)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     flags = ["--debug"] if debug else []
@@ -283,6 +303,8 @@ def command(argv: list[str] | None = None) -> int:
                            debug, "flows.study", archive_stale=args.archive_stale, command=typed(args, "study"))
     if args.command == "serve":
         return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study", command=typed(args, "serve"))
+    if args.command == "track":
+        return track(rest, args.artifacts, debug)
     if args.command == "deps":
         result = {}
         return run_guarded(lambda: result.setdefault("code", deps(args.write)), debug) or result["code"]

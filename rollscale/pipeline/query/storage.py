@@ -29,7 +29,7 @@ import pandas as pd
 
 from rollscale.files import write_atomic
 from rollscale.pipeline.query.sql import QueryError, QueryTimeout, checked_sql, run_bounded  # noqa: F401 (re-exported)
-from rollscale.tables import RUN_PART_TABLES, TABLES, table_stage
+from rollscale.tables import RUN_PART_TABLES, TABLES, TRACKED_TABLES, table_stage
 from rollscale.train.manifest import committed_parts
 
 DB_NAME = "rollscale.duckdb"
@@ -69,6 +69,8 @@ def available_tables(artifacts: str | Path) -> dict[str, str]:
 
 
 def _rerun(name: str) -> str:
+    if name in TRACKED_TABLES:
+        return f"run `{TRACKED_TABLES[name]}` again"
     stage = table_stage(name)
     return f"run the '{stage}' stage again (`rollscale run {stage}`, or `rollscale study`)"
 
@@ -156,11 +158,9 @@ def query(sql: str, artifacts: str | Path, timeout_s: float | None = None) -> pd
         if name in damaged:
             raise DamagedResultError(damaged[name]) from None
         if name in TABLES and name not in have:
-            stage = table_stage(name)
-            raise LookupError(
-                f"table {name!r} does not exist yet: run the '{stage}' stage first "
-                f"(dvc repro {stage})"
-            ) from None
+            how = f"`{TRACKED_TABLES[name]}`" if name in TRACKED_TABLES else \
+                f"the '{table_stage(name)}' stage first (dvc repro {table_stage(name)})"
+            raise LookupError(f"table {name!r} does not exist yet: run {how}") from None
         raise QueryError(f"{str(err).splitlines()[0]} (tables: {', '.join(have) or 'none yet'})") from None
     except (duckdb.PermissionException, duckdb.InvalidInputException) as err:
         # an unrecorded file that fails only when scanned also raises InvalidInput ("reading the stream")

@@ -1,0 +1,125 @@
+"""One tick of ``rollscale track``: the run's logs now, against the table's points and the study's band.
+
+Pure: the caller reads the params, the ``decision`` table, the study's evaluations, the run's log and the
+``production`` table, and writes what :func:`track_tick` returns (nothing when nothing is new).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rollscale.config import StudyParams, TrackParams
+from rollscale.integrations.export.plan import ProductionRun, production_run
+from rollscale.integrations.track.advice import setting_differences
+from rollscale.integrations.track.band import Band, study_band
+from rollscale.integrations.track.logs import RunLog, logged_n, reward_series
+from rollscale.integrations.track.page import expected_line, production_chart, production_page
+from rollscale.integrations.track.points import PRODUCTION_COLUMNS, departure, merged, one_per_step, production_rows
+
+__all__ = ["Tick", "track_settings", "track_tick"]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What a tick found: the whole ``production`` table and the page to write (None: nothing new, write
+    nothing), the lines to print and the warnings (one line each)."""
+
+    table: pd.DataFrame | None
+    page: str | None
+    lines: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    try:
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=False)
+    except AssertionError:
+        return False
+    return True
+
+
+def _replaces(before: pd.DataFrame, points: pd.DataFrame, step: int) -> bool:
+    """Whether the table's points from ``step`` on change now (a restart not yet said; said once)."""
+    old = before.loc[before["step"] >= step, ["step", "reward"]].set_index("step")["reward"]
+    new = points.set_index("step")["value"].reindex(old.index)
+    return before.empty or bool((~np.isclose(old.to_numpy(float), new.to_numpy(float), equal_nan=False)).any())
+
+
+def _n_warning(run: ProductionRun, log: RunLog) -> list[str]:
+    n = logged_n(log.settings)
+    if n is None or n == run.n:
+        return []
+    return [f"{log.source}: the run logs n = {n} rollouts per prompt but was exported with n = {run.n} (key "
+            f"{run.key}): C counts the exported B = B_problem x n = {run.batch} rollouts a step; export the key it "
+            "runs (rollscale export --key) or track with --key"]
+
+
+def track_tick(params: StudyParams, track: TrackParams, decision: pd.DataFrame, study_evals: pd.DataFrame,
+               log: RunLog, table: pd.DataFrame | None, logs_id: str, fmt: str, artifacts: str = "artifacts",
+               band: Band | None = None) -> Tick:
+    """The run's points now (one per step; a resumed run's replace its earlier ones), the table with them, the
+    page, and a flag when the run is below the band's lower bound at ``track.patience`` evaluations in a row.
+    ``band``: another forecast than the study's §9.3 fit (:mod:`.band`'s hook)."""
+    run = production_run(params, decision, track.key, track.rule, artifacts)
+    metric, series = reward_series(log, track.metrics)
+    points, restarts = one_per_step(series)
+    table = table if table is not None else pd.DataFrame(columns=PRODUCTION_COLUMNS)
+    mine = (table["logs"] == logs_id) & (table["metric"] == metric)
+    before = table[mine].sort_values("step")
+    points, cut = merged(before[["step", "reward"]].rename(columns={"reward": "value"}), points)
+    restarts += [cut] if cut else []
+    if band is None:
+        band = study_band(study_evals, run.design, run.bucket, run.rule, run.fixed, run.key, run.c_star)
+    rows = production_rows(points, run.batch, band, {"logs": logs_id, "format": fmt, "metric": metric, "key": run.key,
+                                                     "n": run.n, "b_problem": run.b_problem, "c_star": run.c_star})
+    warnings = _n_warning(run, log)
+    last = rows.iloc[-1]
+    where = (f"step {int(last['step'])} (C = {last['c']:,.0f} of C* = {run.c_star:,}): {metric} {last['reward']:.3f}, "
+             f"the study's band {last['forecast_lo']:.3f} - {last['forecast_hi']:.3f}")
+    if _same(before[PRODUCTION_COLUMNS], rows):
+        return Tick(None, None, [f"track: nothing new in {logs_id}; last {where}"], warnings)
+    warnings += [f"{logs_id}: the log goes back from step {r.after} to step {r.at} (a run resumed from a "
+                 f"checkpoint): its points from step {r.at} on replace the earlier ones" for r in restarts
+                 if _replaces(before, points, r.at)]
+    new = len(rows) - int(np.isin(rows["step"], before["step"]).sum())
+    lines = [f"track: {max(new, 0)} new points ({len(rows)} in all); last {where}",
+             expected_line(band, run.c_star, run.eval_k)]
+    flag, advice = None, []
+    if (dep := departure(rows, track.patience)) is not None:
+        flag = (f"The run left the study's band: below its lower bound at {dep.count} evaluations in a row from step "
+                f"{dep.step} (C = {dep.c:,.0f}; K = {track.patience})" + ("" if dep.still else "; it is back in since"))
+        advice = setting_differences(run, log.settings) or [
+            "the run's log states no setting that differs from the study's (or none at all: compare the framework's "
+            "config with `rollscale export`)"]
+        lines += [flag, *[f"  study vs run: {a}" for a in advice]]
+    summary = [f"Exported: {run.headline()}.", f"Logs: {logs_id} ({fmt}, metric {metric}).",
+               f"Last: {where}.", lines[1]]
+    page = production_page(production_chart(rows, band, run.c_star, metric), summary, flag, advice)
+    full = pd.concat([table[~mine], rows], ignore_index=True) if (~mine).any() else rows
+    return Tick(full[PRODUCTION_COLUMNS], page, lines, warnings)
+
+
+def track_settings(base: TrackParams, overrides: dict[str, object]) -> TrackParams:
+    """``params.yaml``'s ``track`` section with the command's flags over it (None: not given), validated as the
+    section is; a local log path made absolute (the served deployment's runs start elsewhere)."""
+    from pydantic import ValidationError
+
+    from rollscale.config import ParamsError, format_validation_error
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        track = TrackParams.model_validate({**base.model_dump(), **given})
+    except ValidationError as err:
+        raise ParamsError(format_validation_error(err, "rollscale track (flags over params.yaml's track section)")) \
+            from None
+    if not track.logs:
+        raise ValueError("track.logs: no logs to read; give --logs DIR (or track.logs in params.yaml)")
+    local = track.format != "mlflow" or ("://" not in track.logs and not track.logs.startswith(("sqlite:", "databricks")))
+    if local:
+        where, sep, run = track.logs.partition("#")
+        track = track.model_copy(update={"logs": str(Path(where).resolve()) + sep + run})
+    return track
