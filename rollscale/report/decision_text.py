@@ -7,12 +7,11 @@ n = 8 (D = 0.01 [-0.03, 0.05]); to decide: ...". Budgets print as whole rollouts
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
-from rollscale.report.base import TableSpec
+from rollscale.report.base import TableSpec, fmt_interval, fmt_value
 
 __all__ = ["decision_headline", "decision_spec", "fmt_budget", "key_label"]
 
@@ -22,8 +21,7 @@ _KEY_NAME = {"n": "n", "b_problem": "B_problem", "iso_batch": "n"}
 
 def fmt_budget(c: Any) -> str:
     """Rollouts as ``40,000`` (never ``3.968e+04``); ``—`` when missing."""
-    v = float(pd.to_numeric(c, errors="coerce"))
-    return "—" if math.isnan(v) else f"{v:,.0f}"
+    return fmt_value(float(pd.to_numeric(c, errors="coerce")), decimals=0)
 
 
 def key_label(design: str, keys: list[int]) -> str:
@@ -34,14 +32,11 @@ def key_label(design: str, keys: list[int]) -> str:
 
 
 def _r(v: Any) -> str:
-    text = f"{float(v):.2f}"
-    return "0.00" if text == "-0.00" else text
+    return fmt_value(float(v), decimals=2)
 
 
 def _interval(v: Any, lo: Any, hi: Any) -> str:
-    if pd.isna(lo) or pd.isna(hi):
-        return f"{_r(v)} (1 seed, no interval)"
-    return f"{_r(v)} [{_r(lo)}, {_r(hi)}]"
+    return fmt_interval(v, lo, hi, decimals=2)
 
 
 def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
