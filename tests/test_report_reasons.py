@@ -57,7 +57,7 @@ def test_runs_that_did_not_learn_are_named_with_the_learning_rate(study):
     flat["avg_at_k"] = flat["run_id"].map(flat[flat["step"] == 0].set_index("run_id")["avg_at_k"])
     reasons = blocking_reasons({**study, "evals": flat, "runs": study["runs"].assign(lr=3.5e-7)})
     assert len(reasons) == 1 and reasons[0].startswith("no run learned: in all 3 runs validation avg@k rose at most")
-    assert "sweep.train.lr_base (now 3.5e-07)" in reasons[0]
+    assert "sweep.train.lr_base (now 3.5×10⁻⁷)" in reasons[0]
     assert blocking_reasons(study) == []  # the synthetic study learns
 
 
