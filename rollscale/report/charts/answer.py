@@ -84,8 +84,9 @@ def chart_answer(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
     y = alt.Y("label:N", title=None, sort=alt.SortField("key"), axis=alt.Axis(labelFontSize=12))
     x = alt.X("reward:Q", title=f"validation reward at C* = {c_star} rollouts [0-1]", scale=alt.Scale(zero=False, nice=False,
               padding=14))
-    colour = alt.Color("status:N", title="key", scale=alt.Scale(domain=list(_STATUS_COLOURS),
-                                                               range=list(_STATUS_COLOURS.values())))
+    shown = [s for s in _STATUS_COLOURS if s in set(rows["status"])]  # the legend names what is drawn
+    colour = alt.Color("status:N", title="key", scale=alt.Scale(domain=shown,
+                                                               range=[_STATUS_COLOURS[s] for s in shown]))
     shape = alt.Shape("source:N", title="reward from", scale=alt.Scale(domain=["trained", "forecast"],
                                                                        range=["circle", "diamond"]))
     tooltip = ["label:N", "status:N", "source:N", alt.Tooltip("text:N", title="reward [95 % interval]")]
