@@ -122,7 +122,8 @@ def decision_spec(decision: pd.DataFrame) -> TableSpec:
                     zip(decision["c_seen"], decision["extrapolated"], decision["unknown"], strict=True)],
     })
     caption = (f"Each key's validation reward at C* = {c_star} rollouts (study.target_budget) with its 95 % interval "
-               "(the seed-to-seed spread pooled across keys, plus R0's evaluation noise; science §9.3), and its "
+               "(the seed-to-seed spread pooled across keys, plus R0's evaluation noise; science §9.3; clipped to "
+               "[0, 1], the range of a reward), and its "
                f"difference D to the leader. Settled: D's upper bound <= {eps:g} (study.tolerance), or an n below the "
                f"leader's beaten where both ran (A2); within tolerance: D's lower bound >= -{eps:g}; unknown: C* "
                "beyond sweep.search.eta times where its runs end.")
