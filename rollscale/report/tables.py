@@ -157,15 +157,16 @@ def _table_noise_steps(t: dict[str, pd.DataFrame | None]) -> TableSpec:
 REWARD_PARAMS = ("r0", "a", "frontier_reward", "target")  # in [0, 1] for 0/1 rewards
 
 
-def fit_cell(param: str, value: Any, lo: Any, hi: Any, seeds: int) -> str:
-    """A fitted value with its bootstrap interval where the interval is one (science §7, §9.3): ``seeds`` >= 3,
-    the estimate strictly inside it; a reward's interval clipped to [0, 1]. Otherwise the value and why not."""
+def fit_cell(param: str, value: Any, lo: Any, hi: Any, seeds: int | None) -> str:
+    """A fitted value with its bootstrap interval where the interval is one (science §7, §9.3): ``seeds`` >= 3
+    (None: a row that does not say), the estimate strictly inside it; a reward's interval clipped to [0, 1].
+    Otherwise the value and why not."""
     v, lo_f, hi_f = (float(pd.to_numeric(x, errors="coerce")) for x in (value, lo, hi))
     if math.isnan(v):
         return "—"
-    if math.isnan(lo_f) or math.isnan(hi_f) or seeds < 2:
+    if math.isnan(lo_f) or math.isnan(hi_f) or (seeds is not None and seeds < 2):
         return fmt_interval(v, math.nan, math.nan)
-    if seeds < MIN_INTERVAL_SEEDS:
+    if seeds is not None and seeds < MIN_INTERVAL_SEEDS:
         return fmt_interval(v, math.nan, math.nan, no_interval=f"{seeds} seeds, no interval")
     if param in REWARD_PARAMS:
         lo_f, hi_f = max(lo_f, 0.0), min(hi_f, 1.0)
@@ -243,7 +244,7 @@ def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
             for c in ("fixed", "rule"):  # only where the kind's rows differ in them
                 if c in g and g[c].astype(str).nunique() > 1:
                     row[c] = str(r[c])
-            seeds = int(pd.to_numeric(r.get("n_seeds"), errors="coerce")) if pd.notna(r.get("n_seeds")) else 0
+            seeds = int(pd.to_numeric(r.get("n_seeds"), errors="coerce")) if pd.notna(r.get("n_seeds")) else None
             for c in present:
                 row[c] = fit_cell(c, r[c], r.get(f"{c}_lo", math.nan), r.get(f"{c}_hi", math.nan), seeds)
             for c in ("verdict", "time_verdict", "at_bound", "r2", "n_points", "status"):
