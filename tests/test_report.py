@@ -21,16 +21,17 @@ from rollscale.report import (
 )
 from tests.browser import CHROMIUM, chromium, console_messages
 
-CHART_NAMES = [
-    "difficulty",
-    "k_sat",
-    "noise_steps",
+CHART_NAMES = [  # the answer first, the learning curves next, difficulty and noise after (issue 41)
+    "answer",
     "reward_vs_compute",
     "search",
     "frontier",
     "best_worst_at_k",
     "steps_to_target",
     "crs_prediction",
+    "difficulty",
+    "k_sat",
+    "noise_steps",
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -77,7 +78,10 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
             ks = math.inf if rho <= 0 else 1 / rho
             np_rows.append(
                 {"step": step, "problem_id": f"p{i:04d}", "n": n, "pass_rate": c / n, "rho_split": rho,
-                 "k_sat": ks, "k_sat_null": 9.0, "k_sat_ratio": ks / 9.0}
+                 "k_sat": ks, "k_sat_null": 9.0, "k_sat_ratio": ks / 9.0,
+                 # the Gram pieces the pooled estimates are means of (science §6.2)
+                 "k_diag": 1.0 + rng.normal(0, 0.05), "m_self": 0.12 + rng.normal(0, 0.02),
+                 "m_cross": 0.03 + rng.normal(0, 0.02), "within": 0.9 + rng.normal(0, 0.05)}
             )
     noise_prompts = pd.DataFrame(np_rows)
     steps_m = np.arange(0, 50, 10)
@@ -183,7 +187,8 @@ def study() -> dict[str, pd.DataFrame]:
 @pytest.fixture(scope="module")
 def full_report(study, tmp_path_factory):
     out = tmp_path_factory.mktemp("report_full")
-    return write_report(study, out, params={"bucket": {"easy": [0.3, 0.6], "hard": [0.0, 0.0625]}})
+    return write_report({**study, "decision": _decision(True)}, out,
+                        params={"bucket": {"easy": [0.3, 0.6], "hard": [0.0, 0.0625]}})
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +211,7 @@ def _layer_values(chart, i: int) -> list[dict]:
 
 
 def test_build_charts_draws_every_chart_with_titles_and_units(study):
-    charts = build_charts(study)
+    charts = build_charts({**study, "decision": _decision(True)})
     assert [c.name for c in charts] == CHART_NAMES
     for c in charts:
         assert c.drawn, f"{c.name}: {c.missing}"
@@ -288,14 +293,14 @@ def _variant_tables(study: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame | 
 def test_variant_tables_still_draw_and_render(study):
     import io
 
-    charts = build_charts(_variant_tables(study))
+    charts = build_charts({**_variant_tables(study), "decision": _decision(False)})
     assert all(c.drawn for c in charts), [c.missing for c in charts if not c.drawn]
     by_name = {c.name: c for c in charts}
     assert "coloured by run id" in by_name["reward_vs_compute"].caption
     assert "no fitted B_problem*(C) line" in by_name["frontier"].caption
     assert "1 batch sizes without a measured CRS" in by_name["crs_prediction"].caption
     # vl-convert compiles and draws each (a bad facet or layer fails here, not in to_dict)
-    for name in ("k_sat", "noise_steps", "reward_vs_compute", "search", "frontier", "best_worst_at_k"):
+    for name in ("answer", "k_sat", "noise_steps", "reward_vs_compute", "search", "frontier", "best_worst_at_k"):
         buf = io.StringIO()
         by_name[name].chart.save(buf, format="svg")
         assert buf.getvalue().startswith("<svg"), name
@@ -319,9 +324,15 @@ def test_summary_tables_format_fits_with_intervals_or_say_one_seed(study):
     sig = specs["fits_sigmoid_n"].frame
     assert list(sig["key"]) == ["4", "8", "16"]
     assert all(v.endswith("(1 seed, no interval)") for v in sig["c_mid"])  # the study has one seed per n
-    fits = study["fits"].assign(c_mid_lo=study["fits"]["c_mid"] * 0.8, c_mid_hi=study["fits"]["c_mid"] * 1.25)
+    fits = study["fits"].assign(c_mid_lo=study["fits"]["c_mid"] * 0.8, c_mid_hi=study["fits"]["c_mid"] * 1.25,
+                                r0_lo=-1.9, r0_hi=study["fits"]["r0"], n_seeds=3)
     sig = {s.name: s for s in summary_tables({**study, "fits": fits})}["fits_sigmoid_n"].frame
     assert all(re.fullmatch(r"\S+ \[\S+, \S+\]", v) for v in sig["c_mid"])
+    assert not sig["c_mid"].str.contains("e+", regex=False).any()  # budgets as people write them
+    # a reward's interval is clipped to [0, 1]; an estimate on its interval's edge shows no interval
+    assert all(v.endswith("(at the edge of its bootstrap: no interval)") for v in sig["r0"])
+    two = {s.name: s for s in summary_tables({**study, "fits": fits.assign(n_seeds=2)})}["fits_sigmoid_n"].frame
+    assert all(v.endswith("(2 seeds, no interval)") for v in two["c_mid"])  # science §9.3: no interval
     assert set(sig["status"]) == {"ok"}
     assert "at_bound" not in sig  # no fit left a parameter at a bound: no empty column
     unbent = fits.assign(at_bound=["log10_c_mid" if k == 16 else "" for k in fits["key"]])
@@ -410,11 +421,8 @@ def test_report_renders_offline_in_chromium(full_report, tmp_path):
 
 
 def test_headline_states_intervals_and_what_cannot_be_told_apart():
-    from rollscale.report.claims import headline_table
+    from rollscale.report.claims import headline_table, observations_table
 
-    frontier = pd.DataFrame({"design": "n", "bucket": "easy", "rule": "uniform", "c": [1e3, 1e4, 1e5, 1e6],
-                             "best_key": [4, 8, 16, 16], "best_key_share": [0.97, 0.55, 0.9, np.nan],
-                             "best_key_lo": [4, 4, 16, np.nan], "best_key_hi": [4, 16, 16, np.nan]})
     fits = pd.DataFrame({"kind": "rollouts_to_target", "bucket": "easy", "rule": ["uniform", "pods", "pilot"],
                          "fixed": "n=8, B_problem=16", "target": 0.4, "ratio_to_uniform": [np.nan, 0.52, 0.9],
                          "ratio_to_uniform_lo": [np.nan, 0.41, 0.7], "ratio_to_uniform_hi": [np.nan, 0.66, 1.2],
@@ -422,28 +430,36 @@ def test_headline_states_intervals_and_what_cannot_be_told_apart():
                          "time_ratio_to_uniform": [np.nan, 0.49, np.nan],
                          "time_ratio_to_uniform_lo": [np.nan, 0.4, 0.3], "time_ratio_to_uniform_hi": [np.nan, 0.6, 0.9],
                          "time_verdict": [None, "less step time than uniform", None]})
-    crs = pd.DataFrame({"bucket": ["easy"], "rule": ["uniform"], "basis": ["iso-batch: B = 128"], "crs": [7.0],
-                        "predicted_n": [8], "observed_best_n": [16], "observed_best_share": [0.6]})
+    crs = pd.DataFrame({"bucket": ["all"], "rule": ["all"], "basis": ["iso-batch: B = 128"], "b": [128.0],
+                        "crs": [7.0], "predicted_n": [8], "observed_best_n": [16], "observed_best_share": [0.6]})
     sigmoids = pd.DataFrame({"kind": "sigmoid_n", "bucket": "easy", "rule": "uniform", "key": ["4", "8"],
                              "a": [0.8, 102.2], "at_bound": ["", "log10_c_mid"]})
-    frame = headline_table({"frontier": frontier, "fits": pd.concat([fits, sigmoids]), "crs_prediction": crs}).frame
+    # the decision at C* (n design) and at one total batch B = 128 (iso-batch), where the CRS is read
+    iso = _decision(True).assign(design="iso_batch", fixed="B=128")
+    tables = {"decision": pd.concat([_decision(True), iso], ignore_index=True), "fits": pd.concat([fits, sigmoids]),
+              "crs_prediction": crs}
+    frame = headline_table(tables).frame
     findings = list(frame["finding"])
     unbent = frame[frame["claim"] == "curve not bent within the budget"]
     assert list(unbent["at"]) == ["n = 8"]  # n = 4's fit is inside its range: no caveat
     assert unbent["finding"].iloc[0].startswith("log10_c_mid at the edge of the fit's range: A (102.2)")
-    assert "n* = 4: 97% of refits agree" in findings
-    assert any("not distinguishable from n in [4, 16]" in f for f in findings)
+    # each key against the leader, read from the decision's intervals: claims agree with the first line
+    assert "n = 2 is below n = 4: D = -0.06 [-0.07, -0.05]" in findings
+    assert "n = 8 is not distinguishable from n = 4: D = -0.005 [-0.015, 0.005]" in findings
+    assert list(frame[frame["claim"] == "key against the leader"]["at"]) == ["C* = 40,000"] * 2
     assert not any("1 seed" in f for f in findings)  # a single-seed observation is never a claim
-    from rollscale.report.claims import observations_table
-
-    obs = observations_table({"frontier": frontier, "fits": None, "crs_prediction": None}).frame
-    assert list(obs["finding"]) == ["n* = 16 (1 seed, no interval)"]
     assert "pods needs 0.52 [0.41, 0.66]× the rollouts of uniform: fewer rollouts than uniform" in findings
     assert any(f.startswith("pilot needs") and f.endswith("not distinguishable from uniform") for f in findings)
     assert "pods needs 0.49 [0.4, 0.6]× the step seconds of uniform: less step time than uniform" in findings
     time_rows = frame[frame["claim"] == "rule vs uniform (step seconds to target)"]
     assert list(time_rows["where"]) == ["easy / pods"]  # pilot has no finite time ratio: no time claim
-    assert "CRS 7 predicts n = 8; observed best n = 16 (60% of seed resamples agree)" in findings
+    assert ("CRS 7 predicts n = 8; the decision's best n = 4, n = 8 is not distinguishable: D = -0.005 [-0.015, 0.005]"
+            in findings)
+    # one seed a key: no pooled spread, so what the decision shows is an observation
+    one = _decision(True).assign(df=0, reward_lo=np.nan, reward_hi=np.nan, d_lo=np.nan, d_hi=np.nan)
+    obs = observations_table({"decision": one, "fits": None, "crs_prediction": None}).frame
+    assert list(obs["finding"]) == ["n = 2 against n = 4: D = -0.06 (1 seed, no interval)",
+                                    "n = 8 against n = 4: D = -0.01 (1 seed, no interval)"]
     assert headline_table({"frontier": None, "fits": None, "crs_prediction": None}).missing
 
 
@@ -466,10 +482,14 @@ def test_headline_warns_where_n_star_falls_with_budget():
 def decided(study: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """The study with three seeds per n and a frontier every bootstrap refit agrees on."""
     runs = pd.concat([study["runs"].assign(seed=s, run_id=study["runs"]["run_id"] + f"_s{s}") for s in (0, 1, 2)])
+    rng = np.random.default_rng(7)  # each seed's evaluations: the same curve, its own evaluation noise
+    ev = study["evals"]
+    evals = pd.concat([ev.assign(run_id=ev["run_id"] + f"_s{s}", avg_at_k=ev["avg_at_k"] + rng.normal(0, 0.01, len(ev)))
+                       for s in (0, 1, 2)], ignore_index=True)
     fr = study["frontier"].assign(best_key_share=1.0, best_key_lo=study["frontier"]["best_key"],
                                   best_key_hi=study["frontier"]["best_key"])
     crs = study["crs_prediction"].assign(observed_best_share=1.0)
-    return {**study, "runs": runs, "frontier": fr, "crs_prediction": crs}
+    return {**study, "runs": runs, "evals": evals, "frontier": fr, "crs_prediction": crs}
 
 
 def test_one_seed_is_no_answer_and_says_which_key_to_change(study):
@@ -488,10 +508,11 @@ def test_failed_fits_and_overlapping_intervals_name_their_fixes(study):
     thin = decided(study)
     fits = thin["fits"].copy()
     fits.loc[fits["kind"] == "sigmoid_n", "status"] = "too few points (2 < 4)"
-    evals = thin["evals"].assign(n_problems=3, k=4)
-    overlap = thin["frontier"].assign(best_key_share=0.6, best_key_lo=4, best_key_hi=16)
-    crs = thin["crs_prediction"].assign(observed_best_share=0.6)
-    answer = study_answer({**thin, "fits": fits, "evals": evals, "frontier": overlap, "crs_prediction": crs})
+    # seeds far apart (each run's curve shifted by its own offset): the decision's intervals overlap at every budget
+    offset = thin["evals"]["run_id"].map({r: o for r, o in zip(thin["runs"]["run_id"], np.random.default_rng(3).normal(
+        0, 0.1, len(thin["runs"])), strict=True)})
+    evals = thin["evals"].assign(n_problems=3, k=4, avg_at_k=thin["evals"]["avg_at_k"] + offset)
+    answer = study_answer({**thin, "fits": fits, "evals": evals})
     assert not answer.answered
     (evals_fix,) = [f for f in answer.fixes if f.startswith("more evaluations per run")]
     assert "3 of 3 reward curves could not be fitted (too few points (2 < 4))" in evals_fix
@@ -506,8 +527,12 @@ def test_decided_study_answers_in_its_first_sentence(study):
 
     answer = study_answer(decided(study))
     assert answer.answered and answer.observations is None
-    assert answer.headline.startswith("Answer: all / all: n* = 4 at C = 200-")
-    assert "(every bootstrap refit agrees); 3 more claims below" in answer.headline
+    # the best n at budgets away from C*, each read from the decision's pooled intervals there
+    assert answer.headline.startswith("Answer: easy / grpo: n* = 4 at C = 200-1,008, ")
+    assert "n* = 16 at C = 25,600 (every other n's interval below it)" in answer.headline
+    # a budget where n* is not distinguishable from another n is a claim of the table, not of the answer
+    claims = answer.claims.frame
+    assert (claims["claim"] == "best n at budget").sum() == 4
 
 
 def _decision(decided: bool) -> pd.DataFrame:
@@ -593,6 +618,9 @@ window.addEventListener('load', function () {
   document.body.setAttribute('data-claims-top', document.querySelector('#answer table, #answer .empty')
                                                 .getBoundingClientRect().top);
   document.body.setAttribute('data-figures-top', document.getElementById('figures').getBoundingClientRect().top);
+  var chart = document.querySelector('#answer #chart-answer svg');
+  document.body.setAttribute('data-chart-bottom', chart ? chart.getBoundingClientRect().bottom : -1);
+  document.body.setAttribute('data-chart-marks', chart ? chart.querySelectorAll('.marks path, .marks text').length : 0);
   document.body.setAttribute('data-viewport', window.innerHeight);
 });
 </script></body>"""
@@ -610,13 +638,49 @@ def test_first_screen_shows_the_answer_in_chromium(study, tmp_path, kind):
     probe.write_text(head + FIRST_SCREEN + tail)
     dom = chromium(["--window-size=1400,900", "--dump-dom", probe.as_uri()], tmp_path / "profile_dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
-    attrs = dict(re.findall(r'data-(verdict-bottom|claims-top|figures-top|viewport)="([-0-9.]+)"', dom.stdout))
+    attrs = dict(re.findall(r'data-(verdict-bottom|claims-top|figures-top|viewport|chart-bottom|chart-marks)='
+                            r'"([-0-9.]+)"', dom.stdout))
     viewport = float(attrs["viewport"])
-    assert 0 < float(attrs["verdict-bottom"]) < float(attrs["claims-top"]) < viewport <= 900
+    assert 0 < float(attrs["verdict-bottom"]) < float(attrs["claims-top"]) <= 900
     assert float(attrs["figures-top"]) > float(attrs["claims-top"])
+    if kind == "decision":  # the answer drawn right under the first line, whole within the first screen
+        assert float(attrs["verdict-bottom"]) < float(attrs["chart-bottom"]) < float(attrs["claims-top"])
+        assert float(attrs["chart-bottom"]) <= viewport and int(attrs["chart-marks"]) > 0
+    else:  # no decision table: no answer chart, the claims' top on the first screen
+        assert float(attrs["chart-bottom"]) == -1 and float(attrs["claims-top"]) < viewport
     verdict = re.search(r'<p class="verdict"><strong>([^<]+)</strong>', dom.stdout).group(1)
-    assert verdict.startswith({"decision": "At C* = 40,000 rollouts: n = 4", "decided": "Answer: all / all: n* = "}.get(
+    assert verdict.startswith({"decision": "At C* = 40,000 rollouts: n = 4", "decided": "Answer: easy / grpo: n* = "}.get(
         kind, "No answer yet: the data cannot decide"))
     shot = tmp_path / "first_screen.png"
     res = chromium([f"--screenshot={shot}", "--window-size=1400,900", paths.html.as_uri()], tmp_path / "profile_shot")
     assert res.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_first_line_the_answer_chart_and_the_decision_table_read_the_same_numbers(study):
+    """Issue 41: the text, the table and the chart of the answer are one set of numbers (the decision table)."""
+    from rollscale.report import build_charts, study_answer
+    from rollscale.report.charts.answer import answer_rows
+
+    decision = _decision(True)
+    tables = {**decided(study), "evals": study["evals"].assign(k=4), "decision": decision}
+    answer = study_answer(tables)
+    table = answer.decision.frame.set_index("key")
+    chart = answer_rows(decision).set_index("label")
+    for key in ("n = 2", "n = 4", "n = 8"):
+        assert table.loc[key, "reward at C*"] == chart.loc[key, "text"]
+    assert f"validation avg@4 {table.loc['n = 4', 'reward at C*']};" in answer.headline
+    # the claims say of each key what the first line says: n = 2 worse, n = 8 not distinguishable (within 0.02)
+    claims = answer.claims.frame
+    at_c_star = claims[claims["claim"] == "key against the leader"].set_index("at")["finding"].tolist()
+    assert at_c_star == [f"n = 2 is below n = 4: D = {table.loc['n = 2', 'D to leader']}",
+                         f"n = 8 is not distinguishable from n = 4: D = {table.loc['n = 8', 'D to leader']}"]
+    assert "n = 2 is worse" in answer.headline and "n = 8 is within 0.02" in answer.headline
+    (drawn,) = [c for c in build_charts(tables) if c.name == "answer"]
+    assert drawn.chart is not None
+    # a forecast's keys (science §10) join the chart as forecast, told apart from the trained ones
+    forecast = pd.DataFrame({"design": "n", "bucket": "all", "rule": "all", "fixed": "all", "key": [16, 4],
+                             "reward": [0.5, 0.53], "reward_lo": [0.4, 0.5], "reward_hi": [0.6, 0.56],
+                             "trained": [False, True]})
+    rows = answer_rows(decision, forecast)
+    assert rows.set_index("label").loc["n = 16", ["source", "status"]].tolist() == ["forecast", "forecast"]
+    assert (rows["source"] == "trained").sum() == 3

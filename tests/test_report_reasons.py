@@ -57,7 +57,7 @@ def test_runs_that_did_not_learn_are_named_with_the_learning_rate(study):
     flat["avg_at_k"] = flat["run_id"].map(flat[flat["step"] == 0].set_index("run_id")["avg_at_k"])
     reasons = blocking_reasons({**study, "evals": flat, "runs": study["runs"].assign(lr=3.5e-7)})
     assert len(reasons) == 1 and reasons[0].startswith("no run learned: in all 3 runs validation avg@k rose at most")
-    assert "sweep.train.lr_base (now 3.5e-07)" in reasons[0]
+    assert "sweep.train.lr_base (now 3.5×10⁻⁷)" in reasons[0]
     assert blocking_reasons(study) == []  # the synthetic study learns
 
 
@@ -75,7 +75,13 @@ def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):
 def test_an_infinite_crs_is_not_read_as_a_prediction(study):
     """Issue 32: "CRS ∞ predicts n = 4" read an undefined noise estimate as a measured size."""
     crs = study["crs_prediction"].assign(crs=np.inf)
-    rows = study_answer({**study, "crs_prediction": crs}).observations.frame
+    answer = study_answer({**study, "crs_prediction": crs})
+    rows = pd.concat([answer.claims.frame, answer.observations.frame])
     text = " ".join(rows.astype(str).to_numpy().ravel())
-    assert "CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n" in text
+    # why it is infinite, from the noise pooled over steps (science §6.3; issue 41): here rho s > |G|^2
+    assert ("CRS ∞ (K_crit infinite because rho s > |G|² pooled over steps: add prompts, not rollouts) points only "
+            "to the grid's largest n") in text
+    old = {**study, "crs_prediction": crs, "noise_prompts": study["noise_prompts"][["step", "n", "k_sat"]]}
+    old_text = " ".join(study_answer(old).claims.frame.astype(str).to_numpy().ravel())
+    assert "CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n" in old_text
     assert "CRS ∞ predicts" not in text

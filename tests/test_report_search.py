@@ -77,7 +77,7 @@ def test_chart_marks_the_stopped_runs_and_the_rungs(tables):
     assert [(r["run_id"], r["c"], r["stop_rule"]) for r in stopped] == [
         ("np4_nr16_uniform_s0", 12800.0, "epsilon"), ("np4_nr16_uniform_s1", 12800.0, "epsilon")]
     assert all(r["end_reason"] == "stopped at rung 1 by rule epsilon" for r in stopped)
-    assert "stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule epsilon, settled" in spec.caption
+    assert "stopped n = 16 (seed 0, 1) at rung 1 (C = 12,800) by rule epsilon, settled" in spec.caption
     assert spec.caption.endswith(".") and "science §9.4" in spec.caption and "frontier" not in spec.caption
     assert "[rollouts generated]" in str(spec.chart.to_dict())
 
@@ -95,9 +95,9 @@ def test_table_has_one_row_per_key_and_decision_with_its_seeds(tables):
     assert list(frame.columns) == ["group", "rung", "C", "key", "seeds", "action", "rule", "leader", "n_points",
                                    "note"]
     assert frame[["rung", "C", "key", "seeds", "action", "rule"]].values.tolist() == [
-        ["1", "12800", "8", "0, 1", "continue", "none"],
-        ["1", "12800", "16", "0, 1", "stop", "epsilon"],
-        ["2", "25600", "8", "0, 1", "finish", "budget"],
+        ["1", "12,800", "8", "0, 1", "continue", "none"],
+        ["1", "12,800", "16", "0, 1", "stop", "epsilon"],
+        ["2", "25,600", "8", "0, 1", "finish", "budget"],
     ]
     assert (frame["group"] == GROUP).all() and frame["n_points"].tolist() == ["8", "8", "16"]
     assert [s.name for s in summary_tables(tables)][-2:] == ["runs", "search"]
@@ -154,5 +154,5 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     assert search_cost(dict(reused, search=leader_stop), validated)["stopped"] == ""
     chart = chart_search(reused, {})  # each run's curve to where it stopped, which key was settled at which rung
     assert chart.title.startswith("The search of science §9.4") and "frontier" not in chart.caption
-    assert "the search stopped n = 16 (seed 0, 1) at rung 1 (C = 12800) by rule epsilon, settled" \
+    assert "the search stopped n = 16 (seed 0, 1) at rung 1 (C = 12,800) by rule epsilon, settled" \
         in chart.caption

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from rollscale.core.fit import power
-from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, stages_not_run
+from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, params_dict, stages_not_run
 from rollscale.report.reasons import blocking_reasons
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
 from rollscale.report.decision_text import decision_headline, decision_spec, fmt_budget
@@ -79,7 +79,7 @@ def _noise_fix(evals: pd.DataFrame | None) -> str:
     p = float(as_numeric(evals["avg_at_k"]).mean())
     d = power.detectable_difference(power.avg_at_k_se(val, k, min(p * (1 - p), 0.25)))
     return (f"more validation problems (bucket.val_size, now {val}) or samples (sweep.eval_k, now {k}), and seeds "
-            f"(sweep.seeds): at {val} x {k} samples, avg@k differences below {d:.3f} are not detectable, "
+            f"(sweep.seeds): at {val} x {k} samples, avg@k differences below {fmt_value(d, 3)} are not detectable, "
             "and the intervals overlap")
 
 
@@ -92,9 +92,7 @@ def _answer_text(decided: pd.DataFrame) -> str:
         runs = (g["best_n"] != g["best_n"].shift()).cumsum()
         spans = [f"n* = {int(r['best_n'].iloc[0])} at C = {fmt_budget(r['c'].min())}"
                  + (f"-{fmt_budget(r['c'].max())}" if len(r) > 1 else "") for _, r in g.groupby(runs)]
-        low = g["share"].min()
-        agree = "every bootstrap refit agrees" if low >= 1 else f"{low:.0%} or more of bootstrap refits agree"
-        parts.append(f"{where}: {', '.join(spans)} ({agree})")
+        parts.append(f"{where}: {', '.join(spans)} (every other n's interval below it)")
     others = decided[decided["claim"] != "best n at budget"]
     shown = 0 if parts else SHOWN  # the best n leads; other claims are quoted when there is none
     parts += [f"{r.finding} ({r.where})" for r in others.head(shown).itertuples()]
@@ -105,8 +103,9 @@ def _answer_text(decided: pd.DataFrame) -> str:
 def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> Answer:
     """The answer the tables support, or why there is none yet and what to change."""
     t = check_tables(tables)
-    rows = claim_rows(t)
-    claims, observations = headline_table(t), observations_table(t)
+    tolerance, eta = _decision_settings(params)
+    rows = claim_rows(t, tolerance, eta)
+    claims, observations = headline_table(t, rows), observations_table(t, rows)
     decided = rows[rows["basis"] == DECIDED]
     not_run = [s for s in stages_not_run(t) if s in ("sweep", "fit")]
     fixes: list[str] = []
@@ -141,6 +140,16 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
     if (cost := search_cost(t, params)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
     return Answer(answered, headline, fixes, claims, observations, table)
+
+
+def _decision_settings(params: Mapping[str, Any] | Any | None) -> tuple[float | None, float | None]:
+    """``study.tolerance`` and ``sweep.search.eta`` where params give them (None: the claims' defaults)."""
+    p = params_dict(params)
+    study, sweep = p.get("study") or {}, p.get("sweep") or {}
+    search = sweep.get("search") if isinstance(sweep, Mapping) else None
+    tolerance = study.get("tolerance") if isinstance(study, Mapping) else None
+    eta = search.get("eta") if isinstance(search, Mapping) else None
+    return (None if tolerance is None else float(tolerance)), (None if eta is None else float(eta))
 
 
 def _eval_k(evals: pd.DataFrame | None) -> int | None:

@@ -12,6 +12,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from rollscale.core.fit.bootstrap import ONE_SEED
 from rollscale.tables import STUDY_TABLES, table_stage
 
 # the study tables the report may draw on: every stage's (rollscale.tables); a tracked production run's table
@@ -28,6 +29,8 @@ BUCKET_COLOURS = {"hard": "#d62728", "easy": "#2ca02c", "very_easy": "#1f77b4"}
 # K_sat above this many times the largest group size n is drawn at the cap:
 # beyond it the estimate no longer tells "many" from "infinitely many" rollouts.
 K_SAT_CAP_PER_N = 4.0
+
+MIN_INTERVAL_SEEDS = 3  # a key's own bootstrap over fewer seeds is no interval (science §9.3)
 
 CHART_WIDTH = 520
 CHART_HEIGHT = 280
@@ -261,24 +264,53 @@ def log2_ticks(values: Sequence[float]) -> list[float]:
     return [float(2**e) for e in range(lo, hi + 1)]
 
 
-def fmt_value(value: Any) -> str:
-    """A cell for a report table: 4 significant digits, inf as ∞, missing as —."""
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def fmt_value(value: Any, decimals: int | None = None) -> str:
+    """Every number of the report, formatted for people: the one helper the tables, the text and the charts'
+    labels use. Thousands get separators and no decimals (40,000, never 4e+04 or 3.968e+04); smaller numbers
+    4 significant digits (0.5432, 12.35); below 0.001, ``1.2×10⁻⁵``; ``decimals`` fixes the places (rewards in
+    the first line: 0.54); inf as ∞, missing as —, booleans as yes / no."""
     if value is None or value is pd.NA or value is pd.NaT:
         return "—"
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
     if isinstance(value, (int, np.integer)):
-        return str(int(value))
+        return f"{int(value):,}"
     if isinstance(value, (float, np.floating)):
         v = float(value)
         if math.isnan(v):
             return "—"
         if math.isinf(v):
             return "∞" if v > 0 else "−∞"
-        if v == int(v) and abs(v) < 1e7:
-            return str(int(v))
-        return f"{v:.4g}"
+        if decimals is not None:
+            text = f"{v:,.{decimals}f}"
+            return text[1:] if text.startswith("-") and not text.strip("-0.,") else text  # no "-0.00"
+        if abs(v) >= 999.95 or (v == int(v) and abs(v) < 1e15):
+            return f"{v:,.0f}"
+        if v == 0 or abs(v) >= 1e-3:
+            return f"{v:.4g}"
+        mantissa, exponent = f"{v:.2e}".split("e")
+        return f"{float(mantissa):.3g}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
     return str(value)
+
+
+def fmt_interval(value: Any, lo: Any, hi: Any, decimals: int | None = None, no_interval: str = ONE_SEED) -> str:
+    """``v [lo, hi]`` with :func:`fmt_value`, or ``v (1 seed, no interval)`` (``no_interval``) where the interval is
+    missing. With ``decimals``, places are added (up to 4) until an estimate inside its interval no longer prints
+    on its edge: ``-0.005 [-0.015, 0.005]``, never ``-0.01 [-0.01, 0.01]``."""
+    v = fmt_value(value, decimals)
+    lo_f, hi_f = (float(pd.to_numeric(x, errors="coerce")) for x in (lo, hi))
+    if v == "—":
+        return v
+    if math.isnan(lo_f) or math.isnan(hi_f):
+        return f"{v} ({no_interval})"
+    x = float(pd.to_numeric(value, errors="coerce"))
+    while decimals is not None and decimals < 4 and lo_f < x < hi_f and \
+            fmt_value(x, decimals) in (fmt_value(lo_f, decimals), fmt_value(hi_f, decimals)):
+        decimals += 1
+    return f"{fmt_value(x, decimals)} [{fmt_value(lo_f, decimals)}, {fmt_value(hi_f, decimals)}]"
 
 
 def plus_minus(value: Any, se: Any) -> str:

@@ -1,62 +1,117 @@
-"""The report's headline: the claims the data supports, each with its interval (science §7).
+"""The report's headline: the claims the data supports, each with its interval (science §7, §9.3).
 
-A claim that one setting beats another (n1 vs n2, a rule vs uniform) is made
-only where the bootstrap interval of the difference excludes zero; elsewhere
-the headline says "not distinguishable", and a point with one seed says so.
+One source of uncertainty: every claim about keys (each key against the leader at C*, the best n at other
+budgets, the CRS's predicted n against the observed one) is read from the decision's intervals (the seed spread
+pooled across keys, science §9.3): at C* the fit stage's ``decision`` table, at other budgets the same decision
+made from the evaluations (:func:`rollscale.core.fit.decision_table.decisions_at`). A key is claimed better or
+worse only where the interval of its difference D to the leader excludes zero, so the claims and the first line
+agree by construction; elsewhere the claim says "not distinguishable", and a study with one seed a key (no pooled
+spread) gives observations, never claims. Rules against uniform keep their ratio's bootstrap interval.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from rollscale.config import DecisionParams, SearchParams
+from rollscale.core.fit.analysis import run_evals
 from rollscale.core.fit.bootstrap import ONE_SEED
-from rollscale.report.base import TableSpec, absent, as_numeric, fmt_value
-from rollscale.report.decision_text import fmt_budget
+from rollscale.core.fit.decision_table import decisions_at
+from rollscale.core.noise.pooled import PIECES, RHO_S, UNRESOLVED, pooled_noise
+from rollscale.report.base import TableSpec, absent, as_numeric, fmt_interval, fmt_value
+from rollscale.report.decision_text import fmt_budget, key_label
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
 NEAR_C_STAR = 0.25  # best-n claims within 2^0.25 of C* are left to the decision at C*
-AGREE = 0.95  # share of seed resamples that must agree on the observed best n for it to be a claim
 # what a headline row rests on: only DECIDED rows answer; ONE_SEED rows are observations, never claims
 DECIDED, OVERLAP, UNDECIDED, CAVEAT, WARNING = "decided", "intervals overlap", "undecided", "caveat", "warning"
 COLUMNS = ["claim", "where", "at", "finding"]
 
 
-def interval_text(value: Any, lo: Any, hi: Any) -> str:
-    """``v [lo, hi]``, or ``v (1 seed, no interval)`` where the interval is missing."""
-    v = fmt_value(value)
-    lo_f, hi_f = (float(pd.to_numeric(x, errors="coerce")) for x in (lo, hi))
-    if v == "—":
-        return v
-    if math.isnan(lo_f) or math.isnan(hi_f):
-        return f"{v} ({ONE_SEED})"
-    return f"{v} [{fmt_value(lo_f)}, {fmt_value(hi_f)}]"
+def _keys(design: str, keys: list[Any]) -> str:
+    return key_label(design, [int(k) for k in keys])
 
 
-def _best_n_claims(frontier: pd.DataFrame) -> list[dict[str, str]]:
-    rows = []
-    fr = frontier[frontier["design"].astype(str) == "n"] if "design" in frontier else frontier
-    fr = fr.assign(**{c: fr[c].astype(str) if c in fr else "all" for c in ("bucket", "rule")})
-    for (bucket, rule), g in fr.groupby(["bucket", "rule"], sort=True):
-        g = g.sort_values("c").reset_index(drop=True)
-        for i in np.unique(np.linspace(0, len(g) - 1, BUDGETS_SHOWN).round().astype(int)):
-            r = g.iloc[i]
-            best = int(r["best_key"])
-            share, lo, hi = (float(pd.to_numeric(r.get(k), errors="coerce")) for k in
-                             ("best_key_share", "best_key_lo", "best_key_hi"))
-            if math.isnan(share):
-                verdict, basis = f"n* = {best} ({ONE_SEED})", ONE_SEED
-            elif lo == hi == best:
-                verdict, basis = f"n* = {best}: {share:.0%} of refits agree", DECIDED
-            else:
-                verdict, basis = (f"n* = {best} in {share:.0%} of refits; not distinguishable from "
-                                  f"n in [{fmt_value(lo)}, {fmt_value(hi)}]"), OVERLAP
-            rows.append({"claim": "best n at budget", "where": f"{bucket} / {rule}", "at": f"C = {fmt_budget(r['c'])}",
-                         "finding": verdict, "basis": basis, "best_n": best, "c": float(r["c"]), "share": share})
+def decision_claims(decision: pd.DataFrame, at_c_star: bool = True) -> list[dict[str, Any]]:
+    """Claims read from decision rows (science §9.4), one group at a time: at C* each key against the leader (worse
+    where D's interval is below 0, or beaten where both ran (A2); else not distinguishable); at another budget the
+    best n (decided where every other known key's D is below 0)."""
+    rows: list[dict[str, Any]] = []
+    for (_, design, bucket, rule, fixed), g in decision.groupby(["c_star", "design", "bucket", "rule", "fixed"],
+                                                              sort=True):
+        where = f"{bucket} / {rule}" + ("" if str(fixed) == "all" else f" / {fixed}")
+        c = float(g["c_star"].iloc[0])
+        at = f"C* = {fmt_budget(c)}" if at_c_star else f"C = {fmt_budget(c)}"
+        lead_rows = g[g["status"] == "leader"]
+        if lead_rows.empty:
+            continue
+        lead = lead_rows.iloc[0]
+        others = g[(g["status"] != "leader") & ~g["unknown"].astype(bool)]
+        one_seed = int(g["df"].iloc[0]) == 0 or lead_rows["reward_lo"].isna().all()
+        if at_c_star:
+            for _, r in others.iterrows():
+                d = fmt_interval(r["d"], r["d_lo"], r["d_hi"], decimals=2)
+                if one_seed:
+                    finding, basis = f"{_keys(design, [r['key']])} against {_keys(design, [lead['key']])}: D = {d}", \
+                        ONE_SEED
+                elif float(r["d_hi"]) < 0 or str(r["settled_by"]).endswith("a2"):
+                    how = f"D = {d}" if float(r["d_hi"]) < 0 else "beaten where both ran (A2)"
+                    finding, basis = f"{_keys(design, [r['key']])} is below {_keys(design, [lead['key']])}: {how}", \
+                        DECIDED
+                else:
+                    finding, basis = (f"{_keys(design, [r['key']])} is not distinguishable from "
+                                      f"{_keys(design, [lead['key']])}: D = {d}"), OVERLAP
+                rows.append({"claim": "key against the leader", "where": where, "at": at, "finding": finding,
+                             "basis": basis, "best_n": int(lead["key"]), "c": c, "share": math.nan})
+            continue
+        if design != "n":
+            continue
+        best = _keys(design, [lead["key"]]).replace("n = ", "n* = ")
+        close = others[~(others["d_hi"].astype(float) < 0)]
+        if one_seed:
+            verdict, basis = f"{best} ({ONE_SEED})", ONE_SEED
+        elif close.empty:
+            verdict, basis = f"{best}: every other n is below it (D's interval below 0)", DECIDED
+        else:
+            verdict, basis = f"{best}; not distinguishable from {_keys(design, close['key'].tolist())}", OVERLAP
+        unknown = g[g["unknown"].astype(bool)]
+        if len(unknown):
+            verdict += f"; {_keys(design, unknown['key'].tolist())} unknown here: its runs end before C / eta"
+        rows.append({"claim": "best n at budget", "where": where, "at": at, "finding": verdict, "basis": basis,
+                     "best_n": int(lead["key"]), "c": c, "share": float(lead["leader_share"])})
     return rows
+
+
+def _claim_budgets(t: Mapping[str, pd.DataFrame | None], c_star: float | None) -> list[float]:
+    """Budgets for best-n claims: spread over the frontier's grid (else over the evaluated C) in log C, away from
+    C* (the decision there answers)."""
+    fr, ev = t.get("frontier"), t.get("evals")
+    if fr is not None and "c" in fr.columns and as_numeric(fr["c"]).gt(0).any():
+        grid = np.sort(as_numeric(fr["c"])[as_numeric(fr["c"]) > 0].unique())
+    elif ev is not None and "c" in ev.columns and as_numeric(ev["c"]).gt(0).any():
+        c = as_numeric(ev["c"])[as_numeric(ev["c"]) > 0]
+        grid = np.geomspace(c.min(), c.max(), 25)
+    else:
+        return []
+    picked = grid[np.unique(np.linspace(0, len(grid) - 1, BUDGETS_SHOWN).round().astype(int))]
+    return [float(c) for c in picked if c_star is None or abs(math.log2(c / c_star)) > NEAR_C_STAR]
+
+
+def _budget_decisions(t: Mapping[str, pd.DataFrame | None], tolerance: float, eta: float) -> pd.DataFrame | None:
+    """The decision at each claim budget, from the runs' evaluations (None without runs or evaluations)."""
+    runs, ev = t.get("runs"), t.get("evals")
+    if runs is None or ev is None or not {"run_id", "n", "b_problem"} <= set(runs.columns):
+        return None
+    dec = t.get("decision")
+    c_star = float(as_numeric(dec["c_star"]).iloc[0]) if dec is not None and "c_star" in dec.columns else None
+    budgets = _claim_budgets(t, c_star)
+    evals = run_evals(runs, ev[[c for c in ("run_id", "step", "c", "avg_at_k", "epochs") if c in ev.columns]])
+    return decisions_at(evals, budgets, tolerance, eta, designs=("n",)) if budgets and len(evals) else None
 
 
 def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
@@ -68,7 +123,7 @@ def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         if "ratio_to_uniform" not in r or math.isnan(float(pd.to_numeric(r["ratio_to_uniform"], errors="coerce"))):
             finding, basis = str(r.get("verdict") or r.get("status") or "no ratio"), UNDECIDED
         else:
-            ratio = interval_text(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
+            ratio = fmt_interval(r["ratio_to_uniform"], r.get("ratio_to_uniform_lo"), r.get("ratio_to_uniform_hi"))
             finding = f"{r['rule']} needs {ratio}× the rollouts of uniform: {r.get('verdict')}"
             basis = _ratio_basis(ratio, r.get("verdict"))
         where, at = f"{r['bucket']} / {r['rule']}", f"{r['fixed']}, R* = {fmt_value(r.get('target'))}"
@@ -77,30 +132,79 @@ def _rule_claims(fits: pd.DataFrame) -> list[dict[str, str]]:
         # PODS-like rules train on fewer rollouts than they generate: their claim is about time, not rollouts
         time_ratio = float(pd.to_numeric(r.get("time_ratio_to_uniform"), errors="coerce"))
         if math.isfinite(time_ratio):
-            ratio = interval_text(time_ratio, r.get("time_ratio_to_uniform_lo"), r.get("time_ratio_to_uniform_hi"))
+            ratio = fmt_interval(time_ratio, r.get("time_ratio_to_uniform_lo"), r.get("time_ratio_to_uniform_hi"))
             rows.append({"claim": "rule vs uniform (step seconds to target)", "where": where, "at": at,
                          "finding": f"{r['rule']} needs {ratio}× the step seconds of uniform: "
                                     f"{r.get('time_verdict')}", "basis": _ratio_basis(ratio, r.get("time_verdict"))})
     return rows
 
 
-def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
+def _crs_decision(r: pd.Series, decision: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The decision rows the CRS comparison is read from: the iso-batch group of its B, or the n design at C* where
+    the comparison is at the runs' common C_max = C* (science §7 at one total batch, §9.4)."""
+    if decision is None:
+        return None
+    same = decision[(decision["bucket"].astype(str) == str(r.get("bucket")))
+                    & (decision["rule"].astype(str) == str(r.get("rule")))]
+    b, c_max = float(pd.to_numeric(r.get("b"), errors="coerce")), float(pd.to_numeric(r.get("c_max"), errors="coerce"))
+    if math.isfinite(b):
+        g = same[(same["design"] == "iso_batch") & (same["fixed"].astype(str) == f"B={int(b)}")]
+    elif math.isfinite(c_max) and len(same) and abs(float(same["c_star"].iloc[0]) - c_max) <= 1e-9 * c_max:
+        g = same[(same["design"] == "n") & (same["fixed"].astype(str) == "all")]
+    else:
+        return None
+    return g if len(g) and (g["status"] == "leader").any() else None
+
+
+def infinite_k_crit(noise_prompts: pd.DataFrame | None) -> str:
+    """Why the CRS is infinite, from the noise pooled over steps at the largest n (science §6.3): the signal not
+    resolved, or rho s > |G|^2; without the pooled pieces, what one step's estimate says."""
+    if noise_prompts is not None and set(PIECES) <= set(noise_prompts.columns) and "n" in noise_prompts.columns:
+        n = int(as_numeric(noise_prompts["n"]).max())
+        try:
+            reading = pooled_noise(noise_prompts[as_numeric(noise_prompts["n"]) == n], n).reading
+        except ValueError:
+            reading = None
+        if reading == RHO_S:
+            return "K_crit infinite because rho s > |G|² pooled over steps: add prompts, not rollouts"
+        if reading == UNRESOLVED:
+            return "the signal |G|² pooled over steps is not resolved: measure more prompts"
+    return "no finite estimate: the measured signal |G|² ≤ 0"
+
+
+def _crs_claims(cp: pd.DataFrame, decision: pd.DataFrame | None, why_infinite: str) -> list[dict[str, Any]]:
     rows = []
     for _, r in cp.iterrows():
-        if pd.isna(r.get("observed_best_n")):
+        if pd.isna(r.get("predicted_n")):
             continue
-        share = float(pd.to_numeric(r.get("observed_best_share"), errors="coerce"))
-        observed = f"observed best n = {fmt_value(r['observed_best_n'])}"
-        observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
-        basis = ONE_SEED if math.isnan(share) else DECIDED if share >= AGREE else OVERLAP
         crs = float(pd.to_numeric(r.get("crs"), errors="coerce"))
-        predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
-            # an infinite CRS is no measurement of a size (issue 32): the signal |G|^2 measured <= 0 (science §6.2)
-            f"CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n = "
-            f"{fmt_value(r['predicted_n'])}" if math.isinf(crs) else
-            f"CRS {fmt_value(r['crs'])} predicts n = {fmt_value(r['predicted_n'])}")
-        rows.append({"claim": "CRS predicted vs observed best n", "where": f"{r.get('bucket')} / {r.get('rule')}",
-                     "at": str(r.get("basis")), "finding": f"{predicted}; {observed}", "basis": basis})
+        pred = int(r["predicted_n"])
+        predicted = (f"CRS ∞ ({why_infinite}) points only to the grid's largest n = {pred}" if math.isinf(crs)
+                     else f"CRS {fmt_value(crs)} predicts n = {pred}")
+        g = _crs_decision(r, decision)
+        where = f"{r.get('bucket')} / {r.get('rule')}"
+        if g is None:
+            rows.append({"claim": "CRS predicted vs observed best n", "where": where, "at": str(r.get("basis")),
+                         "finding": f"{predicted}; no decision with intervals at this comparison", "basis": UNDECIDED})
+            continue
+        lead = g[g["status"] == "leader"].iloc[0]
+        at = f"{r.get('basis')}, C = {fmt_budget(lead['c_star'])}"
+        observed = f"the decision's best n = {int(lead['key'])}"
+        mine = g[g["key"] == pred]
+        if int(g["df"].iloc[0]) == 0:
+            finding, basis = f"{predicted}; {observed} ({ONE_SEED})", ONE_SEED
+        elif pred == int(lead["key"]):
+            finding, basis = f"{predicted}; {observed}: they agree", DECIDED
+        elif mine.empty or bool(mine["unknown"].iloc[0]):
+            finding, basis = f"{predicted}; {observed}; n = {pred} not trained to this budget", UNDECIDED
+        else:
+            d = fmt_interval(mine["d"].iloc[0], mine["d_lo"].iloc[0], mine["d_hi"].iloc[0], decimals=2)
+            below = float(mine["d_hi"].iloc[0]) < 0
+            how = "below it" if below else "not distinguishable"
+            finding = f"{predicted}; {observed}, n = {pred} is {how}: D = {d}"
+            basis = DECIDED if below else OVERLAP
+        rows.append({"claim": "CRS predicted vs observed best n", "where": where, "at": at, "finding": finding,
+                     "basis": basis})
     return rows
 
 
@@ -136,34 +240,41 @@ def _ratio_basis(ratio_text: str, verdict: object) -> str:
     return OVERLAP if "not distinguishable" in str(verdict) else DECIDED
 
 
-def claim_rows(t: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
-    """Every headline row with its ``basis`` (decided, intervals overlap, undecided, caveat (an
-    unbent curve), warning (A2), or one seed): best n per budget (with its ``best_n``, budget ``c`` and refit ``share``), rules
-    against uniform, unbent curves, A2 warnings, the CRS check."""
+def claim_rows(t: Mapping[str, pd.DataFrame | None], tolerance: float | None = None,
+               eta: float | None = None) -> pd.DataFrame:
+    """Every headline row with its ``basis`` (decided, intervals overlap, undecided, caveat (an unbent curve),
+    warning (A2), or one seed): each key against the leader at C* (the ``decision`` table), the best n at other
+    budgets (decisions there, with ``best_n``, budget ``c`` and the leader's refit ``share``), rules against
+    uniform, unbent curves, A2 warnings, the CRS check. ``tolerance`` / ``eta``: the study's (the decision table's
+    tolerance when it has one; else params' defaults)."""
     rows: list[dict[str, Any]] = []
-    if t.get("frontier") is not None and {"best_key", "c"} <= set(t["frontier"].columns):
-        best = _best_n_claims(t["frontier"][as_numeric(t["frontier"]["best_key"]).notna()])
-        if t.get("decision") is not None and "c_star" in t["decision"].columns:
-            # at C* the decision (science §9.4) answers, within its tolerance: no exact-argmax claim beside it
-            c_star = float(as_numeric(t["decision"]["c_star"]).iloc[0])
-            best = [r for r in best if abs(math.log2(r["c"] / c_star)) > NEAR_C_STAR]
-        rows += best
+    decision = t.get("decision")
+    decision = decision if decision is not None and "c_star" in decision.columns else None
+    if decision is not None:
+        rows += decision_claims(decision[decision["design"] == decision["design"].iloc[0]])
+    if tolerance is None:
+        tolerance = float(decision["tolerance"].iloc[0]) if decision is not None else DecisionParams().tolerance
+    budget = _budget_decisions(t, tolerance, eta if eta is not None else SearchParams().eta)
+    if budget is not None and len(budget):
+        rows += decision_claims(budget, at_c_star=False)
     if t.get("fits") is not None and "kind" in t["fits"].columns:
         rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"]) + _a2_claims(t["fits"])
-    if t.get("crs_prediction") is not None and "observed_best_n" in t["crs_prediction"].columns:
-        rows += _crs_claims(t["crs_prediction"])
+    if t.get("crs_prediction") is not None and "predicted_n" in t["crs_prediction"].columns:
+        rows += _crs_claims(t["crs_prediction"], decision, infinite_k_crit(t.get("noise_prompts")))
     return pd.DataFrame(rows, columns=[*COLUMNS, "basis", "best_n", "c", "share"])
 
 
-def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
+def headline_table(t: Mapping[str, pd.DataFrame | None], rows: pd.DataFrame | None = None) -> TableSpec:
     """The claims: best n per budget with the share of refits that agree; rules against uniform;
     the CRS check; each with its interval. A single-seed row is never among them
     (:func:`observations_table`)."""
     name, title = "headline", "Claims the data supports"
-    caption = ("Each claim with its 95 % bootstrap interval over seeds (science §7): a difference is claimed "
-               "only where its interval excludes zero (a ratio's excludes 1); otherwise it says "
-               "'not distinguishable'. Observations from one seed are not claims and are listed apart.")
-    rows = claim_rows(t)
+    caption = ("Each claim with its 95 % interval: keys against each other from the decision's intervals (the seed "
+               "spread pooled across keys, science §9.3; the first line's), rules against uniform from their "
+               "bootstrap over seeds (science §7). A difference is claimed only where its interval excludes zero (a "
+               "ratio's excludes 1); otherwise it says 'not distinguishable'. Observations from one seed a key are "
+               "not claims and are listed apart.")
+    rows = claim_rows(t) if rows is None else rows
     rows = rows[rows["basis"] != ONE_SEED]
     if rows.empty:
         why = absent(t, "fits", "the fitted claims") if t.get("fits") is None else (
@@ -172,9 +283,9 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     return TableSpec(name, title, caption, frame=rows[COLUMNS].reset_index(drop=True))
 
 
-def observations_table(t: dict[str, pd.DataFrame | None]) -> TableSpec | None:
+def observations_table(t: Mapping[str, pd.DataFrame | None], rows: pd.DataFrame | None = None) -> TableSpec | None:
     """What one seed showed: listed, never claimed (no interval, so no claim); None if nothing."""
-    rows = claim_rows(t)
+    rows = claim_rows(t) if rows is None else rows
     rows = rows[rows["basis"] == ONE_SEED]
     if rows.empty:
         return None

@@ -7,12 +7,11 @@ n = 8 (D = 0.01 [-0.03, 0.05]); to decide: ...". Budgets print as whole rollouts
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
-from rollscale.report.base import TableSpec
+from rollscale.report.base import TableSpec, fmt_interval, fmt_value
 
 __all__ = ["decision_headline", "decision_spec", "fmt_budget", "key_label"]
 
@@ -22,8 +21,7 @@ _KEY_NAME = {"n": "n", "b_problem": "B_problem", "iso_batch": "n"}
 
 def fmt_budget(c: Any) -> str:
     """Rollouts as ``40,000`` (never ``3.968e+04``); ``—`` when missing."""
-    v = float(pd.to_numeric(c, errors="coerce"))
-    return "—" if math.isnan(v) else f"{v:,.0f}"
+    return fmt_value(float(pd.to_numeric(c, errors="coerce")), decimals=0)
 
 
 def key_label(design: str, keys: list[int]) -> str:
@@ -34,14 +32,11 @@ def key_label(design: str, keys: list[int]) -> str:
 
 
 def _r(v: Any) -> str:
-    text = f"{float(v):.2f}"
-    return "0.00" if text == "-0.00" else text
+    return fmt_value(float(v), decimals=2)
 
 
 def _interval(v: Any, lo: Any, hi: Any) -> str:
-    if pd.isna(lo) or pd.isna(hi):
-        return f"{_r(v)} (1 seed, no interval)"
-    return f"{_r(v)} [{_r(lo)}, {_r(hi)}]"
+    return fmt_interval(v, lo, hi, decimals=2)
 
 
 def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
@@ -127,7 +122,8 @@ def decision_spec(decision: pd.DataFrame) -> TableSpec:
                     zip(decision["c_seen"], decision["extrapolated"], decision["unknown"], strict=True)],
     })
     caption = (f"Each key's validation reward at C* = {c_star} rollouts (study.target_budget) with its 95 % interval "
-               "(the seed-to-seed spread pooled across keys, plus R0's evaluation noise; science §9.3), and its "
+               "(the seed-to-seed spread pooled across keys, plus R0's evaluation noise; science §9.3; clipped to "
+               "[0, 1], the range of a reward), and its "
                f"difference D to the leader. Settled: D's upper bound <= {eps:g} (study.tolerance), or an n below the "
                f"leader's beaten where both ran (A2); within tolerance: D's lower bound >= -{eps:g}; unknown: C* "
                "beyond sweep.search.eta times where its runs end.")

@@ -58,6 +58,8 @@ def _not_run_text(not_run: list[str]) -> str:
 
 def _summary_markdown(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer, not_run: list[str]) -> str:
     out = ["# rollscale study report", "", f"**{answer.headline}**", ""]
+    out += [f"![{c.title}](charts/{c.name}.png)" for c in charts if c.name == ANSWER_CHART and c.chart is not None]
+    out += [""] if out[-1] != "" else []
     if answer.fixes:
         out += [("What would sharpen it:" if answer.answered else "What to change:"), ""]
         out += [f"- {fix}" for fix in answer.fixes] + [""]
@@ -95,6 +97,7 @@ figure { margin: 1.5em 0 2.5em; } figcaption { color: #444; max-width: 60em; mar
 #answer { border-left: 6px solid #2ca02c; padding: 0.2em 1.2em 0.6em; margin: 1em 0 1.5em; background: #f4fbf4; }
 #answer.no-answer { border-left-color: #e0b252; background: #fffaf0; }
 #answer .verdict { font-size: 1.25em; margin: 0.6em 0; }
+#answer figure { margin: 0.4em 0 1em; }
 #answer ul.fixes { margin: 0.3em 0 0.8em; }
 #answer table.data td { text-align: left; }
 .error { border: 1px solid #d62728; background: #fdecec; padding: 0.8em 1em; }
@@ -139,11 +142,32 @@ def _html_spec_table(s: TableSpec, heading: str = "h3") -> list[str]:
     return out
 
 
-def _html_answer(answer: Answer) -> list[str]:
-    """The first screen: the verdict, what to change, the claims (then what one seed showed)."""
+ANSWER_CHART = "answer"  # the figure drawn right under the first line (report/charts/answer.py)
+
+
+def _html_figure(c: ChartSpec, i: int) -> list[str]:
+    esc = html.escape
+    parts = [f'<figure id="fig-{esc(c.name)}">']
+    if c.chart is not None:
+        parts.append(f'<div class="chart" id="chart-{esc(c.name)}" data-chart="{esc(c.name)}"></div>')
+    else:
+        kind = "missing" if isinstance(c.missing, StageNotRun) else "empty"
+        parts.append(f"<h3>{esc(c.title)}</h3>")
+        parts.append(f'<div class="{kind}" data-missing="{esc(c.name)}"><strong>{_absence(c)}:</strong> '
+                     f"{_html_text(c.missing or '')}</div>")
+    parts.append(f"<figcaption><strong>Figure {i}.</strong> {_html_text(c.caption)}</figcaption></figure>")
+    return parts
+
+
+def _html_answer(answer: Answer, charts: list[ChartSpec]) -> list[str]:
+    """The first screen: the verdict, the answer drawn (figure 1), what to change, the decision and the claims
+    (then what one seed showed)."""
     esc = html.escape
     parts = [f'<section id="answer" class="{"answered" if answer.answered else "no-answer"}">',
              f'<p class="verdict"><strong>{esc(answer.headline)}</strong></p>']
+    for i, c in enumerate(charts, 1):
+        if c.name == ANSWER_CHART and c.chart is not None:
+            parts += _html_figure(c, i)
     if answer.fixes:
         parts.append(f"<p>{'What would sharpen it' if answer.answered else 'What to change'}:</p>")
         parts.append('<ul class="fixes">' + "".join(f"<li>{_html_text(f)}</li>" for f in answer.fixes) + "</ul>")
@@ -168,7 +192,7 @@ def _html_page(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer,
         f'<script type="text/javascript">\n{_vega_embed_bundle()}\n</script>',
         "</head><body>",
         "<h1>rollscale study report</h1>",
-        *_html_answer(answer),
+        *_html_answer(answer, charts),
     ]
     if not_run:
         parts.append(f'<p class="missing" id="not-run">{_html_text(_not_run_text(not_run))}</p>')
@@ -182,15 +206,8 @@ def _html_page(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer,
     parts.append('<li><a href="#tables">Tables</a></li></ol></nav>')
     parts.append('<section id="figures"><h2>Figures</h2>')
     for i, c in enumerate(charts, 1):
-        parts.append(f'<figure id="fig-{esc(c.name)}">')
-        if c.chart is not None:
-            parts.append(f'<div class="chart" id="chart-{esc(c.name)}" data-chart="{esc(c.name)}"></div>')
-        else:
-            kind = "missing" if isinstance(c.missing, StageNotRun) else "empty"
-            parts.append(f"<h3>{esc(c.title)}</h3>")
-            parts.append(f'<div class="{kind}" data-missing="{esc(c.name)}"><strong>{_absence(c)}:</strong> '
-                         f"{_html_text(c.missing or '')}</div>")
-        parts.append(f"<figcaption><strong>Figure {i}.</strong> {_html_text(c.caption)}</figcaption></figure>")
+        if not (c.name == ANSWER_CHART and c.chart is not None):  # drawn under the first line
+            parts += _html_figure(c, i)
     parts.append("</section>")
     parts.append('<section id="tables"><h2>Tables</h2>')
     for s in tables:

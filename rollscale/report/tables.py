@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rollscale.core.noise.pooled import PIECES, RESOLVED, RHO_S, UNRESOLVED, pooled_noise
 from rollscale.core.noise.summary import summary_stats
-from rollscale.report.claims import interval_text
 from rollscale.report.base import (
+    MIN_INTERVAL_SEEDS,
     TableSpec,
     check_tables,
+    fmt_interval,
     fmt_value,
     format_frame,
     absent,
@@ -152,10 +154,80 @@ def _table_noise_steps(t: dict[str, pd.DataFrame | None]) -> TableSpec:
     return TableSpec(name, title, caption, frame=format_frame(ns[cols].sort_values(cols[:2])))
 
 
+REWARD_PARAMS = ("r0", "a", "frontier_reward", "target")  # in [0, 1] for 0/1 rewards
+
+
+def fit_cell(param: str, value: Any, lo: Any, hi: Any, seeds: int | None) -> str:
+    """A fitted value with its bootstrap interval where the interval is one (science §7, §9.3): ``seeds`` >= 3
+    (None: a row that does not say), the estimate strictly inside it; a reward's interval clipped to [0, 1].
+    Otherwise the value and why not."""
+    v, lo_f, hi_f = (float(pd.to_numeric(x, errors="coerce")) for x in (value, lo, hi))
+    if math.isnan(v):
+        return "—"
+    if math.isnan(lo_f) or math.isnan(hi_f) or (seeds is not None and seeds < 2):
+        return fmt_interval(v, math.nan, math.nan)
+    if seeds is not None and seeds < MIN_INTERVAL_SEEDS:
+        return fmt_interval(v, math.nan, math.nan, no_interval=f"{seeds} seeds, no interval")
+    if param in REWARD_PARAMS:
+        lo_f, hi_f = max(lo_f, 0.0), min(hi_f, 1.0)
+    if not lo_f < v < hi_f:
+        return fmt_interval(v, math.nan, math.nan, no_interval="at the edge of its bootstrap: no interval")
+    return fmt_interval(v, lo_f, hi_f)
+
+
+_READINGS = {
+    UNRESOLVED: "signal not resolved: |G|² is not above 0 within its interval, so no noise scale means anything yet; "
+                "measure more prompts (measure.b_problem) or steps (measure.steps)",
+    RHO_S: "K_crit infinite because rho s > |G|²: rollouts of one prompt share so much of their gradient that no n "
+           "reaches the signal; add prompts, not rollouts (science §6.3)",
+    RESOLVED: "resolved: every noise scale has a finite estimate",
+}
+_POOLED = (("g_norm2", "|G|²"), ("b_simple", "B_simple [rollouts]"), ("prompt_noise", "prompt-axis B_noise [prompts]"),
+           ("rollout_noise", "rollout-axis noise [rollouts]"), ("rho_icc", "rho_icc"), ("k_sat_icc", "K_sat_icc"),
+           ("k_crit", "K_crit [rollouts]"))
+
+
+def _table_noise_pooled(t: dict[str, pd.DataFrame | None]) -> TableSpec:
+    name, title = "noise_pooled", "Gradient noise pooled over steps"
+    caption = ("Every measured step's prompts pooled before any ratio (science §6.2: numerators and denominators "
+               "smoothed over steps first), with a 95 % bootstrap interval over prompts (resampled within each "
+               "step); per n. The reading tells a signal not resolved (measure more prompts) from an infinite K_crit "
+               "because rho s > |G|² (science §6.3: add prompts, not rollouts).")
+    np_ = t["noise_prompts"]
+    if np_ is None:
+        return TableSpec(name, title, caption, missing=absent(t, "noise_prompts", "noise measurements"))
+    if not set(PIECES) <= set(np_.columns):
+        return TableSpec(name, title, caption, missing="The `noise_prompts` table predates the per-prompt pieces "
+                         "these estimates pool: rerun the `measure` stage (dvc repro measure).")
+    rows = []
+    for n_value, g in np_.groupby("n", sort=True):
+        try:
+            pooled = pooled_noise(g, int(n_value))
+        except ValueError as exc:
+            rows.append({"n": int(n_value), "reading": str(exc)})
+            continue
+        row: dict[str, Any] = {"n": int(n_value),
+                               "steps × prompts": f"{pooled.steps} × {pooled.prompts // pooled.steps}"}
+        for key, label in _POOLED:
+            v, lo, hi = pooled.values[key]
+            row[label] = fmt_interval(v, lo, hi, no_interval="no interval")
+        reading = _READINGS[pooled.reading]
+        g2, lo, hi = pooled.values["g_norm2"]
+        if pooled.reading == UNRESOLVED and g2 > 0 and math.isfinite(hi - lo):
+            # the interval narrows as 1 / sqrt(prompts): its half-width must fall below the estimate
+            need = math.ceil(pooled.prompts / pooled.steps * ((hi - lo) / 2 / g2) ** 2)
+            reading += f" (at {pooled.steps} steps, about {fmt_value(need)} prompts a step would resolve this one)"
+        rows.append({**row, "reading": reading})
+    return TableSpec(name, title, caption, frame=pd.DataFrame(rows).fillna("—"))
+
+
 def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
-    caption = ("Fitted values with 95 % bootstrap intervals over seeds [lo, hi] (science §7); a config with one "
-               "seed says so. Least-squares SEs, which treat pooled record points as independent and understate "
-               "the error, stay in the fits table as <param>_se. R², points used and fit status.")
+    caption = (f"Fitted values with 95 % bootstrap intervals over seeds [lo, hi] (science §7), shown only for a key "
+               f"with {MIN_INTERVAL_SEEDS} or more seeds: the bootstrap of 1-2 seeds is no interval (science §9.3; "
+               "the decision above pools the seed spread across keys instead). Rewards (R0, A) are clipped to "
+               "[0, 1]; an interval whose estimate sits on its edge (a fit at a bound) is not shown. Least-squares "
+               "SEs, which treat pooled record points as independent and understate the error, stay in the fits "
+               "table as <param>_se. R², points used and fit status.")
     fits = t["fits"]
     if fits is None:
         return [TableSpec("fits", "Fits", caption, missing=absent(t, "fits", "fits"))]
@@ -172,8 +244,9 @@ def _tables_fits(t: dict[str, pd.DataFrame | None]) -> list[TableSpec]:
             for c in ("fixed", "rule"):  # only where the kind's rows differ in them
                 if c in g and g[c].astype(str).nunique() > 1:
                     row[c] = str(r[c])
+            seeds = int(pd.to_numeric(r.get("n_seeds"), errors="coerce")) if pd.notna(r.get("n_seeds")) else None
             for c in present:
-                row[c] = interval_text(r[c], r.get(f"{c}_lo", math.nan), r.get(f"{c}_hi", math.nan))
+                row[c] = fit_cell(c, r[c], r.get(f"{c}_lo", math.nan), r.get(f"{c}_hi", math.nan), seeds)
             for c in ("verdict", "time_verdict", "at_bound", "r2", "n_points", "status"):
                 if c in g and g[c].replace("", np.nan).notna().any():  # at_bound is "" where no bound was hit
                     row[c] = fmt_value(r[c]) if not isinstance(r[c], str) else r[c]
@@ -296,6 +369,7 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
         _table_profile(t),
         _table_k_sat_summary(t),
         *_tables_quintiles(t),
+        _table_noise_pooled(t),
         _table_noise_steps(t),
         *_tables_fits(t),
         _table_steps_to_target(t),

@@ -21,6 +21,7 @@ from rollscale.core.noise.gram import gram_matrix
 from rollscale.core.noise.estimators import decompose
 from rollscale.core.noise.correlation import k_sat, k_sat_null, split_half_rho
 from rollscale.core.noise.ema import EmaNoiseScale
+from rollscale.core.noise.pooled import prompt_pieces
 from rollscale.train.distributed import Ranks, gram_over_ranks
 from rollscale.train.step import RefLogprobs, StepSettings, TrainBatch, batch_normalizers, micro_batch, micro_batch_loss
 
@@ -80,7 +81,8 @@ def noise_figures(
     ``rewards`` is [groups, n] (equal groups); ``split_rng(g)`` seeds group g's
     random split. Returns ``({}, [])`` when the decomposition is undefined
     (fewer than two groups). Per-group rows hold ``n``, ``pass_rate``,
-    ``rho_split``, ``k_sat``, ``k_sat_null``, ``k_sat_ratio``.
+    ``rho_split``, ``k_sat``, ``k_sat_null``, ``k_sat_ratio`` and the pieces the
+    pooled estimates are means of (:func:`~rollscale.core.noise.pooled.prompt_pieces`).
     """
     n_groups, n = rewards.shape
     if n_groups < 2:
@@ -89,6 +91,7 @@ def noise_figures(
     dec = decompose(gram, groups)
     finite = np.isfinite([dec.trace_sigma, dec.g_norm2]).all()
     b_ema = ema.update(dec.trace_sigma, dec.g_norm2) if finite else math.nan
+    pieces = prompt_pieces(gram, groups)  # what the report pools over steps before any ratio (science §6.2)
     rows = []
     for gi in range(n_groups):
         block = gram[gi * n : (gi + 1) * n, gi * n : (gi + 1) * n]
@@ -98,7 +101,8 @@ def noise_figures(
         null = k_sat_null(n) if n >= 3 else math.nan
         ks = k_sat(rho) if np.isfinite(rho) else math.nan
         rows.append({"n": n, "pass_rate": float(np.mean(rewards[gi])), "rho_split": rho, "k_sat": ks,
-                     "k_sat_null": null, "k_sat_ratio": ks / null if np.isfinite(ks) else ks})
+                     "k_sat_null": null, "k_sat_ratio": ks / null if np.isfinite(ks) else ks,
+                     **{c: float(v[gi]) for c, v in pieces.items()}})
     figures = {
         "noise_n": n, "trace_sigma": dec.trace_sigma, "g_norm2": dec.g_norm2, "b_simple": dec.b_simple,
         "b_simple_ema": b_ema, "b_naive": dec.b_naive, "prompt_noise": dec.prompt_noise,

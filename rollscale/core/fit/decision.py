@@ -23,6 +23,10 @@ Paired refits: the runs are resampled with the same indices for every key
 effect on each run's prediction to first order), so differences are read refit
 by refit; the leader is the key with the largest median refit (science §9.4).
 
+For 0/1 rewards (``reward_max`` set) a key's interval is clipped to [0, reward_max]: the t interval of a
+reward near 0 or 1 would reach past what a reward can be (D's interval is not clipped: a difference is in
+[-1, 1] and its bounds stay unclipped so that settled / within tolerance read the t interval itself).
+
 Status of a key at C* (science §9.3, A3 of §8): ``within data`` when every
 run of it reached C*; ``extrapolated`` when C* <= eta times the largest C all
 its runs reached; beyond, ``unknown``: bounds only (the lower bound of its
@@ -228,20 +232,21 @@ def decide(curves: RunCurves, c_star: float, tolerance: float, eta: float, rollo
     idx = {int(k): i for i, k in enumerate(est.keys)}
     known = [int(k) for k in est.keys if c_star <= eta * c_seen[int(k)] * (1 + 1e-9)]
     cap = reward_max if reward_max is not None else math.inf
+    floor = 0.0 if reward_max is not None else -math.inf  # 0/1 rewards: the interval is clipped to [0, 1]
     rows = []
     for k in keys_all:
         k = int(k)
         i = idx.get(k)
         r = est.reward[i] if i is not None else math.nan
         half = q * math.sqrt(est.var[i]) if i is not None else math.nan
-        row = {"key": k, "reward": r, "reward_lo": r - half, "reward_hi": min(r + half, cap),
+        row = {"key": k, "reward": r, "reward_lo": max(r - half, floor), "reward_hi": min(r + half, cap),
                "seeds": int(est.seeds[i]) if i is not None else int((curves.key == k).sum()), "c_seen": c_seen[k],
                "extrapolated": c_star > c_seen[k] * (1 + 1e-9), "unknown": k not in known}
         if row["unknown"]:  # bounds only: where its runs end, and the cap
             at_end = key_rewards(curves, c_seen[k])
             j = list(at_end.keys).index(k) if k in at_end.keys else None
             lo = at_end.reward[j] - q * math.sqrt(at_end.var[j]) if j is not None else math.nan
-            row.update(reward=math.nan, reward_lo=lo, reward_hi=cap)
+            row.update(reward=math.nan, reward_lo=max(lo, floor) if math.isfinite(lo) else lo, reward_hi=cap)
         rows.append(row)
     out = pd.DataFrame(rows)
     out["leader"], out["leader_share"], out["decided"], out["df"] = None, math.nan, False, est.df

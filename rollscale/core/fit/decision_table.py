@@ -18,7 +18,8 @@ from rollscale.core.fit.columns import EVAL_COLUMNS, require
 from rollscale.core.fit.decision import decide, fit_groups
 from rollscale.core.fit.tables import DESIGNS, REWARD_MAX, design_groups
 
-__all__ = ["DECISION_COLUMNS", "SearchVerdict", "decision_table", "search_verdicts", "to_decide", "with_search"]
+__all__ = ["DECISION_COLUMNS", "SearchVerdict", "decision_table", "decisions_at", "search_verdicts", "to_decide",
+           "with_search"]
 
 DECISION_COLUMNS = [
     "design", "bucket", "rule", "fixed", "key", "c_star", "tolerance", "status", "leader", "decided",
@@ -140,6 +141,37 @@ def to_decide(rows: pd.DataFrame, c_star: float, eta: float) -> str:
             f"study.tolerance {math.ceil(100 * float(worst['d_hi'])) / 100:.2f}")
 
 
+def _fitted_groups(evals: pd.DataFrame, designs: tuple[str, ...]) -> tuple[list[tuple[str, str, object]], dict]:
+    """Every design group of ``designs`` labelled, and its evaluations keyed for one batched fit."""
+    frames, labelled = [], []
+    for design in designs:
+        for g in design_groups(evals, design)[0]:
+            label = f"{design}|{g.bucket}|{g.rule}|{g.fixed}"
+            labelled.append((label, design, g))
+            frames.append(g.rows.assign(_group=label, _key=g.rows[g.key_col]))
+    return labelled, frames
+
+
+def _group_rows(rows: pd.DataFrame, design: str, g: object, c_star: float, tolerance: float, eta: float,
+                r0: float) -> pd.DataFrame:
+    """``decide``'s rows of one group with what the table adds: the key's n and B_problem, M, what would decide."""
+    per_key = g.rows.groupby(g.key_col)  # type: ignore[attr-defined]
+    for col in ("n", "b_problem"):
+        rows[col] = rows["key"].map(per_key[col].agg(lambda v: int(v.iloc[0]) if v.nunique() == 1 else np.nan))
+    rows["steps"] = [math.ceil(c_star / b) if np.isfinite(b) else np.nan
+                     for b in rows["n"].astype(float) * rows["b_problem"].astype(float)]
+    rows = rows.assign(design=design, bucket=g.bucket, rule=g.rule, fixed=g.fixed,  # type: ignore[attr-defined]
+                       c_star=float(c_star), tolerance=float(tolerance), r0=r0)
+    rows["to_decide"] = to_decide(rows, c_star, eta)
+    return rows[DECISION_COLUMNS]
+
+
+def _typed(table: pd.DataFrame) -> pd.DataFrame:
+    for col in ("leader", "n", "b_problem", "steps"):
+        table[col] = pd.array([None if pd.isna(v) else int(v) for v in table[col]], dtype="Int64")
+    return table
+
+
 def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: float,
                    resamples: int = 200, seed: int = 0, reward_max: float | None = REWARD_MAX,
                    search: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -148,12 +180,7 @@ def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: fl
     require(evals, "evals", EVAL_COLUMNS)
     if not (math.isfinite(c_star) and c_star > 0):
         raise ValueError(f"c_star: expected a positive number of rollouts, got {c_star!r}")
-    frames, labelled = [], []
-    for design in DESIGNS:
-        for g in design_groups(evals, design)[0]:
-            label = f"{design}|{g.bucket}|{g.rule}|{g.fixed}"
-            labelled.append((label, design, g))
-            frames.append(g.rows.assign(_group=label, _key=g.rows[g.key_col]))
+    labelled, frames = _fitted_groups(evals, DESIGNS)
     if not frames:
         return pd.DataFrame(columns=DECISION_COLUMNS)
     curves = fit_groups(pd.concat(frames, ignore_index=True), "_key", "_group", reward_max)
@@ -164,16 +191,26 @@ def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: fl
                       reward_max=reward_max, resamples=resamples, seed=seed,
                       leader=verdict.leader if verdict is not None else None)
         rows = with_search(rows, verdict, tolerance)
-        per_key = g.rows.groupby(g.key_col)
-        for col in ("n", "b_problem"):
-            rows[col] = rows["key"].map(per_key[col].agg(lambda v: int(v.iloc[0]) if v.nunique() == 1 else np.nan))
-        rows["steps"] = [math.ceil(c_star / b) if np.isfinite(b) else np.nan
-                         for b in rows["n"].astype(float) * rows["b_problem"].astype(float)]
-        rows = rows.assign(design=design, bucket=g.bucket, rule=g.rule, fixed=g.fixed, c_star=float(c_star),
-                           tolerance=float(tolerance), r0=curves[label].r0)
-        rows["to_decide"] = to_decide(rows, c_star, eta)
-        out.append(rows[DECISION_COLUMNS])
-    table = pd.concat(out, ignore_index=True)
-    for col in ("leader", "n", "b_problem", "steps"):
-        table[col] = pd.array([None if pd.isna(v) else int(v) for v in table[col]], dtype="Int64")
-    return table
+        out.append(_group_rows(rows, design, g, c_star, tolerance, eta, curves[label].r0))
+    return _typed(pd.concat(out, ignore_index=True))
+
+
+def decisions_at(evals: pd.DataFrame, budgets: list[float], tolerance: float, eta: float, resamples: int = 200,
+                 seed: int = 0, reward_max: float | None = REWARD_MAX, designs: tuple[str, ...] = DESIGNS
+                 ) -> pd.DataFrame:
+    """The decision of science §9.3-9.4 at each of ``budgets`` (rows of :data:`DECISION_COLUMNS`, ``c_star`` the
+    budget): every run fitted once, each budget read with the same pooled seed spread, so the report's claims at
+    other budgets than C* rest on the intervals its first line rests on (no search verdicts: they are at C*)."""
+    require(evals, "evals", EVAL_COLUMNS)
+    labelled, frames = _fitted_groups(evals, designs)
+    budgets = [float(c) for c in budgets if math.isfinite(float(c)) and float(c) > 0]
+    if not frames or not budgets:
+        return pd.DataFrame(columns=DECISION_COLUMNS)
+    curves = fit_groups(pd.concat(frames, ignore_index=True), "_key", "_group", reward_max)
+    out = []
+    for c in budgets:
+        for label, design, g in labelled:
+            rows = decide(curves[label], c, tolerance, eta, rollout_axis=g.key_col == "n" and design != "iso_batch",
+                          reward_max=reward_max, resamples=resamples, seed=seed).assign(settled_at=math.nan)
+            out.append(_group_rows(rows, design, g, c, tolerance, eta, curves[label].r0))
+    return _typed(pd.concat(out, ignore_index=True))

@@ -12,6 +12,7 @@ import pandas as pd
 
 from rollscale.core.fit.curves import sigmoid_model
 from rollscale.report.base import (
+    MIN_INTERVAL_SEEDS,
     CHART_HEIGHT,
     CHART_WIDTH,
     ChartSpec,
@@ -77,8 +78,9 @@ def chart_reward_vs_compute(t: dict[str, pd.DataFrame | None], params: Mapping[s
     has_se = "avg_at_k_se" in ev.columns and as_numeric(ev["avg_at_k_se"]).notna().any()
     if has_se:
         ev["avg_at_k_se"] = as_numeric(ev["avg_at_k_se"])
-        ev["lo"] = ev["avg_at_k"] - ev["avg_at_k_se"]
-        ev["hi"] = ev["avg_at_k"] + ev["avg_at_k_se"]
+        # a reward is in [0, 1]: the band is clipped there
+        ev["lo"] = (ev["avg_at_k"] - ev["avg_at_k_se"]).clip(lower=0.0)
+        ev["hi"] = (ev["avg_at_k"] + ev["avg_at_k_se"]).clip(upper=1.0)
     n_zero = int((ev["c"] <= 0).sum())
     ev = ev[(ev["c"] > 0) & ev["avg_at_k"].notna()]
     if ev.empty:
@@ -166,7 +168,8 @@ def chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any])
     name, title = "frontier", "Compute-optimal frontier F(C) coloured by n*, and the fitted n*(C)"
     caption = (
         "Left: the frontier F(C) = max over n of the fitted per-n sigmoids (thin lines) with each grid point "
-        "coloured by its argmax n*, with its 95 % bootstrap band over seeds (grey); right: n*(C) on a log2 axis "
+        "coloured by its argmax n*, with its 95 % bootstrap band over seeds (grey; only with 3 or more seeds a key, "
+        "clipped to [0, 1]); right: n*(C) on a log2 axis "
         "with the range of n* over bootstrap refits (grey bars) and the fitted logistic n*(C) line (science §7)"
     )
     fr = t["frontier"]
@@ -189,6 +192,10 @@ def chart_frontier(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any])
             }
         )
         df = df[(df["x"] > 0) & df["frontier_reward"].notna()]
+        if "n_seeds" in part:  # a bootstrap over fewer than 3 seeds a key is no interval (science §9.3): no band
+            few = as_numeric(part["n_seeds"]).reindex(df.index).fillna(0) < MIN_INTERVAL_SEEDS
+            df.loc[few, list(_BAND_COLUMNS)] = np.nan
+        df[["frontier_reward_lo", "frontier_reward_hi"]] = df[["frontier_reward_lo", "frontier_reward_hi"]].clip(0, 1)
         if df.empty:
             notes.append(f"design {design!r} has no usable frontier points")
             continue

@@ -237,7 +237,8 @@ def chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     name, title = "noise_steps", "Gradient noise over training steps: B_simple, K_crit and rho_icc"
     caption = (
         "Step-level noise (science §6.2, §6.3): B_simple, K_crit and K_sat_icc in rollouts on a log scale (top) and "
-        "the intraclass rho_icc (bottom) at each measurement step"
+        "the intraclass rho_icc (bottom) at each measurement step; one step's ratio is noisy and infinite where "
+        "its signal is not above 0: the table 'Gradient noise pooled over steps' gives them pooled, with intervals"
     )
     ns = t["noise_steps"]
     if ns is None:
@@ -253,7 +254,8 @@ def chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     if long.empty and rho.empty:
         return ChartSpec(name, title, caption + ".", missing="The `noise_steps` table has no finite values to plot.")
     multi_n = ns["n"].nunique() > 1
-    step_x = alt.X("step:Q", title="training step [steps]")
+    # a step is a count: whole-number ticks only (a 3-step measurement has no step 1.1)
+    step_x = alt.X("step:Q", title="training step [steps]", axis=alt.Axis(format="d", tickMinStep=1))
     top_enc: dict[str, Any] = {
         "x": step_x,
         "y": alt.Y("value:Q", title="noise scale [rollouts]", scale=log_scale(), axis=log_axis()),
