@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from rollscale.core.fit.decision import fit_runs, key_rewards
@@ -52,7 +53,7 @@ from rollscale.core.fit.surface import (
 )
 
 __all__ = ["FORECAST_COLUMNS", "ForecastSettings", "SurfaceBootstrap", "bootstrap_surface", "default_keys",
-           "forecast_group", "forecast_table", "interval", "predict"]
+           "forecast_group", "forecast_table", "interval", "predict", "spread"]
 
 FORECAST_COLUMNS = [
     "group", "key", "trained", "c_star", "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "leader",
@@ -72,6 +73,7 @@ class ForecastSettings:
     level: float = 0.95
     seed: int = 0
     a_max: float | None = 1.0
+    scheme: str = "pooled"  # the refits' resampling (rollscale.core.fit.surface.surface_refits)
 
     def __post_init__(self) -> None:
         if self.resamples < 2:
@@ -96,7 +98,8 @@ def bootstrap_surface(evals: pd.DataFrame, key_col: str, settings: ForecastSetti
     """Fit one group's surface and its ``settings.resamples`` refits (science §10.1-10.2)."""
     data = prepare(evals, key_col)
     surface = fit_surface(data, a_max=settings.a_max)
-    thetas, r0s = surface_refits(data, surface, settings.resamples, settings.eval_draws, settings.seed)
+    thetas, r0s = surface_refits(data, surface, settings.resamples, settings.eval_draws, settings.seed,
+                                 settings.scheme)
     seeds = int(np.median(np.bincount(data.run_key)))
     return SurfaceBootstrap(data, surface, thetas, r0s, seeds, settings)
 
@@ -115,15 +118,25 @@ def predict(boot: SurfaceBootstrap, keys: np.ndarray, c: np.ndarray) -> tuple[np
     return point, out
 
 
-def interval(point: np.ndarray, refits: np.ndarray, seeds: int, level: float,
+def interval(point: np.ndarray, refits: np.ndarray, spread: float, level: float,
              bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """The module docstring's interval: percentiles moved out from ``point`` by sqrt(S / (S - 1)), clipped."""
+    """The module docstring's interval: the refits' percentiles moved out from ``point`` by ``spread``, clipped."""
     tail = 50.0 * (1.0 - level)
     lo, hi = np.nanpercentile(refits, [tail, 100.0 - tail], axis=0)
-    grow = math.sqrt(seeds / (seeds - 1)) if seeds > 1 else 1.0
-    lo = point - grow * np.maximum(point - lo, 0.0)
-    hi = point + grow * np.maximum(hi - point, 0.0)
+    lo = point - spread * np.maximum(point - lo, 0.0)
+    hi = point + spread * np.maximum(hi - point, 0.0)
     return np.clip(lo, *bounds), np.clip(hi, *bounds)
+
+
+def spread(boot: SurfaceBootstrap) -> float:
+    """How far the refits' percentiles are moved out (module docstring): ``t_df / z`` on the group's pooled
+    degrees of freedom ``df = sum(S_k - 1)`` for pooled refits, ``sqrt(S / (S - 1))`` for paired ones."""
+    level = boot.settings.level
+    if boot.settings.scheme == "paired":
+        return math.sqrt(boot.seeds / (boot.seeds - 1)) if boot.seeds > 1 else 1.0
+    runs = np.bincount(boot.data.run_key)
+    df = int((runs - 1).sum())
+    return float(student_t.ppf(0.5 + level / 2, df) / norm.ppf(0.5 + level / 2)) if df > 0 else 1.0
 
 
 def default_keys(trained: np.ndarray) -> np.ndarray:
@@ -144,7 +157,7 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
     keys = default_keys(data.keys) if keys is None else np.asarray(sorted(set(int(k) for k in keys)))
     point, refits = predict(boot, keys, np.full(keys.size, float(c_star)))
     top = settings.a_max if settings.a_max is not None else math.inf
-    lo, hi = interval(point, refits, boot.seeds, settings.level, (0.0, top))
+    lo, hi = interval(point, refits, spread(boot), settings.level, (0.0, top))
     trained = np.isin(keys, data.keys)
     width = hi - lo
     unknown = width > settings.max_width
@@ -164,7 +177,7 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
     if candidates.size:
         lead = candidates[int(np.argmax(np.nanmedian(refits[:, candidates], axis=0)))]
         d_point, d_refits = point - point[lead], refits - refits[:, [lead]]
-        d_lo, d_hi = interval(d_point, d_refits, boot.seeds, settings.level, (-top, top))
+        d_lo, d_hi = interval(d_point, d_refits, spread(boot), settings.level, (-top, top))
         out["leader"], out["d"], out["d_lo"], out["d_hi"] = int(keys[lead]), d_point, d_lo, d_hi
         out.loc[lead, ["d", "d_lo", "d_hi"]] = 0.0
     return _with_per_run(out, evals, key_col, c_star, settings)

@@ -277,41 +277,64 @@ def fit_surface(data: SurfaceData, r0: float | None = None, a_max: float | None 
 
 
 def surface_refits(data: SurfaceData, surface: Surface, resamples: int, eval_draws: int | None,
-                   seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                   seed: int = 0, scheme: str = "pooled") -> tuple[np.ndarray, np.ndarray]:
     """``(thetas (resamples, 3K + 6), r0s (resamples,))``: the surface refitted on bootstraps (science §10.2).
 
-    Each refit resamples seed slots, the same indices for every key (a key with S runs takes slot
-    ``floor(u S)`` of one uniform u per slot: science §9.3's pairing); redraws the evaluation noise: a fresh
-    ``Binomial(eval_draws, p) / eval_draws - p`` at each point's fitted p is added (the observed evaluations
-    hold one draw already, so a refit sees the noise twice: conservative by that share; it is what makes
-    resamples of two seeds continuous); re-estimates R0 from the resampled runs' step-0 evaluations, redrawn
-    the same way; and refits warm-started from ``surface`` with tau and ``s_eff`` held. ``eval_draws`` None: no
-    redraw."""
+    ``scheme``:
+
+    * ``pooled`` (the default; science §9.3's "bootstrap of residuals pooled across keys"): every run is
+      replaced by its key's fitted curve plus the residual curve (evaluations minus the run's key's curve, read
+      at the run's own C by interpolation in log C) of a run drawn from the whole group, scaled by
+      ``sqrt(S / (S - 1))`` of the donor's key (a key's curve absorbs 1 / S of its runs' spread). The residual
+      curves hold each run's seed deviation and its evaluation noise as observed, so none is redrawn.
+      A key's own 2-3 seeds give 3-10 distinct resamples and a seed spread of one or two degrees of freedom;
+      the pool gives every key the group's. Runs of a key with one run are no donors (its curve follows it).
+    * ``paired``: seed slots resampled, the same indices for every key (a key with S runs takes slot
+      ``floor(u S)`` of one uniform u per slot), and a fresh ``Binomial(eval_draws, p) / eval_draws - p`` at
+      each point's fitted p added (the observed evaluations hold one draw already, so a refit sees the noise
+      twice). Measured to cover less than nominal with 2 seeds (docs/benchmarks.md).
+
+    Both re-estimate R0 from the step-0 evaluations of the runs drawn (redrawn with ``eval_draws`` in
+    ``paired``) and refit warm-started from ``surface`` with tau and ``s_eff`` held."""
+    if scheme not in ("pooled", "paired"):
+        raise ValueError(f"surface refits: scheme {scheme!r} is not pooled or paired")
     rng = np.random.default_rng(seed)
     k = len(data.keys)
     runs_per_key = np.bincount(data.run_key, minlength=k)
     u = rng.random((resamples, int(runs_per_key.max())))
     p_fit = np.clip(_parts(surface.theta, data, surface.r0, False)[0], 0.0, 1.0)
+    resid = data.y - p_fit
+    scale = np.sqrt(runs_per_key / np.maximum(runs_per_key - 1, 1))[data.run_key]
+    donors = np.flatnonzero(runs_per_key[data.run_key] > 1) if (runs_per_key > 1).any() else np.arange(scale.size)
+    donors = donors[[(data.point_run == r).any() for r in donors]]
+    curves = [(data.log10_c[data.point_run == r], resid[data.point_run == r] * scale[r]) for r in donors]
+    own = [np.flatnonzero(data.point_run == r) for r in range(data.run_key.size)]
+    step0 = data.step0[np.isfinite(data.step0)]
     thetas, r0s = np.full((resamples, surface.theta.size), np.nan), np.full(resamples, np.nan)
     for b in range(resamples):
-        counts = np.zeros(data.run_key.size)
-        for i in range(k):
-            idx = np.flatnonzero(data.run_key == i)
-            order = idx[np.argsort(data.slot[idx])]
-            picks = order[np.floor(u[b, :idx.size] * idx.size).astype(int)]
-            np.add.at(counts, picks, 1.0)
-        y = data.y.copy()
-        step0 = data.step0.copy()
-        if eval_draws:
-            y += rng.binomial(eval_draws, p_fit) / eval_draws - p_fit
-            p0 = min(max(surface.r0, 0.0), 1.0)
-            step0 += rng.binomial(eval_draws, p0, size=step0.size) / eval_draws - p0
-        use = (counts > 0) & np.isfinite(step0)
-        r0 = float(np.average(step0[use], weights=counts[use])) if use.any() else surface.r0
-        lo, hi = surface.bounds[0].copy(), surface.bounds[1]
+        if scheme == "pooled":
+            y, w = p_fit.copy(), np.ones_like(p_fit)
+            for r, d in zip(range(len(own)), rng.integers(len(curves), size=len(own)), strict=True):
+                xs, rs = curves[d]
+                y[own[r]] += np.interp(data.log10_c[own[r]], xs, rs)
+            r0 = float(rng.choice(step0, step0.size).mean()) if step0.size else surface.r0
+        else:
+            counts = np.zeros(data.run_key.size)
+            for i in range(k):
+                idx = np.flatnonzero(data.run_key == i)
+                order = idx[np.argsort(data.slot[idx])]
+                np.add.at(counts, order[np.floor(u[b, :idx.size] * idx.size).astype(int)], 1.0)
+            y, s0 = data.y.copy(), data.step0.copy()
+            if eval_draws:
+                y += rng.binomial(eval_draws, p_fit) / eval_draws - p_fit
+                p0 = min(max(surface.r0, 0.0), 1.0)
+                s0 += rng.binomial(eval_draws, p0, size=s0.size) / eval_draws - p0
+            use = (counts > 0) & np.isfinite(s0)
+            r0 = float(np.average(s0[use], weights=counts[use])) if use.any() else surface.r0
+            w = counts[data.point_run]
+        lo = surface.bounds[0].copy()
         lo[:k] = r0
-        w = counts[data.point_run]
-        thetas[b] = _solve(data, r0, y, w, surface.s_eff, surface.tau, surface.theta, lo, hi)
+        thetas[b] = _solve(data, r0, y, w, surface.s_eff, surface.tau, surface.theta, lo, surface.bounds[1])
         r0s[b] = r0
     return thetas, r0s
 
