@@ -40,7 +40,7 @@ import pandas as pd
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from rollscale.core.fit.decision import fit_runs, key_rewards
+from rollscale.core.fit.decision import RunCurves, fit_runs, key_rewards
 from rollscale.core.fit.surface import (
     Surface,
     SurfaceData,
@@ -148,8 +148,9 @@ def default_keys(trained: np.ndarray) -> np.ndarray:
 
 def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.ndarray | None = None,
                    settings: ForecastSettings = ForecastSettings(),
-                   boot: SurfaceBootstrap | None = None) -> pd.DataFrame:
-    """One group's rows of the ``forecast`` table (module docstring; ``group`` left to the caller)."""
+                   boot: SurfaceBootstrap | None = None, curves: RunCurves | None = None) -> pd.DataFrame:
+    """One group's rows of the ``forecast`` table (module docstring; ``group`` left to the caller). ``boot`` and
+    ``curves`` (:func:`rollscale.core.fit.decision.fit_runs`): the group's fits when the caller has them."""
     if not c_star > 0:
         raise ValueError(f"forecast c_star: expected > 0, got {c_star}")
     boot = boot if boot is not None else bootstrap_surface(evals, key_col, settings)
@@ -180,17 +181,17 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
         d_lo, d_hi = interval(d_point, d_refits, spread(boot), settings.level, (-top, top))
         out["leader"], out["d"], out["d_lo"], out["d_hi"] = int(keys[lead]), d_point, d_lo, d_hi
         out.loc[lead, ["d", "d_lo", "d_hi"]] = 0.0
-    return _with_per_run(out, evals, key_col, c_star, settings)
+    return _with_per_run(out, evals, key_col, c_star, settings, curves)
 
 
 def _with_per_run(out: pd.DataFrame, evals: pd.DataFrame, key_col: str, c_star: float,
-                  settings: ForecastSettings) -> pd.DataFrame:
+                  settings: ForecastSettings, curves: RunCurves | None) -> pd.DataFrame:
     """Beside each key whose runs all reached C*, the per-run §9.3 value and its t interval (science §10.2)."""
     out["per_run"], out["per_run_lo"], out["per_run_hi"] = math.nan, math.nan, math.nan
     within = out.loc[~out["extrapolated"], "key"]
     if within.empty:
         return out
-    est = key_rewards(fit_runs(evals, key_col, settings.a_max), c_star)
+    est = key_rewards(curves if curves is not None else fit_runs(evals, key_col, settings.a_max), c_star)
     q = float(student_t.ppf(0.5 + settings.level / 2, est.df)) if est.df else math.nan
     for k, r, v in zip(est.keys, est.reward, est.var, strict=True):
         row = out.index[out["key"] == k]

@@ -15,8 +15,10 @@ two least-squares fits, and the bootstrap holds tau fixed (a refit then costs on
    Jacobian, with the residual variance ``s^2`` scaled by the runs' design effect ``D`` (evaluations of one run
    share its seed's curve: ``D`` is the mean of ``n_r * mean_residual_r^2 / s^2`` over runs, corrected for the
    key's own fit; at least 1). ``s_eff^2 = s^2 D``.
-2. *tau by moments* (DerSimonian-Laird's idea, unweighted): ``tau_p^2 = RSS_p / (K - 2) - median(se_p^2)``
-   around the least-squares line of the K keys' estimates, never below ``median(se_p^2) / 4`` (with four to six
+2. *tau by moments* (DerSimonian-Laird's, in its meta-regression form: the weighted residual sum of squares Q
+   of the K keys' estimates about their weighted line, weights ``1 / se^2``, ``tau_p^2 = (Q - (K - 2)) / tr(P)``;
+   weighted, so that a key whose parameter its data do not identify, a curve not bent within the data, does
+   not make every key's deviation look large), never below ``median(se_p^2) / 4`` (with four to six
    keys the moment estimate is 0 in many studies whose deviations are real but small, and a surface forced onto
    the line then bends its forecasts by the deviations it ignored; at the floor a key's own data still weigh
    at least a fifth). With two keys there is no residual: ``tau_p^2 = median(se_p^2)``.
@@ -164,7 +166,7 @@ def _parts(theta: np.ndarray, data: SurfaceData, r0: float, jac: bool) -> tuple[
 
 
 def _solve(data: SurfaceData, r0: float, y: np.ndarray, w: np.ndarray, s_eff: float, tau: np.ndarray,
-           theta0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+           theta0: np.ndarray, lo: np.ndarray, hi: np.ndarray, tol: float = 1e-8) -> np.ndarray:
     """The penalised least squares of the module docstring, points weighted by ``w`` (run counts)."""
     k = len(data.keys)
     x = data.x
@@ -190,8 +192,8 @@ def _solve(data: SurfaceData, r0: float, y: np.ndarray, w: np.ndarray, s_eff: fl
     start = np.clip(theta0, lo + gap, hi - gap)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = least_squares(fun, start, jac=jac, bounds=(lo, hi), method="trf", x_scale="jac", xtol=1e-8,
-                            ftol=1e-8, max_nfev=200)
+        res = least_squares(fun, start, jac=jac, bounds=(lo, hi), method="trf", x_scale="jac", xtol=tol,
+                            ftol=tol, max_nfev=200)
     return res.x
 
 
@@ -231,6 +233,20 @@ def _design_effect(data: SurfaceData, resid: np.ndarray, s2: float) -> float:
     return max(1.0, float((sums[has] ** 2 / runs[has]).sum()) / df / s2)
 
 
+def _moment_tau(x: np.ndarray, est: np.ndarray, se: np.ndarray) -> float:
+    """DerSimonian-Laird's moment estimate of the deviations' sd about a weighted line (meta-regression form:
+    ``tau^2 = (Q - (K - 2)) / tr(P)``, weights ``1 / se^2``), floored (module docstring)."""
+    v = np.maximum(se**2, 1e-12)
+    floor = float(np.median(v)) / 4.0
+    if x.size < 3:
+        return math.sqrt(max(float(np.median(v)), 1e-12))
+    w = np.diag(1.0 / v)
+    design = np.column_stack([np.ones_like(x), x])
+    proj = w - w @ design @ np.linalg.pinv(design.T @ w @ design) @ design.T @ w
+    q = float(est @ proj @ est)
+    return math.sqrt(max((q - (x.size - 2)) / float(np.trace(proj)), floor, 1e-12))
+
+
 def fit_surface(data: SurfaceData, r0: float | None = None, a_max: float | None = 1.0) -> Surface:
     """The point fit of the module docstring (steps 1-3). ``r0`` defaults to the runs' step-0 mean."""
     if r0 is None:
@@ -260,15 +276,7 @@ def fit_surface(data: SurfaceData, r0: float | None = None, a_max: float | None 
         if not on.any():
             se[i] = span
     own = theta1[:3 * k].reshape(3, k).T
-    tau = np.zeros(3)
-    for p in range(3):
-        v = float(np.median(se[:, p] ** 2))
-        if k >= 3:
-            coef = np.polyfit(data.x, own[:, p], 1)
-            rss = float(((own[:, p] - np.polyval(coef, data.x)) ** 2).sum())
-            tau[p] = math.sqrt(max(rss / (k - 2) - v, v / 4.0, 1e-12))
-        else:
-            tau[p] = math.sqrt(max(v, 1e-12))
+    tau = np.array([_moment_tau(data.x, own[:, p], se[:, p]) for p in range(3)])
     start = theta1.copy()
     coefs = [np.polyfit(data.x, own[:, p], 1) if k >= 2 else np.array([0.0, own[0, p]]) for p in range(3)]
     start[3 * k:] = np.concatenate([[c[1], c[0]] for c in coefs])
@@ -334,7 +342,8 @@ def surface_refits(data: SurfaceData, surface: Surface, resamples: int, eval_dra
             w = counts[data.point_run]
         lo = surface.bounds[0].copy()
         lo[:k] = r0
-        thetas[b] = _solve(data, r0, y, w, surface.s_eff, surface.tau, surface.theta, lo, surface.bounds[1])
+        # a refit starts at the optimum's neighbourhood: 1e-6 on the cost is far below the refits' spread
+        thetas[b] = _solve(data, r0, y, w, surface.s_eff, surface.tau, surface.theta, lo, surface.bounds[1], 1e-6)
         r0s[b] = r0
     return thetas, r0s
 
