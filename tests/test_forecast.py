@@ -1,6 +1,6 @@
 """The forecast past the data (science §10): the surface, its intervals, the backtest and the cap.
 
-Simulated studies are rollscale.core.fit.simulate_forecast's (the search's families, 2 seeds, avg@16 on the §9.1
+Simulated studies are rollscale.core.search.forecast_sim's (the search's families, 2 seeds, avg@16 on the §9.1
 schedule); benchmarks/forecast_sim.py runs many per family (docs/benchmarks.md has the table). Here a few, with
 few refits, so the file takes seconds.
 """
@@ -16,7 +16,7 @@ import pytest
 from rollscale.core.fit.backtest import backtest, cut_runs
 from rollscale.core.fit.climb import climb_caps, steepest_rise
 from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, forecast_group, forecast_table
-from rollscale.core.fit.simulate_forecast import forecast_studies, judge_study, study_evals, true_at
+from rollscale.core.search.forecast_sim import forecast_studies, judge_study, study_evals, true_at
 from rollscale.core.fit.surface import fit_surface, key_parameters, prepare
 
 R0 = 0.35
