@@ -100,7 +100,8 @@ def true_at(study: SimStudy, n: int, c: float) -> float:
 def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings,
                 multiples: tuple[float, ...] = (2.0, 4.0, 8.0), tolerance: float = 0.02,
                 with_backtest: bool = True) -> list[dict]:
-    """One row per multiple (module docstring): ``covered`` and ``keys`` (counts), ``right``, ``unknown`` (share),
+    """One row per multiple (module docstring): ``covered`` and ``keys`` (counts), ``answered`` (a leader),
+    ``right`` (NaN when none), ``unknown`` (share),
     ``width`` (median), ``regret``, ``backtest_failed``, ``a4_contradicted``, ``backtest_coverage`` (NaN without
     ``with_backtest``), ``cap_stops_best``, ``cap_stops``."""
     boot = bootstrap_surface(evals, "n", settings)
@@ -118,7 +119,8 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
         caps = climb_caps(evals, "n", c_star, tolerance, curves=curves)
         best = int(keys[int(np.argmax(truth))])
         rows.append({"group": study.name, "family": study.family, "multiple": m, "keys": len(keys),
-                     "covered": int(covered.sum()), "right": bool(regret <= tolerance + 1e-12),
+                     "covered": int(covered.sum()), "answered": leader is not None,
+                     "right": bool(regret <= tolerance + 1e-12) if leader is not None else math.nan,
                      "regret": regret, "unknown": float(table["unknown"].mean()),
                      "width": float(table["width"].median()),
                      "backtest_failed": bt.failed if bt else math.nan,
@@ -130,11 +132,12 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
 
 
 def summarise_forecast(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per family and multiple: studies, coverage (over keys x studies), right, unknown, median width,
-    backtest failed and A4-contradicted shares, studies where the cap stopped the true best, keys the cap stopped."""
+    """One row per family and multiple: studies, coverage (over keys x studies), answered (some key known, so a
+    leader), right (over the answered), unknown, median width, backtest failed and A4-contradicted shares, studies
+    where the cap stopped the true best, keys the cap stopped."""
     def agg(t: pd.DataFrame) -> pd.Series:
         return pd.Series({"studies": len(t), "coverage": t["covered"].sum() / t["keys"].sum(),
-                          "right": t["right"].mean(), "unknown": t["unknown"].mean(), "width": t["width"].median(),
+                          "answered": t["answered"].mean(), "right": t["right"].astype(float).mean(), "unknown": t["unknown"].mean(), "width": t["width"].median(),
                           "backtest_failed": t["backtest_failed"].mean(), "a4_flag": t["a4_contradicted"].mean(),
                           "cap_stops_best": int(t["cap_stops_best"].sum()), "cap_stops": t["cap_stops"].mean()})
     return rows.groupby(["family", "multiple"], sort=False).apply(agg).reset_index()
