@@ -127,6 +127,21 @@ def test_bad_input_names_what_is_wrong():
         forecast_group(evals, "n", 0.0, settings=FAST)
 
 
+def test_the_order_of_the_rows_changes_nothing_and_both_schemes_bound_the_point():
+    evals, _ = _on_surface(seeds=2, noise=0.015, seed=9)
+    keys = np.array([2, 16, 32])
+    a = forecast_group(evals, "n", 80_000, keys, FAST)
+    b = forecast_group(evals.sample(frac=1.0, random_state=0), "n", 80_000, keys, FAST)
+    pd.testing.assert_frame_equal(a, b)
+    paired = forecast_group(evals, "n", 80_000, keys, ForecastSettings(resamples=60, eval_draws=1600,
+                                                                        scheme="paired"))
+    assert np.allclose(paired["reward"], a["reward"])  # one point fit; only the refits differ
+    assert (paired["reward_lo"] <= paired["reward"]).all() and (paired["reward"] <= paired["reward_hi"]).all()
+    assert (paired["reward_lo"] < paired["reward_hi"]).all()
+    with pytest.raises(ValueError, match="scheme"):
+        ForecastSettings(scheme="wild")
+
+
 def test_cut_runs_keeps_each_run_to_half_its_reach():
     evals, _ = _on_surface(seeds=1)
     cut = cut_runs(evals)

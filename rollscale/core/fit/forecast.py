@@ -84,6 +84,8 @@ class ForecastSettings:
             raise ValueError(f"forecast resamples: expected >= 2, got {self.resamples}")
         if not 0 < self.level < 1:
             raise ValueError(f"forecast level: expected in (0, 1), got {self.level}")
+        if self.scheme not in ("pooled", "paired"):
+            raise ValueError(f"forecast scheme: expected pooled or paired, got {self.scheme!r}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
     boot = boot if boot is not None else bootstrap_surface(evals, key_col, settings)
     data, s = boot.data, boot.surface
     keys = default_keys(data.keys) if keys is None else np.asarray(sorted(set(int(k) for k in keys)))
+    if (keys <= 0).any():
+        raise ValueError(f"forecast keys: expected positive keys (the surface is in log2 {key_col}), got {keys.tolist()}")
     point, refits = predict(boot, keys, np.full(keys.size, float(c_star)))
     top = settings.a_max if settings.a_max is not None else math.inf
     lo, hi = interval(point, refits, spread(boot), settings.level, (0.0, top))
