@@ -1,6 +1,6 @@
 """The forecast past the data on simulated studies, per family, at 2x, 4x and 8x C_max (science §10).
 
-    python benchmarks/forecast_sim.py --per-family 20 --resamples 100 [--scheme paired]
+    python benchmarks/forecast_sim.py --per-family 20 --resamples 100 [--no-perturb]
 
 Every family of rollscale.core.search.simulate plus two that break A4 (rollscale.core.search.forecast_sim:
 ``tie_top``, ``bend``); 2 seeds a key, avg@16 over 100 problems (1,600 draws an evaluation) on the §9.1 schedule
@@ -39,11 +39,10 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=100)
     ap.add_argument("--families", nargs="+", default=list(ALL_FAMILIES))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scheme", choices=["pooled", "paired"], default="pooled",
-                    help="the refits' resampling (rollscale.core.fit.surface.surface_refits)")
+    ap.add_argument("--no-perturb", action="store_true", help="refits without the perturbed prior")
     ap.add_argument("--out", type=Path, default=None, help="also write every study's rows as CSV")
     args = ap.parse_args()
-    settings = ForecastSettings(resamples=args.resamples, eval_draws=1600, scheme=args.scheme)
+    settings = ForecastSettings(resamples=args.resamples, eval_draws=1600, perturb=not args.no_perturb)
     rows = []
     cpu = time.process_time()
     for family in args.families:

@@ -99,8 +99,8 @@ def test_forecast_table_columns_bounds_leader_and_untrained_keys():
     lead = int(g1["leader"].iloc[0])
     assert lead == 16 and g1.loc[lead, "d"] == 0.0  # the line rises with n: the largest trained key leads
     assert (g1["d_lo"] <= g1["d"]).all() and (g1["d"] <= g1["d_hi"]).all()
-    # a key beyond the data borrows the deviation spread: wider than its trained neighbour
-    assert g1.loc[32, "width"] > g1.loc[16, "width"]
+    # a key beyond the data borrows the deviation spread: wider than a trained key its data pin down
+    assert g1.loc[32, "width"] > g1.loc[4, "width"] and g1.loc[1, "width"] > g1.loc[2, "width"]
     assert g1["extrapolated"].all() and g1["per_run"].isna().all()
     within = forecast_group(evals, "n", 20_000, np.array([2, 16]), FAST).set_index("key")
     assert within["per_run"].notna().all() and not within["extrapolated"].any()
@@ -127,19 +127,12 @@ def test_bad_input_names_what_is_wrong():
         forecast_group(evals, "n", 0.0, settings=FAST)
 
 
-def test_the_order_of_the_rows_changes_nothing_and_both_schemes_bound_the_point():
+def test_the_order_of_the_rows_changes_nothing():
     evals, _ = _on_surface(seeds=2, noise=0.015, seed=9)
     keys = np.array([2, 16, 32])
     a = forecast_group(evals, "n", 80_000, keys, FAST)
     b = forecast_group(evals.sample(frac=1.0, random_state=0), "n", 80_000, keys, FAST)
     pd.testing.assert_frame_equal(a, b)
-    paired = forecast_group(evals, "n", 80_000, keys, ForecastSettings(resamples=60, eval_draws=1600,
-                                                                        scheme="paired"))
-    assert np.allclose(paired["reward"], a["reward"])  # one point fit; only the refits differ
-    assert (paired["reward_lo"] <= paired["reward"]).all() and (paired["reward"] <= paired["reward_hi"]).all()
-    assert (paired["reward_lo"] < paired["reward_hi"]).all()
-    with pytest.raises(ValueError, match="scheme"):
-        ForecastSettings(scheme="wild")
 
 
 def test_cut_runs_keeps_each_run_to_half_its_reach():

@@ -1,22 +1,19 @@
 """The forecast of a key's reward at any budget C*, past the data too (science §10.2): the ``forecast`` table.
 
 For every design group: the surface of :mod:`rollscale.core.fit.surface` (every run of the group at once,
-partial pooling of the keys, A4), its bootstrap refits (:func:`rollscale.core.fit.surface.surface_refits`: by
-default every run replaced by its key's curve plus a residual curve drawn from the whole group's runs, R0
-re-estimated), and per key ``R_k(C*)`` with a 95 % interval, ``D_k = R_k - R_leader`` read refit by refit, for
-trained keys and for keys between or beyond them (``trained`` false: the line's parameters plus a deviation drawn
-from N(0, tau^2) in every refit, so their interval holds the spread keys show about the line).
+partial pooling of the keys, A4), its bootstrap refits (:func:`rollscale.core.fit.surface.surface_refits`: seed
+slots resampled paired across keys, evaluation noise redrawn, R0 re-estimated, the deviations' prior perturbed),
+and per key ``R_k(C*)`` with a 95 % interval, ``D_k = R_k - R_leader`` read refit by refit, for trained keys and
+for keys between or beyond them (``trained`` false: the line's parameters plus a deviation drawn from
+N(0, tau^2) in every refit, so their interval holds the spread keys show about the line).
 
-Interval. The refits' 2.5 / 97.5 percentiles, moved out from the point estimate by ``t_df / z`` with the group's
-pooled degrees of freedom ``df = sum_k (S_k - 1)`` (science §9.3's "t interval on the pooled degrees of
-freedom": the seed spread the residual pool carries is estimated from df runs' worth of differences; with 4 keys
-of 2 seeds, ``t_4 / z = 1.42``). Measured on simulated families (2 seeds, avg@16), plain percentiles covered
-83-85 % where this covers 92-100 % (docs/benchmarks.md). The ``paired`` scheme (seed slots paired across keys,
-evaluation noise redrawn) is moved out by ``sqrt(S / (S - 1))`` instead. Clipped to what the quantity can be (a
-reward in [0, a_max], a D in [-a_max, a_max]). A key is ``unknown`` when its interval is wider than
-``max_width`` (science §10.2: the interval speaks, not a fixed eta). The leader is the trained, known key with
-the largest median over refits; an untrained key is never the leader (its D says whether the bracket should add
-it: ``d_lo > 0``).
+Interval. The refits' 2.5 / 97.5 percentiles, moved out from the point estimate by ``sqrt(S / (S - 1))`` (S: the
+median runs per trained key): a resample of S runs spreads (S - 1) / S as much as new runs would (science §7's
+expanded-percentile reasoning, Hesterberg 2015); with 2 seeds the pairing across keys, the redrawn noise and the
+perturbed prior give the refits their variety. Clipped to what the quantity can be (a reward in [0, a_max], a D
+in [-a_max, a_max]). A key is ``unknown`` when its interval is wider than ``max_width`` (science §10.2: the
+interval speaks, not a fixed eta). The leader is the trained, known key with the largest median over refits; an
+untrained key is never the leader (its D says whether the bracket should add it: ``d_lo > 0``).
 
 How the fit stage calls it (not wired yet; the lead does it after the pipeline's restructure): per design group
 of :func:`rollscale.core.fit.tables.design_groups` with a numeric key (n or B_problem; a rule keeps §9's per-key
@@ -41,7 +38,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from rollscale.core.fit.decision import RunCurves, fit_runs, key_rewards
@@ -77,15 +73,13 @@ class ForecastSettings:
     level: float = 0.95
     seed: int = 0
     a_max: float | None = 1.0
-    scheme: str = "pooled"  # the refits' resampling (rollscale.core.fit.surface.surface_refits)
+    perturb: bool = True  # the refits' perturbed prior (rollscale.core.fit.surface.surface_refits)
 
     def __post_init__(self) -> None:
         if self.resamples < 2:
             raise ValueError(f"forecast resamples: expected >= 2, got {self.resamples}")
         if not 0 < self.level < 1:
             raise ValueError(f"forecast level: expected in (0, 1), got {self.level}")
-        if self.scheme not in ("pooled", "paired"):
-            raise ValueError(f"forecast scheme: expected pooled or paired, got {self.scheme!r}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +99,7 @@ def bootstrap_surface(evals: pd.DataFrame, key_col: str, settings: ForecastSetti
     data = prepare(evals, key_col)
     surface = fit_surface(data, a_max=settings.a_max)
     thetas, r0s = surface_refits(data, surface, settings.resamples, settings.eval_draws, settings.seed,
-                                 settings.scheme)
+                                 settings.perturb)
     seeds = int(np.median(np.bincount(data.run_key)))
     return SurfaceBootstrap(data, surface, thetas, r0s, seeds, settings)
 
@@ -135,14 +129,9 @@ def interval(point: np.ndarray, refits: np.ndarray, spread: float, level: float,
 
 
 def spread(boot: SurfaceBootstrap) -> float:
-    """How far the refits' percentiles are moved out (module docstring): ``t_df / z`` on the group's pooled
-    degrees of freedom ``df = sum(S_k - 1)`` for pooled refits, ``sqrt(S / (S - 1))`` for paired ones."""
-    level = boot.settings.level
-    if boot.settings.scheme == "paired":
-        return math.sqrt(boot.seeds / (boot.seeds - 1)) if boot.seeds > 1 else 1.0
-    runs = np.bincount(boot.data.run_key)
-    df = int((runs - 1).sum())
-    return float(student_t.ppf(0.5 + level / 2, df) / norm.ppf(0.5 + level / 2)) if df > 0 else 1.0
+    """How far the refits' percentiles are moved out (module docstring): ``sqrt(S / (S - 1))``, S the median runs
+    per trained key (1 with one run a key: no seed spread to correct)."""
+    return math.sqrt(boot.seeds / (boot.seeds - 1)) if boot.seeds > 1 else 1.0
 
 
 def default_keys(trained: np.ndarray) -> np.ndarray:
