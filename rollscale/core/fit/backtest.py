@@ -15,8 +15,8 @@ The backtest fails, and the study's forecast is not to be trusted past its data,
   ``|z| > z_{1 - (1 - level) / (2 K)}``). One key that bends away from the trend after the cut misses its
   forecast by several of its standard errors while the others are covered; coverage alone does not see it.
   The reached value's own interval is not added: forecast and reached value are read on the same runs, so
-  the seeds' spread, which the forecast's interval holds, is shared by both (adding it in quadrature,
-  measured, left a key that stopped rising past the cut at |z| < 1.3).
+  the seeds' spread, which the forecast's interval holds, is shared by both (adding it in quadrature put a
+  simulated key that stopped rising past the cut at z = -1.3).
 """
 
 from __future__ import annotations

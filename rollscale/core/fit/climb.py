@@ -4,12 +4,12 @@
 evaluations averaged at each C (runs of a key share their evaluation budgets), and over every window of one
 doubling ``[c, 2c]`` holding at least :data:`WINDOW_POINTS` of them, the least-squares slope of reward on
 ``log2 C``; ``s_max`` is the largest such slope over keys and windows. Why not the rise between two evaluations:
-each holds evaluation noise (sd 0.012 at avg@16 over 100 problems), so a difference of neighbours a quarter
-doubling apart carries a slope noise of about 0.07 per doubling, more than the steepest true rise of the
-simulated families (about 0.055), and its maximum over a study's pairs measures the noise. A window's slope
-averages its points (noise about 0.02 with four points) and the seeds' mean halves the variance again; the
+each holds evaluation noise (sd 0.0125 at avg@16 over 100 problems, R near 0.5), so a difference of neighbours a
+quarter doubling apart carries a slope noise of 0.07 per doubling, as much as the steepest true rises of the
+simulated families (0.03-0.11 per doubling), and its maximum over a study's pairs measures the noise. A window's
+slope averages its points (noise 0.016 a doubling for one run's five points, 0.011 for two seeds' mean); the
 maximum over windows still errs upwards (a looser cap, never a wrong stop), and a window's average slope is
-within a few per cent below the steepest instantaneous one for the sigmoids' beta of 1-2.
+2-4 % below the steepest instantaneous one for the sigmoids' beta of 1-2.
 
 The cap: ``R_k(C*) <= R_k_hi(c) + s_max log2(C* / c)`` with ``c`` the budget all of k's runs reached and
 ``R_k_hi(c)`` the upper bound of its per-run §9.3 value there (the runs' own sigmoids, A1 only). Every key's
