@@ -5,7 +5,7 @@
 Every family of rollscale.core.search.simulate plus two that break A4 (rollscale.core.search.forecast_sim:
 ``tie_top``, ``bend``); 2 seeds a key, avg@16 over 100 problems (1,600 draws an evaluation) on the §9.1 schedule
 (500 rollouts, 4 evaluations a doubling), every key 2-16 trained to C_max = 40,000. Per family and multiple:
-coverage of the 95 % intervals over keys x studies, answered (some key's interval narrow enough for a leader),
+coverage of the 95 % intervals over keys x studies, answered (the leader's interval no wider than 0.15),
 right (over the answered studies: the leader's true reward within 0.02 of the best),
 the share of keys unknown (interval wider than 0.15), the median interval width, the backtest's failure and A4
 shares (one backtest per study, the same at every multiple), the studies where the cap (§10.4) stopped the true
@@ -56,7 +56,8 @@ def main() -> None:
     if args.out:
         table.to_csv(args.out, index=False)
     summary = summarise_forecast(table)
-    cols = ["family", "multiple", "studies", "coverage", "answered", "right", "unknown", "width", "backtest_failed", "a4_flag",
+    cols = ["family", "multiple", "studies", "coverage", "answered", "right", "unknown", "width", "backtest_failed",
+            "a4_flag",
             "cap_stops_best", "cap_stops"]
     print("| " + " | ".join(cols) + " |")
     print("|" + " --- |" * len(cols))

@@ -40,7 +40,8 @@ from scipy.special import expit
 
 from rollscale.core.fit.decision import shared_r0
 
-__all__ = ["PARAMS", "Surface", "SurfaceData", "fit_surface", "key_parameters", "prepare", "refit_surface", "reward", "surface_refits"]
+__all__ = ["PARAMS", "Surface", "SurfaceData", "fit_surface", "key_parameters", "prepare", "refit_surface", "reward",
+           "surface_refits"]
 
 PARAMS = ("a", "log10_c_mid", "log_beta")
 _LN10 = math.log(10.0)

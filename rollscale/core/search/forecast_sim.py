@@ -41,7 +41,8 @@ from rollscale.core.search.simulate import (
 )
 from rollscale.core.search.simulate_budget import true_reward
 
-__all__ = ["A4_BREAKING", "BENT_KEY", "BEND_AT", "ALL_FAMILIES", "forecast_studies", "judge_study", "study_evals", "summarise_forecast", "true_at"]
+__all__ = ["A4_BREAKING", "ALL_FAMILIES", "BEND_AT", "BENT_KEY", "forecast_studies", "judge_study", "study_evals",
+           "summarise_forecast", "true_at"]
 
 A4_BREAKING = ("tie_top", "bend")
 BEND_AT = 0.5  # the bend family's key stops rising past this fraction of C_max
@@ -100,7 +101,7 @@ def true_at(study: SimStudy, n: int, c: float) -> float:
 def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings,
                 multiples: tuple[float, ...] = (2.0, 4.0, 8.0), tolerance: float = 0.02,
                 with_backtest: bool = True) -> list[dict]:
-    """One row per multiple (module docstring): ``covered`` and ``keys`` (counts), ``answered`` (a leader),
+    """One row per multiple (module docstring): ``covered`` and ``keys`` (counts), ``answered`` (a leader not unknown),
     ``right`` (NaN when none), ``unknown`` (share),
     ``width`` (median), ``regret``, ``backtest_failed``, ``a4_contradicted``, ``backtest_coverage`` (NaN without
     ``with_backtest``), ``cap_stops_best``, ``cap_stops``."""
@@ -115,6 +116,9 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
         truth = np.array([true_at(study, int(k), c_star) for k in keys])
         covered = (table["reward_lo"].to_numpy() <= truth) & (truth <= table["reward_hi"].to_numpy())
         leader = table["leader"].iloc[0]
+        # an answer: a leader whose own interval is narrow enough (else the group answers "unknown" at C*)
+        if leader is not None and bool(table.loc[table["key"] == leader, "unknown"].iloc[0]):
+            leader = None
         regret = float(truth.max() - truth[list(keys).index(int(leader))]) if leader is not None else math.nan
         caps = climb_caps(evals, "n", c_star, tolerance, curves=curves)
         best = int(keys[int(np.argmax(truth))])
@@ -132,12 +136,13 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
 
 
 def summarise_forecast(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per family and multiple: studies, coverage (over keys x studies), answered (some key known, so a
-    leader), right (over the answered), unknown, median width, backtest failed and A4-contradicted shares, studies
-    where the cap stopped the true best, keys the cap stopped."""
+    """One row per family and multiple: studies, coverage (over keys x studies), answered (the leader's interval
+    narrow enough), right (over the answered), unknown, median width, backtest failed and A4-contradicted shares,
+    studies    where the cap stopped the true best, keys the cap stopped."""
     def agg(t: pd.DataFrame) -> pd.Series:
         return pd.Series({"studies": len(t), "coverage": t["covered"].sum() / t["keys"].sum(),
-                          "answered": t["answered"].mean(), "right": t["right"].astype(float).mean(), "unknown": t["unknown"].mean(), "width": t["width"].median(),
+                          "answered": t["answered"].mean(), "right": t["right"].astype(float).mean(),
+                          "unknown": t["unknown"].mean(), "width": t["width"].median(),
                           "backtest_failed": t["backtest_failed"].mean(), "a4_flag": t["a4_contradicted"].mean(),
                           "cap_stops_best": int(t["cap_stops_best"].sum()), "cap_stops": t["cap_stops"].mean()})
     return rows.groupby(["family", "multiple"], sort=False).apply(agg).reset_index()
