@@ -91,7 +91,7 @@ def prepare(evals: pd.DataFrame, key_col: str, seed_col: str | None = "seed") ->
     reach = by_run["c"].max().reindex(runs["run_id"]).to_numpy(float)
     at0 = evals[evals["c"] == 0].groupby("run_id")["avg_at_k"].mean()
     step0 = at0.reindex(runs["run_id"]).to_numpy(float)
-    pts = evals[evals["c"] > 0].sort_values(["run_id", "c"])  # a run's residual curve is read in increasing C
+    pts = evals[evals["c"] > 0].sort_values(["run_id", "c"])  # one order whatever the rows' order
     return SurfaceData(keys, run_key, slot, reach, step0, pts["run_id"].map(run_index).to_numpy(int),
                        np.log10(pts["c"].to_numpy(float)), pts["avg_at_k"].to_numpy(float))
 
