@@ -1,0 +1,82 @@
+"""A bound without a model on how far a key can still climb (science §10.4).
+
+``s_max``, the steepest rise of reward per doubling of C in the group, from the evaluations: per key, its runs'
+evaluations averaged at each C (runs of a key share their evaluation budgets), and over every window of one
+doubling ``[c, 2c]`` holding at least :data:`WINDOW_POINTS` of them, the least-squares slope of reward on
+``log2 C``; ``s_max`` is the largest such slope over keys and windows. Why not the rise between two evaluations:
+each holds evaluation noise (sd 0.0125 at avg@16 over 100 problems, R near 0.5), so a difference of neighbours a
+quarter doubling apart carries a slope noise of 0.07 per doubling, as much as the steepest true rises of the
+simulated families (0.03-0.11 per doubling), and its maximum over a study's pairs measures the noise. A window's
+slope averages its points (noise 0.016 a doubling for one run's five points, 0.011 for two seeds' mean); the
+maximum over windows still errs upwards (a looser cap, never a wrong stop), and a window's average slope is
+2-4 % below the steepest instantaneous one for the sigmoids' beta of 1-2.
+
+The cap: ``R_k(C*) <= R_k_hi(c) + s_max log2(C* / c)`` with ``c`` the budget all of k's runs reached and
+``R_k_hi(c)`` the upper bound of its per-run §9.3 value there (the runs' own sigmoids, A1 only). Every key's
+reward rises with C (A1), so a key's lower bound at the budget it reached (or at C* if less) is a floor for
+its reward at C*: key k **cannot catch up** when its cap is below the best other key's floor minus epsilon.
+No surface, no A4.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import t as student_t
+
+from rollscale.core.fit.decision import RunCurves, fit_runs, key_rewards
+
+__all__ = ["CAP_COLUMNS", "WINDOW_POINTS", "climb_caps", "steepest_rise"]
+
+WINDOW_POINTS = 3
+CAP_COLUMNS = ["key", "c", "reward_lo", "reward_hi", "s_max", "cap", "best_floor", "cannot_catch_up"]
+
+
+def steepest_rise(evals: pd.DataFrame, key_col: str) -> float:
+    """``s_max`` of the module docstring (NaN when no window holds enough evaluations)."""
+    pts = evals[evals["c"] > 0]
+    best = math.nan
+    for _, rows in pts.groupby(key_col):
+        mean = rows.groupby("c")["avg_at_k"].mean()
+        x, y = np.log2(mean.index.to_numpy(float)), mean.to_numpy(float)
+        for i in range(x.size):
+            on = (x >= x[i]) & (x <= x[i] + 1.0 + 1e-9)
+            if on.sum() < WINDOW_POINTS:
+                continue
+            slope = float(np.polyfit(x[on], y[on], 1)[0])
+            best = slope if not math.isfinite(best) else max(best, slope)
+    return best
+
+
+def climb_caps(evals: pd.DataFrame, key_col: str, c_star: float, tolerance: float, level: float = 0.95,
+               a_max: float | None = 1.0, curves: RunCurves | None = None) -> pd.DataFrame:
+    """One row per key (:data:`CAP_COLUMNS`): its bounds where its runs reached (or at C*), the cap at C*, the best
+    other key's floor and whether the key cannot catch up (module docstring). ``curves``: the runs' fits of
+    ``evals`` (:func:`rollscale.core.fit.decision.fit_runs`) when the caller has them."""
+    s_max = steepest_rise(evals, key_col)
+    curves = curves if curves is not None else fit_runs(evals, key_col, a_max)
+    reach = evals.groupby("run_id")["c"].max()
+    run_key = evals.drop_duplicates("run_id").set_index("run_id")[key_col]
+    rows = []
+    for k in sorted(run_key.unique()):
+        c = min(float(reach[run_key.index[run_key == k]].min()), float(c_star))
+        est = key_rewards(curves, c)
+        j = np.flatnonzero(est.keys == k)
+        q = float(student_t.ppf(0.5 + level / 2, est.df)) if est.df else math.nan
+        r, half = (est.reward[j[0]], q * math.sqrt(est.var[j[0]])) if j.size else (math.nan, math.nan)
+        rise = max(s_max, 0.0) * math.log2(c_star / c) if math.isfinite(s_max) else math.inf
+        cap = min(r + half + rise, a_max if a_max is not None else math.inf)
+        rows.append({"key": int(k), "c": c, "reward_lo": r - half, "reward_hi": r + half, "s_max": s_max, "cap": cap})
+    out = pd.DataFrame(rows)
+    floors = out["reward_lo"].to_numpy(float)
+    best = []
+    for i in range(len(out)):
+        others = np.delete(floors, i)
+        others = others[np.isfinite(others)]
+        best.append(float(others.max()) if others.size else math.nan)
+    out["best_floor"] = best
+    # NaN bounds (a key without a fit) compare False: such a key is never stopped by the cap
+    out["cannot_catch_up"] = out["cap"] < out["best_floor"] - tolerance
+    return out[CAP_COLUMNS]

@@ -1,0 +1,216 @@
+"""The forecast of a key's reward at any budget C*, past the data too (science §10.2): the ``forecast`` table.
+
+For every design group: the surface of :mod:`rollscale.core.fit.surface` (every run of the group at once,
+partial pooling of the keys, A4), its bootstrap refits (:func:`rollscale.core.fit.surface.surface_refits`: seed
+slots resampled paired across keys, evaluation noise redrawn, R0 re-estimated, the deviations' prior perturbed),
+and per key ``R_k(C*)`` with a 95 % interval, ``D_k = R_k - R_leader`` read refit by refit, for trained keys and
+for keys between or beyond them (``trained`` false: the line's parameters plus a deviation drawn from
+N(0, tau^2) in every refit, so their interval holds the spread keys show about the line).
+
+Interval. The refits' 2.5 / 97.5 percentiles, moved out from the point estimate by ``sqrt(S / (S - 1))`` (S: the
+median runs per trained key): a resample of S runs spreads (S - 1) / S as much as new runs would (science §7's
+expanded-percentile reasoning, Hesterberg 2015); with 2 seeds the pairing across keys, the redrawn noise and the
+perturbed prior give the refits their variety. Clipped to what the quantity can be (a reward in [0, a_max], a D
+in [-a_max, a_max]). A key is ``unknown`` when its interval is wider than ``max_width`` (science §10.2: the
+interval speaks, not a fixed eta). The leader is the trained key with the largest median over refits; when it is unknown
+the group has no answer at C* (its row says so). An untrained key is never the leader (its D says whether the
+bracket should add it: ``d_lo > 0``).
+
+How the fit stage calls it (not wired yet; the lead does it after the pipeline's restructure): per design group
+of :func:`rollscale.core.fit.tables.design_groups` with a numeric key (n or B_problem; a rule keeps §9's per-key
+fit), pass the group's evaluations merged with its runs (columns ``run_id, c, avg_at_k``, the key column, and
+``seed`` for the pairing) with ``group_col`` naming the group, ``c_star = study.target_budget``, and
+``ForecastSettings(eval_draws = validation problems x k of avg@k, resamples = fit.bootstrap_resamples, seed =
+the fit's bootstrap seed)``::
+
+    table = forecast_table(evals_with_runs, key_col="n", group_col="group", c_star=160_000,
+                           settings=ForecastSettings(eval_draws=100 * 16))
+
+It returns :data:`FORECAST_COLUMNS` (docs/tables.md, ``forecast``), one row per group and key (the trained keys
+and the powers of two from half the smallest to twice the largest, or ``keys``). The backtest
+(:func:`rollscale.core.fit.backtest.backtest`) and the cap (:func:`rollscale.core.fit.climb.climb_caps`) take the
+same evaluations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.stats import t as student_t
+
+from rollscale.core.fit.decision import RunCurves, fit_runs, key_rewards
+from rollscale.core.fit.surface import (
+    Surface,
+    SurfaceData,
+    fit_surface,
+    key_parameters,
+    prepare,
+    refit_surface,
+    reward,
+    surface_refits,
+)
+
+__all__ = ["FORECAST_COLUMNS", "ForecastSettings", "SurfaceBootstrap", "bootstrap_surface", "default_keys",
+           "forecast_group", "forecast_table", "interval", "predict", "spread"]
+
+FORECAST_COLUMNS = [
+    "group", "key", "trained", "c_star", "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "leader",
+    "unknown", "width", "extrapolated", "seeds", "c_seen", "per_run", "per_run_lo", "per_run_hi", "a", "c_mid",
+    "beta",
+]
+
+
+@dataclass(frozen=True)
+class ForecastSettings:
+    """``resamples`` bootstrap refits; ``eval_draws`` the 0/1 samples behind one evaluation (validation problems x
+    k; None: no redraw); ``max_width`` the widest interval that is still an answer; ``a_max`` the reward's cap."""
+
+    resamples: int = 200
+    eval_draws: int | None = None
+    max_width: float = 0.15
+    level: float = 0.95
+    seed: int = 0
+    a_max: float | None = 1.0
+    perturb: bool = True  # the refits' perturbed prior (rollscale.core.fit.surface.surface_refits)
+
+    def __post_init__(self) -> None:
+        if self.resamples < 2:
+            raise ValueError(f"forecast resamples: expected >= 2, got {self.resamples}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"forecast level: expected in (0, 1), got {self.level}")
+
+
+@dataclass(frozen=True)
+class SurfaceBootstrap:
+    """A group's surface, its refits and what a prediction needs."""
+
+    data: SurfaceData
+    surface: Surface
+    thetas: np.ndarray  # (resamples, 3K + 6)
+    r0s: np.ndarray  # (resamples,)
+    seeds: int  # median runs per trained key
+    settings: ForecastSettings
+
+
+def bootstrap_surface(evals: pd.DataFrame, key_col: str, settings: ForecastSettings) -> SurfaceBootstrap:
+    """Fit one group's surface and its ``settings.resamples`` refits (science §10.1-10.2)."""
+    data = prepare(evals, key_col)
+    surface = fit_surface(data, a_max=settings.a_max)
+    thetas, r0s = surface_refits(data, surface, settings.resamples, settings.eval_draws, settings.seed,
+                                 settings.perturb)
+    seeds = int(np.median(np.bincount(data.run_key)))
+    return SurfaceBootstrap(data, surface, thetas, r0s, seeds, settings)
+
+
+def predict(boot: SurfaceBootstrap, keys: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(point (n,), refits (resamples, n))``: the reward of ``keys[i]`` at ``c[i]``. An untrained key takes a
+    deviation from N(0, tau^2) per refit, the same for a key at every C (seeded by the key)."""
+    keys, c = np.asarray(keys), np.asarray(c, float)
+    point = reward(boot.surface.r0, key_parameters(boot.surface, keys), c)
+    out = np.empty((len(boot.r0s), keys.size))
+    draws = np.stack([np.random.default_rng([boot.settings.seed, 1, int(k)]).normal(size=(len(boot.r0s), 3))
+                      for k in keys], axis=1) * boot.surface.tau
+    for b, (theta, r0) in enumerate(zip(boot.thetas, boot.r0s, strict=True)):
+        refit = refit_surface(boot.surface, theta, r0)
+        out[b] = reward(r0, key_parameters(refit, keys, draws[b]), c)
+    return point, out
+
+
+def interval(point: np.ndarray, refits: np.ndarray, spread: float, level: float,
+             bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The module docstring's interval: the refits' percentiles moved out from ``point`` by ``spread``, clipped."""
+    tail = 50.0 * (1.0 - level)
+    lo, hi = np.nanpercentile(refits, [tail, 100.0 - tail], axis=0)
+    lo = point - spread * np.maximum(point - lo, 0.0)
+    hi = point + spread * np.maximum(hi - point, 0.0)
+    return np.clip(lo, *bounds), np.clip(hi, *bounds)
+
+
+def spread(boot: SurfaceBootstrap) -> float:
+    """How far the refits' percentiles are moved out (module docstring): ``sqrt(S / (S - 1))``, S the median runs
+    per trained key (1 with one run a key: no seed spread to correct)."""
+    return math.sqrt(boot.seeds / (boot.seeds - 1)) if boot.seeds > 1 else 1.0
+
+
+def default_keys(trained: np.ndarray) -> np.ndarray:
+    """The trained keys and every power of two from half the smallest to twice the largest."""
+    lo, hi = math.floor(math.log2(min(trained))) - 1, math.ceil(math.log2(max(trained))) + 1
+    powers = [2**i for i in range(max(lo, 0), hi + 1)]
+    return np.array(sorted(set(int(k) for k in trained) | set(powers)))
+
+
+def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.ndarray | None = None,
+                   settings: ForecastSettings = ForecastSettings(),
+                   boot: SurfaceBootstrap | None = None, curves: RunCurves | None = None) -> pd.DataFrame:
+    """One group's rows of the ``forecast`` table (module docstring; ``group`` left to the caller). ``boot`` and
+    ``curves`` (:func:`rollscale.core.fit.decision.fit_runs`): the group's fits when the caller has them."""
+    if not c_star > 0:
+        raise ValueError(f"forecast c_star: expected > 0, got {c_star}")
+    boot = boot if boot is not None else bootstrap_surface(evals, key_col, settings)
+    data, s = boot.data, boot.surface
+    keys = default_keys(data.keys) if keys is None else np.asarray(sorted(set(int(k) for k in keys)))
+    if (keys <= 0).any():
+        raise ValueError(f"forecast keys: expected positive keys (the surface is in log2 {key_col}), "
+                         f"got {keys.tolist()}")
+    point, refits = predict(boot, keys, np.full(keys.size, float(c_star)))
+    top = settings.a_max if settings.a_max is not None else math.inf
+    lo, hi = interval(point, refits, spread(boot), settings.level, (0.0, top))
+    trained = np.isin(keys, data.keys)
+    width = hi - lo
+    unknown = width > settings.max_width
+    c_seen = {int(k): float(data.reach[data.run_key == i].min()) for i, k in enumerate(data.keys)}
+    out = pd.DataFrame({"key": keys, "trained": trained, "c_star": float(c_star), "reward": point,
+                        "reward_lo": lo, "reward_hi": hi, "unknown": unknown, "width": width})
+    out["seeds"] = [int((data.run_key == np.searchsorted(data.keys, k)).sum()) if t else 0
+                    for k, t in zip(keys, trained, strict=True)]
+    out["c_seen"] = [c_seen.get(int(k), math.nan) for k in keys]
+    out["extrapolated"] = ~(out["c_seen"] >= c_star * (1 - 1e-9))
+    params = key_parameters(s, keys)
+    out["a"], out["c_mid"], out["beta"] = params[:, 0], 10.0 ** params[:, 1], np.exp(params[:, 2])
+    # every trained key may lead, an unknown one too: leading among the known keys only would answer with the
+    # best key whose interval is narrow, which past the data is often not the best (measured: right fell to
+    # 36 % in `cross` at 8 x C_max, where the wide key was the best)
+    candidates = np.flatnonzero(trained)
+    out["leader"] = None
+    for col in ("d", "d_lo", "d_hi"):
+        out[col] = math.nan
+    if candidates.size:
+        lead = candidates[int(np.argmax(np.nanmedian(refits[:, candidates], axis=0)))]
+        d_point, d_refits = point - point[lead], refits - refits[:, [lead]]
+        d_lo, d_hi = interval(d_point, d_refits, spread(boot), settings.level, (-top, top))
+        out["leader"], out["d"], out["d_lo"], out["d_hi"] = int(keys[lead]), d_point, d_lo, d_hi
+        out.loc[lead, ["d", "d_lo", "d_hi"]] = 0.0
+    return _with_per_run(out, evals, key_col, c_star, settings, curves)
+
+
+def _with_per_run(out: pd.DataFrame, evals: pd.DataFrame, key_col: str, c_star: float,
+                  settings: ForecastSettings, curves: RunCurves | None) -> pd.DataFrame:
+    """Beside each key whose runs all reached C*, the per-run §9.3 value and its t interval (science §10.2)."""
+    out["per_run"], out["per_run_lo"], out["per_run_hi"] = math.nan, math.nan, math.nan
+    within = out.loc[~out["extrapolated"], "key"]
+    if within.empty:
+        return out
+    est = key_rewards(curves if curves is not None else fit_runs(evals, key_col, settings.a_max), c_star)
+    q = float(student_t.ppf(0.5 + settings.level / 2, est.df)) if est.df else math.nan
+    for k, r, v in zip(est.keys, est.reward, est.var, strict=True):
+        row = out.index[out["key"] == k]
+        if int(k) in set(within.tolist()):
+            out.loc[row, ["per_run", "per_run_lo", "per_run_hi"]] = [r, r - q * math.sqrt(v), r + q * math.sqrt(v)]
+    return out
+
+
+def forecast_table(evals: pd.DataFrame, key_col: str, group_col: str, c_star: float,
+                   keys: np.ndarray | None = None,
+                   settings: ForecastSettings = ForecastSettings()) -> pd.DataFrame:
+    """The ``forecast`` table: :func:`forecast_group` for every group of ``group_col`` (each its own R0)."""
+    if group_col not in evals.columns:
+        raise ValueError(f"evals: missing the group column {group_col!r} (has {list(evals.columns)})")
+    parts = []
+    for g, rows in evals.groupby(group_col, sort=True):
+        parts.append(forecast_group(rows, key_col, c_star, keys, settings).assign(group=g))
+    if not parts:
+        return pd.DataFrame(columns=FORECAST_COLUMNS)
+    return pd.concat(parts, ignore_index=True)[FORECAST_COLUMNS]
