@@ -39,6 +39,14 @@ is settled when D's upper bound is at most ``study.tolerance``, within
 tolerance when its lower bound is at least minus it; keys past eta times
 their data are unknown.
 
+Past the data (science §10): in each group with an ordered key (n; B_problem at a fixed n) one reward
+surface is fitted to every run at once, the keys' curve parameters pooled towards a line in log2 of the key;
+its bootstrap refits resample seed slots paired across keys and redraw the evaluation noise. Every key's
+reward, trained or not, is read at C* and at 2, 4 and 8 times the runs' budget (the ``forecast`` table), and
+the forecast is checked on the study's own runs cut at half their budget (the ``backtest`` table): a group
+whose intervals cover fewer than two thirds of its keys' final rewards, or whose key lies off the surface, is
+not to be trusted past its data.
+
 A fit that has too few points is kept as a row saying why, never an error.
 """
 
@@ -56,6 +64,7 @@ from tasks.fit import (
     crs_prediction,
     decision,
     evaluations,
+    forecast,
     frontier,
     read_tables,
     record_points,
@@ -91,6 +100,10 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     # the search's verdicts join the decision: a key it settled at a rung stays settled (science §9.4)
     decided = decision(evals, params.target_budget, params.study.tolerance, params.sweep.search.eta, params.fit,
                        study["search"])
+    # past the data (science §10): one surface over each ordered group's keys, read at C* and at 2x, 4x and 8x
+    # the runs' budget, and its backtest on the runs cut at half their budget
+    ahead = forecast(evals, params.target_budget, params.sweep.c_max, params.bucket.val_size * params.sweep.eval_k,
+                     params.fit)
 
     tables = {
         "record_points": points,
@@ -100,6 +113,8 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
         "steps_to_target": stepped.steps_to_target,
         "crs_prediction": crs,
         "decision": decided,
+        "forecast": ahead.forecast,
+        "backtest": ahead.backtest,
     }
     out = root / "fit"
     for name, table in tables.items():

@@ -28,6 +28,8 @@ TABLES: dict[str, str] = {
     "epoch_transitions": "fit/epoch_transitions.parquet",
     "record_points": "fit/record_points.parquet",
     "decision": "fit/decision.parquet",
+    "forecast": "fit/forecast.parquet",
+    "backtest": "fit/backtest.parquet",
     "production": "production/production.parquet",
 }
 # tables whose rows are committed by a run's checkpoints (rollscale.train.checkpoint)

@@ -14,6 +14,8 @@ from rollscale.config import FitParams
 from rollscale.core.fit import analysis
 from rollscale.core.fit.bootstrap import Bootstrap
 from rollscale.core.fit.decision_table import decision_table
+from rollscale.core.fit.forecast import ForecastSettings
+from rollscale.core.fit.horizon import HorizonTables, forecast_budgets, horizon_tables
 from rollscale.pipeline.query.storage import available_tables, query
 from rollscale.tables import TABLES
 from tasks.common import retried_task
@@ -73,3 +75,13 @@ def decision(evals: pd.DataFrame, c_star: int, tolerance: float, eta: float, fit
     # table carries the keys it settled and the key it named
     return decision_table(evals, c_star, tolerance, eta, max(fit_params.bootstrap_resamples, 1),
                           fit_params.bootstrap_seed, search=search)
+
+
+@retried_task(name="forecast")
+def forecast(evals: pd.DataFrame, c_star: int, c_max: int, eval_draws: int | None, fit_params: FitParams
+             ) -> HorizonTables:
+    # science §10: the surface over the keys read at C* and at 2x, 4x, 8x the runs' budget, with its backtest;
+    # the evaluation noise redrawn in each refit is avg@k's over the validation problems (eval_draws samples)
+    settings = ForecastSettings(resamples=max(fit_params.bootstrap_resamples, 2), eval_draws=eval_draws,
+                                seed=fit_params.bootstrap_seed)
+    return horizon_tables(evals, c_star, forecast_budgets(c_star, c_max), settings)

@@ -180,3 +180,34 @@ def test_cap_stops_a_clear_loser_and_never_the_best():
     assert (caps["cap"] >= caps["reward_hi"]).all()
     far = climb_caps(evals, "n", 40_000 * 2**12, tolerance=0.02)
     assert not far["cannot_catch_up"].any()  # twelve doublings: any key could still climb past
+
+
+def test_the_fit_stage_tables_read_every_ordered_group_at_c_star_and_past_it():
+    """The fit stage's ``forecast`` and ``backtest`` tables (science §10, rollscale.core.fit.horizon): every n group
+    read at C* and at 2x, 4x, 8x C_max, keys between and beyond the trained ones marked, rewards within [0, 1], and
+    one backtest per group; a group of one key is a backtest row saying why, never an error."""
+    from dataclasses import replace
+
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.fit.horizon import (BACKTEST_TABLE_COLUMNS, FORECAST_TABLE_COLUMNS, forecast_budgets,
+                                            horizon_tables)
+    from rollscale.core.search.simulate import grid_tables, make_studies
+
+    studies = [replace(s, seeds=(0, 1)) for s in make_studies(1, seed=5)][:2]
+    runs, evals = grid_tables(studies)
+    ev = run_evals(runs, evals, None)
+    c_max = float(studies[0].c_max)
+    budgets = forecast_budgets(c_max, c_max)
+    assert budgets == [c_max, 2 * c_max, 4 * c_max, 8 * c_max]
+    out = horizon_tables(ev, c_max, budgets, ForecastSettings(resamples=30, eval_draws=1600))
+    fc, bt = out.forecast, out.backtest
+    assert list(fc.columns) == FORECAST_TABLE_COLUMNS and list(bt.columns) == BACKTEST_TABLE_COLUMNS
+    assert set(fc["bucket"]) == {s.name for s in studies} and set(fc["design"]) == {"n"}
+    assert sorted(fc["c_star"].unique()) == budgets and fc.loc[fc["target"], "c_star"].eq(c_max).all()
+    assert (~fc["trained"]).any() and fc["trained"].any()
+    assert fc[["reward", "reward_lo", "reward_hi"]].stack().between(0, 1).all()
+    assert (fc["reward_lo"] <= fc["reward"]).all() and (fc["reward"] <= fc["reward_hi"]).all()
+    assert set(bt["bucket"]) == {s.name for s in studies} and bt["note"].str.contains("forecast from 50%").all()
+    one_key = ev[ev["n"] == ev["n"].min()]
+    alone = horizon_tables(one_key, c_max, budgets, ForecastSettings(resamples=5))
+    assert alone.forecast.empty and alone.backtest["note"].str.startswith("no forecast").all()
