@@ -46,7 +46,8 @@ def answer_rows(decision: pd.DataFrame, forecast: pd.DataFrame | None = None) ->
     if forecast is not None and len(forecast):
         require_columns(forecast, "forecast", ["design", "bucket", "rule", "fixed", "key", "reward", "reward_lo",
                                                "reward_hi", "trained"])
-        extra = forecast[~forecast["trained"].astype(bool)]
+        at_target = forecast["target"].astype(bool) if "target" in forecast.columns else True  # not 2x, 4x, 8x
+        extra = forecast[~forecast["trained"].astype(bool) & at_target]
         extra = extra[extra["design"].astype(str) == str(d["design"].iloc[0])]
         frames.append(extra.assign(status="forecast", source="forecast", tolerance=d["tolerance"].iloc[0]))
     rows = pd.concat(frames, ignore_index=True)
