@@ -272,6 +272,19 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0
     out = capsys.readouterr().out
     assert "more than 0.01 h even at the smallest study" in out
+    # issue 43: past 10 x the time asked it is an error, unless --force writes it anyway
+    assert "warning: the study takes about" in out and "more than 10 x the 0.01 h asked (--hours)" in out
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--out",
+                     "new.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "more than 10 x the 0.01 h asked (--hours): a GPU (--gpu), or --hours " in err
+    assert "nothing written (--force writes it anyway)" in err and not Path("new.yaml").exists()
+    # --budget alone: the time asked is the check's 12 h; 1,000,000 rollouts at 20 ms a token take far longer
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--budget", "1000000", "--out",
+                     "new.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "more than 10 x 12 h (the check's limit; --hours sets yours)" in err
+    assert "or a smaller --budget than 1,000,000 would fit it" in err
     tiny = load_params("params.yaml")
     assert tiny.sweep.seeds == [0, 1] and len(tiny.sweep.n) == 2 and tiny.sweep.b_problem == [2]
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "-1", "--force"]) == 2
