@@ -267,6 +267,10 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert "init --hours 1: about" in out and "gave up data.limit: 120 -> 60" in out
     assert sized.data.limit == 60 and sized.sampling.max_new_tokens < full.sampling.max_new_tokens
     assert "--hours 1: 120 -> 60" in Path("params.yaml").read_text()  # the reason beside the value
+    # issue 43: the split's comment says the pool it was sized from (it said 300 beside limit: 60)
+    comments = " ".join(line.strip().removeprefix("# ") for line in Path("params.yaml").read_text().splitlines())
+    assert "a third of the ~12 problems expected in the used bucket of 60 " in comments and "of 120 " not in comments
+    assert sized.bucket.val_size == 4 and sized.sweep.b_problem[0] <= 4  # 12 expected: 4 validate, 8 train
     assert "0 error(s)" in out
     # hours no study fits: the smallest one, and that it does not fit
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0

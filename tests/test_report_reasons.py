@@ -79,3 +79,9 @@ def test_an_infinite_crs_is_not_read_as_a_prediction(study):
     text = " ".join(rows.astype(str).to_numpy().ravel())
     assert "CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n" in text
     assert "CRS ∞ predicts" not in text
+    # issue 43: however many seed resamples agree on the observed best n, a row on an infinite CRS is no claim
+    crs = crs.assign(observed_best_share=1.0)
+    answer = study_answer({**study, "crs_prediction": crs})
+    claims = " ".join(answer.claims.frame.astype(str).to_numpy().ravel()) if answer.claims.frame is not None else ""
+    assert "CRS" not in claims and "100% of seed resamples agree" in " ".join(
+        answer.observations.frame.astype(str).to_numpy().ravel())

@@ -102,6 +102,11 @@ def test_the_finding_names_each_stage_and_warns_past_12_hours():
     slow = cal_of(gen_s_per_token=30.0)
     level, keys, msg, fix = stage_time.time_finding(p, stage_times(p, slow, 30), slow)
     assert level == "warning" and " h on this machine" in msg and "rollscale init --hours" in fix
+    # issue 43: once the profile ran, its minutes are not counted again
+    times = stage_times(p, cal_of(gen_s_per_token=1e-3), 30)
+    _, _, after, _ = stage_time.time_finding(p, times, cal_of(gen_s_per_token=1e-3), frozenset({"base", "profile"}))
+    assert " to run (done: base, profile) on this machine: bucket " in after.split(". From")[0]
+    assert "profile " not in after.split(". From")[0]
 
 
 def test_a_calibration_is_measured_stored_and_reused_for_the_same_settings(tmp_path):

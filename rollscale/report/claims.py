@@ -23,6 +23,10 @@ AGREE = 0.95  # share of seed resamples that must agree on the observed best n f
 # what a headline row rests on: only DECIDED rows answer; ONE_SEED rows are observations, never claims
 DECIDED, OVERLAP, UNDECIDED, CAVEAT, WARNING = "decided", "intervals overlap", "undecided", "caveat", "warning"
 COLUMNS = ["claim", "where", "at", "finding"]
+# a row resting on an input with no finite estimate (an infinite CRS: the measured signal |G|^2 <= 0) is no claim,
+# however many seed resamples agree on the rest (issue 43); listed with the observations, as one seed's rows are
+NO_FINITE = "no finite estimate"
+NOT_CLAIMS = (ONE_SEED, NO_FINITE)
 
 
 def interval_text(value: Any, lo: Any, hi: Any) -> str:
@@ -92,8 +96,9 @@ def _crs_claims(cp: pd.DataFrame) -> list[dict[str, str]]:
         share = float(pd.to_numeric(r.get("observed_best_share"), errors="coerce"))
         observed = f"observed best n = {fmt_value(r['observed_best_n'])}"
         observed += f" ({share:.0%} of seed resamples agree)" if not math.isnan(share) else f" ({ONE_SEED})"
-        basis = ONE_SEED if math.isnan(share) else DECIDED if share >= AGREE else OVERLAP
         crs = float(pd.to_numeric(r.get("crs"), errors="coerce"))
+        basis = (ONE_SEED if math.isnan(share) else NO_FINITE if not math.isfinite(crs) else DECIDED if share >= AGREE
+                 else OVERLAP)
         predicted = "CRS not measured" if pd.isna(r.get("predicted_n")) else (
             # an infinite CRS is no measurement of a size (issue 32): the signal |G|^2 measured <= 0 (science §6.2)
             f"CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n = "
@@ -164,7 +169,7 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
                "only where its interval excludes zero (a ratio's excludes 1); otherwise it says "
                "'not distinguishable'. Observations from one seed are not claims and are listed apart.")
     rows = claim_rows(t)
-    rows = rows[rows["basis"] != ONE_SEED]
+    rows = rows[~rows["basis"].isin(NOT_CLAIMS)]
     if rows.empty:
         why = absent(t, "fits", "the fitted claims") if t.get("fits") is None else (
             "No claim: the data cannot decide yet (the answer above says what to change).")
@@ -175,10 +180,11 @@ def headline_table(t: dict[str, pd.DataFrame | None]) -> TableSpec:
 def observations_table(t: dict[str, pd.DataFrame | None]) -> TableSpec | None:
     """What one seed showed: listed, never claimed (no interval, so no claim); None if nothing."""
     rows = claim_rows(t)
-    rows = rows[rows["basis"] == ONE_SEED]
+    rows = rows[rows["basis"].isin(NOT_CLAIMS)]
     if rows.empty:
         return None
     return TableSpec("observations", "Single-seed observations (not claims)",
                      "One run per setting: no interval, so none of these is a claim; with more seeds "
-                     "(sweep.seeds) they become claims or 'not distinguishable'.",
+                     "(sweep.seeds) they become claims or 'not distinguishable'. A row resting on an estimate that "
+                     "is not finite (an infinite CRS) is listed here too: it is no claim.",
                      frame=rows[COLUMNS].reset_index(drop=True))

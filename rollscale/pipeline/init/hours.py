@@ -20,7 +20,7 @@ import yaml
 
 from rollscale.config import StudyParams, parse_params
 from rollscale.pipeline.check.calibration import Calibration
-from rollscale.pipeline.init.values import EASY_SHARE
+from rollscale.pipeline.init.values import EasyShare, bucket_values
 from rollscale.pipeline.check.timing import StageTimes, settles_nothing, stage_times
 
 __all__ = ["Shrink", "check_hours", "fit_hours", "params_of"]
@@ -113,8 +113,9 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
 
 
 def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Calibration,
-              pool: int | None) -> tuple[StageTimes, list[Shrink]]:
-    """Shrink ``values`` in place until the estimate is within ``hours``; the estimate and what was given up."""
+              pool: int | None, easy: EasyShare = EasyShare()) -> tuple[StageTimes, list[Shrink]]:
+    """Shrink ``values`` in place until the estimate is within ``hours``; the estimate and what was given up.
+    ``easy``: the share of the pool expected in the used bucket, which sizes the split when the pool shrinks."""
     check_hours(hours)
     budget = hours * 3600
     given: list[Shrink] = []
@@ -136,9 +137,8 @@ def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Ca
                 values[key], changed = new, True
                 if key == "sweep.b_problem":  # the measure stage trains on as many prompts
                     values["measure.b_problem"] = min(values.get("measure.b_problem", new[0]), new[0])
-                if key == "data.limit":  # the validation split init sized from the pool shrinks with it
-                    values["bucket.val_size"] = min(values.get("bucket.val_size", 100),
-                                                    max(4, int(EASY_SHARE * new) // 3))
+                if key == "data.limit":  # the split and batches init sized from the pool shrink with it
+                    bucket_values(values, why, new, easy, values["sweep.b_problem"][0])
                 given.append(Shrink(key, old, new, cost))
                 times = estimate()
     for shrink in _merged(given):
