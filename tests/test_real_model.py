@@ -188,4 +188,3 @@ def _check_roundtrip(model, tokenizer, folder: Path) -> None:
         expected = model(input_ids=ids).logits
         got = reloaded(input_ids=ids).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
-
