@@ -293,3 +293,28 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert tiny.sweep.seeds == [0, 1] and len(tiny.sweep.n) == 2 and tiny.sweep.b_problem == [2]
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "-1", "--force"]) == 2
     assert "--hours: expected the hours" in capsys.readouterr().err
+
+
+def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 43, part 1: the first study died at the bucket stage (3 problems in Easy [0.3, 0.6] of 60). On a
+    table of our own in TRL's conversational layout the untrained tiny model solves a few samples of some problems
+    and none of most: init's pilot profile sees it, widens Easy to pass rates it saw and sizes the split; a profile
+    of the whole pool the study will profile (the profile stage's function, at profile.k) then lays the buckets out
+    without an error, where the default bounds hold too few."""
+    from rollscale.pipeline.check.findings import DataKnown
+    from rollscale.pipeline.init.pilot import pilot_profile
+    from tests.word_problems import write_word_problems
+
+    data = write_word_problems(tmp_path / "words.jsonl", 60)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "init: pilot profile of 32 problems" in out, out
+    assert "the default [0.3, 0.6] would hold too few" in out and "0 error(s)" in out, out
+    params = load_params("params.yaml")
+    lo, hi = params.bucket.easy
+    assert lo < 0.3 and "Easy's [0.3, 0.6] held too few" in Path("params.yaml").read_text()
+    profile = pilot_profile(params, count=params.data.limit or 60)
+    assert len(profile) == 60 and int(profile["avg_at_k"].between(0.3, 0.6).sum()) <= params.bucket.val_size
+    found = study_findings(params, DataKnown(len(profile), True, profile))
+    assert not [f for f in found if f.level == "error"], [f.text() for f in found if f.level == "error"]

@@ -22,10 +22,10 @@ Finding = tuple[str, tuple[str, ...], str, str]
 SEEDS_FIX_MAX = 8
 
 
-def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> Iterator[Finding]:
+def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool: int | None = None) -> Iterator[Finding]:
     """Can the study answer at C* (science §9.3, §9.4)? C* against eta x c_max, and the tolerance against what
     the validation set, eval_k and seeds resolve; ``size``: the sweep bucket's (train, validation) problems once
-    the profile is laid out (a fix proposes no validation split it cannot hold)."""
+    the profile is laid out (a fix proposes no validation split it cannot hold), else the ``pool``'s size."""
     c_star, eta, c_max = p.target_budget, p.sweep.search.eta, p.sweep.c_max
     reach = ("study.target_budget", "sweep.c_max")
     if c_star > eta * c_max:
@@ -52,7 +52,8 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> It
     more_val = math.ceil(val * (half / eps) ** 2 - 1e-9)
     # only values that can be applied (issue 43: "seeds_max: 301 seeds, or bucket.val_size: 601" beside a bucket
     # of 3): seeds up to SEEDS_FIX_MAX, a validation split the sweep bucket holds with a batch left to train
-    room = size[0] + size[1] - max(p.sweep.b_problem) if size else None
+    held = size[0] + size[1] if size else pool
+    room = held - max(p.sweep.b_problem) if held is not None else None
     others = ([f"{seeds_key}: {more_seeds} seeds"] if more_seeds <= SEEDS_FIX_MAX else []) + \
         ([f"bucket.val_size: {more_val:,}"] if room is None or more_val <= room else [])
     none = (f" (no seeds up to {SEEDS_FIX_MAX} nor validation split the bucket holds decides them)" if not others

@@ -335,7 +335,7 @@ def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[
     size = (len(split.train), len(split.val)) if split is not None else None
     found += [*_data(known), *_cross_section(params), *_grid(params), *_search(params), *_sizes(params, known, splits),
               *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
-              *(Finding(*f) for f in decision_findings(params, size)),
+              *(Finding(*f) for f in decision_findings(params, size, known.pool_size)),
              *(Finding(*f) for f in sharded_memory_findings(params))]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])

@@ -70,11 +70,27 @@ TIME_MARGIN = 10
 BUDGET_HOURS = 12.0
 
 
+def foresee_buckets(values: dict, why: dict, pool: int):
+    """A pilot profile of the pool on this machine sizes the used bucket before any stage runs
+    (:mod:`rollscale.pipeline.init.pilot`); its Foresight, with a line of what it cost."""
+    import time
+
+    from rollscale.pipeline.init.hours import params_of
+    from rollscale.pipeline.init.pilot import Foresight, foresee, pilot_profile
+
+    t0 = time.perf_counter()
+    pilot = pilot_profile(params_of(values, why))
+    seen = foresee(values, why, pilot, pool)
+    took = f"init: pilot profile of {len(pilot)} problems in {time.perf_counter() - t0:.0f} s"
+    return Foresight(seen.easy, seen.bounds, seen.limit_min, (took, *seen.lines))
+
+
 def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, pool: int | None,
-                 budget: int | None = None) -> tuple[str, float]:
+                 budget: int | None = None, foresight=None) -> tuple[str, float]:
     """``--hours H``: measure this machine's calibration (stored in ``artifacts`` for `rollscale check`) and
-    shrink the study to H hours (:func:`rollscale.pipeline.init.hours.fit_hours`); with ``hours`` None
-    (``--budget`` alone) only the estimate. The lines to print, and the estimate in seconds."""
+    shrink the study to H hours (:func:`rollscale.pipeline.init.hours.fit_hours`), keeping the pool the pilot's
+    ``foresight`` needs; with ``hours`` None (``--budget`` alone) only the estimate. The lines to print, and the
+    estimate in seconds."""
     from rollscale.pipeline.check.calibration import calibrate
     from rollscale.pipeline.check.timing import stage_times
     from rollscale.pipeline.init.hours import fit_hours, params_of
@@ -84,7 +100,8 @@ def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, 
         params = params_of(values, why)
         times, given = stage_times(params, cal, min(pool, params.data.limit or pool) if pool else params.data.limit), []
     else:
-        times, given = fit_hours(values, why, hours, cal, pool)
+        seen = {"easy": foresight.easy, "limit_min": foresight.limit_min} if foresight else {}
+        times, given = fit_hours(values, why, hours, cal, pool, **seen)
     per = ", ".join(f"{stage} {t / 60:.1f} min" for stage, t in times.seconds.items())
     flag = f"--hours {hours:g}" if hours is not None else f"--budget {budget}"
     head = (f"init {flag}: about {times.total / 60:.0f} min on this machine ({per}; calibration measured "
@@ -158,9 +175,11 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
                                                           else why["workers"])
     if budget is not None:
         budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
-    sized = ""
+    foresight = foresee_buckets(values, why, pool) if machine.gpu is None and pool else None
+    sized = "\n".join(foresight.lines) if foresight else ""
     if hours is not None or budget is not None:
-        sized, total = hours_values(values, why, hours, Path(out).parent / "artifacts", pool, budget)
+        said, total = hours_values(values, why, hours, Path(out).parent / "artifacts", pool, budget, foresight)
+        sized = "\n".join(x for x in (sized, said) if x)
         if late := too_long(total, hours, budget, gpu):
             if not force:
                 raise ValueError(f"init: {late}; nothing written (--force writes it anyway)")

@@ -64,8 +64,10 @@ def _default(key: str) -> Any:
     return node
 
 
-def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable[[Any], Any | None], str]]:
-    """(key, next smaller value or None at its floor, what it costs), in the order given up."""
+def _moves(values: dict[str, Any], pool: int | None,
+           limit_min: int = 0) -> list[tuple[str, Callable[[Any], Any | None], str]]:
+    """(key, next smaller value or None at its floor, what it costs), in the order given up; the pool no smaller
+    than ``limit_min``, what the used bucket needs (:mod:`rollscale.pipeline.init.pilot`)."""
     def widest() -> int:
         return values["sweep.b_problem"][0] * max(values["sweep.n"])
 
@@ -97,7 +99,7 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
 
     def limit(v: int | None) -> int | None:
         start = v if v is not None else pool
-        return halve_to(POOL_MIN)(start) if start is not None else None
+        return halve_to(max(POOL_MIN, limit_min))(start) if start is not None else None
 
     return [("sweep.search.seeds_max", seeds_max, "no seed added where the decision hangs: the validation set "
              "cannot settle a key, and more seeds would not either"),
@@ -113,9 +115,10 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
 
 
 def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Calibration,
-              pool: int | None, easy: EasyShare = EasyShare()) -> tuple[StageTimes, list[Shrink]]:
+              pool: int | None, easy: EasyShare = EasyShare(), limit_min: int = 0) -> tuple[StageTimes, list[Shrink]]:
     """Shrink ``values`` in place until the estimate is within ``hours``; the estimate and what was given up.
-    ``easy``: the share of the pool expected in the used bucket, which sizes the split when the pool shrinks."""
+    ``easy``: the share of the pool expected in the used bucket, which sizes the split when the pool shrinks, to
+    no fewer than ``limit_min`` problems."""
     check_hours(hours)
     budget = hours * 3600
     given: list[Shrink] = []
@@ -128,7 +131,7 @@ def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Ca
     changed = True
     while times.total > budget and changed:  # passes: a smaller batch lets c_max shrink further
         changed = False
-        for key, smaller, cost in _moves(values, pool):
+        for key, smaller, cost in _moves(values, pool, limit_min):
             while times.total > budget:
                 old = values[key] if key in values else _default(key)
                 new = smaller(old)
