@@ -253,8 +253,17 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     from rollscale.pipeline.check.calibration import Calibration
     from rollscale.pipeline.check.timing import stage_times
 
+    import pandas as pd
+
+    from rollscale.pipeline.init import pilot
+    from rollscale.pipeline.init.pilot import share_low
+
     cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 1e4, 20.0, 5.0, 5.0, 1.0)
     monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
+    # a pilot with 9 of its 32 problems in Easy (84 % lower bound 21 %, the default study's share): the bucket
+    # needs no more than the 60-problem floor of the pool
+    some = pd.DataFrame({"avg_at_k": [0.5] * 9 + [0.0] * 23, "k": 16})
+    monkeypatch.setattr(pilot, "pilot_profile", lambda p, count=32, k=None: some)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0
     capsys.readouterr()
@@ -269,8 +278,9 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert "--hours 1: 120 -> 60" in Path("params.yaml").read_text()  # the reason beside the value
     # issue 43: the split's comment says the pool it was sized from (it said 300 beside limit: 60)
     comments = " ".join(line.strip().removeprefix("# ") for line in Path("params.yaml").read_text().splitlines())
-    assert "a third of the ~12 problems expected in the used bucket of 60 " in comments and "of 120 " not in comments
-    assert sized.bucket.val_size == 4 and sized.sweep.b_problem[0] <= 4  # 12 expected: 4 validate, 8 train
+    expected = share_low(9, 32) * 60  # the pilot's share, its 84 % lower bound
+    assert f"a third of the ~{expected:.0f} problems expected in the used bucket of 60 " in comments
+    assert "of 120 " not in comments and sized.bucket.val_size == int(expected // 3)
     assert "0 error(s)" in out
     # hours no study fits: the smallest one, and that it does not fit
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0

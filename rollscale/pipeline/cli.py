@@ -226,7 +226,8 @@ def parser() -> argparse.ArgumentParser:
                              "a real model's load) and shrinks pool, lengths, k, c_max, seeds and keys to fit, "
                              "saying what it gave up")
     p_init.add_argument("--out", default="params.yaml")
-    p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file, and write a study "
+                        "estimated past 10x the time asked (--hours, or 12 h with --budget alone)")
     p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
     p_study.add_argument("--params", default="params.yaml")
     p_study.add_argument("--stages", default="", help="comma-separated stages to run, in study order (default: all)")
