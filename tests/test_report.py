@@ -526,9 +526,11 @@ def test_decided_study_answers_in_its_first_sentence(study):
     from rollscale.report import study_answer
 
     answer = study_answer(decided(study))
-    assert answer.answered and answer.observations is None
+    # its one observation is the CRS row on an infinite CRS: no claim rests on an estimate that is not finite (issue 43)
+    assert answer.answered and list(answer.observations.frame["claim"]) == ["CRS predicted vs observed best n"]
+    assert answer.observations.frame["finding"].str.startswith("CRS ∞").all()
     assert answer.headline.startswith("Answer: all / all: n* = 4 at C = 200-")
-    assert "(every bootstrap refit agrees); 3 more claims below" in answer.headline
+    assert "(every bootstrap refit agrees); 2 more claims below" in answer.headline
 
 
 def _decision(decided: bool) -> pd.DataFrame:
