@@ -38,22 +38,32 @@ def load_pool(data: DataParams, size: int | None = None, seed: int | None = None
     return loader(path, split=data.split, skip_malformed=data.skip_malformed, limit=data.limit, **hub)
 
 
-# dvc.yaml lists this folder among the deps of the stages that read the pool (data/README.md)
-DATA_DIR = Path("data")
+def watched_paths() -> tuple[Path, list[Path]]:
+    """(the project folder, the paths dvc.yaml lists as deps of its stages): DVC reruns a stage when one of
+    them changes. A clone lists data/; a study folder of the user's own, its data file when it is inside."""
+    from rollscale.pipeline.stages.specs import load_stage_specs, project_root
+
+    root = project_root()
+    return root, [(root / dep).resolve() for spec in load_stage_specs(root).values() for dep in spec.deps]
 
 
 def unwatched_files(data: DataParams) -> list[str]:
-    """Local data files outside ``data/``: read all the same, but DVC cannot see them change."""
+    """Local data files that no dvc.yaml dep holds: read all the same, but DVC cannot see them change (issue 43:
+    the warning said so of a file outside data/ that the study folder's dvc.yaml lists, and DVC reran on it)."""
     paths = ([data.path] if data.path else []) + [t.path for t in data.tables if t.path is not None]
-    watched = DATA_DIR.resolve()
-    return [str(p) for p in paths if not Path(p).resolve().is_relative_to(watched)]
+    try:
+        _, deps = watched_paths()
+    except (FileNotFoundError, ValueError):  # no dvc.yaml: no stage is run by DVC here
+        return []
+    return [str(p) for p in paths if not any(Path(p).resolve().is_relative_to(d) for d in deps)]
 
 
 @retried_task(name="problem-pool")
 def problem_pool(data: DataParams) -> list[Problem]:
     """The profiled pool (stable ids, so later stages can join on problem_id)."""
     for path in unwatched_files(data):
-        log.warning("data file %s is outside data/: DVC will not rerun the study when it changes "
-                    "(move it under data/, or run `dvc repro --force base` after editing it)", path)
+        log.warning("data file %s is not among dvc.yaml's deps: DVC will not rerun the study when it changes "
+                    "(copy it into the study folder and run `rollscale init --force` with the copy, or in a clone "
+                    "move it under data/; else run `dvc repro --force base` after editing it)", path)
     return load_pool(data)
 

@@ -168,7 +168,7 @@ def train_run_in_worker(
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)
         ours.propagate = False
-    attempt = record_attempt(run_dir)
+    attempt = record_attempt(run_dir, budget=budget)  # the leg's target: a start for the next rung is no restart
     if attempt["resume_step"]:
         log.info("%s: worker %s:%d resumes from checkpoint step %d",
                  config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])

@@ -81,9 +81,17 @@ def test_the_issues_settings_are_each_named_before_the_profile(project):
     assert seeds.level == "warning" and "[0, 1, 2]" in seeds.fix
     (noise,) = found["bucket.val_size"]
     assert noise.level == "warning" and "differences below 0.400 are not detectable" in noise.message
-    # issue 32: no validation size the pool cannot hold (193 was proposed for 40 problems): eval_k makes it up
-    assert noise.fix == ("sweep.eval_k: 258, or bucket.val_size: 32 (the most: the pool has 40, 8 of them "
-                         "train per step) with sweep.eval_k: 25, resolves 0.05")
+    # issue 32: no validation size the pool cannot hold (193 was proposed for 40 problems); issue 43: nor an eval_k
+    # above the profile's k (258 was): no setting resolves 0.05, said in one line with the most and what would
+    assert noise.fix == ("no setting resolves 0.05 here (the pool has 40, 8 train per step; sweep.eval_k up to the "
+                         "profile's k = 4): the most, bucket.val_size: 32 with sweep.eval_k: 4, resolves 0.12; 0.05 "
+                         "needs 201 problems in 'easy' (profile more: data.limit, or a larger table, or widen its "
+                         "bounds)")
+    # a profile of k = 32 lets eval_k make up what the pool cannot
+    deeper = parse_params({**ISSUE, "profile": {"k": 32, "k_extreme": 0}})
+    (noise,) = by_key(study_findings(deeper, known))["bucket.val_size"]
+    assert noise.fix == ("bucket.val_size: 32 (the most: the pool has 40, 8 of them train per step) with "
+                         "sweep.eval_k: 25, resolves 0.05")
 
 
 def test_the_issues_settings_after_the_profile_name_the_split_and_truncation(project):
@@ -101,8 +109,8 @@ def test_the_issues_settings_after_the_profile_name_the_split_and_truncation(pro
     # the validation noise now uses the profiled pass rates of the 3 validation problems (all 0.5)
     (noise,) = found["bucket.val_size"]
     assert "pass-rate variance from the profiled validation problems" in noise.message
-    assert noise.fix.startswith("sweep.eval_k: 258 ('easy' holds 9 problems and 8 train per step: bucket.val_size "
-                                "cannot grow)")
+    assert noise.fix.startswith("no setting resolves 0.05 here ('easy' holds 9 problems, 8 train per step; "
+                                "sweep.eval_k up to the profile's k = 4)")
 
 
 def test_a_model_too_weak_or_strong_for_the_set_is_a_warning_after_the_profile(project):
@@ -128,6 +136,30 @@ def test_a_bucket_the_stage_would_refuse_is_an_error(project):
     assert "bucket 'easy' has 9 problems, not more than bucket.val_size = 9" in f.message
     # a table source profiles more problems with data.limit (issue 32: the error named data.size, which it ignores)
     assert "profile more problems (data.limit, or a larger table)" in f.message and "data.size" not in f.message
+    # issue 43: the fix names bounds that hold the split (9 to validate, a batch of 8 to train), from the profile
+    assert f.fix == ("bucket.easy: [0.25, 0.6] (holds 19 of the 40 profiled problems: 9 to validate and one batch "
+                     "of 8 to train)")
+    assert f.keys == ("bucket.used", "bucket.val_size", "bucket.easy")
+    # where no bounds hold it, one line says why and what would
+    weak = issue_profile().assign(avg_at_k=np.r_[np.full(3, 0.5), np.full(37, 0.0)])
+    (f,) = [f for f in study_findings(params, DataKnown(40, True, weak)) if "bucket.used" in f.keys]
+    assert f.fix == ("no bounds hold it: 3 of the 40 profiled problems have 0 < avg@4 < 1; the model is too weak for "
+                     "this set: profile more problems (data.limit, or a larger table), or use an easier set, longer "
+                     "answers (sampling.max_new_tokens) or a stronger model")
+
+
+def test_the_decision_fix_asks_only_for_seeds_and_validation_problems_that_can_be_had():
+    """Issue 43: "sweep.search.seeds_max: 301 seeds, or bucket.val_size: 601" beside a bucket of 3 problems."""
+    from rollscale.pipeline.check.budget import SEEDS_FIX_MAX, decision_findings
+
+    p = parse_params({"sweep": {"b_problem": [2]}, "study": {"tolerance": 0.01}})
+    ((*_, fix),) = [f for f in decision_findings(p, (3, 4)) if "study.tolerance" in f[1]]
+    assert fix.startswith("study.tolerance: 0.") and "bucket.val_size" not in fix and "seeds" in fix
+    assert fix.endswith("(no seeds up to 8 nor validation split the bucket holds decides them)") or \
+        int(fix.split("seeds_max: ")[1].split()[0]) <= SEEDS_FIX_MAX
+    ((*_, fix),) = [f for f in decision_findings(p, (3, 4)) if "study.tolerance" in f[1]]
+    roomy = [f for f in decision_findings(p, (5000, 64)) if "study.tolerance" in f[1]][0][3]
+    assert "bucket.val_size: " in roomy
 
 
 def test_tiny_model_defaults_kept_for_a_real_model_are_named(project):

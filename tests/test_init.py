@@ -253,8 +253,17 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     from rollscale.pipeline.check.calibration import Calibration
     from rollscale.pipeline.check.timing import stage_times
 
+    import pandas as pd
+
+    from rollscale.pipeline.init import pilot
+    from rollscale.pipeline.init.pilot import share_low
+
     cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 1e4, 20.0, 5.0, 5.0, 1.0)
     monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
+    # a pilot with 9 of its 32 problems in Easy (84 % lower bound 21 %, the default study's share): the bucket
+    # needs no more than the 60-problem floor of the pool
+    some = pd.DataFrame({"avg_at_k": [0.5] * 9 + [0.0] * 23, "k": 16})
+    monkeypatch.setattr(pilot, "pilot_profile", lambda p, count=32, k=None: some)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0
     capsys.readouterr()
@@ -267,12 +276,55 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert "init --hours 1: about" in out and "gave up data.limit: 120 -> 60" in out
     assert sized.data.limit == 60 and sized.sampling.max_new_tokens < full.sampling.max_new_tokens
     assert "--hours 1: 120 -> 60" in Path("params.yaml").read_text()  # the reason beside the value
+    # issue 43: the split's comment says the pool it was sized from (it said 300 beside limit: 60)
+    comments = " ".join(line.strip().removeprefix("# ") for line in Path("params.yaml").read_text().splitlines())
+    expected = share_low(9, 32) * 60  # the pilot's share, its 84 % lower bound
+    assert f"a third of the ~{expected:.0f} problems expected in the used bucket of 60 " in comments
+    assert "of 120 " not in comments and sized.bucket.val_size == int(expected // 3)
     assert "0 error(s)" in out
     # hours no study fits: the smallest one, and that it does not fit
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0
     out = capsys.readouterr().out
     assert "more than 0.01 h even at the smallest study" in out
+    # issue 43: past 10 x the time asked it is an error, unless --force writes it anyway
+    assert "warning: the study takes about" in out and "more than 10 x the 0.01 h asked (--hours)" in out
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--out",
+                     "new.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "more than 10 x the 0.01 h asked (--hours): a GPU (--gpu), or --hours " in err
+    assert "nothing written (--force writes it anyway)" in err and not Path("new.yaml").exists()
+    # --budget alone: the time asked is the check's 12 h; 1,000,000 rollouts at 20 ms a token take far longer
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--budget", "1000000", "--out",
+                     "new.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "more than 10 x 12 h (the check's limit; --hours sets yours)" in err
+    assert "or a smaller --budget than 1,000,000 would fit it" in err
     tiny = load_params("params.yaml")
     assert tiny.sweep.seeds == [0, 1] and len(tiny.sweep.n) == 2 and tiny.sweep.b_problem == [2]
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "-1", "--force"]) == 2
     assert "--hours: expected the hours" in capsys.readouterr().err
+
+
+def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 43, part 1: the first study died at the bucket stage (3 problems in Easy [0.3, 0.6] of 60). On a
+    table of our own in TRL's conversational layout the untrained tiny model solves a few samples of some problems
+    and none of most: init's pilot profile sees it, widens Easy to pass rates it saw and sizes the split; a profile
+    of the whole pool the study will profile (the profile stage's function, at profile.k) then lays the buckets out
+    without an error, where the default bounds hold too few."""
+    from rollscale.pipeline.check.findings import DataKnown
+    from rollscale.pipeline.init.pilot import pilot_profile
+    from tests.word_problems import write_word_problems
+
+    data = write_word_problems(tmp_path / "words.jsonl", 60)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "init: pilot profile of 32 problems" in out, out
+    assert "the default [0.3, 0.6] would hold too few" in out and "0 error(s)" in out, out
+    params = load_params("params.yaml")
+    lo, hi = params.bucket.easy
+    assert lo < 0.3 and "Easy's [0.3, 0.6] held too few" in Path("params.yaml").read_text()
+    profile = pilot_profile(params, count=params.data.limit or 60)
+    assert len(profile) == 60 and int(profile["avg_at_k"].between(0.3, 0.6).sum()) <= params.bucket.val_size
+    found = study_findings(params, DataKnown(len(profile), True, profile))
+    assert not [f for f in found if f.level == "error"], [f.text() for f in found if f.level == "error"]

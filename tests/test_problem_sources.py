@@ -174,16 +174,20 @@ def test_params_table_source_and_key_path_errors(tmp_path: Path) -> None:
         parse_params({"data": {"source": "table"}})
 
 
-def test_data_files_outside_data_dir_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DVC watches data/ (dvc.yaml deps of the stages that read the pool); a table elsewhere is named."""
+def test_data_files_no_dvc_dep_holds_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DVC reruns a stage when a dep dvc.yaml lists changes: a clone lists data/, a study folder of the user's own
+    its data file (issue 43: a file there was named "outside data/: DVC will not rerun" while DVC reran on it)."""
     from tasks.problems import unwatched_files
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     inside = _write_jsonl(tmp_path / "data" / "t.jsonl", _trl_rows(3))
+    listed = _write_jsonl(tmp_path / "mine.jsonl", _trl_rows(3))
     outside = _write_jsonl(tmp_path / "elsewhere.jsonl", _trl_rows(3))
-    tables = [{"path": str(p), "answer": "solution"} for p in (inside, outside)]
+    tables = [{"path": str(p), "answer": "solution"} for p in (inside, listed, outside)]
     data = parse_params({"data": {"source": "table", "tables": tables}}).data
+    assert unwatched_files(data) == []  # no dvc.yaml: nothing runs under DVC here
+    (tmp_path / "dvc.yaml").write_text("stages:\n  base:\n    cmd: x\n    deps:\n      - data\n      - mine.jsonl\n")
     assert unwatched_files(data) == [str(outside)]
 
 

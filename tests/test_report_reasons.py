@@ -57,8 +57,18 @@ def test_runs_that_did_not_learn_are_named_with_the_learning_rate(study):
     flat["avg_at_k"] = flat["run_id"].map(flat[flat["step"] == 0].set_index("run_id")["avg_at_k"])
     reasons = blocking_reasons({**study, "evals": flat, "runs": study["runs"].assign(lr=3.5e-7)})
     assert len(reasons) == 1 and reasons[0].startswith("no run learned: in all 3 runs validation avg@k rose at most")
-    assert "sweep.train.lr_base (now 3.5×10⁻⁷)" in reasons[0]
+    assert "raise sweep.train.lr_base (runs' lr up to 3.5×10⁻⁷)" in reasons[0]  # no params: the runs' own rate
     assert blocking_reasons(study) == []  # the synthetic study learns
+    # issue 43: the value params.yaml has (not one run's sqrt-scaled rate), and the rate the runs' KL suggests
+    params = {"sweep": {"train": {"lr_base": 1e-6}}}
+    still = study["steps"].assign(kl=1e-7)
+    (reason,) = blocking_reasons({**study, "evals": flat, "steps": still}, params)
+    assert reason.endswith("and the policy barely moved (KL to the start up to 1e-07, below 0.0013): "
+                           "sweep.train.lr_base: 0.00011 (now 1e-06; KL grows with lr^2), or a larger sweep.c_max")
+    (moved,) = blocking_reasons({**study, "evals": flat, "steps": still.assign(kl=0.01)}, params)
+    assert "though they moved the policy" in moved and "(1e-06) is not what holds it back" in moved
+    (blind,) = blocking_reasons({**study, "evals": flat, "steps": still.assign(kl=np.nan)}, params)
+    assert "raise sweep.train.lr_base (now 1e-06)" in blind and "no rate is suggested" in blind
 
 
 def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):
@@ -85,3 +95,9 @@ def test_an_infinite_crs_is_not_read_as_a_prediction(study):
     old_text = " ".join(study_answer(old).claims.frame.astype(str).to_numpy().ravel())
     assert "CRS ∞ (no finite estimate: the measured signal |G|² ≤ 0) points only to the grid's largest n" in old_text
     assert "CRS ∞ predicts" not in text
+    # issue 43: however many seed resamples agree on the observed best n, a row on an infinite CRS is no claim
+    crs = crs.assign(observed_best_share=1.0)
+    answer = study_answer({**study, "crs_prediction": crs})
+    claims = " ".join(answer.claims.frame.astype(str).to_numpy().ravel()) if answer.claims.frame is not None else ""
+    assert "CRS" not in claims and "100% of seed resamples agree" in " ".join(
+        answer.observations.frame.astype(str).to_numpy().ravel())

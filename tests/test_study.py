@@ -197,6 +197,21 @@ def test_run_progress_is_verified_and_damage_is_reported(tmp_path):
     assert (run.status, run.step, run.c) == ("damaged", 4, 64) and "state.json" in run.error
 
 
+def test_status_counts_restarts_not_rung_pauses(tmp_path):
+    """Issue 43: `status` showed "attempts 9" for runs that only paused at a search's rungs. A start for the next
+    rung is a new leg; a start for a leg an earlier start had (after a failure or an interrupt) is a restart."""
+    from rollscale.pipeline.stages.status import format_status, record_attempt, restarts, StudyStatus
+
+    run_dir = tmp_path / "sweep" / "runs" / "r1"
+    for budget in (625, 1250, 2500, 5000, None):  # four rungs, then on to C_max: no restart
+        record_attempt(run_dir, budget=budget)
+    (run, ) = sweep_progress(tmp_path, sweep_running=False)
+    assert run.restarts == 0 and "restarts" in format_status(StudyStatus([], [run]))
+    record_attempt(run_dir, budget=None)  # the last leg again, after its worker died
+    assert sweep_progress(tmp_path, sweep_running=False)[0].restarts == 1
+    assert restarts([{"pid": 1}, {"pid": 2}]) == 0  # rows written before the target was recorded
+
+
 def test_a_busy_stage_refuses_a_second_run_through_the_cli(tmp_path):
     params = write_params(tmp_path)
     art = tmp_path / "artifacts"

@@ -107,6 +107,11 @@ def test_the_finding_names_each_stage_and_warns_past_12_hours():
     slow = cal_of(gen_s_per_token=30.0)
     level, keys, msg, fix = stage_time.time_finding(p, stage_times(p, slow, 30), slow)
     assert level == "warning" and " h on this machine" in msg and "rollscale init --hours" in fix
+    # issue 43: once the profile ran, its minutes are not counted again
+    times = stage_times(p, cal_of(gen_s_per_token=1e-3), 30)
+    _, _, after, _ = stage_time.time_finding(p, times, cal_of(gen_s_per_token=1e-3), frozenset({"base", "profile"}))
+    assert " to run (done: base, profile) on this machine: bucket " in after.split(". From")[0]
+    assert "profile " not in after.split(". From")[0]
 
 
 def test_a_calibration_is_measured_stored_and_reused_for_the_same_settings(tmp_path):
@@ -138,3 +143,20 @@ def test_a_learning_rate_that_cannot_move_the_policy_in_the_planned_steps_is_a_w
     assert "n=4 x B_problem=4 (4 steps at lr 2.5e-05) moves it by at most 0.01" in msg
     assert fix.startswith("sweep.train.lr_base: 0.0005 or more")
     assert lr_findings(p, cal_of(logp_shift_per_lr=0.0)) == []  # no pilot measured: nothing said
+
+
+def test_the_tiny_default_moves_its_policy_in_the_planned_steps(tmp_path):
+    """Issue 43, part 2: the check's learning-rate warning, measured on the repository's own study (the tiny
+    model at its lr_base): no warning; at a rate 10^4 times smaller the same pilot warns, naming a rate."""
+    from pathlib import Path
+
+    from rollscale.config import load_params
+    from rollscale.pipeline.check.lr import lr_findings
+
+    p = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    cal = calibrate(p, tmp_path)
+    assert cal.logp_shift_per_lr > 0 and lr_findings(p, cal) == []
+    slow = p.model_copy(update={"sweep": p.sweep.model_copy(update={
+        "train": p.sweep.train.model_copy(update={"lr_base": p.sweep.train.lr_base * 1e-4})})})
+    ((level, keys, _, fix),) = lr_findings(slow, cal)
+    assert level == "warning" and fix.startswith("sweep.train.lr_base: ")

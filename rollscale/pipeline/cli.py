@@ -104,10 +104,21 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
     findings = study_findings(params, known) + [Finding(*f) for f in noise_findings(artifacts)]
     if not any(f.level == "error" for f in findings):  # a study that cannot run has no time to tell
         findings += [Finding(*f) for f in estimate_findings(params, artifacts, known.pool_size, known.profile,
-                                                            calibrate)]
+                                                            calibrate, done_stages(artifacts))]
     findings = sorted(findings, key=lambda f: ("error", "warning", "note").index(f.level))
     print(format_findings(findings, params_path), file=sys.stderr if to_stderr else sys.stdout)
     return not any(f.level == "error" for f in findings)
+
+
+def done_stages(artifacts: str) -> frozenset[str]:
+    """The stages up to date with dvc.lock (`rollscale status`'s "done"): the check's time leaves them out;
+    none outside a study folder, or while DVC is busy."""
+    from rollscale.pipeline.stages.status import stage_statuses
+
+    try:
+        return frozenset(s.stage for s in stage_statuses(None, artifacts) if s.state == "done")
+    except (FileNotFoundError, ValueError):
+        return frozenset()
 
 
 def check_stage(stage: str) -> None:
@@ -215,7 +226,8 @@ def parser() -> argparse.ArgumentParser:
                              "a real model's load) and shrinks pool, lengths, k, c_max, seeds and keys to fit, "
                              "saying what it gave up")
     p_init.add_argument("--out", default="params.yaml")
-    p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file, and write a study "
+                        "estimated past 10x the time asked (--hours, or 12 h with --budget alone)")
     p_study = sub.add_parser("study", help="run the stages DVC finds stale (all, or --stages), as one Prefect flow")
     p_study.add_argument("--params", default="params.yaml")
     p_study.add_argument("--stages", default="", help="comma-separated stages to run, in study order (default: all)")

@@ -109,7 +109,7 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
     decided = rows[rows["basis"] == DECIDED]
     not_run = [s for s in stages_not_run(t) if s in ("sweep", "fit")]
     fixes: list[str] = []
-    blocking = [] if not_run else blocking_reasons(t)  # what ran leaves the fit's reasons moot (reasons.py)
+    blocking = [] if not_run else blocking_reasons(t, params)  # what ran leaves the fit's reasons moot (reasons.py)
     if not_run:
         fixes.append(f"run the {' and '.join(not_run)} stage{'s' if len(not_run) > 1 else ''} "
                      f"(`rollscale run {not_run[0]}`)")

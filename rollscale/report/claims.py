@@ -31,6 +31,10 @@ NEAR_C_STAR = 0.25  # best-n claims within 2^0.25 of C* are left to the decision
 # what a headline row rests on: only DECIDED rows answer; ONE_SEED rows are observations, never claims
 DECIDED, OVERLAP, UNDECIDED, CAVEAT, WARNING = "decided", "intervals overlap", "undecided", "caveat", "warning"
 COLUMNS = ["claim", "where", "at", "finding"]
+# a row resting on an input with no finite estimate (an infinite CRS: the measured signal |G|^2 <= 0) is no claim,
+# however many seed resamples agree on the rest (issue 43); listed with the observations, as one seed's rows are
+NO_FINITE = "no finite estimate"
+NOT_CLAIMS = (ONE_SEED, NO_FINITE)
 
 
 def _keys(design: str, keys: list[Any]) -> str:
@@ -185,13 +189,16 @@ def _crs_claims(cp: pd.DataFrame, decision: pd.DataFrame | None, why_infinite: s
         where = f"{r.get('bucket')} / {r.get('rule')}"
         if g is None:
             rows.append({"claim": "CRS predicted vs observed best n", "where": where, "at": str(r.get("basis")),
-                         "finding": f"{predicted}; no decision with intervals at this comparison", "basis": UNDECIDED})
+                         "finding": f"{predicted}; no decision with intervals at this comparison",
+                         "basis": NO_FINITE if not math.isfinite(crs) else UNDECIDED})
             continue
         lead = g[g["status"] == "leader"].iloc[0]
         at = f"{r.get('basis')}, C = {fmt_budget(lead['c_star'])}"
         observed = f"the decision's best n = {int(lead['key'])}"
         mine = g[g["key"] == pred]
-        if int(g["df"].iloc[0]) == 0:
+        if not math.isfinite(crs):  # no claim rests on an estimate that is not finite (issue 43)
+            finding, basis = f"{predicted}; {observed}", NO_FINITE
+        elif int(g["df"].iloc[0]) == 0:
             finding, basis = f"{predicted}; {observed} ({ONE_SEED})", ONE_SEED
         elif pred == int(lead["key"]):
             finding, basis = f"{predicted}; {observed}: they agree", DECIDED
@@ -272,10 +279,10 @@ def headline_table(t: Mapping[str, pd.DataFrame | None], rows: pd.DataFrame | No
     caption = ("Each claim with its 95 % interval: keys against each other from the decision's intervals (the seed "
                "spread pooled across keys, science §9.3; the first line's), rules against uniform from their "
                "bootstrap over seeds (science §7). A difference is claimed only where its interval excludes zero (a "
-               "ratio's excludes 1); otherwise it says 'not distinguishable'. Observations from one seed a key are "
-               "not claims and are listed apart.")
+               "ratio's excludes 1); otherwise it says 'not distinguishable'. Observations from one seed a key, or on an "
+               "estimate that is not finite, are not claims and are listed apart.")
     rows = claim_rows(t) if rows is None else rows
-    rows = rows[rows["basis"] != ONE_SEED]
+    rows = rows[~rows["basis"].isin(NOT_CLAIMS)]
     if rows.empty:
         why = absent(t, "fits", "the fitted claims") if t.get("fits") is None else (
             "No claim: the data cannot decide yet (the answer above says what to change).")
@@ -286,10 +293,11 @@ def headline_table(t: Mapping[str, pd.DataFrame | None], rows: pd.DataFrame | No
 def observations_table(t: Mapping[str, pd.DataFrame | None], rows: pd.DataFrame | None = None) -> TableSpec | None:
     """What one seed showed: listed, never claimed (no interval, so no claim); None if nothing."""
     rows = claim_rows(t) if rows is None else rows
-    rows = rows[rows["basis"] == ONE_SEED]
+    rows = rows[rows["basis"].isin(NOT_CLAIMS)]
     if rows.empty:
         return None
     return TableSpec("observations", "Single-seed observations (not claims)",
                      "One run per setting: no interval, so none of these is a claim; with more seeds "
-                     "(sweep.seeds) they become claims or 'not distinguishable'.",
+                     "(sweep.seeds) they become claims or 'not distinguishable'. A row resting on an estimate that "
+                     "is not finite (an infinite CRS) is listed here too: it is no claim.",
                      frame=rows[COLUMNS].reset_index(drop=True))

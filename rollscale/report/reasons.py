@@ -10,11 +10,14 @@ training split cannot fill one step's batch. Plain functions over the report's t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move
 from rollscale.report.base import as_numeric, fmt_value
 
 __all__ = ["ENDED", "blocking_reasons", "infinite_noise", "runs_as_ended", "runs_reached_text"]
@@ -76,8 +79,19 @@ def _unfinished(runs: pd.DataFrame) -> str | None:
             "(finished runs are kept, the others go on from their last checkpoint)")
 
 
-def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None) -> str | None:
-    """No run's validation avg@k rose above its step-0 value by more than LEARN_SE standard errors."""
+def _lr_base(params: Mapping[str, Any] | None) -> float | None:
+    """``sweep.train.lr_base`` as params.yaml sets it (a run's lr is it scaled by sqrt(B / b_base))."""
+    try:
+        value = float((params or {})["sweep"]["train"]["lr_base"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None, steps: pd.DataFrame | None = None,
+                  params: Mapping[str, Any] | None = None) -> str | None:
+    """No run's validation avg@k rose above its step-0 value by more than LEARN_SE standard errors; the fix names
+    ``lr_base`` as params.yaml has it and the rate the runs' own KL to their start suggests (issue 43)."""
     if evals is None or not {"run_id", "step", "avg_at_k"} <= set(evals.columns) or evals.empty:
         return None
     e = evals.assign(run_id=evals["run_id"].astype(str), step=as_numeric(evals["step"]),
@@ -95,10 +109,24 @@ def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None) -> str | None:
     if not gains or any(gain > noise for gain, noise in gains):
         return None
     best = max(gain for gain, _ in gains)
-    lr = f" (now {fmt_value(as_numeric(runs['lr']).max())})" if "lr" in runs else ""
-    return (f"no run learned: in all {len(gains)} runs validation avg@k rose at most {best:+.3f} over its step-0 "
-            f"value, within {LEARN_SE:g} standard errors: raise sweep.train.lr_base{lr} or the budget sweep.c_max "
-            "(a pilot of one run shows whether the policy moves)")
+    said = (f"no run learned: in all {len(gains)} runs validation avg@k rose at most {best:+.3f} over its step-0 "
+            f"value, within {LEARN_SE:g} standard errors")
+    lr_base = _lr_base(params)
+    if lr_base is None:
+        lr = f" (runs' lr up to {fmt_value(as_numeric(runs['lr']).max())})" if "lr" in runs else ""
+        return said + f": raise sweep.train.lr_base{lr} or the budget sweep.c_max"
+    kl = float(as_numeric(steps["kl"]).max()) if steps is not None and "kl" in steps and len(steps) else math.nan
+    if not math.isfinite(kl):
+        return (said + f": raise sweep.train.lr_base (now {lr_base:g}) or the budget sweep.c_max; the runs measured "
+                "no KL to their start (sweep.train.kl_coef 0), so no rate is suggested")
+    if kl >= KL_MOVED:
+        return (said + f", though they moved the policy (KL to the start up to {kl:.2g}, past {KL_MOVED:.2g}): "
+                "a larger budget (sweep.c_max), an easier bucket, or a stronger model; sweep.train.lr_base "
+                f"({lr_base:g}) is not what holds it back")
+    need = lr_to_move(lr_base, kl)
+    return (said + f", and the policy barely moved (KL to the start up to {kl:.2g}, below {KL_MOVED:.2g}): "
+            f"sweep.train.lr_base: {float(f'{need:.2g}'):g} (now {lr_base:g}; KL grows with lr^2), or a larger "
+            "sweep.c_max")
 
 
 def infinite_noise(noise: pd.DataFrame | None) -> str | None:
@@ -136,13 +164,14 @@ def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None) -> str | Non
             "(data.limit for a table) or widen the bucket (bucket.*), or lower sweep.b_problem")
 
 
-def blocking_reasons(t: Mapping[str, pd.DataFrame | None]) -> list[str]:
+def blocking_reasons(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> list[str]:
     """The causes that leave the study without an answer before any fit, each with its fix, in the
-    order to address them (an unfinished sweep first: the others may be its consequence)."""
+    order to address them (an unfinished sweep first: the others may be its consequence); ``params``: the
+    study's params tree, whose values the fixes name."""
     runs = t.get("runs")
     if runs is None or runs.empty or "status" not in runs:
         return []
     runs = runs_as_ended(runs, t.get("steps"))
     found = [_unfinished(runs), _small_buckets(runs, t.get("bucket_counts")),
-             _not_learning(runs, t.get("evals")), infinite_noise(t.get("noise_steps"))]
+             _not_learning(runs, t.get("evals"), t.get("steps"), params), infinite_noise(t.get("noise_steps"))]
     return [r for r in found if r]

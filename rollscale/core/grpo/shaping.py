@@ -56,6 +56,24 @@ def sqrt_scaled_lr(lr_base: float, batch_size: int, base_batch_size: int) -> flo
     return float(lr_base * math.sqrt(batch_size / base_batch_size))
 
 
+# how far a run must move the policy to count as moved: a completion token's log-prob changed by 0.05 nats
+# (a 5 % change of its probability), i.e. a per-token KL to the start of about 0.05^2 / 2 (KL ~ E[d logp^2] / 2
+# for small changes). A judgement, not a measurement: the issue-32/43 SmolLM2 runs that never learned were far
+# below it
+LOGP_MOVE_MIN = 0.05
+KL_MOVED = LOGP_MOVE_MIN**2 / 2
+
+
+def lr_to_move(lr: float, kl: float, target: float = KL_MOVED) -> float | None:
+    """The learning rate at which a run that reached per-token KL ``kl`` to its start at ``lr`` would reach
+    ``target`` in as many steps: for small updates the weights move in proportion to lr (AdamW's steps are about
+    lr each) and KL grows with the square of the move, so ``lr sqrt(target / kl)``. None where ``kl`` is not a
+    positive finite number (nothing measured, or the KL term off)."""
+    if not (math.isfinite(lr) and lr > 0 and math.isfinite(kl) and kl > 0):
+        return None
+    return float(lr * math.sqrt(target / kl))
+
+
 def warmup_factor(step: int, warmup_steps: int) -> float:
     """Linear warm-up then constant (science §3): the factor on the learning rate.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -42,6 +43,31 @@ def assign_buckets(
         zero = (profile["n_correct"] == 0) & (profile["n_correct_extreme"] == 0)
         parts.append(pd.DataFrame({"problem_id": profile.loc[zero, "problem_id"], "bucket": "extremely_hard"}))
     return pd.concat(parts, ignore_index=True)
+
+
+def bounds_holding(avg_at_k: Sequence[float], need: int, around: tuple[float, float]) -> tuple[float, float] | None:
+    """The narrowest widening of the closed interval ``around`` that holds ``need`` problems by their pass rates
+    ``avg_at_k`` (science §2: a bucket's bounds), or None when fewer than ``need`` lie strictly between 0 and 1.
+
+    The bounds move out to the nearest pass rates, one at a time, on the side whose next rate is nearer, and
+    only to rates strictly between 0 and 1: a problem always or never solved gives GRPO's group no reward
+    signal. Rounded outwards to 3 decimals, so that the bounds as written hold the same problems."""
+    p = np.asarray(avg_at_k, dtype=float)
+    inner = np.unique(p[(p > 0) & (p < 1)])
+    lo, hi = float(around[0]), float(around[1])
+
+    def held(a: float, b: float) -> int:
+        return int(((p >= a) & (p <= b)).sum())
+
+    if held(lo, hi) < need and held(min(lo, *inner[:1]), max(hi, *inner[-1:])) < need:
+        return None
+    below, above = [float(x) for x in inner[inner < lo][::-1]], [float(x) for x in inner[inner > hi]]
+    while held(lo, hi) < need:
+        if not above or (below and lo - below[0] <= above[0] - hi):
+            lo = below.pop(0)
+        else:
+            hi = above.pop(0)
+    return math.floor(lo * 1000) / 1000, math.ceil(hi * 1000) / 1000
 
 
 def split_bucket(problem_ids: Sequence[str], val_size: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:

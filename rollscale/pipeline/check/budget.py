@@ -17,10 +17,15 @@ __all__ = ["decision_findings", "decision_half_width"]
 
 Finding = tuple[str, tuple[str, ...], str, str]
 
+# the most seeds a key a fix proposes: each seed is a run of a key to c_max, so the sweep's time grows with them
+# (the default study trains 3; 8 is nearly three times its sweep)
+SEEDS_FIX_MAX = 8
 
-def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> Iterator[Finding]:
+
+def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool: int | None = None) -> Iterator[Finding]:
     """Can the study answer at C* (science §9.3, §9.4)? C* against eta x c_max, and the tolerance against what
-    the validation set, eval_k and seeds resolve."""
+    the validation set, eval_k and seeds resolve; ``size``: the sweep bucket's (train, validation) problems once
+    the profile is laid out (a fix proposes no validation split it cannot hold), else the ``pool``'s size."""
     c_star, eta, c_max = p.target_budget, p.sweep.search.eta, p.sweep.c_max
     reach = ("study.target_budget", "sweep.c_max")
     if c_star > eta * c_max:
@@ -45,9 +50,17 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None) -> It
         return
     more_seeds = math.ceil(2.0 * (power.Z95 * se / eps) ** 2 - 1e-9)
     more_val = math.ceil(val * (half / eps) ** 2 - 1e-9)
+    # only values that can be applied (issue 43: "seeds_max: 301 seeds, or bucket.val_size: 601" beside a bucket
+    # of 3): seeds up to SEEDS_FIX_MAX, a validation split the sweep bucket holds with a batch left to train
+    held = size[0] + size[1] if size else pool
+    room = held - max(p.sweep.b_problem) if held is not None else None
+    others = ([f"{seeds_key}: {more_seeds} seeds"] if more_seeds <= SEEDS_FIX_MAX else []) + \
+        ([f"bucket.val_size: {more_val:,}"] if room is None or more_val <= room else [])
+    none = (f" (no seeds up to {SEEDS_FIX_MAX} nor validation split the bucket holds decides them)" if not others
+            else "")
     yield ("note", ("study.tolerance", seeds_key, "bucket.val_size"), msg + "; two keys of equal reward "
-                  "stay 'not decided'", f"study.tolerance: {math.ceil(100 * half - 1e-9) / 100:.2f} or more to decide between keys of equal reward; "
-                  f"or {seeds_key}: {more_seeds} seeds, or bucket.val_size: {more_val:,}")
+           "stay 'not decided'", f"study.tolerance: {math.ceil(100 * half - 1e-9) / 100:.2f} or more to decide "
+           "between keys of equal reward" + (f"; or {', or '.join(others)}" if others else none))
 
 
 def _decision_seeds(p: StudyParams) -> tuple[int, str]:

@@ -34,10 +34,10 @@ from rollscale.pipeline.check.evals import (
 )
 from rollscale.pipeline.check.memory import sharded_memory_findings
 from rollscale.pipeline.check.profile import model_fit_findings
+from rollscale.pipeline.check.resolution import bucket_bounds_fix, noise_findings_of_split
 
 __all__ = ["DataKnown", "Finding", "format_findings", "known_data", "study_findings"]
 
-DETECTABLE_WARN = 0.10  # the default study's n values differ by 0.016-0.05 of avg@4 at 40k rollouts
 TRUNCATION_WARN = 0.05  # share of profiled rollouts cut at max_new_tokens above which the check warns
 TRUNCATION_TARGET = 0.02
 EPOCHS_WARN = 50.0  # passes over the training split (the default study's longest run makes ~33)
@@ -220,16 +220,15 @@ def _splits(p: StudyParams, profile: pd.DataFrame) -> tuple[dict | None, list[Fi
         return make_splits(membership, b.val_size, b.seed, b.used, {k: list(v) for k, v in b.mixtures.items()},
                            p.data.more_problems), []
     except BucketError as err:
-        return None, [Finding("error", ("bucket.used", "bucket.val_size", "bucket.easy"), f"{err} (from the profile "
-                              f"of {len(profile)} problems)", "widen the bucket's bounds, lower bucket.val_size, "
-                              "or profile more problems (data.limit)")]
+        short = next((name for name in b.used if f"bucket {name!r}" in str(err)), p.sweep.bucket)
+        return None, [Finding("error", ("bucket.used", "bucket.val_size", f"bucket.{short}"), f"{err} (from the "
+                              f"profile of {len(profile)} problems)", bucket_bounds_fix(p, profile, short))]
     finally:
         quiet.disabled = level
 
 
-def _sizes(p: StudyParams, known: DataKnown) -> Iterable[Finding]:
-    splits, found = (None, []) if known.profile is None else _splits(p, known.profile)
-    yield from found
+def _sizes(p: StudyParams, known: DataKnown, splits: dict | None) -> Iterable[Finding]:
+    profile = known.profile if known.profile is not None else pd.DataFrame()
     sizes: dict[str, tuple[int, int]] = {}
     if splits is not None:
         sizes = {name: (len(s.train), len(s.val)) for name, s in splits.items()}
@@ -255,8 +254,10 @@ def _sizes(p: StudyParams, known: DataKnown) -> Iterable[Finding]:
         elif b_problem > train:
             yield Finding("error", (f"{key}.b_problem",), f"{b_problem} prompts per step over {train} training "
                           f"problems of {bucket!r}: every step would repeat problems within its batch",
-                          f"{key}.b_problem: {max(2, train // 2)} or less (or a larger bucket)")
-    yield from _noise(p, sizes.get(p.sweep.bucket), splits, known)
+                          f"{key}.b_problem: {max(2, train // 2)} or less, or {bucket_bounds_fix(p, profile, bucket)}")
+    val_ids = splits[p.sweep.bucket].val if splits is not None and p.sweep.bucket in splits else None
+    yield from (Finding(*f) for f in noise_findings_of_split(p, sizes.get(p.sweep.bucket), val_ids, known.profile,
+                                                              (known.pool_size, known.pool_exact)))
     if p.sweep.bucket in sizes and sizes[p.sweep.bucket][0] > 0:
         train = sizes[p.sweep.bucket][0]
         epochs = [power.epochs_per_run(power.steps_per_run(p.sweep.c_max, n * b), b, train)
@@ -266,53 +267,6 @@ def _sizes(p: StudyParams, known: DataKnown) -> Iterable[Finding]:
         yield Finding(level, ("sweep.c_max", "sweep.b_problem"), f"runs make {lo:.1f}-{hi:.1f} epochs over the "
                       f"{train} training problems of {p.sweep.bucket!r}",
                       "more problems (data.limit, wider bounds) or a smaller sweep.c_max" if level == "warning" else "")
-
-
-def _noise(p: StudyParams, size: tuple[int, int] | None, splits: dict | None, known: DataKnown) -> Iterable[Finding]:
-    val = size[1] if size else p.bucket.val_size
-    if val == 0:
-        return
-    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
-    if splits is not None and known.profile is not None and p.sweep.bucket in splits:
-        ids = set(splits[p.sweep.bucket].val)
-        prof = known.profile[known.profile["problem_id"].isin(ids)]
-        var, basis = power.pass_variance(prof["avg_at_k"], int(prof["k"].max())), "the profiled validation problems"
-    elif p.sweep.bucket in bounds:
-        var, basis = power.interval_pass_variance(*bounds[p.sweep.bucket]), f"the worst case in {p.sweep.bucket}'s bounds"
-    else:
-        var, basis = 0.25, "the worst case p = 0.5"
-    se = power.avg_at_k_se(val, p.sweep.eval_k, var)
-    d = power.detectable_difference(se)
-    msg = (f"validation avg@{p.sweep.eval_k} over {val} problems has a standard error of {se:.3f} (pass-rate "
-           f"variance from {basis}): differences below {d:.3f} are not detectable")
-    if d > DETECTABLE_WARN:
-        yield Finding("warning", ("bucket.val_size", "sweep.eval_k"), msg, _precision_fix(p, val, d, size, known))
-    else:
-        yield Finding("note", ("bucket.val_size", "sweep.eval_k"), msg)
-
-
-def _precision_fix(p: StudyParams, val: int, d: float, size: tuple[int, int] | None, known: DataKnown) -> str:
-    """The validation size or samples that resolve DETECTABLE_WARN / 2, as far as the bucket allows
-    (issue 32: `bucket.val_size: 193` was proposed for a bucket of 60 problems). The standard error
-    depends on val_size x eval_k (power.avg_at_k_se), so eval_k makes up what the bucket cannot."""
-    target = DETECTABLE_WARN / 2
-    need = math.ceil(val * (d / target) ** 2)  # val_size at this eval_k; val_size x eval_k in all
-    samples = need * p.sweep.eval_k
-    b = max(p.sweep.b_problem)
-    if size is not None:  # after the profile: the bucket's own problems, b_problem of them kept to train
-        cap, where = size[0] + size[1] - b, f"{p.sweep.bucket!r} holds {size[0] + size[1]} problems"
-    elif known.pool_size is not None:
-        cap, where = known.pool_size - b, f"the pool has {'' if known.pool_exact else 'at most '}{known.pool_size}"
-    else:
-        cap, where = None, ""
-    more_k = math.ceil(samples / val)
-    if cap is None or need <= cap:
-        return f"bucket.val_size: {need}, or sweep.eval_k: {more_k}, resolves {target:.2f}"
-    if cap <= val:  # no room for more validation problems: only more samples of each
-        return (f"sweep.eval_k: {more_k} ({where} and {b} train per step: bucket.val_size cannot grow), resolves "
-                f"{target:.2f}; or profile more problems (data.limit for a table) or widen the bucket's bounds")
-    return (f"sweep.eval_k: {more_k}, or bucket.val_size: {cap} (the most: {where}, {b} of them train per step) "
-            f"with sweep.eval_k: {math.ceil(samples / cap)}, resolves {target:.2f}")
 
 
 def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Finding]:
@@ -335,9 +289,12 @@ def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Findin
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
-    found = [*_data(known), *_cross_section(params), *_grid(params), *_sizes(params, known),
-             *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
-             *(Finding(*f) for f in decision_findings(params)),
+    splits, found = (None, []) if known.profile is None else _splits(params, known.profile)
+    split = splits.get(params.sweep.bucket) if splits is not None else None
+    size = (len(split.train), len(split.val)) if split is not None else None
+    found += [*_data(known), *_cross_section(params), *_grid(params), *_sizes(params, known, splits),
+              *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
+              *(Finding(*f) for f in decision_findings(params, size, known.pool_size)),
              *(Finding(*f) for f in sharded_memory_findings(params))]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])

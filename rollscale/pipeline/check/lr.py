@@ -14,14 +14,11 @@ import math
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
-from rollscale.core.grpo.shaping import sqrt_scaled_lr
+from rollscale.core.grpo.shaping import LOGP_MOVE_MIN, sqrt_scaled_lr
 from rollscale.pipeline.check.calibration import Calibration
 
 __all__ = ["LOGP_MOVE_MIN", "lr_findings"]
 
-# nats per completion token that a whole run can move at most: 0.05 is a 5 % change of a token's
-# probability; a judgement, not a measurement (the runs that never moved were far below it)
-LOGP_MOVE_MIN = 0.05
 
 
 def lr_findings(p: StudyParams, cal: Calibration) -> list[tuple[str, tuple[str, ...], str, str]]:

@@ -185,10 +185,17 @@ def _clock(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def time_finding(p: StudyParams, times: StageTimes, cal: Calibration) -> tuple[str, tuple[str, ...], str, str]:
-    """The estimate as a check finding (a warning past 12 hours), naming what it rests on."""
-    per = ", ".join(f"{stage} {_clock(t)}" for stage, t in times.seconds.items())
-    if times.share_why:
+def time_finding(p: StudyParams, times: StageTimes, cal: Calibration,
+                 done: frozenset[str] = frozenset()) -> tuple[str, tuple[str, ...], str, str]:
+    """The estimate as a check finding (a warning past 12 hours), naming what it rests on; the stages in ``done``
+    (up to date with dvc.lock) are not counted (issue 43: the check counted the profile's minutes after it ran)."""
+    left = {stage: t for stage, t in times.seconds.items() if stage not in done}
+    per = ", ".join(f"{stage} {_clock(t)}" for stage, t in left.items()) or "nothing"
+    total = sum(left.values())
+    said = f" to run (done: {', '.join(s for s in times.seconds if s in done)})" if done & set(times.seconds) else ""
+    if "sweep" in done:
+        search = ""
+    elif times.share_why:
         search = (f"; the sweep at {times.search_share:.0%} of the grid's {times.sweep_rollouts:,} rollouts "
                   f"({times.share_why}; the grid alone: {_clock(times.sweep_grid_s)})")
     elif times.search_share < 1:
@@ -197,22 +204,24 @@ def time_finding(p: StudyParams, times: StageTimes, cal: Calibration) -> tuple[s
                   f"{_clock(times.sweep_grid_s)})")
     else:
         search = f"; the sweep trains all {times.sweep_rollouts:,} rollouts of the grid"
-    msg = (f"about {_clock(times.total)} on this machine: {per}{search}. From a calibration measured here in "
+    msg = (f"about {_clock(total)}{said} on this machine: {per}{search}. From a calibration measured here in "
            f"{cal.measured_s:.0f} s (generate {1e3 * cal.gen_s_per_token * p.sampling.max_new_tokens:.2f} ms and "
            f"train {1e3 * cal.train_s_per_token * (cal.prompt_tokens + p.sampling.max_new_tokens):.2f} ms a rollout "
            f"at max_new_tokens {p.sampling.max_new_tokens}, one worker; {p.workers} side by side), lengths from "
            f"{times.lengths_from}; a machine busy with other work takes longer")
-    if times.total > 12 * 3600:
+    if total > 12 * 3600:
         return ("warning", ("sweep", "data.limit"), msg, "rollscale init --hours H sizes a study to H hours; or "
                 "fewer runs (sweep.n, sweep.seeds), a smaller sweep.c_max or sampling.max_new_tokens")
     return ("note", ("time",), msg, "")
 
 
 def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | None,
-                      profile: pd.DataFrame | None, measure: bool = True) -> list[tuple[str, tuple[str, ...], str, str]]:
-    """The time finding and the learning-rate warning (:mod:`rollscale.pipeline.check.lr`) from the stored
-    calibration, or one measured now (``measure``; a few seconds, a real model's load); none when there is
-    neither, or the grid cannot be laid out (its own finding says why)."""
+                      profile: pd.DataFrame | None, measure: bool = True,
+                      done: frozenset[str] = frozenset()) -> list[tuple[str, tuple[str, ...], str, str]]:
+    """The time finding of the stages not in ``done`` and the learning-rate warning
+    (:mod:`rollscale.pipeline.check.lr`) from the stored calibration, or one measured now (``measure``; a few
+    seconds, a real model's load); none when there is neither, or the grid cannot be laid out (its own finding
+    says why)."""
     from rollscale.pipeline.check.calibration import calibrate, stored_calibration
     from rollscale.pipeline.check.lr import lr_findings
 
@@ -227,4 +236,4 @@ def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | 
         times = stage_times(p, cal, pool, profile)
     except ValueError:
         return []
-    return [time_finding(p, times, cal), *lr_findings(p, cal)]
+    return [time_finding(p, times, cal, done), *lr_findings(p, cal)]

@@ -63,22 +63,68 @@ def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
                               f"extrapolation of eta (science §9.3); {budget:,} would see C* itself")
 
 
-def hours_values(values: dict, why: dict, hours: float, artifacts: Path, pool: int | None) -> str:
+# a study estimated past TIME_MARGIN x the time asked is an error (`--force` writes it anyway; issue 43:
+# `init --budget 20000` wrote a study of about 318 h on this machine and the check said it "can run")
+TIME_MARGIN = 10
+# the time asked of `init --budget` without --hours: the check's own limit (a warning past 12 h)
+BUDGET_HOURS = 12.0
+
+
+def foresee_buckets(values: dict, why: dict, pool: int):
+    """A pilot profile of the pool on this machine sizes the used bucket before any stage runs
+    (:mod:`rollscale.pipeline.init.pilot`); its Foresight, with a line of what it cost."""
+    import time
+
+    from rollscale.pipeline.init.hours import params_of
+    from rollscale.pipeline.init.pilot import Foresight, foresee, pilot_profile
+
+    t0 = time.perf_counter()
+    pilot = pilot_profile(params_of(values, why))
+    seen = foresee(values, why, pilot, pool)
+    took = f"init: pilot profile of {len(pilot)} problems in {time.perf_counter() - t0:.0f} s"
+    return Foresight(seen.easy, seen.bounds, seen.limit_min, (took, *seen.lines))
+
+
+def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, pool: int | None,
+                 budget: int | None = None, foresight=None) -> tuple[str, float]:
     """``--hours H``: measure this machine's calibration (stored in ``artifacts`` for `rollscale check`) and
-    shrink the study to H hours (:func:`rollscale.pipeline.init.hours.fit_hours`); the lines to print."""
+    shrink the study to H hours (:func:`rollscale.pipeline.init.hours.fit_hours`), keeping the pool the pilot's
+    ``foresight`` needs; with ``hours`` None (``--budget`` alone) only the estimate. The lines to print, and the
+    estimate in seconds."""
     from rollscale.pipeline.check.calibration import calibrate
+    from rollscale.pipeline.check.timing import stage_times
     from rollscale.pipeline.init.hours import fit_hours, params_of
 
     cal = calibrate(params_of(values, why), artifacts)
-    times, given = fit_hours(values, why, hours, cal, pool)
+    if hours is None:
+        params = params_of(values, why)
+        times, given = stage_times(params, cal, min(pool, params.data.limit or pool) if pool else params.data.limit), []
+    else:
+        seen = {"easy": foresight.easy, "limit_min": foresight.limit_min} if foresight else {}
+        times, given = fit_hours(values, why, hours, cal, pool, **seen)
     per = ", ".join(f"{stage} {t / 60:.1f} min" for stage, t in times.seconds.items())
-    fits = times.total <= hours * 3600
-    head = (f"init --hours {hours:g}: about {times.total / 60:.0f} min on this machine ({per}; calibration measured "
+    flag = f"--hours {hours:g}" if hours is not None else f"--budget {budget}"
+    head = (f"init {flag}: about {times.total / 60:.0f} min on this machine ({per}; calibration measured "
             f"in {cal.measured_s:.0f} s, stored in {artifacts})")
-    if not fits:
+    if hours is not None and times.total > hours * 3600:
         head += f": more than {hours:g} h even at the smallest study init writes; give it more hours or a faster machine"
+    if hours is None:
+        return head, times.total
     gave = "".join(f"\n  gave up {g.text()}" for g in given) or "\n  gave up nothing: the suggested study fits"
-    return head + gave
+    return head + gave, times.total
+
+
+def too_long(total_s: float, hours: float | None, budget: int | None, gpu: str) -> str:
+    """The one line for a study estimated past TIME_MARGIN x the time asked (``hours``, or BUDGET_HOURS for
+    ``--budget`` alone), naming what would fit; "" when it is within."""
+    asked = hours if hours is not None else BUDGET_HOURS
+    if total_s <= TIME_MARGIN * asked * 3600:
+        return ""
+    what = f"the {asked:g} h asked (--hours)" if hours is not None else f"{asked:g} h (the check's limit; --hours sets yours)"
+    would = ([] if gpu.lower() not in ("none", "cpu") else ["a GPU (--gpu)"]) + \
+        [f"--hours {math.ceil(total_s / 3600)}"] + ([f"a smaller --budget than {budget:,}"] if budget else [])
+    return (f"the study takes about {total_s / 3600:.1f} h on this machine, more than {TIME_MARGIN} x {what}: "
+            f"{', or '.join(would)} would fit it")
 
 
 def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
@@ -129,7 +175,15 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
                                                           else why["workers"])
     if budget is not None:
         budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
-    sized = hours_values(values, why, hours, Path(out).parent / "artifacts", pool) if hours is not None else ""
+    foresight = foresee_buckets(values, why, pool) if machine.gpu is None and pool else None
+    sized = "\n".join(foresight.lines) if foresight else ""
+    if hours is not None or budget is not None:
+        said, total = hours_values(values, why, hours, Path(out).parent / "artifacts", pool, budget, foresight)
+        sized = "\n".join(x for x in (sized, said) if x)
+        if late := too_long(total, hours, budget, gpu):
+            if not force:
+                raise ValueError(f"init: {late}; nothing written (--force writes it anyway)")
+            sized += f"\nwarning: {late} (written: --force)"
     command = (f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
                + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else "")
                + (f" --hours {hours:g}" if hours else ""))

@@ -21,7 +21,7 @@ import yaml
 from rollscale.config import StudyParams, parse_params
 from rollscale.core.search.decisions import search_method
 from rollscale.pipeline.check.calibration import Calibration
-from rollscale.pipeline.init.values import EASY_SHARE
+from rollscale.pipeline.init.values import EasyShare, bucket_values
 from rollscale.pipeline.check.timing import StageTimes, settles_nothing, stage_times
 
 __all__ = ["Shrink", "check_hours", "fit_hours", "params_of"]
@@ -65,8 +65,10 @@ def _default(key: str) -> Any:
     return node
 
 
-def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable[[Any], Any | None], str]]:
-    """(key, next smaller value or None at its floor, what it costs), in the order given up."""
+def _moves(values: dict[str, Any], pool: int | None,
+           limit_min: int = 0) -> list[tuple[str, Callable[[Any], Any | None], str]]:
+    """(key, next smaller value or None at its floor, what it costs), in the order given up; the pool no smaller
+    than ``limit_min``, what the used bucket needs (:mod:`rollscale.pipeline.init.pilot`)."""
     def widest() -> int:
         return values["sweep.b_problem"][0] * max(values["sweep.n"])
 
@@ -98,7 +100,7 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
 
     def limit(v: int | None) -> int | None:
         start = v if v is not None else pool
-        return halve_to(POOL_MIN)(start) if start is not None else None
+        return halve_to(max(POOL_MIN, limit_min))(start) if start is not None else None
 
     return [("sweep.search.seeds_max", seeds_max, "no seed added where the decision hangs: the validation set "
              "cannot settle a key, and more seeds would not either"),
@@ -114,8 +116,10 @@ def _moves(values: dict[str, Any], pool: int | None) -> list[tuple[str, Callable
 
 
 def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Calibration,
-              pool: int | None) -> tuple[StageTimes, list[Shrink]]:
-    """Shrink ``values`` in place until the estimate is within ``hours``; the estimate and what was given up."""
+              pool: int | None, easy: EasyShare = EasyShare(), limit_min: int = 0) -> tuple[StageTimes, list[Shrink]]:
+    """Shrink ``values`` in place until the estimate is within ``hours``; the estimate and what was given up.
+    ``easy``: the share of the pool expected in the used bucket, which sizes the split when the pool shrinks, to
+    no fewer than ``limit_min`` problems."""
     check_hours(hours)
     budget = hours * 3600
     given: list[Shrink] = []
@@ -128,7 +132,7 @@ def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Ca
     changed = True
     while times.total > budget and changed:  # passes: a smaller batch lets c_max shrink further
         changed = False
-        for key, smaller, cost in _moves(values, pool):
+        for key, smaller, cost in _moves(values, pool, limit_min):
             while times.total > budget:
                 old = values[key] if key in values else _default(key)
                 new = smaller(old)
@@ -137,9 +141,8 @@ def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Ca
                 values[key], changed = new, True
                 if key == "sweep.b_problem":  # the measure stage trains on as many prompts
                     values["measure.b_problem"] = min(values.get("measure.b_problem", new[0]), new[0])
-                if key == "data.limit":  # the validation split init sized from the pool shrinks with it
-                    values["bucket.val_size"] = min(values.get("bucket.val_size", 100),
-                                                    max(4, int(EASY_SHARE * new) // 3))
+                if key == "data.limit":  # the split and batches init sized from the pool shrink with it
+                    bucket_values(values, why, new, easy, values["sweep.b_problem"][0])
                 given.append(Shrink(key, old, new, cost))
                 times = estimate()
     for shrink in _merged(given):

@@ -39,7 +39,8 @@ from rollscale.core.fit.power import EVALS_COMFORTABLE
 from rollscale.lm.model_info import ModelInfo
 from rollscale.pipeline.check.memory import MICRO_BATCH_BYTES_PER_TOKEN_VOCAB, full_finetune_gb, lora_gb, micro_batch_gb
 
-__all__ = ["GPU_MEMORY_GB", "MICRO_BATCH_TOKENS_GPU", "Machine", "render", "suggest", "write_params"]
+__all__ = ["GPU_MEMORY_GB", "MICRO_BATCH_TOKENS_GPU", "EasyShare", "Machine", "bucket_values", "render", "suggest",
+           "write_params"]
 
 GPU_MEMORY_GB = {"H100": 80, "H200": 141, "B200": 180, "A100": 80, "A100-40GB": 40, "L40S": 48, "A10G": 24,
                  "L4": 24, "RTX4090": 24}
@@ -225,11 +226,6 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
         f"prompt: {'chat messages' if data.prompt_kind == 'messages' else 'text'} in column {data.prompt}; "
         f"answers in {data.answer} read as {data.answer_format}, scored by the {data.reward} verifier")
     used = limit or pool_rows or 1000
-    easy = EASY_SHARE * used
-    val = int(min(100, max(4, easy // 3)))
-    put("bucket.val_size", val, f"a third of the ~{easy:.0f} Easy problems expected of {used} "
-                                f"({EASY_SHARE:.0%}, as the default study): the rest trains. `rollscale check` "
-                                "counts the real buckets after the profile")
     put("bucket.used", ["easy"], "the bucket the sweep and measure train on")
     put("bucket.mixtures", {})
     k_extreme = 64 if gpu else 0
@@ -241,15 +237,14 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
         "all but the last few, and progress comes every ~4 problems (~1 s overhead a unit, measured)")
 
     # the sweep: a grid the frontier can be fitted from
-    train_size = max(2, int(easy) - val)
-    b_problem = int(max(2, min(16 if gpu else 8, train_size // 2)))
+    bucket_values(v, why, used, EasyShare(), 16 if gpu else 8)
+    b_problem = v["sweep.b_problem"][0]
     ns = [4, 8, 16] if gpu else [2, 4, 8]
     eval_every = 10 if gpu else 5
     b_max = b_problem * ns[-1]
     c_max = _nice_up(b_max * eval_every * (EVALS_COMFORTABLE - 1))
     put("sweep.design", "rollout_axis")
     put("sweep.n", ns, "rollouts per prompt compared (the frontier's keys)")
-    put("sweep.b_problem", [b_problem], f"prompts per step: at most half the ~{train_size} Easy training problems")
     put("sweep.seeds", [0, 1, 2], "three seeds: the fit's bootstrap resamples them for every interval")
     put("sweep.eval_every", eval_every)
     put("sweep.checkpoint_every", eval_every)
@@ -279,8 +274,35 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
         put("sweep.train.autocast_bf16", True)
         put("sweep.train.gradient_checkpointing", True)
     put("measure.n", [16, 32] if gpu else [8, 16], "group sizes the gradient noise is measured at")
-    put("measure.b_problem", int(max(2, min(16, train_size))))
     return v, why
+
+
+@dataclass(frozen=True)
+class EasyShare:
+    """The share of the profiled pool expected in the used bucket, and where that expectation comes from."""
+
+    share: float = EASY_SHARE
+    basis: str = f"{EASY_SHARE:.0%}, as the default study"
+
+
+def bucket_values(v: dict[str, Any], why: dict[str, str], pool: int, easy: EasyShare, b_cap: int) -> None:
+    """``bucket.val_size``, ``sweep.b_problem`` and ``measure.b_problem`` (each with its reason) for a pool of
+    ``pool`` problems of which ``easy.share`` fall in the used bucket: a third of them validate, the rest train,
+    two batches of them a step at most, and at most ``b_cap`` (16 on a GPU, 8 on CPU; a batch already chosen when
+    rerun). Rerun when the pool
+    shrinks (``init --hours``), so that the comments say the values' own numbers (issue 43: a val_size comment
+    of 300 problems beside ``limit: 60``)."""
+    expected = easy.share * pool
+    val = int(min(100, max(4, expected // 3)))
+    train = max(2, int(expected) - val)
+    b_problem = int(max(2, min(b_cap, train // 2)))
+    v["bucket.val_size"] = val
+    why["bucket.val_size"] = (f"a third of the ~{expected:.0f} problems expected in the used bucket of {pool} "
+                              f"({easy.basis}): the rest trains. `rollscale check` counts the real buckets after "
+                              "the profile")
+    v["sweep.b_problem"] = [b_problem]
+    why["sweep.b_problem"] = f"prompts per step: at most half the ~{train} training problems expected"
+    v["measure.b_problem"] = int(max(2, min(16, train, v.get("measure.b_problem") or 10**9)))
 
 
 def _nest(values: dict[str, Any]) -> dict[str, Any]:

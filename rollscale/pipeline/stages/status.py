@@ -7,7 +7,7 @@ is reported stale after it. Running / interrupted / failed come from the stage
 lock files. Sweep runs are read from ``artifacts/sweep/runs/<run_id>/``:
 ``run.parquet`` (status), the newest checkpoint that passes its manifest check
 (step and C, science §1; :func:`rollscale.train.checkpoint.verify_checkpoint`),
-``done.json`` and ``attempts.jsonl`` (one row per start of the run in a worker).
+``done.json`` and ``attempts.jsonl`` (one row per start of the run in a worker, with the rung it pauses at).
 A finished or stopped run whose checkpoint, committed rows, ``run.parquet`` or
 ``done.json`` fail their checks (:func:`rollscale.pipeline.stages.outputs.run_damage`,
 the checks ``fit`` reads them with) is reported "damaged": the next sweep
@@ -168,6 +168,21 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[dict]:
     return rows
 
 
+def restarts(attempts: list[dict]) -> int:
+    """Starts that repeated a leg of the run: a start whose target (the search rung's ``budget`` it pauses at,
+    or C_max) an earlier start already had, after a failure or an interrupt. A start for the next rung of a
+    search is not one (issue 43: "attempts 9" for runs that only paused at rungs); a row written before the
+    target was recorded counts as a leg of its own."""
+    seen: set = set()
+    count = 0
+    for row in attempts:
+        if "budget" not in row:
+            continue
+        count += row["budget"] in seen
+        seen.add(row["budget"])
+    return count
+
+
 def latest_checkpoint_state(run_dir: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
     """``state.json`` of the newest checkpoint that passes its quick check, and what is wrong
     with the newer ones (None when the newest is intact)."""
@@ -205,7 +220,7 @@ class RunProgress:
     step: int | None
     c: int | None
     c_max: int | None
-    attempts: int
+    restarts: int  # starts that repeated a leg after a failure or an interrupt (:func:`restarts`)
     worker: str | None
     error: str | None
 
@@ -251,7 +266,7 @@ def sweep_progress(artifacts: str | os.PathLike[str], sweep_running: bool) -> li
         attempts = read_attempts(run_dir)
         worker = f"{attempts[-1].get('host')}:{attempts[-1].get('pid')}" if attempts else None
         progress.append(RunProgress(run_dir.name, status, state.get("step"), state.get("c"),
-                                    int(c_max) if c_max else None, len(attempts), worker, error))
+                                    int(c_max) if c_max else None, restarts(attempts), worker, error))
     return progress
 
 
@@ -328,7 +343,7 @@ def format_status(status: StudyStatus) -> str:
         rows = [{"run_id": r.run_id, "status": r.status, "step": "-" if r.step is None else r.step,
                  "C / C_max": f"{r.c:,}" if r.c is not None else "-", "of": f"{r.c_max:,}" if r.c_max else "-",
                  "done": f"{r.fraction:.0%}" if r.fraction is not None else "-",
-                 "attempts": r.attempts or "-", "worker": r.worker or "-", "error": (r.error or "")[:100]}
+                 "restarts": r.restarts or "-", "worker": r.worker or "-", "error": (r.error or "")[:100]}
                 for r in status.runs]
         out += ["", f"sweep runs ({len(status.runs)}; step and C of the last good checkpoint):",
                 pd.DataFrame(rows).to_string(index=False, justify="left")]
