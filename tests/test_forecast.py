@@ -8,6 +8,7 @@ few refits, so the file takes seconds.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -211,3 +212,29 @@ def test_the_fit_stage_tables_read_every_ordered_group_at_c_star_and_past_it():
     one_key = ev[ev["n"] == ev["n"].min()]
     alone = horizon_tables(one_key, c_max, budgets, ForecastSettings(resamples=5))
     assert alone.forecast.empty and alone.backtest["note"].str.startswith("no forecast").all()
+
+
+def test_the_report_shows_the_backtest_and_the_forecast_with_more_compute():
+    """The report's table 'with 2x, 4x, 8x more compute' reads n*(C) from the forecast table, one row per budget,
+    rewards within [0, 1]; the backtest's sentence is the first group's note."""
+    from dataclasses import replace
+
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.fit.horizon import forecast_budgets, horizon_tables
+    from rollscale.core.search.simulate import grid_tables, make_studies
+    from rollscale.report.horizon import backtest_sentence, table_more_compute
+
+    studies = [replace(s, seeds=(0, 1)) for s in make_studies(1, seed=7)][:1]
+    runs, evals = grid_tables(studies)
+    ev = run_evals(runs, evals, None)
+    c_max = float(studies[0].c_max)
+    out = horizon_tables(ev, c_max, forecast_budgets(c_max, c_max), ForecastSettings(resamples=30, eval_draws=1600))
+    spec = table_more_compute({"forecast": out.forecast, "backtest": out.backtest})
+    assert spec.frame is not None and len(spec.frame) == 4 and spec.frame["C"].iloc[0].endswith("(C*)")
+    assert spec.frame["best"].str.startswith("n = ").all()
+    for text in spec.frame["reward"]:
+        values = [float(v) for v in re.findall(r"-?\d+\.\d+", text)]
+        assert values and all(0 <= v <= 1 for v in values), text
+    sentence = backtest_sentence({"backtest": out.backtest})
+    assert sentence.startswith("Forecast past the data (science §10): forecast from 50% of the data covered ")
+    assert table_more_compute({"forecast": None}).missing and backtest_sentence({"backtest": None}) is None

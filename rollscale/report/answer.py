@@ -30,6 +30,7 @@ from rollscale.report.reasons import blocking_reasons
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
 from rollscale.report.decision_text import decision_headline, decision_spec, fmt_budget
 from rollscale.report.charts.search import search_cost, search_sentence
+from rollscale.report.horizon import backtest_sentence
 
 __all__ = ["Answer", "study_answer"]
 
@@ -139,6 +140,8 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
         table = decision_spec(decision)
     if (cost := search_cost(t, params)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
+    if answered and (backtest := backtest_sentence(t)) is not None:  # science §10.3: beside the answer
+        headline = headline + ("" if headline.endswith(".") else ".") + " " + backtest
     return Answer(answered, headline, fixes, claims, observations, table)
 
 

@@ -25,6 +25,7 @@ from rollscale.report.base import (
 from rollscale.report.charts.noise import k_sat_null_by_n, usable_k_sat, quintile_tables
 from rollscale.report.reasons import runs_as_ended
 from rollscale.report.charts.search import table_search
+from rollscale.report.horizon import table_more_compute
 from rollscale.tables import table_stage
 
 
@@ -377,4 +378,5 @@ def summary_tables(tables: Mapping[str, pd.DataFrame | None]) -> list[TableSpec]
         _table_crs(t),
         _table_runs(t),
         table_search(t),
+        table_more_compute(t),
     ]
