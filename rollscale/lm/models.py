@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import math
+import struct
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -201,6 +202,12 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
             + (f" (gguf_file={ref.gguf_file!r})" if ref.gguf_file else "")
             + f": {err}"
         ) from err
+    except (ValueError, IndexError, KeyError, struct.error) as err:
+        if not ref.gguf_file:
+            raise
+        from rollscale.lm.model_info import gguf_unreadable
+
+        raise ValueError(gguf_unreadable(Path(ref.name_or_path) / ref.gguf_file, err)) from err
     if tokenizer.pad_token_id is None:
         # causal LMs often ship without a pad token; EOS is the usual stand-in
         tokenizer.pad_token = tokenizer.eos_token

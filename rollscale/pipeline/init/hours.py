@@ -20,7 +20,7 @@ import yaml
 
 from rollscale.config import StudyParams, parse_params
 from rollscale.pipeline.check.calibration import Calibration
-from rollscale.pipeline.init.values import EASY_SHARE
+from rollscale.pipeline.init.values import EASY_SHARE, VAL_SIZE_MIN
 from rollscale.pipeline.check.timing import StageTimes, settles_nothing, stage_times
 
 __all__ = ["Shrink", "check_hours", "fit_hours", "params_of"]
@@ -138,7 +138,7 @@ def fit_hours(values: dict[str, Any], why: dict[str, str], hours: float, cal: Ca
                     values["measure.b_problem"] = min(values.get("measure.b_problem", new[0]), new[0])
                 if key == "data.limit":  # the validation split init sized from the pool shrinks with it
                     values["bucket.val_size"] = min(values.get("bucket.val_size", 100),
-                                                    max(4, int(EASY_SHARE * new) // 3))
+                                                    max(VAL_SIZE_MIN, int(EASY_SHARE * new) // 3))
                 given.append(Shrink(key, old, new, cost))
                 times = estimate()
     for shrink in _merged(given):
