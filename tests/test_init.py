@@ -285,9 +285,8 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_init_refuses_inputs_it_cannot_use_naming_the_file_and_row(tiny_folder, tmp_path, monkeypatch, capsys):
-    """Issue 42, case 5: a one-row table wrote a study and exited 0; a NaN answer read as "no answer column";
-    a truncated GGUF ended in numpy's "index 0 is out of bounds for axis 0 with size 0"."""
+def test_init_refuses_a_table_too_small_to_bucket(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 42, case 5: init on a one-row table wrote a study and exited 0."""
     from tests.test_errors import short
 
     monkeypatch.chdir(tmp_path)
@@ -295,6 +294,13 @@ def test_init_refuses_inputs_it_cannot_use_naming_the_file_and_row(tiny_folder, 
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(one)]) == 2
     assert "1 problem(s); a study needs at least 6 to bucket" in short(capsys.readouterr().err)
     assert not Path("params.yaml").exists()
+
+
+def test_init_names_the_row_whose_answer_is_empty(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 42, case 5: a NaN answer was reported as "no answer column" (and a JSON NaN read as the answer)."""
+    from tests.test_errors import short
+
+    monkeypatch.chdir(tmp_path)
     rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(30)]
     rows[7]["answer"] = float("nan")
     nan = _jsonl(tmp_path / "nan.jsonl", rows)
@@ -303,13 +309,22 @@ def test_init_refuses_inputs_it_cannot_use_naming_the_file_and_row(tiny_folder, 
     rows[7]["answer"] = None
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(_jsonl(nan, rows))]) == 2
     assert "line 8: field 'answer' is null" in capsys.readouterr().err
+    assert not Path("params.yaml").exists()
+
+
+def test_init_names_a_gguf_it_cannot_read(tmp_path, monkeypatch, capsys):
+    """Issue 42, case 5: a truncated GGUF ended in numpy's "index 0 is out of bounds for axis 0 with size 0"."""
+    from tests.test_errors import short
+
+    monkeypatch.chdir(tmp_path)
+    data = _jsonl(tmp_path / "t.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(9)])
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1))  # a download cut after its header (1 tensor, 1 key)
-    assert cli.main(["init", "--model", str(gguf), "--data", str(one)]) == 2
+    assert cli.main(["init", "--model", str(gguf), "--data", str(data)]) == 2
     message = short(capsys.readouterr().err)
     assert f"{gguf}: cannot read this GGUF file (24 bytes; IndexError" in message and "download it again" in message
     gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))  # a header and nothing else: no model in it
-    assert cli.main(["init", "--model", str(gguf), "--data", str(one)]) == 2
+    assert cli.main(["init", "--model", str(gguf), "--data", str(data)]) == 2
     assert "holds no tensors" in short(capsys.readouterr().err)
     assert not Path("params.yaml").exists()
 
