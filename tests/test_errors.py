@@ -105,3 +105,58 @@ def test_lock_races_and_refused_stages_are_one_line_not_internal_errors():
     assert "'/s/artifacts/measure' is busy" in message and "run again" in message
     message, code = explain(StageFailedError("stage 'fit' stopped: bucket: bucket 'easy' is empty", 2))
     assert (message, code) == ("stage 'fit' stopped: bucket: bucket 'easy' is empty", 2)
+
+
+def _lock_holder(path: Path, hold: str = "time.sleep(60)") -> subprocess.Popen:
+    """Another process that takes ``path``'s stage lock, says so, then runs ``hold``."""
+    code = ("import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); lock.acquire(); "
+            f"print('held', flush=True); {hold}")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_running_stage_is_named_by_the_process_that_holds_it(tmp_path):
+    """Issue 42, case 6: two studies started together said "stage 'base' is already running (pid None on None,
+    since None)": the holder had not written its record yet (or a killed run's record was read)."""
+    import json
+    import socket
+
+    from rollscale.pipeline.errors import explain
+    from rollscale.pipeline.stages.specs import LOCK, RUN_INFO, busy_error, stage_running
+
+    folder = tmp_path / "artifacts" / "base"
+    folder.mkdir(parents=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a killed run's record stays behind: its pid is no process now
+    (folder / RUN_INFO).write_text(json.dumps({"stage": "base", "pid": gone.pid, "host": socket.gethostname(),
+                                               "started_at": "2026-11-27T01:00:00+00:00"}))
+    holder = _lock_holder(folder / LOCK)
+    try:
+        assert stage_running(tmp_path / "artifacts", "base")
+        message, code = explain(busy_error("base", tmp_path / "artifacts"))
+        assert code == 1 and f"stage 'base' is already running (pid {holder.pid} on {socket.gethostname()}" in message
+        assert "None" not in message and str(gone.pid) not in message and "\n" not in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_look_at_the_lock_never_refuses_the_stage_that_starts_then(tmp_path):
+    """`rollscale status` or a second study looks at a stage's lock by taking it for an instant: a stage
+    starting in that instant refused, naming no holder (issue 42, case 6)."""
+    from rollscale.pipeline.stages.specs import LOCK, stage_lock
+
+    folder = tmp_path / "artifacts" / "bucket"
+    folder.mkdir(parents=True)
+    looker = _lock_holder(folder / LOCK, "lock.release()\nfrom filelock import Timeout\nfor _ in range(4000):\n"
+                          "    try:\n        lock.acquire(timeout=0)\n    except Timeout:\n        continue\n"
+                          "    time.sleep(0.002); lock.release(); time.sleep(0.001)")
+    try:
+        for _ in range(10):
+            with stage_lock("bucket", tmp_path / "artifacts"):
+                pass
+        assert looker.poll() is None  # it was looking all along
+    finally:
+        looker.kill()
+        looker.wait()
