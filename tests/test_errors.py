@@ -160,3 +160,39 @@ def test_a_look_at_the_lock_never_refuses_the_stage_that_starts_then(tmp_path):
     finally:
         looker.kill()
         looker.wait()
+
+
+def _dvc_study(folder: Path) -> Path:
+    """A study folder as a clone has it: git, DVC over git, a dvc.yaml of one stage."""
+    folder.mkdir()
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=folder, check=True)
+    (folder / "dvc.yaml").write_text("stages:\n  base:\n    cmd: echo base\n")
+    return folder
+
+
+def _status(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollscale.pipeline.cli", "status"], cwd=folder, text=True,
+                          capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_study_folder_without_its_git_is_one_line_with_the_fix(tmp_path):
+    """Issue 42, case 6: "internal error SCMError" (exit 3)."""
+    import shutil
+
+    folder = _dvc_study(tmp_path / "study")
+    shutil.rmtree(folder / ".git")
+    r = _status(folder)
+    message = short(r.stderr)
+    assert r.returncode == 1 and "is not a git repository" in message and "internal error" not in message
+    assert "dvc config core.no_scm true" in message
+
+
+def test_a_dvc_lock_that_is_not_yaml_is_named_with_the_fix(tmp_path):
+    """Issue 42, case 6: "internal error YAMLSyntaxError" (exit 3)."""
+    folder = _dvc_study(tmp_path / "study")
+    (folder / "dvc.lock").write_text('schema: "2.0"\nstages:\n  base: [unclosed\n   : :\n')
+    r = _status(folder)
+    message = short(r.stderr)
+    assert r.returncode == 1 and "dvc.lock is not valid YAML (line 4)" in message, message
+    assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message

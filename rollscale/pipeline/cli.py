@@ -87,6 +87,22 @@ def print_tables(artifacts: str) -> None:
         print(f"{name:18s} {'ready  ' if name in have else 'missing'}  {Path(artifacts) / pattern}")
 
 
+def study_artifacts(params: str, artifacts: str) -> str:
+    """The artifacts folder of the study ``params`` belong to: ``--artifacts`` when given; else that of the
+    study folder holding them (dvc.yaml there or above; else their own folder), so that `rollscale check
+    --params other/params.yaml` reads and stores other's calibration and profile, not the current folder's."""
+    if artifacts != "artifacts" or not Path(params).is_file():
+        return artifacts
+    from rollscale.pipeline.stages.specs import project_root
+
+    here = Path(params).resolve().parent
+    try:
+        root = project_root(here)
+    except FileNotFoundError:
+        root = here
+    return artifacts if root == Path.cwd().resolve() else str(root / "artifacts")
+
+
 def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: bool = False,
                 calibrate: bool = True) -> bool:
     """Validate params and print whether the study can answer (rollscale.pipeline.check.findings); True when
@@ -286,7 +302,8 @@ def command(argv: list[str] | None = None) -> int:
         return run_guarded(lambda: print_tables(args.artifacts), debug)
     if args.command == "check":
         ok = []
-        code = run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, args.resolved)), debug)
+        code = run_guarded(lambda: ok.append(print_check(args.params, study_artifacts(args.params, args.artifacts),
+                                                         args.resolved)), debug)
         return code or (0 if ok[0] else 2)
     if args.command == "init":
         from rollscale.pipeline.init.command import init_params
