@@ -311,12 +311,13 @@ def test_check_of_other_params_stores_its_calibration_beside_them(tmp_path, monk
     """Issue 42, case 8: `rollscale check --params other/params.yaml` stored its calibration in the current
     folder's artifacts/; it is that study's (the folder of its dvc.yaml, else of the params)."""
     from rollscale.pipeline.check import calibration
+    from tests.test_timing import cal_of
 
     where: list[Path] = []
 
     def measured(p, artifacts, reuse=True):  # where the measurement would be stored, without measuring
         where.append(Path(artifacts).resolve())
-        raise ImportError("not measured in this test")
+        return cal_of(gen_s_per_token=1e-4)
 
     monkeypatch.setattr(calibration, "calibrate", measured)
     here, other = tmp_path / "here", tmp_path / "other"
