@@ -89,7 +89,7 @@ def test_stage_errors_are_short_and_name_the_place(tmp_path):
     assert code == 2 and "bucket 'easy' is empty" in message and "section bucket" in message
     err, code = out["model"]
     message = short(err)
-    assert code != 0 and str(missing) in message
+    assert code == 2 and f"{missing} not found" in message  # bad input (issue 42, case 6: was exit 1)
 
 
 def test_lock_races_and_refused_stages_are_one_line_not_internal_errors():

@@ -200,7 +200,12 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load any causal LM (local folder, hub id, or a GGUF file in a folder)."""
+    """Load any causal LM (local folder, hub id, or a GGUF file in a folder). A model that is not there
+    (a folder moved or deleted since the base stage recorded it) is bad input, named: ValueError."""
+    from rollscale.config.checks import model_path_problem
+
+    if ref.name_or_path != "tiny" and (problem := model_path_problem(ref.name_or_path, ref.gguf_file)):
+        raise ValueError(f"cannot load the model: {problem}")
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref.name_or_path, **kwargs)
