@@ -64,6 +64,13 @@ BAD = {
     "not a hub id": ("model: {kind: hf, name_or_path: my model}\n", "neither a local model folder nor a hub id"),
     "folder that is not a model": (_not_a_model, "is a folder without config.json"),
     "empty data file": (_empty_jsonl, "empty.jsonl is empty"),
+    # issue 42, case 5: the search's settings against each other (a fresh sweep started 3 seeds a key)
+    "seeds_min above seeds_max": ("sweep: {search: {method: decision, seeds_min: 5, seeds_max: 2}}\n",
+                                  "sweep.search.seeds_min (5) is above sweep.search.seeds_max (2)"),
+    "seeds_min above the seeds listed": ("sweep: {seeds: [0, 1], search: {method: decision, seeds_min: 3}}\n",
+                                         "sweep.search.seeds_min (3) is more than the 2 seed(s) of sweep.seeds"),
+    "key_min above key_max": ("sweep: {search: {key_min: 16, key_max: 4}}\n",
+                              "sweep.search.key_min (16) is above sweep.search.key_max (4)"),
 }
 
 

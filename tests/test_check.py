@@ -291,3 +291,53 @@ def test_infinite_noise_estimates_are_a_warning_before_the_sweep(tmp_path):
     assert fix.startswith("measure more prompts per step and steps (measure.b_problem, measure.steps)")
     pd.DataFrame({"b_simple": [np.inf, 40.0], "k_crit": [3.0, 5.0]}).to_parquet(path)
     assert noise_findings(tmp_path) == []
+
+
+def _repo_params(folder: Path, **changes) -> Path:
+    """The repository's params (a study that can answer) with ``changes`` (section -> keys), in ``folder``."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, keys in changes.items():
+        raw[section] = {**raw.get(section, {}), **keys} if isinstance(keys, dict) else keys
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "params.yaml").write_text(yaml.safe_dump(raw))
+    return folder / "params.yaml"
+
+
+def test_a_vllm_study_is_checked_where_vllm_is_not_installed(tmp_path, capsys):
+    """Issue 42, case 6: a user preparing a GPU study on a laptop got "internal error ImportError"."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the check calibrates it")
+    path = _repo_params(tmp_path / "gpu", workers=1, sampling={"backend": "vllm"})
+    assert cli.main(["--artifacts", str(tmp_path / "gpu" / "artifacts"), "check", "--params", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note    sampling.backend: could not calibrate here: sampling.backend 'vllm' needs vLLM" in out
+    assert out.rstrip().endswith("0 error(s), 0 warning(s): the study can answer")
+
+
+def test_check_of_other_params_stores_its_calibration_beside_them(tmp_path, monkeypatch, capsys):
+    """Issue 42, case 8: `rollscale check --params other/params.yaml` stored its calibration in the current
+    folder's artifacts/; it is that study's (the folder of its dvc.yaml, else of the params)."""
+    from rollscale.pipeline.check import calibration
+    from tests.test_timing import cal_of
+
+    where: list[Path] = []
+
+    def measured(p, artifacts, reuse=True):  # where the measurement would be stored, without measuring
+        where.append(Path(artifacts).resolve())
+        return cal_of(gen_s_per_token=1e-4)
+
+    monkeypatch.setattr(calibration, "calibrate", measured)
+    here, other = tmp_path / "here", tmp_path / "other"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    path = _repo_params(other / "configs")
+    (other / "dvc.yaml").write_text("stages: {}\n")  # a study folder above its params
+    assert cli.main(["check", "--params", str(path)]) == 0
+    assert where == [(other / "artifacts").resolve()] and not (here / "artifacts").exists()
+    assert f"stored in {other / 'artifacts'}" in capsys.readouterr().err
+    (other / "dvc.yaml").unlink()  # no study folder: the params' own
+    assert cli.main(["check", "--params", str(path)]) == 0 and where[-1] == (other / "configs" / "artifacts").resolve()
+    assert cli.main(["--artifacts", "mine", "check", "--params", str(path)]) == 0  # --artifacts wins
+    assert where[-1] == (here / "mine").resolve()

@@ -5,6 +5,7 @@ folder keeps it to seconds."""
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -206,7 +207,8 @@ def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_f
     # --engine: the sampler, whatever the machine
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--engine", "vllm", "--force"]) == 0
     assert load_params("params.yaml").sampling.backend == "vllm" and "--engine vllm" in Path("params.yaml").read_text()
-    assert cli.main(["init", "--model", "not/a/model/path", "--data", str(verl), "--out", "x.yaml"]) == 1
+    # a model that is not there is a typo in the input: exit 2 (issue 42, case 6; was 1, as for the machine)
+    assert cli.main(["init", "--model", "not/a/model/path", "--data", str(verl), "--out", "x.yaml"]) == 2
     assert "neither a model folder" in capsys.readouterr().err
     # --budget: the decision at C* (science §9), c_max sized so that C* <= eta c_max
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--budget", "1000000", "--force"]) == 0
@@ -328,3 +330,62 @@ def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp
     assert len(profile) == 60 and int(profile["avg_at_k"].between(0.3, 0.6).sum()) <= params.bucket.val_size
     found = study_findings(params, DataKnown(len(profile), True, profile))
     assert not [f for f in found if f.level == "error"], [f.text() for f in found if f.level == "error"]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # json writes a float NaN as NaN
+    return path
+
+
+def test_init_refuses_a_table_too_small_to_bucket(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 42, case 5: init on a one-row table wrote a study and exited 0."""
+    from tests.test_errors import short
+
+    monkeypatch.chdir(tmp_path)
+    one = _jsonl(tmp_path / "one.jsonl", [{"question": "What is 2 + 2?", "answer": "4"}])
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(one)]) == 2
+    assert "1 problem(s); a study needs at least 6 to bucket" in short(capsys.readouterr().err)
+    assert not Path("params.yaml").exists()
+
+
+def test_init_names_the_row_whose_answer_is_empty(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 42, case 5: a NaN answer was reported as "no answer column" (and a JSON NaN read as the answer)."""
+    from tests.test_errors import short
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(30)]
+    rows[7]["answer"] = float("nan")
+    nan = _jsonl(tmp_path / "nan.jsonl", rows)
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(nan)]) == 2
+    assert f"bad data row at {nan} line 8: field 'answer' is NaN" in short(capsys.readouterr().err)
+    rows[7]["answer"] = None
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(_jsonl(nan, rows))]) == 2
+    assert "line 8: field 'answer' is null" in capsys.readouterr().err
+    assert not Path("params.yaml").exists()
+
+
+def test_init_names_a_gguf_it_cannot_read(tmp_path, monkeypatch, capsys):
+    """Issue 42, case 5: a truncated GGUF ended in numpy's "index 0 is out of bounds for axis 0 with size 0"."""
+    from tests.test_errors import short
+
+    monkeypatch.chdir(tmp_path)
+    data = _jsonl(tmp_path / "t.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(9)])
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1))  # a download cut after its header (1 tensor, 1 key)
+    assert cli.main(["init", "--model", str(gguf), "--data", str(data)]) == 2
+    message = short(capsys.readouterr().err)
+    assert f"{gguf}: cannot read this GGUF file (24 bytes; IndexError" in message and "download it again" in message
+    gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))  # a header and nothing else: no model in it
+    assert cli.main(["init", "--model", str(gguf), "--data", str(data)]) == 2
+    assert "holds no tensors" in short(capsys.readouterr().err)
+    assert not Path("params.yaml").exists()
+
+
+def test_init_warns_on_prompts_longer_than_the_models_context(tiny_folder, tmp_path, monkeypatch, capsys):
+    """Issue 42, case 5: a 5 MB prompt, far past the model's context, was taken without a word."""
+    monkeypatch.chdir(tmp_path)
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(40)]
+    rows[3]["question"] = "Add these: " + "1 + " * 5000 + "1?"
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(_jsonl(tmp_path / "long.jsonl", rows))]) == 0
+    out = capsys.readouterr().out
+    assert "warning data.tables: 1 of the 40 sampled prompts are longer than the model's context of 64 tokens" in out

@@ -146,3 +146,35 @@ def test_a_damaged_table_is_named_and_the_others_stay_queryable(study):
     write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "status": ["finished"], "c": [999]}), run_row)
     r = sql(study, "select sum(c) from runs")
     assert r.returncode == 1 and f"{run_row} does not match its sha256 checksum" in one_line(r)
+
+
+def test_a_large_result_prints_its_first_rows_and_says_how_many_were_cut(study):
+    """Issue 42, case 7: a 3,000,000-row result printed for 13 s using 1.5 GB, past `--timeout 5`."""
+    pairs = "select a.x, b.x as y from profile a, profile b where b.x < 1000"  # 3,000,000 rows
+    t0 = time.monotonic()
+    r = sql(study, "--timeout", "5", pairs)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1 + 1000, r.stdout[-300:]
+    assert one_line(r) == ("rollscale sql: the first 1,000 rows of 3,000,000; --limit N prints more, "
+                           "--output FILE.parquet writes them all")
+    r = sql(study, "--limit", "3", pairs)
+    assert r.stdout.split() == ["x", "y", "0", "0", "1", "0", "2", "0"] and "first 3 rows of 3,000,000" in one_line(r)
+    # the time limit covers reading the rows: a count of 2.7e10 rows stops there, the first rows still printed
+    r = sql(study, "--timeout", "2", "select a.x, b.x as y, c.x as z from profile a, profile b, profile c")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1001
+    assert "rows of more than" in one_line(r) and "counting stopped at the 2 s time limit" in r.stderr
+    assert time.monotonic() - t0 < 90
+
+
+def test_output_writes_every_row_to_parquet_within_the_time_limit(study):
+    import pyarrow.parquet as pq
+
+    out = study / "pairs.parquet"
+    r = sql(study, "--output", str(out), "select a.x, b.x as y from profile a, profile b where b.x < 1000")
+    assert r.returncode == 0 and r.stdout == "" and one_line(r) == f"rollscale sql: wrote 3,000,000 rows to {out}"
+    assert pq.read_metadata(out).num_rows == 3_000_000
+    big = study / "big.parquet"
+    r = sql(study, "--timeout", "2", "--output", str(big), "select a.x, b.x, c.x from profile a, profile b, profile c")
+    assert r.returncode == 2 and "time limit of 2 s" in one_line(r)
+    assert not big.exists() and not list(study.glob(".big.parquet*"))  # nothing half-written left
+    r = sql(study, "--output", str(study / "pairs.csv"), "select 1")
+    assert r.returncode == 2 and "--output: expected a .parquet file" in one_line(r)

@@ -163,6 +163,19 @@ class SearchParams(Section):
             raise ValueError(RETIRED_SEARCH["method: frontier"])
         return SEARCH_METHODS.check(v)
 
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> "SearchParams":
+        # a key starts with seeds_min seeds and gains seeds up to seeds_max (core/search/budget.py's seed_cap):
+        # a cap below the start would add none and train more than it allows; an empty bracket adds no key
+        if self.seeds_max is not None and self.seeds_min > self.seeds_max:
+            raise ValueError(f"sweep.search.seeds_min ({self.seeds_min}) is above sweep.search.seeds_max "
+                             f"({self.seeds_max}): keys start with seeds_min seeds and gain seeds up to seeds_max; "
+                             "set seeds_min <= seeds_max")
+        if self.key_min is not None and self.key_max is not None and self.key_min > self.key_max:
+            raise ValueError(f"sweep.search.key_min ({self.key_min}) is above sweep.search.key_max ({self.key_max}): "
+                             "the bracket would hold no key; set key_min <= key_max (or null)")
+        return self
+
 
 def _rule_entry(value: Any) -> Any:
     """A ``sweep.rules`` entry: a bare name is the rule with its default hyperparameters; an
@@ -252,6 +265,17 @@ class SweepParams(Section, RunRecordParams):
             raise ValueError(f"rule {twice[0]!r} is listed more than once; one entry per rule "
                              f"(the fits compare rules by name)")
         return v
+
+    @model_validator(mode="after")
+    def _seeds_to_start_with(self) -> "SweepParams":
+        # method decision: each key starts with the first seeds_min of sweep.seeds (train/search_groups.py);
+        # fewer seeds there would start every key with fewer than seeds_min, silently
+        have, s = len(set(self.seeds)), self.search
+        if s.method == "decision" and s.seeds_min > have:
+            raise ValueError(f"sweep.search.seeds_min ({s.seeds_min}) is more than the {have} seed(s) of sweep.seeds: "
+                             "under method decision each key starts with the first seeds_min of them; list more "
+                             "seeds or lower seeds_min")
+        return self
 
     @field_validator("n", "b_problem")
     @classmethod

@@ -67,9 +67,10 @@ def resolve_model(arg: str) -> tuple[str, str | None]:
     if arg in PACKAGED:
         return packaged_model(arg)
     path = Path(arg)
+    # a path that is not there is a typo in what the user gave (bad input, exit 2), not the machine's fault
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
-            raise FileNotFoundError(f"--model: GGUF file not found: {arg}")
+            raise ValueError(f"--model: GGUF file not found: {arg}")
         return str(path.parent), path.name
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -80,7 +81,7 @@ def resolve_model(arg: str) -> tuple[str, str | None]:
         raise ValueError(f"--model: {arg} has no config.json and {len(ggufs)} GGUF files "
                          f"(name one: --model {arg}/<file>.gguf)")
     if path.exists() or arg.startswith((".", "/")) or arg.count("/") != 1:
-        raise FileNotFoundError(f"--model: {arg} is neither a model folder, a .gguf file, a hub id "
+        raise ValueError(f"--model: {arg} is neither a model folder, a .gguf file, a hub id "
                                 f"(owner/name) nor one of {', '.join(PACKAGED)}")
     return arg, None
 
@@ -88,7 +89,14 @@ def resolve_model(arg: str) -> tuple[str, str | None]:
 def _gguf_info(folder: str, file: str) -> ModelInfo:
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(Path(folder) / file))
+    try:
+        reader = GGUFReader(str(Path(folder) / file))
+    except (ValueError, IndexError, KeyError, struct.error) as err:
+        from rollscale.lm.models import gguf_unreadable  # where the GGUF is loaded too
+
+        raise ValueError(gguf_unreadable(Path(folder) / file, err)) from err
+    if not reader.tensors:
+        raise ValueError(f"{Path(folder) / file}: this GGUF file holds no tensors (a header only): download it again")
 
     def field(key: str, default: Any = None) -> Any:
         f = reader.fields.get(key)

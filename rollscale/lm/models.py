@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import math
+import struct
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -186,11 +187,25 @@ def fingerprint_files(folder: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+def gguf_unreadable(path: str | Path, err: BaseException) -> str:
+    """The one line for a GGUF file that cannot be read: a truncated download ends in numpy's index or
+    reshape errors, which name neither the file nor the cause."""
+    path = Path(path)
+    size = f"{path.stat().st_size:,} bytes" if path.is_file() else "missing"
+    return (f"{path}: cannot read this GGUF file ({size}; {type(err).__name__}: {str(err)[:80]}): it is truncated "
+            "or damaged; download it again")
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load any causal LM (local folder, hub id, or a GGUF file in a folder)."""
+    """Load any causal LM (local folder, hub id, or a GGUF file in a folder). A model that is not there
+    (a folder moved or deleted since the base stage recorded it) is bad input, named: ValueError."""
+    from rollscale.config.checks import model_path_problem
+
+    if ref.name_or_path != "tiny" and (problem := model_path_problem(ref.name_or_path, ref.gguf_file)):
+        raise ValueError(f"cannot load the model: {problem}")
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref.name_or_path, **kwargs)
@@ -201,6 +216,10 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
             + (f" (gguf_file={ref.gguf_file!r})" if ref.gguf_file else "")
             + f": {err}"
         ) from err
+    except (ValueError, IndexError, KeyError, struct.error) as err:
+        if not ref.gguf_file:
+            raise
+        raise ValueError(gguf_unreadable(Path(ref.name_or_path) / ref.gguf_file, err)) from err
     if tokenizer.pad_token_id is None:
         # causal LMs often ship without a pad token; EOS is the usual stand-in
         tokenizer.pad_token = tokenizer.eos_token

@@ -68,14 +68,31 @@ def query_timeout(timeout: float | None, params: str) -> float:
     return (load_params(params).query if Path(params).exists() else QueryParams()).timeout_s
 
 
-def print_query(sql: str, artifacts: str, timeout: float | None = None, params: str = "params.yaml") -> None:
-    import pandas as pd
+SQL_LIMIT = 1000  # rows `rollscale sql` prints unless --limit says otherwise (--output writes them all)
+CELL_CHARS = 200  # a printed cell longer than this is cut (a table of prompts would print megabytes)
 
+
+def print_query(sql: str, artifacts: str, timeout: float | None = None, params: str = "params.yaml",
+                limit: int = SQL_LIMIT, output: str | None = None) -> None:
+    """The first ``limit`` rows on stdout and, past them, a note on stderr of how many were cut; with
+    ``output`` every row goes to that Parquet file instead. The time limit covers reading the rows."""
+    from rollscale.pipeline.query.sql import first_rows, rows_to_parquet
     from rollscale.pipeline.query.storage import query
 
-    df = query(sql, artifacts, query_timeout(timeout, params))
-    with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
-        print(df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
+    seconds = query_timeout(timeout, params)
+    if output is not None:
+        written = query(sql, artifacts, seconds, rows_to_parquet(output))
+        print(f"rollscale sql: wrote {written:,} rows to {output}", file=sys.stderr)
+        return
+    rows = query(sql, artifacts, seconds, first_rows(limit))
+    df = rows.head
+    print(df.to_string(index=False, max_colwidth=CELL_CHARS) if len(df)
+          else f"(no rows; columns: {', '.join(df.columns)})")
+    if rows.total is None or rows.total > len(df):
+        of = (f"{rows.total:,}" if rows.total is not None
+              else f"more than {rows.counted:,} (counting stopped at the {seconds:g} s time limit)")
+        print(f"rollscale sql: the first {len(df):,} rows of {of}; --limit N prints more, --output FILE.parquet "
+              "writes them all", file=sys.stderr)
 
 
 def print_tables(artifacts: str) -> None:
@@ -85,6 +102,22 @@ def print_tables(artifacts: str) -> None:
     have = available_tables(artifacts)
     for name, pattern in TABLES.items():
         print(f"{name:18s} {'ready  ' if name in have else 'missing'}  {Path(artifacts) / pattern}")
+
+
+def study_artifacts(params: str, artifacts: str) -> str:
+    """The artifacts folder of the study ``params`` belong to: ``--artifacts`` when given; else that of the
+    study folder holding them (dvc.yaml there or above; else their own folder), so that `rollscale check
+    --params other/params.yaml` reads and stores other's calibration and profile, not the current folder's."""
+    if artifacts != "artifacts" or not Path(params).is_file():
+        return artifacts
+    from rollscale.pipeline.stages.specs import project_root
+
+    here = Path(params).resolve().parent
+    try:
+        root = project_root(here)
+    except FileNotFoundError:
+        root = here
+    return artifacts if root == Path.cwd().resolve() else str(root / "artifacts")
 
 
 def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: bool = False,
@@ -206,6 +239,9 @@ def parser() -> argparse.ArgumentParser:
     p_sql.add_argument("--timeout", type=float, default=None,
                        help="stop the query after this many seconds (default: query.timeout_s in params.yaml, 60)")
     p_sql.add_argument("--params", default="params.yaml")
+    p_sql.add_argument("--limit", type=int, default=SQL_LIMIT,
+                       help=f"print at most this many rows (default {SQL_LIMIT:,}; a note says how many were cut)")
+    p_sql.add_argument("--output", default=None, help="write every row to this .parquet file instead of printing")
     sub.add_parser("tables", help="list the tables that exist now")
     p_check = sub.add_parser("check", help="validate params.yaml and say whether the study can answer")
     p_check.add_argument("--params", default="params.yaml")
@@ -326,12 +362,14 @@ def command(argv: list[str] | None = None) -> int:
         return run_guarded(lambda: print_exported(export_run(args.to, args.params, args.artifacts, args.key, args.rule,
                                                              args.output)), debug)
     if args.command == "sql":
-        return run_guarded(lambda: print_query(args.query, args.artifacts, args.timeout, args.params), debug)
+        return run_guarded(lambda: print_query(args.query, args.artifacts, args.timeout, args.params, args.limit,
+                                               args.output), debug)
     if args.command == "tables":
         return run_guarded(lambda: print_tables(args.artifacts), debug)
     if args.command == "check":
         ok = []
-        code = run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, args.resolved)), debug)
+        code = run_guarded(lambda: ok.append(print_check(args.params, study_artifacts(args.params, args.artifacts),
+                                                         args.resolved)), debug)
         return code or (0 if ok[0] else 2)
     if args.command == "init":
         from rollscale.pipeline.init.command import init_params

@@ -37,6 +37,23 @@ def _is(err: BaseException, name: str) -> bool:
     return any(cls.__name__ == name and cls.__module__.startswith("rollscale.") for cls in type(err).__mro__)
 
 
+def _is_dvc(err: BaseException, name: str) -> bool:
+    """``err`` is DVC's error class ``name`` (or derives from it)."""
+    return any(cls.__name__ == name and cls.__module__.startswith("dvc") for cls in type(err).__mro__)
+
+
+def _dvc_yaml_error(err: BaseException) -> tuple[str, int]:
+    """A YAML file DVC reads that does not parse: which, where, and how to get it back."""
+    path = str(getattr(err, "path", "") or "a YAML file")
+    mark = getattr(err.__cause__, "problem_mark", None)
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    name = os.path.basename(path)
+    if name == "dvc.lock":  # written by the tool, never by hand: restoring it or starting it over both work
+        return (f"{name} is not valid YAML{where}: it is DVC's record of what produced the results; restore it "
+                "(`git checkout dvc.lock` in a clone) or delete it (DVC then runs every stage again)"), 1
+    return f"{name} is not valid YAML{where}: fix it, or restore it (`git checkout {name}`)", 2
+
+
 def explain(err: BaseException) -> tuple[str, int]:
     """The message to print for ``err`` and the exit status."""
     if _is(err, "ParamsError"):  # one line per bad key, each naming its key path
@@ -55,6 +72,11 @@ def explain(err: BaseException) -> tuple[str, int]:
         what = _first_lines(err, 1).split(", it is being blocked")[0].rstrip(": ")  # DVC lists the holders below
         return (f"another DVC command is using this project ({what}); wait for it to end (`rollscale status` "
                 "shows what runs) and run again"), 1
+    if _is_dvc(err, "SCMError"):  # a clone's DVC works through git: the folder lost its .git
+        return (f"{_first_lines(err, 1)}: this study's DVC uses git and the folder has no .git; restore it (clone "
+                "the study again), or `git init` there, or let DVC work without git: `dvc config core.no_scm true`"), 1
+    if _is_dvc(err, "YAMLFileCorruptedError"):
+        return _dvc_yaml_error(err)
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
         text = _first_lines(err.strerror or err) + where

@@ -12,6 +12,7 @@ without parsing them (the check's pool size).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -20,10 +21,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollscale.config.data import TABLE_SUFFIXES
+from rollscale.core.problems.problem import DataRowError
 from rollscale.core.problems.rows import BadRow, hub_rows
 from rollscale.core.problems.sources import file_rows, lookup
 
-__all__ = ["ANSWER_KEYS", "PROMPT_KEYS", "DataSample", "count_rows", "inspect_rows", "read_sample"]
+__all__ = ["ANSWER_KEYS", "PROMPT_KEYS", "DataSample", "count_rows", "inspect_rows", "read_sample",
+           "sample_rows"]
 
 # where TRL, verl and the common hub sets keep the prompt and the gold answer, most specific first
 PROMPT_KEYS = ("prompt", "messages", "question", "problem", "query", "input", "instruction")
@@ -71,6 +74,11 @@ def count_rows(path: str | os.PathLike[str]) -> int | None:
 def read_sample(where: str, rows: int = 200) -> list[Mapping[str, Any]]:
     """The first ``rows`` rows of a local file (JSONL, JSON, Parquet, CSV) or a hub dataset
     (``id``, ``id:config`` or ``id:config:split``; train split by default)."""
+    return [row for _, row in sample_rows(where, rows)]
+
+
+def sample_rows(where: str, rows: int = 200) -> list[tuple[str, Mapping[str, Any]]]:
+    """:func:`read_sample`'s rows, each with its place (file and line or row) for a message that names it."""
     path = Path(where)
     if path.suffix.lower() in TABLE_SUFFIXES:
         if not path.is_file():
@@ -85,7 +93,7 @@ def read_sample(where: str, rows: int = 200) -> list[Mapping[str, Any]]:
     for place, row in source:
         if isinstance(row, Exception):
             raise ValueError(f"{place}: {row}")
-        out.append(row)
+        out.append((place, row))
         if len(out) >= rows:
             break
     if not out:
@@ -103,6 +111,8 @@ def _get(row: Mapping[str, Any], dotted: str) -> Any:
 def _text(value: Any) -> str | None:
     if isinstance(value, list) and len(value) == 1:  # verl keeps some ground truths as one-item lists
         value = value[0]
+    if isinstance(value, float) and math.isnan(value):  # a missing value (JSON NaN, pandas' empty cell)
+        return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     return value if isinstance(value, str) else None
@@ -142,8 +152,44 @@ def _worked(rows: Sequence[Mapping[str, Any]], key: str) -> bool:
     return lengths[len(lengths) // 2] > _SOLUTION_CHARS
 
 
-def inspect_rows(rows: Sequence[Mapping[str, Any]], count_tokens: Callable[[str], int] | None = None) -> DataSample:
-    """The layout of a table from sampled rows; ValueError naming what could not be found.
+def _empty(value: Any) -> str | None:
+    """How a row's cell is empty (``missing``, ``null``, ``NaN``, ``blank``), or None when it holds something."""
+    if value is None:
+        return "null"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, str) and not value.strip():
+        return "blank"
+    return None
+
+
+def _absent(row: Mapping[str, Any], dotted: str) -> bool:
+    try:
+        lookup(row, dotted)
+    except BadRow:
+        return True
+    return False
+
+
+def _refuse_gap(rows: Sequence[Mapping[str, Any]], places: Sequence[str] | None, keys: Sequence[str],
+                fits: Callable[[list[Any]], bool], what: str) -> None:
+    """No column of ``keys`` fits in every row: where one fits in most of them but is empty in some, the
+    first such row is named (a NaN answer is a bad row, not a table without answers)."""
+    for k in keys:
+        cells = [_get(r, k) for r in rows]
+        given = [c for c in cells if _empty(c) is None]
+        if 2 * len(given) > len(cells) and fits(given):
+            i = next(i for i, c in enumerate(cells) if _empty(c) is not None)
+            missing = "missing" if _absent(rows[i], k) else _empty(cells[i])
+            where = places[i] if places else f"row {i + 1} of the sample"
+            raise DataRowError(where, f"field {k!r} is {missing}: every problem needs its {what}")
+
+
+def inspect_rows(rows: Sequence[Mapping[str, Any]], count_tokens: Callable[[str], int] | None = None,
+                 places: Sequence[str] | None = None) -> DataSample:
+    """The layout of a table from sampled rows; ValueError naming what could not be found, and a
+    :class:`DataRowError` naming the row (``places``: each row's file and line) where the column is
+    there but a row's cell is empty (NaN, null, blank).
 
     ``count_tokens`` measures lengths with the model's tokenizer; without it a token is
     counted as 4 characters (English text with a BPE tokenizer)."""
@@ -153,6 +199,7 @@ def inspect_rows(rows: Sequence[Mapping[str, Any]], count_tokens: Callable[[str]
     prompt = next((k for k in PROMPT_KEYS if all(_get(r, k) is not None for r in rows)
                    and _prompt_kind([_get(r, k) for r in rows])), None)
     if prompt is None:
+        _refuse_gap(rows, places, PROMPT_KEYS, lambda cells: _prompt_kind(cells) is not None, "prompt")
         raise ValueError(f"no prompt column: expected one of {', '.join(PROMPT_KEYS)} holding text or "
                          f"[{{role, content}}] messages in every row (the table has {', '.join(keys)})")
     kind = _prompt_kind([_get(r, prompt) for r in rows])
@@ -163,6 +210,9 @@ def inspect_rows(rows: Sequence[Mapping[str, Any]], count_tokens: Callable[[str]
             answer = k
             break
     if answer is None or fmt is None:
+        _refuse_gap(rows, places, [k for k in ANSWER_KEYS if k != prompt],
+                    lambda cells: all(_text(c) for c in cells) and _answer_format([_text(c) for c in cells]) is not None,
+                    "gold answer")
         raise ValueError(f"no answer column: expected one of {', '.join(ANSWER_KEYS)} holding a final answer "
                          f"(a number, a short expression, '#### N' or \\boxed{{}}) in every row (the table has "
                          f"{', '.join(keys)})")

@@ -228,8 +228,12 @@ def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | 
     cal = stored_calibration(p, artifacts)
     if cal is None and measure:
         print(f"check: measuring this machine's generate and train throughput for {p.model.name_or_path or 'the tiny model'} "
-              "(a few seconds; a real model's load first; stored in artifacts/)", file=sys.stderr)
-        cal = calibrate(p, artifacts, reuse=False)
+              f"(a few seconds; a real model's load first; stored in {artifacts})", file=sys.stderr)
+        try:
+            cal = calibrate(p, artifacts, reuse=False)
+        except ImportError as err:  # a GPU study (vLLM) prepared where its engine is not installed: still checked
+            return [("note", ("sampling.backend",), f"could not calibrate here: {str(err).splitlines()[0]}; "
+                     "no time estimate", "run `rollscale check` on the machine that will run the study")]
     if cal is None:
         return []
     try:

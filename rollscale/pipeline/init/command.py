@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-__all__ = ["init_params", "problem_count"]
+__all__ = ["context_warning", "init_params", "problem_count"]
 
 
 def _token_counter(name_or_path: str, gguf_file: str | None):
@@ -47,6 +47,19 @@ def problem_count(source) -> int | None:
 
     rows = count_rows(source.path)
     return len(table_problems(source)) if rows is not None and rows <= READ_ROWS_MAX else rows
+
+
+def context_warning(max_positions: int | None, prompt_tokens: list[int], unit: str,
+                    ) -> tuple[str, tuple[str, ...], str, str] | None:
+    """A warning finding when sampled prompts are longer than the model's context (``max_positions``, from its
+    files): the engines would cut them or fail on them, and the answer needs room in it too."""
+    over = [n for n in prompt_tokens if max_positions and n > max_positions]
+    if not over:
+        return None
+    return ("warning", ("data.tables",),
+            f"{len(over)} of the {len(prompt_tokens)} sampled prompts are longer than the model's context of "
+            f"{max_positions:,} tokens (the longest: {max(over):,} {unit}); each answer needs room there too",
+            "drop or shorten those rows, or use a model with a longer context")
 
 
 def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
@@ -136,12 +149,13 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     ``gpus``: the GPUs of one node, over which a run is sharded when only so full fine-tuning fits;
     ``hours``: the wall time the study may take here (:func:`hours_values`)."""
     from rollscale.config import StudyParams, load_params
-    from rollscale.pipeline.init.values import Machine, render, suggest, write_params
-    from rollscale.core.problems.data_sample import inspect_rows, read_sample
+    from rollscale.pipeline.init.values import (B_PROBLEM_MIN, EASY_SHARE, PROBLEMS_MIN, VAL_SIZE_MIN, Machine,
+                                                render, suggest, write_params)
+    from rollscale.core.problems.data_sample import inspect_rows, sample_rows
     from rollscale.config.data import TableParams
     from rollscale.core.problems.sources import table_problems
     from rollscale.lm.model_info import inspect_model, resolve_model
-    from rollscale.pipeline.check.findings import format_findings, known_data, study_findings
+    from rollscale.pipeline.check.findings import Finding, format_findings, known_data, study_findings
     from rollscale.pipeline.init.project import init_project
 
     if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
@@ -159,13 +173,19 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
         datasets.disable_progress_bars()
     except ImportError:
         pass
-    sample = inspect_rows(read_sample(data), _token_counter(name_or_path, gguf_file))
+    placed = sample_rows(data)
+    sample = inspect_rows([row for _, row in placed], _token_counter(name_or_path, gguf_file),
+                          [place for place, _ in placed])
     data_path = _data_arg(data)
     if Path(data).exists():
         source = TableParams(path=data_path, prompt=sample.prompt, answer=sample.answer,
                              answer_format=sample.answer_format, reward=sample.reward)
         table_problems(source, limit=50)  # the mapping must read the file's rows (DataRowError names a bad one)
     pool = problem_count(source) if Path(data).exists() else None
+    if pool is not None and pool < PROBLEMS_MIN:  # the bucket stage would refuse it after the profile's hours
+        raise ValueError(f"--data {data}: {pool} problem(s); a study needs at least {PROBLEMS_MIN} to bucket "
+                         f"({VAL_SIZE_MIN} to validate on and {B_PROBLEM_MIN} to train on, were every one Easy; "
+                         f"about {math.ceil(PROBLEMS_MIN / EASY_SHARE)} with the usual {EASY_SHARE:.0%} in Easy)")
     values, why = suggest(info, sample, data_path, pool, machine)
     if engine:
         values["sampling.backend"], why["sampling.backend"] = engine, f"--engine {engine}"
@@ -194,6 +214,8 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     project = init_project(Path(path).parent, data, force, values["model.kind"])  # an empty folder becomes the study's
     params = load_params(path)
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
+    too_long = context_warning(info.max_positions, sample.prompt_tokens, sample.token_unit)
+    long = [Finding(*too_long)] if too_long else []
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
                                                        "sampling.max_new_tokens", "sweep.c_max")
                        + (("sweep.devices_per_run",) if "sweep.devices_per_run" in values else ())
@@ -203,4 +225,4 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
             f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"
             + (sized + "\n" if sized else "")
             + "".join(line + "\n" for line in project)
-            + format_findings(study_findings(params, known), str(path)))
+            + format_findings([*long, *study_findings(params, known)], str(path)))

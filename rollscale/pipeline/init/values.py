@@ -39,14 +39,19 @@ from rollscale.core.fit.power import EVALS_COMFORTABLE
 from rollscale.lm.model_info import ModelInfo
 from rollscale.pipeline.check.memory import MICRO_BATCH_BYTES_PER_TOKEN_VOCAB, full_finetune_gb, lora_gb, micro_batch_gb
 
-__all__ = ["GPU_MEMORY_GB", "MICRO_BATCH_TOKENS_GPU", "EasyShare", "Machine", "bucket_values", "render", "suggest",
-           "write_params"]
+__all__ = ["GPU_MEMORY_GB", "MICRO_BATCH_TOKENS_GPU", "PROBLEMS_MIN", "EasyShare", "Machine", "bucket_values",
+           "render", "suggest", "write_params"]
 
 GPU_MEMORY_GB = {"H100": 80, "H200": 141, "B200": 180, "A100": 80, "A100-40GB": 40, "L40S": 48, "A10G": 24,
                  "L4": 24, "RTX4090": 24}
 FULL_FT_LR = 1e-6  # TRL GRPOConfig default; verl GSM8K GRPO examples
 LORA_LR_FACTOR = 10.0  # verl ppo_lora.rst; tinker-cookbook (LoRA Without Regret)
 EASY_SHARE = 0.2  # share of a pool in Easy [0.3, 0.6] assumed before a profile (the default study: 22 %)
+VAL_SIZE_MIN = 4  # the smallest validation split init writes
+B_PROBLEM_MIN = 2  # the fewest prompts a step trains on (init's smallest sweep.b_problem)
+# the fewest problems a table needs for init's smallest study to bucket even if every one landed in Easy:
+# a used bucket holds more than bucket.val_size (core/problems/buckets.py) and a step's prompts to train on
+PROBLEMS_MIN = VAL_SIZE_MIN + B_PROBLEM_MIN
 _SECTIONS_AS_BLOCKS = {"model.lora", "sweep.train"}
 MICRO_BATCH_TOKENS_GPU = (16384, 8192, 4096, 2048)  # init's candidates on a GPU, largest first
 MICRO_BATCH_TOKENS_CPU = 2048

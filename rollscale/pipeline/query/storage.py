@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pandas as pd
 
 from rollscale.files import write_atomic
-from rollscale.pipeline.query.sql import QueryError, QueryTimeout, checked_sql, run_bounded  # noqa: F401 (re-exported)
+from rollscale.pipeline.query.sql import (  # noqa: F401 (re-exported)
+    Consumer, OutputWriteError, QueryError, QueryTimeout, all_rows, checked_sql, run_bounded)
 from rollscale.tables import RUN_PART_TABLES, TABLES, TRACKED_TABLES, table_stage
 from rollscale.train.manifest import committed_parts
 
@@ -145,14 +147,16 @@ def _missing_table(err: duckdb.CatalogException) -> str | None:
     return match.group(1) if match else None
 
 
-def query(sql: str, artifacts: str | Path, timeout_s: float | None = None) -> pd.DataFrame:
+def query(sql: str, artifacts: str | Path, timeout_s: float | None = None, read: Consumer = all_rows) -> Any:
     """Run SQL over the study's tables, read-only, for at most ``timeout_s`` seconds (None: no limit,
     as the stages read their tables; ``rollscale sql`` sets ``query.timeout_s``); Ctrl-C stops it at
-    once. A missing table gets a message naming the stage, a damaged one naming its file."""
+    once. ``read``: what of the result is read, within the same limit (default every row, as a DataFrame;
+    :func:`rollscale.pipeline.query.sql.first_rows`, :func:`~rollscale.pipeline.query.sql.rows_to_parquet`).
+    A missing table gets a message naming the stage, a damaged one naming its file."""
     sql = checked_sql(sql)
     con, have, damaged = _open(artifacts)
     try:
-        return run_bounded(con, sql, timeout_s)
+        return run_bounded(con, sql, timeout_s, read)
     except duckdb.CatalogException as err:
         name = _missing_table(err)
         if name in damaged:
@@ -170,7 +174,7 @@ def query(sql: str, artifacts: str | Path, timeout_s: float | None = None) -> pd
                          f"({str(err).splitlines()[0]})") from None
     except duckdb.Error as err:
         raise QueryError(str(err).splitlines()[0]) from None
-    except (QueryError, KeyboardInterrupt):
+    except (QueryError, KeyboardInterrupt, OutputWriteError):
         raise
     except Exception as err:  # an unrecorded file that fails only when scanned (Arrow raises its own errors)
         raise DamagedResultError(_unreadable(artifacts, have) or

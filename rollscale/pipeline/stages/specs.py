@@ -43,6 +43,11 @@ STAGE_EXIT = ".stage.exit.json"
 # set to "1" by `rollscale run sweep --archive-stale` / `rollscale study --archive-stale`: a DVC stage
 # command takes no flags, so the consent to archive ended sweep runs reaches the stage this way
 ARCHIVE_STALE_ENV = "ROLLSCALE_ARCHIVE_STALE"
+# a lock held this long is a running stage's: a look by stage_running (`status`, another study) holds it for
+# microseconds, and a stage starting then must not refuse because of it (issue 42: two studies started together)
+PROBE_S = 0.5
+# a stage writes who it is right after taking its lock: a refusal waits this long to name it
+HOLDER_WAIT_S = 3.0
 
 
 class StageBusyError(RuntimeError):
@@ -193,7 +198,7 @@ def stage_running(artifacts: str | os.PathLike[str], stage: str) -> bool:
         return False
     lock = FileLock(path)
     try:
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=PROBE_S)
     except Timeout:
         return True
     except OSError:
@@ -202,11 +207,61 @@ def stage_running(artifacts: str | os.PathLike[str], stage: str) -> bool:
     return False
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _lock_holders(path: Path) -> list[int]:
+    """Processes of this machine with ``path`` open (Linux's /proc; none elsewhere)."""
+    target, pids = str(path.resolve()), []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == target for fd in fd_dir.iterdir()):
+                pids.append(int(fd_dir.parent.name))
+    return [p for p in pids if p != os.getpid()]
+
+
+def _command_of(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return " ".join(w for w in words if w)[:120]
+    return ""
+
+
+def holder(stage: str, artifacts: str | os.PathLike[str], wait_s: float = HOLDER_WAIT_S) -> dict:
+    """The run record of the live process that holds ``stage``'s lock: it writes it just after taking the
+    lock, so a record still missing (or a dead run's, left by a kill) is waited for up to ``wait_s``; then
+    the process holding the lock file open on this machine; {} when neither says."""
+    folder, host = Path(artifacts) / stage, socket.gethostname()
+    deadline = time.monotonic() + wait_s
+    while True:
+        held = read_json(folder / RUN_INFO) or {}
+        pid = held.get("pid")
+        if isinstance(pid, int) and "interrupted_at" not in held and (held.get("host") != host or _alive(pid)):
+            return held
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    pids = _lock_holders(folder / LOCK)
+    return {"pid": pids[0], "host": host, "command": _command_of(pids[0])} if pids else {}
+
+
 def busy_error(stage: str, artifacts: str | os.PathLike[str]) -> StageBusyError:
-    """The one-line refusal of a stage that a live process runs now (its run record says which)."""
-    held = read_json(Path(artifacts) / stage / RUN_INFO) or {}
-    return StageBusyError(f"stage {stage!r} is already running (pid {held.get('pid')} on {held.get('host')}, "
-                          f"since {held.get('started_at')}); wait for it or stop that process first")
+    """The one-line refusal of a stage that a live process runs now, naming that process (:func:`holder`)."""
+    held = holder(stage, artifacts)
+    if not held:
+        return StageBusyError(f"stage {stage!r} is already running in another process (it has not said which: "
+                              "`rollscale status` names it); wait for it to end and run again")
+    what = (f"pid {held['pid']} on {held.get('host')}" + (f", since {held['started_at']}" if held.get("started_at")
+                                                             else "")
+            + (f": {held['command']}" if held.get("command") else ""))
+    return StageBusyError(f"stage {stage!r} is already running ({what}); wait for it or stop that process first")
 
 
 def _not_writable(folder: Path, stage: str, err: OSError) -> ArtifactsNotWritableError:
@@ -234,7 +289,7 @@ def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(folder / LOCK)
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=PROBE_S)  # not 0: another command's look at the lock must not refuse this run
     except Timeout:
         raise busy_error(stage, artifacts) from None
     except OSError as err:
