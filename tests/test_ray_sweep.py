@@ -128,47 +128,39 @@ def nap_then_write(path: str, seconds: float) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A local Ray of this machine's 2 CPUs started by the test, not by a sweep: it stands for a cluster the
-    sweep joins (the tests below share its start-up; the sweep that starts a Ray of its own is tested above)."""
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def test_an_interrupt_cancels_the_ray_tasks_on_a_cluster_it_did_not_start(cluster, tmp_path):
+def test_an_interrupt_cancels_the_ray_tasks_on_a_cluster_it_did_not_start(tmp_path):
     """Ctrl-C in a sweep on a Ray cluster (rollscale.pipeline.runtime.workers.stop_units): its tasks are cancelled,
-    not left to finish, and the cluster, which the sweep did not start, is left running."""
+    not left to finish, and the cluster, which the sweep did not start, is left running.
+    (~15 s: a local Ray stands for the cluster; the sweep on it is tested above.)"""
     import ray
     from prefect_ray import RayTaskRunner
     from ray.exceptions import TaskCancelledError
 
     from rollscale.pipeline.runtime.workers import stop_units, submit_all
 
-    @flow
-    def interrupted_sweep() -> tuple[float, bool]:
-        runner = RayTaskRunner(address="auto")  # Ray is up: the runner joins it, does not own it
-        runner.__enter__()
-        [future] = submit_all(runner, nap_then_write, [{"path": str(tmp_path / "done"), "seconds": 6}])
-        time.sleep(2)  # started
-        t0 = time.monotonic()
-        stop_units(runner, [future])
-        with pytest.raises(TaskCancelledError):
-            ray.get(future.wrapped_future, timeout=10)
-        return time.monotonic() - t0, ray.is_initialized()
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        @flow
+        def interrupted_sweep() -> tuple[float, bool]:
+            runner = RayTaskRunner(address="auto")  # Ray is up: the runner joins it, does not own it
+            runner.__enter__()
+            [future] = submit_all(runner, nap_then_write, [{"path": str(tmp_path / "done"), "seconds": 6}])
+            time.sleep(2)  # started
+            t0 = time.monotonic()
+            stop_units(runner, [future])
+            with pytest.raises(TaskCancelledError):
+                ray.get(future.wrapped_future, timeout=10)
+            return time.monotonic() - t0, ray.is_initialized()
 
-    seconds, cluster_up = interrupted_sweep()
-    time.sleep(6)
-    assert seconds < 5 and cluster_up and not (tmp_path / "done").exists()
+        seconds, cluster_up = interrupted_sweep()
+        time.sleep(6)
+        assert seconds < 5 and cluster_up and not (tmp_path / "done").exists()
+    finally:
+        ray.shutdown()
 
 
-def test_a_sharded_run_is_one_ray_task_that_launches_its_ranks(cluster, tmp_path, capsys):
-    """``sweep.devices_per_run: 2`` on the local Ray of this machine's 2 CPUs: the run is one Ray task
+def test_a_sharded_run_is_one_ray_task_that_launches_its_ranks(tmp_path, capsys):
+    """``sweep.devices_per_run: 2`` on a local Ray of this machine's 2 CPUs: the run is one Ray task
     holding 2 x ray_cpus_per_run CPUs, which starts torchrun with 2 ranks; the run finishes, its
     checkpoint has both ranks' shards, and its worker was not this process."""
     from rollscale.config import SamplingParams
@@ -193,7 +185,7 @@ def test_a_sharded_run_is_one_ray_task_that_launches_its_ranks(cluster, tmp_path
 
     results, errors = sharded_sweep()
     assert errors == [] and (results[0].status, results[0].c) == ("finished", 32)
-    assert "on the Ray already started (2 CPU, 0 GPU per run)" in capsys.readouterr().out
+    assert "(2 CPU, 0 GPU per run)" in capsys.readouterr().out
     store = RunStore(tmp_path / "run")
     assert list(store.rows("steps")["step"]) == [1, 2]
     assert sorted(p.name for p in store.latest().shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
