@@ -75,13 +75,30 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", BAD)
-def test_check_rejects_settings_that_would_destroy_or_mislead(tmp_path, case):
+def test_check_rejects_settings_that_would_destroy_or_mislead(tmp_path, case, monkeypatch, capsys):
+    """`rollscale check`'s own code, called as the command calls it (the command's process, which adds
+    nothing to what check says, is started once below: one process per case cost ~2 s of CPU each)."""
+    from rollscale.pipeline import cli as rollscale_cli
+
     text, named = BAD[case]
     root = tmp_path / "p"
     root.mkdir()
     path = params_file(root, text(root) if callable(text) else text)
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = rollscale_cli.main(["--artifacts", str(root / "artifacts"), "check", "--params", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2, (case, out[-500:], err)
+    assert named in short(err), err
+
+
+def test_the_check_command_rejects_them_in_its_own_process(tmp_path):
+    """The command a user types (`python -m rollscale.pipeline.cli check`): the same one message and exit 2."""
+    text, named = BAD["duplicate key"]
+    root = tmp_path / "p"
+    path = params_file(root, text)
     r = cli(root, "check", "--params", str(path))
-    assert r.returncode == 2, (case, r.stdout[-500:], r.stderr)
+    assert r.returncode == 2, (r.stdout[-500:], r.stderr)
     assert named in short(r.stderr), r.stderr
 
 

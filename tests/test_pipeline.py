@@ -17,7 +17,7 @@ SMALL = {
     "workers": 1,  # in-process; tests/test_parallel.py checks that 2 workers give the same tables
     "data": {"size": 120, "config": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}},
     "base": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_positions": 32,
-             "train_size": 1000, "steps": 40, "batch_size": 32, "lr": 3e-3},
+             "train_size": 1000, "steps": 40, "batch_size": 32, "lr": 3e-3, "threads": 1},  # as TINY (test_study)
     "sampling": {"max_new_tokens": 4},
     "profile": {"k": 4, "k_extreme": 8, "chunk_size": 10},
     "bucket": {"val_size": 2, "used": [], "mixtures": {}},

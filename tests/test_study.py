@@ -35,8 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = {
     "workers": 1,  # in-process; tests/test_parallel.py checks that 2 workers give the same tables
     "data": {"size": 120, "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+    # one torch thread: base.threads' default 2 assumes the machine to itself, and beside the other pytest-xdist
+    # worker two threads spun on the shared cores (this base, under load: 72 CPU-s with 2 threads, 4 with 1, the
+    # same final loss)
     "base": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_positions": 32,
-             "train_size": 2000, "steps": 200, "batch_size": 32, "lr": 3e-3},
+             "train_size": 2000, "steps": 200, "batch_size": 32, "lr": 3e-3, "threads": 1},
     "sampling": {"max_new_tokens": 4},
     "profile": {"k": 4, "k_extreme": 0, "chunk_size": 40},
     "bucket": {"val_size": 4, "used": [], "mixtures": {}, "easy": [0.25, 0.75], "extremely_hard": False},
