@@ -186,9 +186,16 @@ def study() -> dict[str, pd.DataFrame]:
 
 @pytest.fixture(scope="module")
 def full_report(study, tmp_path_factory):
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.fit.forecast import ForecastSettings
+    from rollscale.core.fit.horizon import forecast_budgets, horizon_tables
+
     out = tmp_path_factory.mktemp("report_full")
-    return write_report({**study, "decision": _decision(True)}, out,
-                        params={"bucket": {"easy": [0.3, 0.6], "hard": [0.0, 0.0625]}})
+    c_max = float(study["runs"]["c_max"].max())
+    ahead = horizon_tables(run_evals(study["runs"], study["evals"], None), c_max, forecast_budgets(c_max, c_max),
+                           ForecastSettings(resamples=20, eval_draws=400))
+    return write_report({**study, "decision": _decision(True), "forecast": ahead.forecast, "backtest": ahead.backtest},
+                        out, params={"bucket": {"easy": [0.3, 0.6], "hard": [0.0, 0.0625]}})
 
 
 @pytest.fixture(scope="module")
