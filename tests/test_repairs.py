@@ -1,0 +1,143 @@
+"""Results nobody can damage (issue 42, parts 1-4), on one small finished study built once: a stage that
+reads a run refuses damaged evidence in one line naming the run and the repair, and the repair gives the
+untouched answer; a stage publishes its tables all at once; a damaged `search` table is rebuilt from the
+runs' own records; an interrupted study keeps its own work (the DVC case: tests/test_dvc.py's study)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.__main__ import run_stage
+from rollscale.pipeline.query.storage import DamagedResultError
+from rollscale.pipeline.stages.outputs import stage_problem
+from tests.test_study import copy_study, prepared_study, write_params
+
+pytestmark = pytest.mark.slow
+
+# two keys searched by rungs (16, 32, 64 rollouts), several checkpoints per run
+SWEEP = {"n": [2, 4], "b_problem": [4], "c_max": 64, "eval_every": 2, "checkpoint_every": 2,
+         "search": {"method": "frontier", "eta": 2.0, "first_rung": 0.25}}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A study whose sweep and fit ran as `rollscale run` runs them (each stage's record of checksums
+    written); read-only: :func:`study_copy` it."""
+    prepared = prepared_study(tmp_path_factory)
+    root = tmp_path_factory.mktemp("finished")
+    art = copy_study(prepared, root)
+    params = write_params(root, sweep=SWEEP)
+    for stage in ("sweep", "fit"):
+        run_stage(stage, str(params), str(art), False)
+    return root
+
+
+def study_copy(finished: Path, dest: Path) -> tuple[Path, Path]:
+    """A copy of the finished study: (its artifacts folder, its params file)."""
+    shutil.copytree(finished, dest / "study", symlinks=True, copy_function=shutil.copy2)
+    return dest / "study" / "artifacts", dest / "study" / "params.yaml"
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")}
+
+
+def newest(run_dir: Path, pattern: str) -> Path:
+    return sorted(run_dir.glob(pattern))[-1]
+
+
+def retabled(path: Path, **changes) -> None:
+    """A tamperer's edit: the same table with other values (readable Parquet, another checksum)."""
+    df = pd.read_parquet(path)
+    df.assign(**{k: v(df) for k, v in changes.items()}).to_parquet(path, index=False)
+
+
+def edited_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def shifted_bytes(data: dict) -> None:  # the manifest says another size for the weights
+    data["files"]["model.pt"]["bytes"] += 1
+
+
+def flip_a_byte(path: Path) -> None:
+    """Same size, another checksum (a bad disk): a check by size alone misses it."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# each file a run is made of: where it is in the run folder, and how it is altered
+RUN_FILES = {
+    "manifest": (lambda d: newest(d, "ckpt-*") / "MANIFEST.json", lambda p: edited_json(p, shifted_bytes)),
+    "evals part": (lambda d: newest(d, "evals-*.parquet"), lambda p: retabled(p, avg_at_k=lambda df: df["avg_at_k"] + 0.1)),
+    "steps part": (lambda d: newest(d, "steps-*.parquet"), lambda p: retabled(p, c=lambda df: df["c"] + 1)),
+    "checkpoint shard": (lambda d: newest(d, "ckpt-*") / "model.pt", flip_a_byte),
+    "run.parquet": (lambda d: d / "run.parquet", lambda p: retabled(p, c=lambda df: df["c"] - 1)),
+    "done.json": (lambda d: d / "done.json", lambda p: edited_json(p, lambda data: data.update(steps=1))),
+}
+
+
+def longest_run(art: Path) -> Path:
+    """The run with the most checkpoints: its newest one has an older one to fall back on."""
+    runs = sorted((art / "sweep" / "runs").iterdir(), key=lambda d: (len(list(d.glob("ckpt-*"))), d.name))
+    assert len(list(runs[-1].glob("ckpt-*"))) >= 2
+    return runs[-1]
+
+
+def damage(run_dir: Path, what: str, how: str) -> Path:
+    """Remove or alter the ``what`` of :data:`RUN_FILES` in ``run_dir``."""
+    where, alter = RUN_FILES[what]
+    victim = where(run_dir)
+    if how == "removed":
+        victim.unlink()
+    else:
+        alter(victim)
+    return victim
+
+
+@pytest.mark.parametrize("how", ["removed", "altered"])
+@pytest.mark.parametrize("what", list(RUN_FILES))
+def test_a_fit_refuses_a_damaged_run_in_one_line_naming_the_run_and_the_repair(finished, tmp_path, what, how):
+    """Issue 42, part 1 (case 1: a removed checkpoint manifest changed the answer silently): each file a run is
+    made of, removed or altered, makes `run fit` refuse in one line naming the run and `rollscale study`,
+    before it writes anything: the fit's tables and their record stay as they were."""
+    art, params = study_copy(finished, tmp_path)
+    run_dir = longest_run(art)
+    fit_before = files_of(art / "fit")
+    damage(run_dir, what, how)
+    with pytest.raises(DamagedResultError) as refused:
+        run_stage("fit", str(params), str(art), False)
+    line = str(refused.value)
+    assert len(line.splitlines()) == 1 and line.startswith(f"fit: sweep run {run_dir.name} is damaged"), line
+    assert "`rollscale study`" in line, line
+    assert files_of(art / "fit") == fit_before  # tables and MANIFEST.json: nothing recorded over damage
+
+
+def test_the_sweep_repairs_damaged_runs_and_the_fit_gives_the_untouched_decision(finished, tmp_path):
+    """Issue 42, part 1: the repair `rollscale study` makes (the sweep run again, then the fit) on a run whose
+    newest checkpoint lost its manifest (it falls back to the one before and trains the lost steps again) and
+    a run whose done.json was removed and an evals part altered: nothing damaged is left, and the fit's
+    decision is the untouched one, byte for byte."""
+    art, params = study_copy(finished, tmp_path)
+    fit_before = files_of(art / "fit")
+    runs = sorted((art / "sweep" / "runs").iterdir())
+    damage(runs[0], "manifest", "removed")
+    damage(runs[1], "done.json", "removed")
+    damage(runs[1], "evals part", "altered")
+    run_stage("sweep", str(params), str(art), False)
+    assert stage_problem(art, "sweep") is None
+    run_stage("fit", str(params), str(art), False)
+    after = files_of(art / "fit")
+    assert {t: after[t] for t in ("decision.parquet", "record_points.parquet")} == {
+        t: fit_before[t] for t in ("decision.parquet", "record_points.parquet")}
+
