@@ -141,3 +141,34 @@ def test_the_sweep_repairs_damaged_runs_and_the_fit_gives_the_untouched_decision
     assert {t: after[t] for t in ("decision.parquet", "record_points.parquet")} == {
         t: fit_before[t] for t in ("decision.parquet", "record_points.parquet")}
 
+
+def test_ctrl_c_on_a_sweep_started_from_scratch_keeps_its_work_and_brings_back_no_older_run(dvc_study, tmp_path):
+    """Issue 42, part 2 (case 2: the previous sweep's outputs were checked out over the new sweep's work):
+    `rm -rf artifacts/sweep`, `rollscale study`, Ctrl-C once the new sweep has committed checkpoints: the
+    sweep (persist: true, DVC never removed it) keeps them, and none of the earlier sweep's runs, nor its record
+    of checksums, comes back from DVC's cache."""
+    from rollscale.pipeline.stages.status import study_status
+    from tests.test_dvc import study_with_a_long_sweep
+    from tests.test_faults import committed_checkpoints, interrupt
+
+    root, env = study_with_a_long_sweep(dvc_study, tmp_path)
+    sweep = root / "artifacts" / "sweep"
+    shutil.rmtree(sweep)
+    first = sweep / "runs" / "np4_nr2_uniform_s0"  # the longest run trains first
+    seen: dict[Path, bytes] = {}
+
+    def checkpoints_committed():
+        kept = committed_checkpoints(first)[:-1]  # the newest may be replaced as the run goes on
+        seen.update({p / "MANIFEST.json": (p / "MANIFEST.json").read_bytes() for p in kept})
+        return len(kept) >= 1
+
+    rc, _, after, _ = interrupt(["study", "--stages", "sweep"], signal.SIGINT, checkpoints_committed,
+                                "two checkpoints of the new sweep", tmp_path / "study.log", env, root)
+    assert rc == 130, after[-3000:]
+    assert "put back from DVC's cache" not in after, after[-3000:]
+    assert {p: p.read_bytes() for p in seen} == seen  # its finished steps are kept
+    assert not (sweep / "MANIFEST.json").exists()  # the earlier sweep's record did not come back ...
+    assert not list(sweep.glob("runs/*/done.json"))  # ... nor any of its ended runs
+    status = study_status(root, root / "artifacts")
+    assert {s.stage: s.state for s in status.stages}["sweep"] == "interrupted"
+    assert not [r for r in status.runs if r.status in ("finished", "stopped")]
