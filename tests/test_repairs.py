@@ -142,6 +142,35 @@ def test_the_sweep_repairs_damaged_runs_and_the_fit_gives_the_untouched_decision
         t: fit_before[t] for t in ("decision.parquet", "record_points.parquet")}
 
 
+def test_a_fit_that_fails_midway_keeps_the_earlier_tables_whole_and_consistent(finished, tmp_path, monkeypatch):
+    """Issue 42, part 3 (case 3: a fit failing on a full disk had replaced record_points but not fits and
+    decision): the disk fills while the fit writes its third table; every table and the stage's record of
+    checksums are the earlier ones, no temporary file is left, and queries read them without a note."""
+    from rollscale.pipeline.query.storage import query
+
+    art, params = study_copy(finished, tmp_path)
+    write_params(params.parent, sweep=SWEEP, fit={"bin_width": 0.2})  # fewer record points: every table changes
+    before = files_of(art / "fit")
+    points = query("select * from record_points", art)
+    to_parquet, written = pd.DataFrame.to_parquet, []
+
+    def disk_full_at_the_third_table(df, path, *args, **kwargs):
+        if Path(path).parent == art / "fit":
+            written.append(path)
+            if len(written) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return to_parquet(df, path, *args, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", disk_full_at_the_third_table)
+    with pytest.raises(OSError, match="No space left on device"):
+        run_stage("fit", str(params), str(art), False)
+    assert len(written) == 3
+    assert files_of(art / "fit") == before
+    assert not [p.name for p in (art / "fit").iterdir() if p.name.endswith(".tmp")]
+    assert stage_problem(art, "fit") is None
+    pd.testing.assert_frame_equal(query("select * from record_points", art), points)
+
+
 def test_ctrl_c_on_a_sweep_started_from_scratch_keeps_its_work_and_brings_back_no_older_run(dvc_study, tmp_path):
     """Issue 42, part 2 (case 2: the previous sweep's outputs were checked out over the new sweep's work):
     `rm -rf artifacts/sweep`, `rollscale study`, Ctrl-C once the new sweep has committed checkpoints: the
