@@ -89,6 +89,24 @@ def load_decisions(sweep_dir: Path, identity: dict[str, Any], archive: bool = Tr
     return empty_decisions()
 
 
+def search_table_damage(sweep_dir: Path) -> str | None:
+    """What is wrong with the ``search`` table against the sweep's last finished run's record of checksums
+    (or as Parquet), or None. A table a sweep that did not finish wrote differs from that record too: it is
+    rebuilt as well, to the same rows (the decisions are a pure function of the runs' evaluations)."""
+    from rollscale.pipeline.stages.outputs import outputs_problem
+
+    table = sweep_dir / SEARCH_TABLE
+    if not table.exists():
+        return None
+    if problem := outputs_problem(sweep_dir.parent, sweep_dir.name, [table]):
+        return problem
+    try:
+        pd.read_parquet(table)
+    except Exception as err:  # noqa: BLE001 - Arrow raises many types for a damaged file
+        return f"{table} is not readable Parquet ({type(err).__name__})"
+    return None
+
+
 def save_decisions(sweep_dir: Path, decisions: pd.DataFrame, identity: dict[str, Any]) -> None:
     """Write the ``search`` table, then what it is valid for (a crash between them reads as changed: the
     decisions are made again, from the same runs, to the same rows)."""
@@ -159,7 +177,14 @@ class SweepSearch:
         self.search, self.settings = search_plan(sweep), search_settings(sweep, params.study)
         self.alone = [self._config(p) for p in self.search.alone]
         self.identity = search_identity(self.search, self.settings)
-        self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
+        self.rebuilt = False  # the decisions were made again from the runs' records (saved by begin())
+        if damage := search_table_damage(sweep_dir):
+            print(f"sweep: {damage}: the search's decisions are made again from the runs' evaluations")
+            self.decisions = empty_decisions()
+        else:
+            self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
+        if damage or not (sweep_dir / SEARCH_TABLE).exists():
+            self._replay()
 
     def config_of(self, group: str, key: Any, seed: int) -> RunConfig:
         """The config of ``key``'s run with ``seed`` in ``group`` (a key or seed the grid lacks too)."""
@@ -181,6 +206,8 @@ class SweepSearch:
             no_search(self.sweep_dir)
             return
         load_decisions(self.sweep_dir, self.identity)
+        if self.rebuilt:
+            save_decisions(self.sweep_dir, self.decisions, self.identity)
         s = self.sweep.search
         if self.search.groups:
             rungs = rung_budgets(self.sweep.c_max, s.eta, s.first_rung)
@@ -240,6 +267,30 @@ class SweepSearch:
             for (key, rung, rule), rows in new[new["action"] == "stop"].groupby(["key", "rung", "rule"]):
                 self._mark(g, g.key_of(key), rows["seed"].astype(int).tolist(), int(rung), str(rule))
             decide_now = False
+
+    def _replay(self) -> None:
+        """The decisions made again from the runs' own records (the ``search`` table was removed or damaged):
+        each group's rungs in order, as long as every run of the rung has committed evaluations to its budget.
+        ``decide`` reads each run's evaluations only up to its rung's budget, so the rows are the lost ones
+        (science §8, §9.4), and the runs the decisions added count as the sweep's, never as stale ones."""
+        for g in self.search.groups:
+            while not (todo := plan([g], self.decisions, self.settings)).empty:
+                if not all(self._reached(self.config_of(g.group, r.key, int(r.seed)), float(r.c))
+                           for r in todo.itertuples()):
+                    break
+                new = decide(self._points(g), [g], self.decisions, self.settings, self.cache)
+                self.decisions = pd.concat([self.decisions, new], ignore_index=True) if len(self.decisions) else new
+                self.rebuilt = True
+
+    def _reached(self, config: RunConfig, budget: float) -> bool:
+        """Whether the run has trained (and been evaluated) to ``budget``: ended at C_max, or its newest
+        checkpoint at or past it."""
+        store = RunStore(self.run_dir(config))
+        if self._at_c_max(config):
+            return True
+        ckpt = store.latest()
+        return ckpt is not None and float(ckpt.state.get("c", 0)) >= budget and (
+            ckpt.state.get("last_eval_step") == ckpt.state.get("step") or store.done() is not None)
 
     def _mark(self, g: SearchGroup, key: Any, seeds: list[int], rung: int | None = None,
               rule: str | None = None) -> None:

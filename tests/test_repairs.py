@@ -171,6 +171,38 @@ def test_a_fit_that_fails_midway_keeps_the_earlier_tables_whole_and_consistent(f
     pd.testing.assert_frame_equal(query("select * from record_points", art), points)
 
 
+@pytest.mark.parametrize("how", ["altered", "removed"])
+def test_a_damaged_search_table_is_marked_and_rebuilt_from_the_runs_own_records(finished, tmp_path, how):
+    """Issue 42, part 4 (case 4: a damaged search.parquet stopped the study with "restore or delete that file",
+    and deleting it asked to archive ended runs; `status` printed the tampered table): `status` says the table
+    is damaged instead of printing it, and the sweep run again (what `rollscale study` runs) rebuilds it from
+    the runs' evaluations to the same bytes, training nothing and archiving no run."""
+    from rollscale.pipeline.stages.status import search_progress
+
+    art, params = study_copy(finished, tmp_path)
+    sweep = art / "sweep"
+    table = sweep / "search.parquet"
+    good, shown = table.read_bytes(), search_progress(art)
+    assert shown and not pd.read_parquet(table).empty
+    runs = {p.relative_to(sweep): p.read_bytes() for p in (sweep / "runs").rglob("*")
+            if p.is_file() and p.name != "attempts.jsonl"}
+    if how == "removed":
+        table.unlink()
+    else:
+        retabled(table, c=lambda df: df["c"] * 2)
+        [line] = search_progress(art)
+        assert line.startswith("search: damaged, not shown: ") and "search.parquet" in line, line
+        assert "`rollscale study` rebuilds it" in line, line
+    assert "search.parquet" in stage_problem(art, "sweep")
+
+    run_stage("sweep", str(params), str(art), False)
+    assert table.read_bytes() == good and search_progress(art) == shown
+    assert not (sweep / "archive").exists()
+    assert {p.relative_to(sweep): p.read_bytes() for p in (sweep / "runs").rglob("*")
+            if p.is_file() and p.name != "attempts.jsonl"} == runs
+    assert stage_problem(art, "sweep") is None
+
+
 def test_ctrl_c_on_a_sweep_started_from_scratch_keeps_its_work_and_brings_back_no_older_run(dvc_study, tmp_path):
     """Issue 42, part 2 (case 2: the previous sweep's outputs were checked out over the new sweep's work):
     `rm -rf artifacts/sweep`, `rollscale study`, Ctrl-C once the new sweep has committed checkpoints: the
