@@ -179,7 +179,9 @@ class SweepSearch:
         self.identity = search_identity(self.search, self.settings)
         self.rebuilt = False  # the decisions were made again from the runs' records (saved by begin())
         if damage := search_table_damage(sweep_dir):
-            print(f"sweep: {damage}: the search's decisions are made again from the runs' evaluations")
+            # (after a sweep that did not finish, its own table differs from that record too: made again alike)
+            print(f"sweep: the search table is not the one the last finished sweep recorded ({damage}): its "
+                  "decisions are made again from the runs' evaluations")
             self.decisions = empty_decisions()
         else:
             self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
