@@ -53,17 +53,18 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     from rollscale.pipeline.runtime.workers import quiet_prefect
 
     specs = load_stage_specs()
-    # no answer from incomplete evidence: a run or table this stage reads must pass the checks `status` makes
-    # (before it starts, and again before its outputs are recorded: nothing damaged meanwhile either)
     read = upstream(specs[stage], specs)
-    if damage := input_damage(artifacts, read):
-        raise DamagedResultError(f"{stage}: {damage}")
     # what this run runs on, taken before its code is imported (rollscale.pipeline.stages.record)
     ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params, read)
     # the record of the last good outputs stays until this run finishes; what was damaged since it must be
     # rebuilt by this run, never recorded as it is
     left_damaged = unrebuilt_damage(artifacts, stage)
     with stage_lock(stage, artifacts) as info:
+        # no answer from incomplete evidence: a run or table this stage reads must pass the checks `status`
+        # makes (under the lock: a refusal is recorded, and said to a study; and again before the outputs are
+        # recorded: nothing damaged meanwhile either)
+        if damage := input_damage(artifacts, read):
+            raise DamagedResultError(f"{stage}: {damage}")
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it
             sys.modules["torch"].set_num_threads(study.torch_threads)
