@@ -180,15 +180,18 @@ def run_damage(artifacts: str | os.PathLike[str], run_dir: str | os.PathLike[str
                unfinished_ok: bool = False) -> str | None:
     """Why an ended sweep run (``done.json``: finished or stopped) cannot be trusted, or None: the row
     parts its newest checkpoint commits, as ``fit`` reads them (:func:`committed_parts`), that
-    checkpoint (``quick``: its weights by size only), and its :data:`RUN_RESULT_FILES` against the
-    sweep's record. A run that has not ended is not judged (the sweep resumes it anyway), unless the record
-    says it had: its ``done.json`` removed is damage too."""
+    checkpoint (``quick``: weights over 64 MiB by size only), and its :data:`RUN_RESULT_FILES` against the
+    sweep's record. A run that has not ended (or failed) is not judged (the sweep resumes it anyway), unless
+    the record says it had: its recorded ``done.json`` removed is damage too."""
     run_dir = Path(run_dir)
     folder = Path(artifacts) / "sweep"
     recorded = (_read(folder) or {}).get("files")
     rel = run_dir.resolve().relative_to(folder.resolve())  # the record names files from the stage folder
-    if _read_status(run_dir / "done.json") not in ENDED and not (
-            isinstance(recorded, dict) and str(rel / "done.json") in recorded):
+    status = _read_status(run_dir / "done.json")
+    if not run_dir.is_dir():
+        return None  # a run folder removed whole: the sweep trains it from the start (input_damage names it)
+    done_recorded = isinstance(recorded, dict) and str(rel / "done.json") in recorded
+    if status not in ENDED and not (status is None and done_recorded):
         return None
     _, problem = committed_parts(run_dir)
     if problem is None:
