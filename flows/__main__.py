@@ -46,20 +46,25 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
     from rollscale.config import load_params
 
     study = load_params(params)  # bad config fails before any work, and before Prefect is even imported
-    from rollscale.pipeline.stages.outputs import unrebuilt_damage, write_outputs_manifest
+    from rollscale.pipeline.stages.outputs import input_damage, unrebuilt_damage, write_outputs_manifest
     from rollscale.pipeline.query.storage import DamagedResultError
     from rollscale.pipeline.stages.record import fingerprint, started_by, write_record
     from rollscale.pipeline.stages.specs import load_stage_specs, now, project_root, stage_lock, upstream
     from rollscale.pipeline.runtime.workers import quiet_prefect
 
     specs = load_stage_specs()
+    read = upstream(specs[stage], specs)
     # what this run runs on, taken before its code is imported (rollscale.pipeline.stages.record)
-    ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params,
-                         upstream(specs[stage], specs))
+    ran_on = fingerprint(project_root(), artifacts, params, specs[stage].deps, specs[stage].params, read)
     # the record of the last good outputs stays until this run finishes; what was damaged since it must be
     # rebuilt by this run, never recorded as it is
     left_damaged = unrebuilt_damage(artifacts, stage)
     with stage_lock(stage, artifacts) as info:
+        # no answer from incomplete evidence: a run or table this stage reads must pass the checks `status`
+        # makes (under the lock: a refusal is recorded, and said to a study; and again before the outputs are
+        # recorded: nothing damaged meanwhile either)
+        if damage := input_damage(artifacts, read):
+            raise DamagedResultError(f"{stage}: {damage}")
         flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
         if "torch" in sys.modules:  # only the stages that use torch pay for importing it
             sys.modules["torch"].set_num_threads(study.torch_threads)
@@ -67,6 +72,8 @@ def run_stage(stage: str, params: str, artifacts: str, debug: bool) -> None:
         keep_our_signal_handlers(flow)(params_path=params, artifacts=artifacts)
         if damage := left_damaged():
             raise DamagedResultError(damage)
+        if damage := input_damage(artifacts, read):
+            raise DamagedResultError(f"{stage}: {damage}")
         write_outputs_manifest(artifacts, stage)
         write_record(Path(artifacts) / stage, stage, info, ran_on, now(), started_by(stage))
 

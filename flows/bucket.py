@@ -13,7 +13,7 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.core.problems.buckets import assign_buckets, bucket_counts, make_splits, splits_table
-from rollscale.files import write_parquet_atomic
+from rollscale.files import write_parquets_atomic
 from tasks.common import ARTIFACTS, retried_task, read_params, refresh_duckdb
 
 
@@ -40,8 +40,7 @@ def bucket_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS
     table = bucket_splits(profile, params.bucket, params.data.more_problems)
     counts = bucket_counts(table, len(profile))
     out = Path(artifacts) / "bucket"
-    write_parquet_atomic(table, out / "buckets.parquet")
-    write_parquet_atomic(counts, out / "bucket_counts.parquet")
+    write_parquets_atomic({out / "buckets.parquet": table, out / "bucket_counts.parquet": counts})  # all at once
     refresh_duckdb(Path(artifacts))
     print("bucket counts:\n" + counts.to_string(index=False, float_format=lambda x: f"{x:.1%}"))
     return table

@@ -58,7 +58,7 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.core.fit.analysis import DESIGNS
-from rollscale.files import write_parquet_atomic
+from rollscale.files import write_parquets_atomic
 from tasks.common import ARTIFACTS, read_params, refresh_duckdb
 from tasks.fit import (
     crs_prediction,
@@ -116,9 +116,8 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
         "forecast": ahead.forecast,
         "backtest": ahead.backtest,
     }
-    out = root / "fit"
-    for name, table in tables.items():
-        write_parquet_atomic(table, out / f"{name}.parquet")
+    # all at once: a failure while writing (a full disk) leaves the earlier tables whole and consistent
+    write_parquets_atomic({root / "fit" / f"{name}.parquet": table for name, table in tables.items()})
     refresh_duckdb(root)
 
     fits = tables["fits"]

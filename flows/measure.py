@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from rollscale.files import write_parquet_atomic
+from rollscale.files import write_parquets_atomic
 from rollscale.train.sweep import run_configs
 from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise
@@ -50,8 +50,8 @@ def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
     prompts = [results[i]["noise_prompts"] for i in range(len(configs))]
     noise_steps, noise_prompts = pd.concat(steps, ignore_index=True), pd.concat(prompts, ignore_index=True)
     out_dir = root / "measure"
-    write_parquet_atomic(noise_steps, out_dir / "noise_steps.parquet")
-    write_parquet_atomic(noise_prompts, out_dir / "noise_prompts.parquet")
+    write_parquets_atomic({out_dir / "noise_steps.parquet": noise_steps,  # all at once
+                           out_dir / "noise_prompts.parquet": noise_prompts})
     refresh_duckdb(root)
     cols = ["n", "step", "b_simple", "b_simple_ema", "rho_icc", "k_sat_icc", "k_crit", "crs"]
     print("measure: noise per step\n" + noise_steps[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))

@@ -104,6 +104,8 @@ def reproduce(stage: str, root: str, force: bool) -> None:
     if url and url.startswith("http"):
         env["PREFECT_API_URL"] = url
     (artifacts / stage / STAGE_EXIT).unlink(missing_ok=True)
+    # the record of the stage's last finished run, before DVC runs it: what there is to put back if DVC removes it
+    recorded = (artifacts / stage / OUTPUTS_MANIFEST).exists()
     cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", *(["--force"] if force else []), stage]
     dvc = subprocess.Popen(cmd, cwd=root, env=env)
     try:
@@ -111,10 +113,10 @@ def reproduce(stage: str, root: str, force: bool) -> None:
     except (KeyboardInterrupt, TerminationSignal) as err:  # TerminationSignal: Prefect's, in a served run
         signum = getattr(err, "signal", None) or interrupts.signal_of(err)
         reported = stop_stage(dvc, stage, artifacts, signum)
-        restore_outputs(stage, root, env)
+        restore_outputs(stage, root, env, recorded)
         raise StageInterrupted(signum, stage, reported) from None
     if code != 0:
-        restore_outputs(stage, root, env)
+        restore_outputs(stage, root, env, recorded)
         said = read_json(artifacts / stage / STAGE_EXIT) or {}
         if said.get("message"):  # the stage's own reason and exit status (DVC says 255 for any failure)
             raise StageFailedError(f"stage {stage!r} stopped: {said['message']}", int(said.get("code") or 1))
@@ -129,14 +131,27 @@ def stage_env() -> dict[str, str]:
     return env
 
 
-def restore_outputs(stage: str, root: str, env: dict[str, str]) -> None:
-    """After a stage that failed or was stopped: where DVC had removed its earlier outputs before running it
-    (a stage without ``persist``), put them back from DVC's cache (``dvc checkout``), or say in one line how."""
+def persistent(root: str | Path, stage: str) -> bool:
+    """Whether ``dvc.yaml`` keeps the stage's outputs while it runs (``persist: true``: DVC never removes them)."""
+    import yaml
+
+    body = ((yaml.safe_load((Path(root) / "dvc.yaml").read_text()) or {}).get("stages") or {}).get(stage) or {}
+    return any(isinstance(out, dict) and any(isinstance(o, dict) and o.get("persist") for o in out.values())
+               for out in body.get("outs") or [])
+
+
+def restore_outputs(stage: str, root: str, env: dict[str, str], recorded: bool) -> None:
+    """After a stage that failed or was stopped: where DVC had removed its earlier outputs before running it,
+    put them back from DVC's cache (``dvc checkout``), or say in one line how. Told apart from the stage's
+    own work in progress by the stage's record, not by a missing file: only a stage without ``persist``
+    (DVC empties its folder before running it) whose record of a finished run (``recorded``: its
+    MANIFEST.json when the study started it) is gone now. A persistent stage's folder (the sweep's runs,
+    the profile's chunks) or one started from nothing holds its own work: it stays as it is."""
     folder = Path(root) / "artifacts" / stage
     lock = Path(root) / "dvc.lock"
     import yaml
 
-    if (folder / OUTPUTS_MANIFEST).exists() or not lock.exists():
+    if not recorded or (folder / OUTPUTS_MANIFEST).exists() or not lock.exists() or persistent(root, stage):
         return
     if stage not in ((yaml.safe_load(lock.read_text()) or {}).get("stages") or {}):
         return  # never recorded: nothing to put back

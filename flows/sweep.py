@@ -23,6 +23,7 @@ from prefect import flow
 
 from rollscale.files import write_json_atomic
 from rollscale.pipeline.stages.specs import ARCHIVE_STALE_ENV
+from rollscale.pipeline.stages.outputs import search_table_damage
 from rollscale.pipeline.stages.status import runs_kept, sweep_progress
 from rollscale.train.trackers import tracker_targets
 from rollscale.train.run_config import RunConfig
@@ -54,7 +55,8 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
     # Plan: the runs of the method (sweep.search.method). A grid trains every run to C_max; the search to the
     # decision at C* (science §9.4) advances each group's runs in rungs of budget and decides after each rung;
     # the decisions of an earlier sweep with the same settings read back.
-    search = SweepSearch(params, root / "sweep", sampling_config(params.sampling))
+    search = SweepSearch(params, root / "sweep", sampling_config(params.sampling),
+                         damage=search_table_damage(root / "sweep"))
     configs = search.configs()
     wanted = {c.run_id: run_identity(c, sweep.bucket, train) for c in configs}
     # the input is checked before anything is moved: a refused sweep leaves its outputs as they were

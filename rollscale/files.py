@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +27,20 @@ __all__ = [
     "write_bytes_atomic",
     "write_json_atomic",
     "write_parquet_atomic",
+    "write_parquets_atomic",
     "write_text_atomic",
 ]
+
+
+def _temp_beside(path: Path) -> Path:
+    """An empty temporary file in ``path``'s folder (created, with that folder); an ``OSError`` names ``path``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}", str(path)) from err
+    return Path(tmp)
 
 
 def write_atomic(path: str | Path, write: Callable[[Path], None], fsync: bool = False) -> Path:
@@ -40,14 +52,9 @@ def write_atomic(path: str | Path, write: Callable[[Path], None], fsync: bool = 
     file are left.
     """
     path = Path(path)
+    tmp = _temp_beside(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-    except OSError as err:
-        raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}", str(path)) from err
-    try:
-        write(Path(tmp))
+        write(tmp)
         if fsync:
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -76,6 +83,30 @@ def write_json_atomic(data: Any, path: str | Path) -> Path:
 def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> Path:
     """Write ``df`` to ``path`` as Parquet without its index, atomically."""
     return write_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
+
+
+def write_parquets_atomic(tables: Mapping[str | Path, pd.DataFrame]) -> list[Path]:
+    """Publish a stage's tables all at once: each ``{path: df}`` is written as Parquet to a temporary file
+    beside its old file, and only when every one is written are they renamed over the old ones (a rename
+    needs no space). A failure while writing (a full disk) leaves the old set whole and no temporary file;
+    an ``OSError`` names the file it was writing."""
+    written: list[tuple[Path, Path]] = []
+    try:
+        for path, df in tables.items():
+            path = Path(path)
+            written.append((tmp := _temp_beside(path), path))
+            try:
+                df.to_parquet(tmp, index=False)
+            except OSError as err:
+                raise OSError(err.errno, f"cannot write {path}: {err.strerror or err}", str(path)) from err
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for every reader of the folder
+        for tmp, path in written:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+        raise
+    return [path for _, path in written]
 
 
 def sha256_file(path: str | Path) -> str:

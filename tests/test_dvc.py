@@ -305,18 +305,25 @@ def test_status_knows_a_stage_run_outside_dvc_and_says_dvc_lock_is_behind(clone,
     assert fit["state"] == "stale" and "param fit (params.yaml): modified" in fit["detail"], fit
 
 
+def study_with_a_long_sweep(clone, tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of the study whose sweep trains long enough for a signal to land in it (n = 2: 40 steps, a
+    checkpoint every 2), and the environment of a study that starts its own Prefect server."""
+    root = tmp_path / "study"
+    shutil.copytree(clone[0], root, symlinks=True)
+    env = {k: v for k, v in clone[1].items() if k != "PREFECT_API_URL"}
+    params = merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)
+    params["sweep"].update(c_max=160, eval_every=8)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root, env
+
+
 def test_ctrl_c_stops_the_study_in_one_line_and_the_next_study_resumes(clone, tmp_path):
     """Ctrl-C to `rollscale study` while its sweep trains (the study's own Prefect server, which
     the stage under `dvc repro` reports to): exit 130 within 10 s with the stage's one line, the
     lock released, dvc.lock not claiming the sweep; the next study resumes and records it."""
     from tests.test_faults import check_complete_rows, committed_checkpoints, interrupt, said
 
-    root = tmp_path / "study"
-    shutil.copytree(clone[0], root, symlinks=True)
-    env = {k: v for k, v in clone[1].items() if k != "PREFECT_API_URL"}
-    params = merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)
-    params["sweep"].update(c_max=160, eval_every=8)  # n = 2: 40 steps, a checkpoint every 2
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    root, env = study_with_a_long_sweep(clone, tmp_path)
     runs = root / "artifacts" / "sweep" / "runs"
     shutil.rmtree(runs)  # so the first checkpoint waited for is one of this sweep
     rc, seconds, after, _ = interrupt(["study", "--stages", "sweep"], signal.SIGINT,

@@ -43,6 +43,9 @@ CHECKPOINT_RE = re.compile(r"^ckpt-(\d{6,})$")
 PART_RE = re.compile(r"^(steps|evals)-(\d{6,})\.parquet$")
 CHECKPOINT_FILES = ("model.pt", "optimizer.pt", "state.json")
 SHARDS = "shards"  # a sharded checkpoint's torch.distributed.checkpoint folder
+# a quick check (`rollscale status`, the stages reading a run) hashes files up to this size and checks larger
+# ones by size only (it must stay fast on large checkpoints)
+QUICK_HASH_BYTES = 64 << 20
 
 
 def _expected_files(files: Mapping[str, Any]) -> bool:
@@ -79,8 +82,8 @@ def verify_checkpoint(root: Path, step: int, path: Path, quick: bool = False) ->
     """Why checkpoint ``path`` (step ``step``) of the run in ``root`` is not valid, or None.
 
     Checks the size and sha256 of its files and of every row part it commits.
-    ``quick`` hashes only ``state.json`` and the parts (the weights: size only),
-    for ``rollscale status``, which must stay fast on large checkpoints."""
+    ``quick`` hashes ``state.json``, the parts and the weights up to :data:`QUICK_HASH_BYTES` (larger
+    weights: size only), for ``rollscale status``, which must stay fast on large checkpoints."""
     if not (path / MANIFEST).exists():
         return f"no {MANIFEST} (an interrupted write)"
     manifest = read_manifest(path)
@@ -89,7 +92,8 @@ def verify_checkpoint(root: Path, step: int, path: Path, quick: bool = False) ->
     files = manifest.get("files", {})
     if not _expected_files(files):
         return f"{MANIFEST} lists {sorted(files)}, expected {list(CHECKPOINT_FILES)} or state.json and {SHARDS}/"
-    entries = [(path / name, meta, not quick or name == "state.json") for name, meta in files.items()]
+    entries = [(path / name, meta, not quick or name == "state.json" or (meta.get("bytes") or 0) <= QUICK_HASH_BYTES)
+               for name, meta in files.items()]
     entries += [(root / name, meta, True) for name, meta in manifest.get("parts", {}).items()]
     for file, meta, hash_it in entries:
         problem = check_file(file, meta, hash_it)

@@ -145,7 +145,10 @@ class SweepSearch:
     sampled with ``sampling`` (``params.sampling`` as the runs take it). Building it reads the decisions of an
     earlier sweep with the same settings and moves nothing."""
 
-    def __init__(self, params: StudyParams, sweep_dir: Path, sampling: SamplingConfig) -> None:
+    def __init__(self, params: StudyParams, sweep_dir: Path, sampling: SamplingConfig,
+                 damage: str | None = None) -> None:
+        """``damage``: what is wrong with the stored ``search`` table (the stage's check of it against its record,
+        :func:`rollscale.pipeline.stages.outputs.search_table_damage`), None when it is whole or absent."""
         sweep = params.sweep
         self.sweep, self.sweep_dir, self.bucket = sweep, sweep_dir, sweep.bucket
         self.sampling = sampling
@@ -161,7 +164,16 @@ class SweepSearch:
         self.search = search_plan(sweep)
         self.alone = [self._config(p) for p in self.search.alone]
         self.identity = search_identity(self.search, self.settings)
-        self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
+        self.rebuilt = False  # the decisions were made again from the runs' records (saved by begin())
+        if damage:
+            # (after a sweep that did not finish, its own table differs from that record too: made again alike)
+            print(f"sweep: the search table is not the one the last finished sweep recorded ({damage}): its "
+                  "decisions are made again from the runs' evaluations")
+            self.decisions = empty_decisions()
+        else:
+            self.decisions = load_decisions(sweep_dir, self.identity, archive=False)  # archived by begin()
+        if damage or not (sweep_dir / SEARCH_TABLE).exists():
+            self._replay()
 
     def config_of(self, group: str, key: Any, seed: int) -> RunConfig:
         """The config of ``key``'s run with ``seed`` in ``group`` (a key or seed the grid lacks too)."""
@@ -183,6 +195,8 @@ class SweepSearch:
             no_search(self.sweep_dir)
             return
         load_decisions(self.sweep_dir, self.identity)
+        if self.rebuilt:
+            save_decisions(self.sweep_dir, self.decisions, self.identity)
         s = self.sweep.search
         if self.search.groups:
             rungs = rung_budgets(self.sweep.c_max, s.eta, s.first_rung)
@@ -241,6 +255,30 @@ class SweepSearch:
             for (key, rung, rule), rows in new[new["action"] == "stop"].groupby(["key", "rung", "rule"]):
                 self._mark(g, g.key_of(key), rows["seed"].astype(int).tolist(), int(rung), str(rule))
             decide_now = False
+
+    def _replay(self) -> None:
+        """The decisions made again from the runs' own records (the ``search`` table was removed or damaged):
+        each group's rungs in order, as long as every run of the rung has committed evaluations to its budget.
+        ``decide`` reads each run's evaluations only up to its rung's budget, so the rows are the lost ones
+        (science §8, §9.4), and the runs the decisions added count as the sweep's, never as stale ones."""
+        for g in self.search.groups:
+            while not (todo := plan([g], self.decisions, self.settings)).empty:
+                if not all(self._reached(self.config_of(g.group, r.key, int(r.seed)), float(r.c))
+                           for r in todo.itertuples()):
+                    break
+                new = decide(self._points(g), [g], self.decisions, self.settings, self.cache)
+                self.decisions = pd.concat([self.decisions, new], ignore_index=True) if len(self.decisions) else new
+                self.rebuilt = True
+
+    def _reached(self, config: RunConfig, budget: float) -> bool:
+        """Whether the run has trained (and been evaluated) to ``budget``: ended at C_max, or its newest
+        checkpoint at or past it."""
+        store = RunStore(self.run_dir(config))
+        if self._at_c_max(config):
+            return True
+        ckpt = store.latest()
+        return ckpt is not None and float(ckpt.state.get("c", 0)) >= budget and (
+            ckpt.state.get("last_eval_step") == ckpt.state.get("step") or store.done() is not None)
 
     def _mark(self, g: SearchGroup, key: Any, seeds: list[int], rung: int | None = None,
               rule: str | None = None) -> None:

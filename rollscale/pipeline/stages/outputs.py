@@ -33,19 +33,24 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from rollscale.files import sha256_file, write_json_atomic
-from rollscale.train.manifest import CHECKPOINT_RE, PART_RE, check_file, committed_parts, verify_checkpoint
+from rollscale.train.manifest import (
+    CHECKPOINT_RE,
+    PART_RE,
+    QUICK_HASH_BYTES,
+    check_file,
+    committed_parts,
+    verify_checkpoint,
+)
 
 OUTPUTS_MANIFEST = "MANIFEST.json"
 VERSION = 1
-# `rollscale status` hashes files up to this size and checks larger ones by size only (it must stay fast)
-QUICK_HASH_BYTES = 64 << 20
 
 # a sweep run's files that say what it is and how it ended (its attempts.jsonl is a log, not a result)
 RUN_RESULT_FILES = ("run.parquet", "done.json", "identity.json")
 ENDED = ("finished", "stopped")  # a run the sweep does not train again unless it is damaged
 
-__all__ = ["OUTPUTS_MANIFEST", "outputs_problem", "run_damage", "stage_output_files", "stage_problem",
-           "unrebuilt_damage", "write_outputs_manifest"]
+__all__ = ["OUTPUTS_MANIFEST", "input_damage", "outputs_problem", "run_damage", "search_table_damage", "stage_output_files",
+           "stage_problem", "unrebuilt_damage", "write_outputs_manifest"]
 
 
 def _recorded(rel: Path) -> bool:
@@ -175,10 +180,18 @@ def run_damage(artifacts: str | os.PathLike[str], run_dir: str | os.PathLike[str
                unfinished_ok: bool = False) -> str | None:
     """Why an ended sweep run (``done.json``: finished or stopped) cannot be trusted, or None: the row
     parts its newest checkpoint commits, as ``fit`` reads them (:func:`committed_parts`), that
-    checkpoint (``quick``: its weights by size only), and its :data:`RUN_RESULT_FILES` against the
-    sweep's record. A run that has not ended is not judged: the sweep resumes it anyway."""
+    checkpoint (``quick``: weights over 64 MiB by size only), and its :data:`RUN_RESULT_FILES` against the
+    sweep's record. A run that has not ended (or failed) is not judged (the sweep resumes it anyway), unless
+    the record says it had: its recorded ``done.json`` removed is damage too."""
     run_dir = Path(run_dir)
-    if _read_status(run_dir / "done.json") not in ENDED:
+    folder = Path(artifacts) / "sweep"
+    recorded = (_read(folder) or {}).get("files")
+    rel = run_dir.resolve().relative_to(folder.resolve())  # the record names files from the stage folder
+    status = _read_status(run_dir / "done.json")
+    if not run_dir.is_dir():
+        return None  # a run folder removed whole: the sweep trains it from the start (input_damage names it)
+    done_recorded = isinstance(recorded, dict) and str(rel / "done.json") in recorded
+    if status not in ENDED and not (status is None and done_recorded):
         return None
     _, problem = committed_parts(run_dir)
     if problem is None:
@@ -186,9 +199,6 @@ def run_damage(artifacts: str | os.PathLike[str], run_dir: str | os.PathLike[str
         if ckpts and (why := verify_checkpoint(run_dir, *ckpts[-1], quick=quick)):
             problem = f"{ckpts[-1][1]}: {why}"
     if problem is None:
-        folder = Path(artifacts) / "sweep"
-        recorded = (_read(folder) or {}).get("files")
-        rel = run_dir.resolve().relative_to(folder.resolve())  # the record names files from the stage folder
         files = [rel / name for name in RUN_RESULT_FILES
                  if (run_dir / name).exists() or (isinstance(recorded, dict) and str(rel / name) in recorded)]
         problem = outputs_problem(artifacts, "sweep", files, quick, unfinished_ok)
@@ -224,3 +234,45 @@ def stage_problem(artifacts: str | os.PathLike[str], stage: str, quick: bool = F
     if problem is None and stage == "sweep":
         problem = next(iter(runs_damage(artifacts, quick, unfinished_ok).values()), None)
     return problem
+
+
+def input_damage(artifacts: str | os.PathLike[str], stages: Iterable[str]) -> str | None:
+    """Why a stage reading the outputs of ``stages`` (its upstream stages) would answer from incomplete
+    evidence, in one line naming the damaged run or file and the command that repairs it, or None.
+
+    Checked as ``rollscale status`` checks them (``quick``; files written after the record by a run that
+    did not finish are its own): every sweep run (:func:`run_damage`: its committed parts, its newest
+    checkpoint's manifest, its files of the sweep's record, done.json included), then every other file of
+    each stage's record. ``rollscale study`` repairs each: it retrains a damaged run from its last good
+    checkpoint and runs a stage with a damaged file again."""
+    for stage in stages:
+        if stage == "sweep":
+            for run_id, why in runs_damage(artifacts, quick=True, unfinished_ok=True).items():
+                return (f"sweep run {run_id} is damaged ({why}): `rollscale study` retrains it from its last "
+                        "good checkpoint (or `rollscale run sweep`), then run this stage again")
+        for rel, why in _problems(artifacts, stage, None, True, True):
+            if stage == "sweep" and rel.parts[:1] == ("runs",) and len(rel.parts) > 2:
+                return (f"sweep run {rel.parts[1]} is damaged ({why}): `rollscale study` retrains it from its "
+                        "last good checkpoint (or `rollscale run sweep`), then run this stage again")
+            return f"its input {stage} is damaged ({why}): `rollscale study` runs {stage} again, then this stage"
+    return None
+
+
+def search_table_damage(sweep_dir: Path) -> str | None:
+    """What is wrong with the ``search`` table against the sweep's last finished run's record of checksums
+    (or as Parquet), or None. A table a sweep that did not finish wrote differs from that record too: it is
+    rebuilt as well, to the same rows (the decisions are a pure function of the runs' evaluations)."""
+    import pandas as pd
+
+    from rollscale.train.rungs import SEARCH_TABLE
+
+    table = sweep_dir / SEARCH_TABLE
+    if not table.exists():
+        return None
+    if problem := outputs_problem(sweep_dir.parent, sweep_dir.name, [table]):
+        return problem
+    try:
+        pd.read_parquet(table)
+    except Exception as err:  # noqa: BLE001 - Arrow raises many types for a damaged file
+        return f"{table} is not readable Parquet ({type(err).__name__})"
+    return None

@@ -290,12 +290,20 @@ def runs_kept(runs: list[RunProgress]) -> str:
 
 def search_progress(artifacts: str | os.PathLike[str]) -> list[str]:
     """The sweep's search (science §9.4) in words, a line per group: the last rung decided, the keys it
-    stopped (rung and rule), added and seeded; none for a grid sweep."""
+    stopped (rung and rule), added and seeded; none for a grid sweep. A table that fails the sweep's record
+    of checksums is not read: one line says it is damaged and what rebuilds it."""
+    from rollscale.pipeline.stages.outputs import outputs_problem
+
     path = Path(artifacts) / "sweep" / "search.parquet"
+    rebuild = "`rollscale study` rebuilds it from the runs' evaluations (or `rollscale run sweep`)"
+    if path.exists() and (problem := outputs_problem(artifacts, "sweep", [path], quick=True, unfinished_ok=True)):
+        return [f"search: damaged, not shown: {problem}; {rebuild}"]
     try:
         rows = pd.read_parquet(path)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return []
+    except Exception as err:  # noqa: BLE001 - Arrow raises many types for a damaged file
+        return [f"search: damaged, not shown: {path} is not readable Parquet ({type(err).__name__}); {rebuild}"]
     lines = []
     for group, g in rows.groupby("group", sort=True):
         last = g[g["decision"] == g["decision"].max()]

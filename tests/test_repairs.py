@@ -1,0 +1,235 @@
+"""Results nobody can damage (issue 42, parts 1-4), on one small finished study built once: a stage that
+reads a run refuses damaged evidence in one line naming the run and the repair, and the repair gives the
+untouched answer; a stage publishes its tables all at once; a damaged `search` table is rebuilt from the
+runs' own records; an interrupted study keeps its own work (the DVC case: tests/test_dvc.py's study)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.__main__ import run_stage
+from rollscale.pipeline.query.storage import DamagedResultError
+from rollscale.pipeline.stages.outputs import stage_problem
+from tests.test_study import copy_study, prepared_study, write_params
+
+pytestmark = pytest.mark.slow
+
+# two keys searched by rungs (16, 32, 64 rollouts), several checkpoints per run
+SWEEP = {"n": [2, 4], "b_problem": [4], "c_max": 64, "eval_every": 2, "checkpoint_every": 2,
+         "search": {"method": "frontier", "eta": 2.0, "first_rung": 0.25}}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A study whose sweep and fit ran as `rollscale run` runs them (each stage's record of checksums
+    written); read-only: :func:`study_copy` it."""
+    prepared = prepared_study(tmp_path_factory)
+    root = tmp_path_factory.mktemp("finished")
+    art = copy_study(prepared, root)
+    params = write_params(root, sweep=SWEEP)
+    for stage in ("sweep", "fit"):
+        run_stage(stage, str(params), str(art), False)
+    return root
+
+
+def study_copy(finished: Path, dest: Path) -> tuple[Path, Path]:
+    """A copy of the finished study: (its artifacts folder, its params file)."""
+    shutil.copytree(finished, dest / "study", symlinks=True, copy_function=shutil.copy2)
+    return dest / "study" / "artifacts", dest / "study" / "params.yaml"
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")}
+
+
+def newest(run_dir: Path, pattern: str) -> Path:
+    return sorted(run_dir.glob(pattern))[-1]
+
+
+def retabled(path: Path, **changes) -> None:
+    """A tamperer's edit: the same table with other values (readable Parquet, another checksum)."""
+    df = pd.read_parquet(path)
+    df.assign(**{k: v(df) for k, v in changes.items()}).to_parquet(path, index=False)
+
+
+def edited_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def shifted_bytes(data: dict) -> None:  # the manifest says another size for the weights
+    data["files"]["model.pt"]["bytes"] += 1
+
+
+def flip_a_byte(path: Path) -> None:
+    """Same size, another checksum (a bad disk): a check by size alone misses it."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# each file a run is made of: where it is in the run folder, and how it is altered
+RUN_FILES = {
+    "manifest": (lambda d: newest(d, "ckpt-*") / "MANIFEST.json", lambda p: edited_json(p, shifted_bytes)),
+    "evals part": (lambda d: newest(d, "evals-*.parquet"), lambda p: retabled(p, avg_at_k=lambda df: df["avg_at_k"] + 0.1)),
+    "steps part": (lambda d: newest(d, "steps-*.parquet"), lambda p: retabled(p, c=lambda df: df["c"] + 1)),
+    "checkpoint shard": (lambda d: newest(d, "ckpt-*") / "model.pt", flip_a_byte),
+    "run.parquet": (lambda d: d / "run.parquet", lambda p: retabled(p, c=lambda df: df["c"] - 1)),
+    "done.json": (lambda d: d / "done.json", lambda p: edited_json(p, lambda data: data.update(steps=1))),
+}
+
+
+def longest_run(art: Path) -> Path:
+    """The run with the most checkpoints: its newest one has an older one to fall back on."""
+    runs = sorted((art / "sweep" / "runs").iterdir(), key=lambda d: (len(list(d.glob("ckpt-*"))), d.name))
+    assert len(list(runs[-1].glob("ckpt-*"))) >= 2
+    return runs[-1]
+
+
+def damage(run_dir: Path, what: str, how: str) -> Path:
+    """Remove or alter the ``what`` of :data:`RUN_FILES` in ``run_dir``."""
+    where, alter = RUN_FILES[what]
+    victim = where(run_dir)
+    if how == "removed":
+        victim.unlink()
+    else:
+        alter(victim)
+    return victim
+
+
+@pytest.mark.parametrize("how", ["removed", "altered"])
+@pytest.mark.parametrize("what", list(RUN_FILES))
+def test_a_fit_refuses_a_damaged_run_in_one_line_naming_the_run_and_the_repair(finished, tmp_path, what, how):
+    """Issue 42, part 1 (case 1: a removed checkpoint manifest changed the answer silently): each file a run is
+    made of, removed or altered, makes `run fit` refuse in one line naming the run and `rollscale study`,
+    before it writes anything: the fit's tables and their record stay as they were."""
+    art, params = study_copy(finished, tmp_path)
+    run_dir = longest_run(art)
+    fit_before = files_of(art / "fit")
+    damage(run_dir, what, how)
+    with pytest.raises(DamagedResultError) as refused:
+        run_stage("fit", str(params), str(art), False)
+    line = str(refused.value)
+    assert len(line.splitlines()) == 1 and line.startswith(f"fit: sweep run {run_dir.name} is damaged"), line
+    assert "`rollscale study`" in line, line
+    assert files_of(art / "fit") == fit_before  # tables and MANIFEST.json: nothing recorded over damage
+
+
+def test_the_sweep_repairs_damaged_runs_and_the_fit_gives_the_untouched_decision(finished, tmp_path):
+    """Issue 42, part 1: the repair `rollscale study` makes (the sweep run again, then the fit) on a run whose
+    newest checkpoint lost its manifest (it falls back to the one before and trains the lost steps again) and
+    a run whose done.json was removed and an evals part altered: nothing damaged is left, and the fit's
+    decision is the untouched one, byte for byte."""
+    art, params = study_copy(finished, tmp_path)
+    fit_before = files_of(art / "fit")
+    runs = sorted((art / "sweep" / "runs").iterdir())
+    damage(runs[0], "manifest", "removed")
+    damage(runs[1], "done.json", "removed")
+    damage(runs[1], "evals part", "altered")
+    run_stage("sweep", str(params), str(art), False)
+    assert stage_problem(art, "sweep") is None
+    run_stage("fit", str(params), str(art), False)
+    after = files_of(art / "fit")
+    assert {t: after[t] for t in ("decision.parquet", "record_points.parquet")} == {
+        t: fit_before[t] for t in ("decision.parquet", "record_points.parquet")}
+
+
+def test_a_fit_that_fails_midway_keeps_the_earlier_tables_whole_and_consistent(finished, tmp_path, monkeypatch):
+    """Issue 42, part 3 (case 3: a fit failing on a full disk had replaced record_points but not fits and
+    decision): the disk fills while the fit writes its third table; every table and the stage's record of
+    checksums are the earlier ones, no temporary file is left, and queries read them without a note."""
+    from rollscale.pipeline.query.storage import query
+
+    art, params = study_copy(finished, tmp_path)
+    write_params(params.parent, sweep=SWEEP, fit={"bin_width": 0.2})  # fewer record points: every table changes
+    before = files_of(art / "fit")
+    points = query("select * from record_points", art)
+    to_parquet, written = pd.DataFrame.to_parquet, []
+
+    def disk_full_at_the_third_table(df, path, *args, **kwargs):
+        if Path(path).parent == art / "fit":
+            written.append(path)
+            if len(written) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return to_parquet(df, path, *args, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", disk_full_at_the_third_table)
+    with pytest.raises(OSError, match="No space left on device"):
+        run_stage("fit", str(params), str(art), False)
+    assert len(written) == 3
+    assert files_of(art / "fit") == before
+    assert not [p.name for p in (art / "fit").iterdir() if p.name.endswith(".tmp")]
+    assert stage_problem(art, "fit") is None
+    pd.testing.assert_frame_equal(query("select * from record_points", art), points)
+
+
+@pytest.mark.parametrize("how", ["altered", "removed"])
+def test_a_damaged_search_table_is_marked_and_rebuilt_from_the_runs_own_records(finished, tmp_path, how):
+    """Issue 42, part 4 (case 4: a damaged search.parquet stopped the study with "restore or delete that file",
+    and deleting it asked to archive ended runs; `status` printed the tampered table): `status` says the table
+    is damaged instead of printing it, and the sweep run again (what `rollscale study` runs) rebuilds it from
+    the runs' evaluations to the same bytes, training nothing and archiving no run."""
+    from rollscale.pipeline.stages.status import search_progress
+
+    art, params = study_copy(finished, tmp_path)
+    sweep = art / "sweep"
+    table = sweep / "search.parquet"
+    good, shown = table.read_bytes(), search_progress(art)
+    assert shown and not pd.read_parquet(table).empty
+    runs = {p.relative_to(sweep): p.read_bytes() for p in (sweep / "runs").rglob("*")
+            if p.is_file() and p.name != "attempts.jsonl"}
+    if how == "removed":
+        table.unlink()
+    else:
+        retabled(table, c=lambda df: df["c"] * 2)
+        [line] = search_progress(art)
+        assert line.startswith("search: damaged, not shown: ") and "search.parquet" in line, line
+        assert "`rollscale study` rebuilds it" in line, line
+    assert "search.parquet" in stage_problem(art, "sweep")
+
+    run_stage("sweep", str(params), str(art), False)
+    assert table.read_bytes() == good and search_progress(art) == shown
+    assert not (sweep / "archive").exists()
+    assert {p.relative_to(sweep): p.read_bytes() for p in (sweep / "runs").rglob("*")
+            if p.is_file() and p.name != "attempts.jsonl"} == runs
+    assert stage_problem(art, "sweep") is None
+
+
+def test_ctrl_c_on_a_sweep_started_from_scratch_keeps_its_work_and_brings_back_no_older_run(dvc_study, tmp_path):
+    """Issue 42, part 2 (case 2: the previous sweep's outputs were checked out over the new sweep's work):
+    `rm -rf artifacts/sweep`, `rollscale study`, Ctrl-C once the new sweep has committed checkpoints: the
+    sweep (persist: true, DVC never removed it) keeps them, and none of the earlier sweep's runs, nor its record
+    of checksums, comes back from DVC's cache."""
+    from rollscale.pipeline.stages.status import study_status
+    from tests.test_dvc import study_with_a_long_sweep
+    from tests.test_faults import committed_checkpoints, interrupt
+
+    root, env = study_with_a_long_sweep(dvc_study, tmp_path)
+    sweep = root / "artifacts" / "sweep"
+    shutil.rmtree(sweep)
+    first = sweep / "runs" / "np4_nr2_uniform_s0"  # the longest run trains first
+    seen: dict[Path, bytes] = {}
+
+    def checkpoints_committed():
+        kept = committed_checkpoints(first)[:-1]  # the newest may be replaced as the run goes on
+        seen.update({p / "MANIFEST.json": (p / "MANIFEST.json").read_bytes() for p in kept})
+        return len(kept) >= 1
+
+    rc, _, after, _ = interrupt(["study", "--stages", "sweep"], signal.SIGINT, checkpoints_committed,
+                                "two checkpoints of the new sweep", tmp_path / "study.log", env, root)
+    assert rc == 130, after[-3000:]
+    assert "put back from DVC's cache" not in after, after[-3000:]
+    assert {p: p.read_bytes() for p in seen} == seen  # its finished steps are kept
+    assert not (sweep / "MANIFEST.json").exists()  # the earlier sweep's record did not come back ...
+    assert not list(sweep.glob("runs/*/done.json"))  # ... nor any of its ended runs
+    status = study_status(root, root / "artifacts")
+    assert {s.stage: s.state for s in status.stages}["sweep"] == "interrupted"
+    assert not [r for r in status.runs if r.status in ("finished", "stopped")]
