@@ -270,8 +270,9 @@ class SweepParams(Section, RunRecordParams):
     def _seeds_to_start_with(self) -> "SweepParams":
         # method decision: each key starts with the first seeds_min of sweep.seeds (train/search_groups.py);
         # fewer seeds there would start every key with fewer than seeds_min, silently
+        # (only a seeds_min the params set: the schema's default starts a one-seed list with its one seed)
         have, s = len(set(self.seeds)), self.search
-        if s.method == "decision" and s.seeds_min > have:
+        if s.method == "decision" and "seeds_min" in s.model_fields_set and s.seeds_min > have:
             raise ValueError(f"sweep.search.seeds_min ({s.seeds_min}) is more than the {have} seed(s) of sweep.seeds: "
                              "under method decision each key starts with the first seeds_min of them; list more "
                              "seeds or lower seeds_min")
