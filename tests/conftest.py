@@ -27,11 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 # with --durations=0): the workers end within a small file of each other. test_dvc and test_faults lead so their
 # shared builds (dvc-study, tiny-study) run at once, one per worker. A file not named here runs after these.
 # test_bad_settings moved down once its 19 check cases ran in-process (19 processes of ~2 CPU-s fewer).
-HEAVY_FIRST = ("test_dvc", "test_faults", "test_ray_sweep", "test_smoke_study", "test_search_sweep",
-               "test_real_model", "test_report", "test_parallel", "test_engines", "test_search_budget",
-               "test_bad_settings", "test_project", "test_sql_cli", "test_pipeline", "test_distributed",
-               "test_schedule", "test_errors", "test_trainer", "test_search_sim", "test_init", "test_stage_deps",
-               "test_step", "test_bootstrap", "test_study", "test_rewards")
+HEAVY_FIRST = ("test_dvc", "test_faults", "test_ray_sweep", "test_smoke_study", "test_repairs", "test_track",
+               "test_search_sweep", "test_real_model", "test_report", "test_parallel", "test_engines",
+               "test_search_budget", "test_init", "test_export", "test_bad_settings", "test_project", "test_sql_cli",
+               "test_pipeline", "test_distributed", "test_schedule", "test_errors", "test_trainer", "test_forecast",
+               "test_stage_deps", "test_step", "test_bootstrap", "test_study", "test_rewards")
 
 
 def pytest_configure(config):
