@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 # two keys searched by rungs (16, 32, 64 rollouts), several checkpoints per run
 SWEEP = {"n": [2, 4], "b_problem": [4], "c_max": 64, "eval_every": 2, "checkpoint_every": 2,
-         "search": {"method": "frontier", "eta": 2.0, "first_rung": 0.25}}
+         "search": {"method": "decision", "eta": 2.0, "first_rung": 0.25}}
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,10 @@ TINY = {
     "profile": {"k": 4, "k_extreme": 0, "chunk_size": 40},
     "bucket": {"val_size": 4, "used": [], "mixtures": {}, "easy": [0.25, 0.75], "extremely_hard": False},
     "sweep": {"bucket": "easy", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 64, "seeds": [0],
-              "eval_every": 4, "eval_k": 2, "checkpoint_every": 4, "train": {"lr_base": 1e-3, "warmup_steps": 0}},
+              "eval_every": 4, "eval_k": 2, "checkpoint_every": 4, "train": {"lr_base": 1e-3, "warmup_steps": 0},
+              # every run to c_max: the tests of this study's stages, faults and workers read whole runs (the
+              # schema's default is the decision search, whose rungs tests/test_search_sweep.py tests)
+              "search": {"method": "grid"}},
 }
 PREPARED = ("base", "profile", "bucket")
 WALL_TIMES = ["t_generate", "t_score", "t_train", "t_eval"]
