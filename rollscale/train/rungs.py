@@ -266,7 +266,7 @@ class SweepSearch:
                 if not all(self._reached(self.config_of(g.group, r.key, int(r.seed)), float(r.c))
                            for r in todo.itertuples()):
                     break
-                new = decide(self._points(g), [g], self.decisions, self.settings, self.cache)
+                new = decide(self._points(g), [g], self.decisions, self.settings)
                 self.decisions = pd.concat([self.decisions, new], ignore_index=True) if len(self.decisions) else new
                 self.rebuilt = True
 
