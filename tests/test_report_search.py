@@ -100,7 +100,7 @@ def test_table_has_one_row_per_key_and_decision_with_its_seeds(tables):
         ["2", "25,600", "8", "0, 1", "finish", "budget"],
     ]
     assert (frame["group"] == GROUP).all() and frame["n_points"].tolist() == ["8", "8", "16"]
-    assert [s.name for s in summary_tables(tables)][-2:] == ["runs", "search"]
+    assert [s.name for s in summary_tables(tables)][-3:] == ["runs", "search", "more_compute"]
 
 
 def test_headline_says_what_the_search_spent(tables):

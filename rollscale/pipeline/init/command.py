@@ -214,8 +214,8 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     project = init_project(Path(path).parent, data, force, values["model.kind"])  # an empty folder becomes the study's
     params = load_params(path)
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
-    too_long = context_warning(info.max_positions, sample.prompt_tokens, sample.token_unit)
-    long = [Finding(*too_long)] if too_long else []
+    past_context = context_warning(info.max_positions, sample.prompt_tokens, sample.token_unit)
+    long = [Finding(*past_context)] if past_context else []
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
                                                        "sampling.max_new_tokens", "sweep.c_max")
                        + (("sweep.devices_per_run",) if "sweep.devices_per_run" in values else ())
