@@ -604,6 +604,14 @@ def test_an_undecided_study_says_between_which_keys_and_what_would_decide(study)
 
 
 def test_an_empty_result_is_not_missing(study, tmp_path):
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.fit.forecast import ForecastSettings
+    from rollscale.core.fit.horizon import forecast_budgets, horizon_tables
+
+    c_max = float(study["runs"]["c_max"].max())
+    ahead = horizon_tables(run_evals(study["runs"], study["evals"], None), c_max, forecast_budgets(c_max, c_max),
+                           ForecastSettings(resamples=20, eval_draws=400))
+    study = dict(study, forecast=ahead.forecast, backtest=ahead.backtest)  # every table of the fit stage
     empty = dict(study, epoch_transitions=study["epoch_transitions"].iloc[0:0])
     paths = write_report(empty, tmp_path)
     page, md = paths.html.read_text(), paths.summary.read_text()
@@ -614,7 +622,8 @@ def test_an_empty_result_is_not_missing(study, tmp_path):
     stages = {s.name: s for s in summary_tables(empty)}["stages"].frame.set_index("table")
     assert stages.loc["epoch_transitions", "rows"] == "0 (empty)"
     # a stage that did not run is missing, and named at the top
-    fit_tables = ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points")
+    fit_tables = ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points",
+                  "forecast", "backtest")
     paths = write_report(dict(study, **dict.fromkeys(fit_tables)), tmp_path)
     page = paths.html.read_text()
     assert page.index('id="not-run"') < page.index('id="figures"')
