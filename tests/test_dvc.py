@@ -330,7 +330,9 @@ def test_ctrl_c_stops_the_study_in_one_line_and_the_next_study_resumes(clone, tm
                                       lambda: committed_checkpoints(runs / "np4_nr2_uniform_s0"),
                                       "a checkpoint of the new sweep", tmp_path / "study.log", env, root)
     assert rc == 130 and seconds < 10, (rc, seconds, after)
-    [line] = said(after)
+    lines = said(after)
+    assert len(lines) == 1, after
+    [line] = lines
     assert re.fullmatch(r"sweep: interrupted \(SIGINT\); 0 of 2 runs finished, 1 resumes from its last checkpoint, "
                         r"1 starts from the beginning: rerun `rollscale study` to go on", line), after
     assert not stage_running(root / "artifacts", "sweep")

@@ -287,7 +287,10 @@ def interrupt(args: list[str], signum: int, when, what: str, log: Path, env: dic
     while (left := live_members(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"outlived the command: {[Path(f'/proc/{p}/cmdline').read_bytes()[:200] for p in left]}"
-    return proc.returncode, seconds, log.read_bytes()[before:].decode(), stage_pid
+    written = log.read_bytes()
+    if before and written[before - 1:before] != b"\n":  # mid-line at the signal (a progress line): from the next line
+        before = written.find(b"\n", before) + 1 or len(written)
+    return proc.returncode, seconds, written[before:].decode(), stage_pid
 
 
 def said(after: str, prefixes=("np4_",)) -> list[str]:

@@ -5,6 +5,7 @@ folder keeps it to seconds."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -305,6 +306,8 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert tiny.sweep.seeds == [0, 1] and len(tiny.sweep.n) == 2 and tiny.sweep.b_problem == [2]
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "-1", "--force"]) == 2
     assert "--hours: expected the hours" in capsys.readouterr().err
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--pilot", "-1", "--force"]) == 2
+    assert "--pilot: expected the problems of the pilot profile" in capsys.readouterr().err
 
 
 def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp_path, monkeypatch, capsys):
@@ -326,7 +329,8 @@ def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp
     params = load_params("params.yaml")
     lo, hi = params.bucket.easy
     assert lo < 0.3 and "Easy's [0.3, 0.6] held too few" in Path("params.yaml").read_text()
-    profile = pilot_profile(params, count=params.data.limit or 60)
+    assert len(pilot_profile(params, seconds=0)) == 8  # one chunk past its time: slow generation stops it early
+    profile = pilot_profile(params, count=params.data.limit or 60, seconds=math.inf)
     assert len(profile) == 60 and int(profile["avg_at_k"].between(0.3, 0.6).sum()) <= params.bucket.val_size
     found = study_findings(params, DataKnown(len(profile), True, profile))
     assert not [f for f in found if f.level == "error"], [f.text() for f in found if f.level == "error"]

@@ -52,7 +52,9 @@ SMALL = {
     "measure": {"n": [4], "b_problem": 2, "steps": 1},
     # one run of 2 steps (n = 2, B_problem = 2); the entropy term moves LoRA off its zero start even where
     # every group's rewards tie (zero_var_filter off), so "the policy moved" does not hang on luck
+    # every run to c_max (one run: init's decision search starts a key with 2 seeds, this study has 1)
     "sweep": {"n": [2], "b_problem": [2], "seeds": [0], "c_max": 8, "eval_every": 2, "checkpoint_every": 2,
+              "search": {"method": "grid"},
               "eval_k": 2, "train": {"lr_base": 1e-3, "b_base": 4, "warmup_steps": 0, "overlong_filter": False,
                                      "zero_var_filter": False, "micro_batch_tokens": 2048}},
     "fit": {"bootstrap_resamples": 20},
@@ -134,10 +136,14 @@ def smoke_study(root: Path, backend: str) -> tuple[Path, dict[str, float]]:
     if user:
         assert not root.is_relative_to(REPO) and [p.name for p in root.iterdir()] == ["arith.parquet"]
         t0 = time.perf_counter()
-        r = user_rollscale(root, "init", "--model", "smollm2", "--data", "arith.parquet", "--gpu", "none")
+        # no pilot profile (tests/test_init.py tests it on the tiny model): on CPU SmolLM2's 32 x 16 answers of up
+        # to 256 tokens took minutes
+        r = user_rollscale(root, "init", "--model", "smollm2", "--data", "arith.parquet", "--gpu", "none",
+                           "--pilot", "0")
         times["init"] = time.perf_counter() - t0
         assert r.returncode == 0, r.stderr[-3000:]
         assert " 0 error(s)" in r.stdout and "this folder is the study's" in r.stdout, r.stdout
+        assert "init: no pilot profile (--pilot 0)" in r.stdout, r.stdout
         assert "duplicate problems (same prompt)" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
         written = yaml.safe_load((root / "params.yaml").read_text())
     else:  # init does not depend on the engine (the hf study tests it): its library, without the tokenizer's 10 s

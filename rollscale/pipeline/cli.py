@@ -261,6 +261,9 @@ def parser() -> argparse.ArgumentParser:
                         help="the hours the study may take on this machine: init measures its throughput (seconds; "
                              "a real model's load) and shrinks pool, lengths, k, c_max, seeds and keys to fit, "
                              "saying what it gave up")
+    p_init.add_argument("--pilot", type=int, default=None, metavar="N",
+                        help="problems of init's pilot profile, which sizes the used bucket on CPU (default 32, "
+                             "stopped after about a minute; 0: no pilot, the default study's share of Easy assumed)")
     p_init.add_argument("--out", default="params.yaml")
     p_init.add_argument("--force", action="store_true", help="overwrite an existing --out file, and write a study "
                         "estimated past 10x the time asked (--hours, or 12 h with --budget alone)")
@@ -375,7 +378,8 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.pipeline.init.command import init_params
 
         return run_guarded(lambda: print(init_params(args.model, args.data, args.gpu, args.out, args.force,
-                                                     args.engine, args.budget, args.gpus, args.hours)), debug)
+                                                     args.engine, args.budget, args.gpus, args.hours,
+                                                     args.pilot)), debug)
     return run_guarded(lambda: print_status(args.artifacts, args.json), debug)
 
 

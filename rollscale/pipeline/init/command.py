@@ -83,18 +83,22 @@ TIME_MARGIN = 10
 BUDGET_HOURS = 12.0
 
 
-def foresee_buckets(values: dict, why: dict, pool: int):
-    """A pilot profile of the pool on this machine sizes the used bucket before any stage runs
-    (:mod:`rollscale.pipeline.init.pilot`); its Foresight, with a line of what it cost."""
+def foresee_buckets(values: dict, why: dict, pool: int, problems: int | None = None):
+    """A pilot profile of ``problems`` of the pool (None: PILOT_PROBLEMS) on this machine sizes the used bucket
+    before any stage runs (:mod:`rollscale.pipeline.init.pilot`); its Foresight, with a line of what it cost."""
     import time
 
     from rollscale.pipeline.init.hours import params_of
-    from rollscale.pipeline.init.pilot import Foresight, foresee, pilot_profile
+    from rollscale.pipeline.init.pilot import PILOT_PROBLEMS, PILOT_SECONDS, Foresight, foresee, pilot_profile
 
     t0 = time.perf_counter()
-    pilot = pilot_profile(params_of(values, why))
+    asked = PILOT_PROBLEMS if problems is None else problems
+    pilot = pilot_profile(params_of(values, why), count=asked)
     seen = foresee(values, why, pilot, pool)
     took = f"init: pilot profile of {len(pilot)} problems in {time.perf_counter() - t0:.0f} s"
+    if len(pilot) < min(asked, pool):
+        took += (f" (stopped after {PILOT_SECONDS:.0f} s: generation is slow here; fewer problems give a wider "
+                 "bound on the bucket's share)")
     return Foresight(seen.easy, seen.bounds, seen.limit_min, (took, *seen.lines))
 
 
@@ -142,12 +146,13 @@ def too_long(total_s: float, hours: float | None, budget: int | None, gpu: str) 
 
 def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
                 engine: str | None = None, budget: int | None = None, gpus: int = 1,
-                hours: float | None = None) -> str:
+                hours: float | None = None, pilot: int | None = None) -> str:
     """Write a params file for ``model`` on ``data``; returns what to print (the decisions, the check).
     ``engine`` (hf | vllm): the sampler, else the machine's (vLLM on a GPU, transformers on CPU);
     ``budget``: the rollouts of the production run, the study's C* (:func:`budget_values`);
     ``gpus``: the GPUs of one node, over which a run is sharded when only so full fine-tuning fits;
-    ``hours``: the wall time the study may take here (:func:`hours_values`)."""
+    ``hours``: the wall time the study may take here (:func:`hours_values`);
+    ``pilot``: the problems of the pilot profile on CPU (:func:`foresee_buckets`; None: PILOT_PROBLEMS, 0: none)."""
     from rollscale.config import StudyParams, load_params
     from rollscale.pipeline.init.values import (B_PROBLEM_MIN, EASY_SHARE, PROBLEMS_MIN, VAL_SIZE_MIN, Machine,
                                                 render, suggest, write_params)
@@ -160,6 +165,8 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
 
     if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
         raise ValueError(f"{out} exists: pass --force to overwrite it (or --out another file)")
+    if pilot is not None and (isinstance(pilot, bool) or not isinstance(pilot, int) or pilot < 0):
+        raise ValueError(f"--pilot: expected the problems of the pilot profile (an integer >= 0), got {pilot!r}")
     if hours is not None:
         from rollscale.pipeline.init.hours import check_hours
 
@@ -195,8 +202,11 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
                                                           else why["workers"])
     if budget is not None:
         budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
-    foresight = foresee_buckets(values, why, pool) if machine.gpu is None and pool else None
+    foresight = foresee_buckets(values, why, pool, pilot) if machine.gpu is None and pool and pilot != 0 else None
     sized = "\n".join(foresight.lines) if foresight else ""
+    if pilot == 0 and machine.gpu is None:
+        sized = ("init: no pilot profile (--pilot 0): the used bucket is sized for the default study's share of it "
+                 f"({EASY_SHARE:.0%}); `rollscale check` says after the profile stage whether it holds")
     if hours is not None or budget is not None:
         said, total = hours_values(values, why, hours, Path(out).parent / "artifacts", pool, budget, foresight)
         sized = "\n".join(x for x in (sized, said) if x)
@@ -206,7 +216,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
             sized += f"\nwarning: {late} (written: --force)"
     command = (f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
                + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else "")
-               + (f" --hours {hours:g}" if hours else ""))
+               + (f" --hours {hours:g}" if hours else "") + (f" --pilot {pilot}" if pilot is not None else ""))
     header = [f"rollscale study parameters, written by `{command}`.",
               "Each comment says why its value; everything else is the schema's default (rollscale/config/study.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]

@@ -28,6 +28,11 @@ from rollscale.pipeline.init.values import EasyShare, bucket_values
 __all__ = ["BUCKET_MIN", "PILOT_PROBLEMS", "Foresight", "foresee", "pilot_profile", "share_low"]
 
 PILOT_PROBLEMS = 32  # a share of 20 % known to +-14 % at 95 % (binomial), for ~1/2 of the 60-problem profile's cost
+# the pilot samples its problems PILOT_CHUNK at a time and stops after the chunk that passes PILOT_SECONDS: on a
+# CPU a chat model's 32 x 16 answers of up to 256 tokens took minutes (SmolLM2-135M: init did not end in 600 s beside
+# a test run); fewer problems widen the share's bound (share_low uses the count), they do not bias it
+PILOT_CHUNK = 8
+PILOT_SECONDS = 60.0
 # problems the used bucket must hold: 4 to validate (the smallest split init writes) and two batches of 4 to train
 BUCKET_MIN = 12
 
@@ -42,11 +47,14 @@ class Foresight:
     lines: tuple[str, ...]
 
 
-def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = None) -> pd.DataFrame:
+def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = None,
+                  seconds: float = PILOT_SECONDS) -> pd.DataFrame:
     """avg@k of ``count`` problems of the pool drawn with ``data.seed``, sampled on this machine at the study's
     sampling settings with transformers' generate (the profile stage's function, science §2); ``k``: the
     profile's (``profile.k``), so that the pass rates fall on the grid the bucket bounds will be read on (a
-    pilot at avg@8 put problems at 1/8 that the profile's avg@16 put at 1/16, below the bounds it chose)."""
+    pilot at avg@8 put problems at 1/8 that the profile's avg@16 put at 1/16, below the bounds it chose).
+    Sampled :data:`PILOT_CHUNK` problems at a time, stopping after the chunk that passes ``seconds``."""
+    import time
     from functools import partial
 
     from rollscale.core.problems.profiling import profile_problems
@@ -66,7 +74,13 @@ def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = N
         render = partial(render_prompt, tokenizer, use_chat_template=ref.chat_template,
                          chat_template_kwargs=s.chat_template_kwargs)
         config = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens)
-        return profile_problems(engine.sample, render, problems, k or p.profile.k, config, d.seed)
+        start, parts = time.perf_counter(), []
+        for i in range(0, len(problems), PILOT_CHUNK):
+            parts.append(profile_problems(engine.sample, render, problems[i:i + PILOT_CHUNK], k or p.profile.k,
+                                          config, d.seed + i))
+            if time.perf_counter() - start > seconds:
+                break
+        return pd.concat(parts, ignore_index=True)
     finally:
         engine.close()
 
