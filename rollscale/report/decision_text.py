@@ -101,11 +101,14 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
             parts.append(f"{key_label(design, worse)} {'is' if len(worse) == 1 else 'are'} worse")
         return "; ".join(parts), True, ""
     open_rows = g[(g["status"] != "leader") & ~g["settled"].astype(bool)]
+    where = f"C* = {c_star}" if not from_forecast(g) else _at_c_star(g)
+    if open_rows.empty:  # every other key settled: the leader's own reward is what is not known (science §10.2)
+        return (f"Not decided at {where}: {name} leads, every other key settled, but its validation {metric} is "
+                f"{reward}; to decide: {lead['to_decide']}", False, str(lead["to_decide"]))
     rival = open_rows.loc[open_rows["d_hi"].idxmax()] if open_rows["d_hi"].notna().any() else open_rows.iloc[0]
     between = key_label(design, [lead["key"], *open_rows["key"].tolist()]).replace(f"{_KEY_NAME.get(design)} = ", "")
     d = "" if pd.isna(rival["d"]) else f" (D = {_interval(rival['d'], rival['d_lo'], rival['d_hi'])} for " \
         f"{key_label(design, [rival['key']])})"
-    where = f"C* = {c_star}" if not from_forecast(g) else _at_c_star(g)
     sentence = (f"Not decided at {where} between {_KEY_NAME.get(design, 'key')} = {between}{d}; "
                 f"{name} leads with validation {metric} {reward}; to decide: {lead['to_decide']}")
     return sentence, False, str(lead["to_decide"])
