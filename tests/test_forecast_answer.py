@@ -127,6 +127,14 @@ def test_the_first_line_states_the_forecast_with_its_interval_and_the_backtest(p
     assert not bt["failed"].any()
     assert f"Forecast past the data (science §10): {bt['note'].iloc[0]}." in answer.headline
     assert answer.headline.index("validation avg@16") < answer.headline.index("Forecast past the data")
+    # a key beyond the grid the forecast puts above the leader (D's lower bound > 0): the bracket says add it
+    fc = past["forecast"]
+    above = fc[fc["target"] & ~fc["trained"] & (fc["d_lo"] > 0)]
+    assert above["key"].tolist() == [32] and lead == 16
+    assert [f for f in answer.fixes if "not trained" in f] == [
+        f"n = 32, not trained, is forecast above the leader (n = 16) at C* = 160,000: D = "
+        f"{above['d'].iloc[0]:.2f} [{above['d_lo'].iloc[0]:.2f}, {above['d_hi'].iloc[0]:.2f}] (science §10.2); add "
+        "it to sweep.n so that runs decide"]
     # the decision table below says where its numbers come from
     assert "decided by the forecast (science §10.2)" in answer.decision.caption
     assert answer.decision.frame.set_index("key").loc[f"n = {lead}", "reward at C*"] == interval

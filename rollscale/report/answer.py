@@ -31,7 +31,7 @@ from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headli
 from rollscale.report.decision_text import decision_headline, decision_spec, first_design, fmt_budget, \
     from_forecast
 from rollscale.report.charts.search import search_cost, search_sentence
-from rollscale.report.horizon import UNTRUSTED, backtest_failed, backtest_sentence
+from rollscale.report.horizon import UNTRUSTED, backtest_failed, backtest_sentence, untrained_above
 
 __all__ = ["Answer", "study_answer"]
 
@@ -140,6 +140,7 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
         fixes = to_decide + fixes
         table = decision_spec(decision)
         forecast = from_forecast(first_design(decision))
+        fixes = fixes + (untrained_above(t) if forecast else [])  # the bracket, on the forecast's keys
         if forecast and backtest_failed(t):  # science §10.3: a forecast its own backtest failed answers nothing
             answered = False
             fixes.insert(0, "sweep.c_max closer to study.target_budget: C* lies past the runs' data, where the "

@@ -11,7 +11,7 @@ import pandas as pd
 from rollscale.report.base import TableSpec, absent, as_numeric, fmt_interval
 from rollscale.report.decision_text import first_design, fmt_budget, key_label
 
-__all__ = ["backtest_failed", "backtest_sentence", "table_more_compute"]
+__all__ = ["backtest_failed", "backtest_sentence", "table_more_compute", "untrained_above"]
 
 UNTRUSTED = "not to be trusted past the data"  # science §10.3's words for a failed backtest
 
@@ -44,6 +44,24 @@ def backtest_sentence(t: Mapping[str, pd.DataFrame | None]) -> str | None:
             note += f"; {UNTRUSTED}"
         notes.append(note if len(groups) == 1 else f"{where}: {note}")
     return f"Forecast past the data (science §10): {'; '.join(notes)}."
+
+
+def untrained_above(t: Mapping[str, pd.DataFrame | None]) -> list[str]:
+    """What to add where the forecast puts a key no run trained above the leader at C* (its D's lower bound above 0,
+    science §10.2): the bracket of science §9.4, one line a key, naming the params key that adds it."""
+    fc = t.get("forecast")
+    if fc is None or fc.empty or not {"target", "trained", "d_lo"} <= set(fc.columns):
+        return []
+    at = first_design(fc)
+    above = at[at["target"].astype(bool) & ~at["trained"].astype(bool) & (as_numeric(at["d_lo"]) > 0)]
+    out = []
+    for _, r in above.sort_values(["bucket", "rule", "fixed", "key"]).iterrows():
+        design = str(r["design"])
+        out.append(f"{key_label(design, [int(r['key'])])}, not trained, is forecast above the leader "
+                   f"({key_label(design, [int(r['leader'])])}) at C* = {fmt_budget(r['c_star'])}: D = "
+                   f"{fmt_interval(r['d'], r['d_lo'], r['d_hi'], decimals=2)} (science §10.2); add it to "
+                   f"sweep.{'b_problem' if design == 'b_problem' else 'n'} so that runs decide")
+    return out
 
 
 def table_more_compute(t: Mapping[str, pd.DataFrame | None]) -> TableSpec:
