@@ -228,3 +228,39 @@ def test_the_page_has_the_section_with_its_chart_and_table(past, tmp_path):
     assert (tmp_path / "charts" / "more_compute.png").exists()
     assert md.index("## With 2x, 4x, 8x more compute") < md.index("## With 2x, 4x, 8x more compute: the forecast")
     assert md.count("## With 2x, 4x, 8x more compute: the forecast") == 1
+
+
+def test_track_reads_the_band_off_the_forecast_where_the_decision_is_the_forecasts(past):
+    """``rollscale track``'s band (rollscale.integrations.track.band): at C* it is the decision's interval, read off
+    the same surface with the fit stage's settings."""
+    from rollscale.core.fit.horizon import study_settings
+    from rollscale.integrations.track.band import forecast_band
+
+    assert study_settings(30, 0, 1600) == SETTINGS
+    ev = run_evals(past["runs"], past["evals"], None)
+    lead = past["decision"].query("status == 'leader'").iloc[0]
+    band = forecast_band(ev, "n", "easy", "uniform", "all", int(lead["key"]), 4 * C_MAX, SETTINGS)
+    reward, lo, hi = (float(v[0]) for v in band.at(np.array([4.0 * C_MAX])))
+    assert (reward, lo, hi) == pytest.approx((lead["reward"], lead["reward_lo"], lead["reward_hi"]), abs=1e-9)
+    assert np.all(np.diff(band.reward) > -1e-9) and (band.lo <= band.reward).all() and (band.hi <= 1).all()
+    assert "forecast" in band.source and math.isnan(float(band.at(np.array([8.0 * C_MAX]))[0][0]))
+
+
+def test_a_track_tick_past_the_data_expects_the_forecasts_reward_at_c_star(past):
+    from rollscale.config import parse_params
+    from rollscale.integrations.track.logs import RunLog
+    from rollscale.integrations.track.tick import track_tick
+
+    params = parse_params({"sweep": {"bucket": "easy", "n": [2, 4, 8, 16], "b_problem": [B_PROBLEM], "c_max": C_MAX,
+                                     "eval_k": K},
+                           "bucket": {"val_size": 100}, "fit": {"bootstrap_resamples": 30},
+                           "study": {"target_budget": 4 * C_MAX}, "track": {"logs": "prod"}})
+    lead = past["decision"].query("status == 'leader'").iloc[0]
+    log = RunLog("prod", pd.DataFrame({"metric": "critic/score/mean", "step": range(1, 9), "value": 0.45,
+                                       "order": range(8)}), {})
+    done = track_tick(params, params.track, past["decision"], run_evals(past["runs"], past["evals"], None), log,
+                      None, "prod", "verl-jsonl")
+    expected = done.lines[1]
+    assert expected.startswith(f"Expected at C* = 160,000 rollouts: validation avg@16 {lead['reward']:.3f} "
+                               f"[{lead['reward_lo']:.3f}, {lead['reward_hi']:.3f}] (the study's forecast of key "
+                               f"{int(lead['key'])} "), expected
