@@ -4,6 +4,8 @@ Groups are the frontier's (:func:`rollscale.core.fit.tables.design_groups`: per 
 design, B_problem at each fixed n, n at each fixed total batch B); every group is decided at C* in rollouts
 by :func:`rollscale.core.fit.decision.decide`, all runs fitted in one batch. Rows carry what the headline
 needs: the key's B_problem and n, its steps M = C* / B, and for a group not decided, what would decide it.
+A group whose C* lies past what its runs' own fits read (science §9.3: beyond eta x its data) takes its rows from
+the forecast over the keys instead (science §10.2, :func:`with_forecast`; ``source`` says which).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from rollscale.core.fit.columns import EVAL_COLUMNS, require
 from rollscale.core.fit.decision import decide, fit_groups
 from rollscale.core.fit.tables import DESIGNS, REWARD_MAX, design_groups
 
-__all__ = ["DECISION_COLUMNS", "SOURCES", "SearchVerdict", "decision_table", "decisions_at", "search_verdicts",
-           "to_decide", "with_forecast", "with_search"]
+__all__ = ["DECISION_COLUMNS", "SOURCES", "SearchVerdict", "decision_table", "decisions_at", "past_the_data",
+           "search_verdicts", "to_decide", "with_forecast", "with_search"]
 
 DECISION_COLUMNS = [
     "design", "bucket", "rule", "fixed", "key", "c_star", "tolerance", "status", "leader", "decided",
