@@ -45,7 +45,10 @@ its bootstrap refits resample seed slots paired across keys and redraw the evalu
 reward, trained or not, is read at C* and at 2, 4 and 8 times the runs' budget (the ``forecast`` table), and
 the forecast is checked on the study's own runs cut at half their budget (the ``backtest`` table): a group
 whose intervals cover fewer than two thirds of its keys' final rewards, or whose key lies off the surface, is
-not to be trusted past its data.
+not to be trusted past its data. Where C* lies beyond eta times a group's data (no key, or not its leader, can be
+read there by its own runs' fits) the group's decision is the forecast's: the leader is the trained key the
+surface puts first, a key is settled when the upper bound of its D is at most the tolerance, and a reward whose
+interval is wider than the forecast's widest answer is unknown (the ``decision`` table's ``source`` says which).
 
 A fit that has too few points is kept as a row saying why, never an error.
 """
@@ -63,6 +66,7 @@ from tasks.common import ARTIFACTS, read_params, refresh_duckdb
 from tasks.fit import (
     crs_prediction,
     decision,
+    decision_past_the_data,
     evaluations,
     forecast,
     frontier,
@@ -104,6 +108,9 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     # the runs' budget, and its backtest on the runs cut at half their budget
     ahead = forecast(evals, params.target_budget, params.sweep.c_max, params.bucket.val_size * params.sweep.eval_k,
                      params.fit)
+    # where C* lies past what the per-run fits can read (every key, or the leader, beyond eta x its data) the
+    # study's decision is the forecast's
+    decided = decision_past_the_data(decided, ahead.forecast)
 
     tables = {
         "record_points": points,

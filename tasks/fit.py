@@ -13,9 +13,9 @@ import pandas as pd
 from rollscale.config import FitParams
 from rollscale.core.fit import analysis
 from rollscale.core.fit.bootstrap import Bootstrap
-from rollscale.core.fit.decision_table import decision_table
+from rollscale.core.fit.decision_table import decision_table, with_forecast
 from rollscale.core.fit.forecast import ForecastSettings
-from rollscale.core.fit.horizon import HorizonTables, forecast_budgets, horizon_tables
+from rollscale.core.fit.horizon import HorizonTables, forecast_budgets, horizon_tables, study_settings
 from rollscale.pipeline.query.storage import available_tables, query
 from rollscale.tables import TABLES
 from tasks.common import retried_task
@@ -80,8 +80,13 @@ def decision(evals: pd.DataFrame, c_star: int, tolerance: float, eta: float, fit
 @retried_task(name="forecast")
 def forecast(evals: pd.DataFrame, c_star: int, c_max: int, eval_draws: int | None, fit_params: FitParams
              ) -> HorizonTables:
-    # science §10: the surface over the keys read at C* and at 2x, 4x, 8x the runs' budget, with its backtest;
+    # science §10: the surface over the keys read at C* and at 2x, 4x, 8x the runs' budget, with its backtest
     # the evaluation noise redrawn in each refit is avg@k's over the validation problems (eval_draws samples)
-    settings = ForecastSettings(resamples=max(fit_params.bootstrap_resamples, 2), eval_draws=eval_draws,
-                                seed=fit_params.bootstrap_seed)
+    settings = study_settings(fit_params.bootstrap_resamples, fit_params.bootstrap_seed, eval_draws)
     return horizon_tables(evals, c_star, forecast_budgets(c_star, c_max), settings)
+
+
+@retried_task(name="decision-past-the-data")
+def decision_past_the_data(decided: pd.DataFrame, ahead: pd.DataFrame) -> pd.DataFrame:
+    # a group whose C* lies beyond eta x its data is decided by the forecast (science §10.2): one decision table
+    return with_forecast(decided, ahead, ForecastSettings().max_width)

@@ -236,10 +236,17 @@ def test_the_grid_counts_the_evaluations_the_trainer_makes():
 
 
 def test_the_check_says_whether_the_study_can_answer_at_its_target_budget():
-    # science §9.3: C* beyond eta x c_max is an error naming the c_max that answers; within, extrapolation is a note
-    far = by_key(study_findings(parse_params({"study": {"target_budget": 100_000}})))
+    # science §9.3: C* beyond eta x c_max is an error naming the c_max that answers where no forecast can (one n);
+    # within, extrapolation is a note
+    one_n = {"study": {"target_budget": 100_000}, "sweep": {"n": [4]}}
+    far = by_key(study_findings(parse_params(one_n)))
     (err,) = [f for f in far["study.target_budget"] if f.level == "error"]
     assert "beyond eta = 2 times c_max = 40,000" in err.message and err.fix.startswith("sweep.c_max: 50,000 or more")
+    # science §10.2: with keys along n, past eta x c_max the forecast answers (a note), past 8 x c_max untested
+    (ahead,) = by_key(study_findings(parse_params({"study": {"target_budget": 160_000}})))["study.target_budget"]
+    assert ahead.level == "note" and "4.00 x c_max" in ahead.message and "the forecast's (science §10.2" in ahead.message
+    (beyond,) = by_key(study_findings(parse_params({"study": {"target_budget": 400_000}})))["study.target_budget"]
+    assert beyond.level == "warning" and beyond.fix == "sweep.c_max: 50,000 or more (C* / 8)"
     near = by_key(study_findings(parse_params({"study": {"target_budget": 60_000}})))
     assert [f.level for f in near["study.target_budget"]] == ["note"] and "1.50 x c_max" in near["study.target_budget"][0].message
     # the tolerance against what 3 seeds and 64 x 4 validation samples resolve (+-0.050): ties stay undecided

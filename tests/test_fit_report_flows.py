@@ -27,10 +27,10 @@ def _reward(c, r0, a, c_mid, beta):
         return r0 + (a - r0) / (1.0 + (c_mid / np.maximum(c, 1e-300)) ** beta)
 
 
-def _write_sweep(root, rng):
+def _write_sweep(root, rng, seeds=(0,)):
     """runs/<run_id>/run.parquet, steps-*.parquet and evals-*.parquet, committed by two checkpoints each."""
-    for n, theta in CURVES.items():
-        run_id = f"np{B_PROBLEM}_nr{n}_uniform_s0"
+    for (n, theta), seed in ((item, seed) for item in CURVES.items() for seed in seeds):
+        run_id = f"np{B_PROBLEM}_nr{n}_uniform_s{seed}"
         m = C_MAX // (n * B_PROBLEM)
         steps = np.unique(np.r_[0, np.geomspace(1, m, 40).astype(int)])
         c = steps * n * B_PROBLEM
@@ -52,7 +52,7 @@ def _write_sweep(root, rng):
             store.save(int(e["step"].iloc[-1]), {}, {}, {"c": int(e["c"].iloc[-1])},
                        step_rows=s.to_dict("records"), eval_rows=e.to_dict("records"))
         write_parquet_atomic(pd.DataFrame([{
-            "run_id": run_id, "bucket": "easy", "n": n, "b_problem": B_PROBLEM, "m": n, "rule": "uniform", "seed": 0,
+            "run_id": run_id, "bucket": "easy", "n": n, "b_problem": B_PROBLEM, "m": n, "rule": "uniform", "seed": seed,
             "c_max": C_MAX, "lr": 1e-4, "kl_coef": 0.001, "entropy_coef": 0.001, "status": "finished",
             "steps": int(steps[-1]), "c": int(c[-1]), "c_tokens": int(c[-1] * 6), "error": None,
         }]), run_dir / "run.parquet")
@@ -133,6 +133,29 @@ def test_report_flow_writes_html_pngs_and_summary(study):
     assert "dvc repro profile" in html and "dvc repro profile" in summary
     assert "Fit: sigmoid_n" in summary and "Fit: n_star_iso_batch" in summary
     assert "no two n share a total batch B" in summary
+
+
+def test_past_the_data_the_fit_decides_from_the_forecast_and_the_report_says_so(tmp_path):
+    """C* = 4 x the runs' budget (science §10.2): no run's own fit reaches it, so the decision table's rows are the
+    forecast's, and the report's first line says so, with the backtest beside it and the 2x, 4x, 8x section."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"fit": {"bin_width": 0.01, "grid_points": 30, "bootstrap_resamples": 20},
+                                      "sweep": {"c_max": C_MAX}, "study": {"target_budget": 4 * C_MAX}}))
+    artifacts = tmp_path / "artifacts"
+    _write_sweep(artifacts, np.random.default_rng(1), seeds=(0, 1))
+    fit_flow(params_path=str(params), artifacts=str(artifacts))
+    d = query("SELECT * FROM decision WHERE design = 'n' ORDER BY key", artifacts)
+    assert d["key"].tolist() == [2, 4, 8] and (d["c_star"] == 4 * C_MAX).all()
+    assert (d["source"] == "forecast").all() and (d["status"] == "leader").sum() == 1
+    fc = query("SELECT * FROM forecast WHERE design = 'n' AND target AND trained ORDER BY key", artifacts)
+    np.testing.assert_allclose(d["reward"], fc["reward"])
+    np.testing.assert_allclose(d["d_hi"], fc["d_hi"])
+    paths = report_flow(params_path=str(params), artifacts=str(artifacts))
+    assert paths.headline.startswith("At C* = 800,000 rollouts (4x the runs' budget, forecast from the surface): ") \
+        or paths.headline.startswith("Not decided at C* = 800,000 rollouts (4x the runs' budget, forecast from the")
+    assert "Forecast past the data (science §10): " in paths.headline
+    assert "## With 2x, 4x, 8x more compute" in paths.summary.read_text()
+    assert "more_compute" in paths.pngs
 
 
 def test_fit_without_a_sweep_names_the_stage_and_report_still_writes(tmp_path):

@@ -21,8 +21,9 @@ from rollscale.report import (
 )
 from tests.browser import CHROMIUM, chromium, console_messages
 
-CHART_NAMES = [  # the answer first, the learning curves next, difficulty and noise after (issue 41)
+CHART_NAMES = [  # the answer and its forecast first, the learning curves next, difficulty and noise after (issue 41)
     "answer",
+    "more_compute",
     "reward_vs_compute",
     "search",
     "frontier",
@@ -185,17 +186,23 @@ def study() -> dict[str, pd.DataFrame]:
 
 
 @pytest.fixture(scope="module")
-def full_report(study, tmp_path_factory):
+def ahead(study) -> dict[str, pd.DataFrame]:
+    """The fit stage's ``forecast`` and ``backtest`` tables of the study (science §10), at C* = its c_max."""
     from rollscale.core.fit.analysis import run_evals
     from rollscale.core.fit.forecast import ForecastSettings
     from rollscale.core.fit.horizon import forecast_budgets, horizon_tables
 
-    out = tmp_path_factory.mktemp("report_full")
     c_max = float(study["runs"]["c_max"].max())
-    ahead = horizon_tables(run_evals(study["runs"], study["evals"], None), c_max, forecast_budgets(c_max, c_max),
-                           ForecastSettings(resamples=20, eval_draws=400))
-    return write_report({**study, "decision": _decision(True), "forecast": ahead.forecast, "backtest": ahead.backtest},
-                        out, params={"bucket": {"easy": [0.3, 0.6], "hard": [0.0, 0.0625]}})
+    out = horizon_tables(run_evals(study["runs"], study["evals"], None), c_max, forecast_budgets(c_max, c_max),
+                         ForecastSettings(resamples=20, eval_draws=400))
+    return {"forecast": out.forecast, "backtest": out.backtest}
+
+
+@pytest.fixture(scope="module")
+def full_report(study, ahead, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report_full")
+    return write_report({**study, "decision": _decision(True), **ahead}, out,
+                        params={"bucket": {"easy": [0.3, 0.6], "hard": [0.0, 0.0625]}})
 
 
 @pytest.fixture(scope="module")
@@ -217,8 +224,8 @@ def _layer_values(chart, i: int) -> list[dict]:
 # charts
 
 
-def test_build_charts_draws_every_chart_with_titles_and_units(study):
-    charts = build_charts({**study, "decision": _decision(True)})
+def test_build_charts_draws_every_chart_with_titles_and_units(study, ahead):
+    charts = build_charts({**study, "decision": _decision(True), **ahead})
     assert [c.name for c in charts] == CHART_NAMES
     for c in charts:
         assert c.drawn, f"{c.name}: {c.missing}"
@@ -297,17 +304,23 @@ def _variant_tables(study: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame | 
     return t
 
 
-def test_variant_tables_still_draw_and_render(study):
+def test_variant_tables_still_draw_and_render(study, ahead):
     import io
 
-    charts = build_charts({**_variant_tables(study), "decision": _decision(False)})
+    fc = ahead["forecast"]  # a second bucket's forecast: one colour a group
+    scaled = {c: fc[c] * 0.5 for c in ("reward", "reward_lo", "reward_hi")}
+    two = pd.concat([fc, fc.assign(bucket="hard", **scaled)], ignore_index=True)
+    charts = build_charts({**_variant_tables(study), "decision": _decision(False), "forecast": two})
     assert all(c.drawn for c in charts), [c.missing for c in charts if not c.drawn]
     by_name = {c.name: c for c in charts}
     assert "coloured by run id" in by_name["reward_vs_compute"].caption
     assert "no fitted B_problem*(C) line" in by_name["frontier"].caption
     assert "1 batch sizes without a measured CRS" in by_name["crs_prediction"].caption
     # vl-convert compiles and draws each (a bad facet or layer fails here, not in to_dict)
-    for name in ("answer", "k_sat", "noise_steps", "reward_vs_compute", "search", "frontier", "best_worst_at_k"):
+    panels = by_name["more_compute"].chart.to_dict()["vconcat"]
+    assert panels[0]["layer"][-2]["encoding"]["color"]["field"] == "group"
+    for name in ("answer", "more_compute", "k_sat", "noise_steps", "reward_vs_compute", "search", "frontier",
+                 "best_worst_at_k"):
         buf = io.StringIO()
         by_name[name].chart.save(buf, format="svg")
         assert buf.getvalue().startswith("<svg"), name
@@ -603,15 +616,8 @@ def test_an_undecided_study_says_between_which_keys_and_what_would_decide(study)
     assert answer.fixes[0] == "to decide: about 12 seeds each for the leader and key 8 (sweep.seeds)"
 
 
-def test_an_empty_result_is_not_missing(study, tmp_path):
-    from rollscale.core.fit.analysis import run_evals
-    from rollscale.core.fit.forecast import ForecastSettings
-    from rollscale.core.fit.horizon import forecast_budgets, horizon_tables
-
-    c_max = float(study["runs"]["c_max"].max())
-    ahead = horizon_tables(run_evals(study["runs"], study["evals"], None), c_max, forecast_budgets(c_max, c_max),
-                           ForecastSettings(resamples=20, eval_draws=400))
-    study = dict(study, forecast=ahead.forecast, backtest=ahead.backtest)  # every table of the fit stage
+def test_an_empty_result_is_not_missing(study, ahead, tmp_path):
+    study = dict(study, **ahead)  # every table of the fit stage
     empty = dict(study, epoch_transitions=study["epoch_transitions"].iloc[0:0])
     paths = write_report(empty, tmp_path)
     page, md = paths.html.read_text(), paths.summary.read_text()

@@ -28,9 +28,10 @@ from rollscale.core.fit import power
 from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, params_dict, stages_not_run
 from rollscale.report.reasons import blocking_reasons
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
-from rollscale.report.decision_text import decision_headline, decision_spec, fmt_budget
+from rollscale.report.decision_text import decision_headline, decision_spec, first_design, fmt_budget, \
+    from_forecast
 from rollscale.report.charts.search import search_cost, search_sentence
-from rollscale.report.horizon import backtest_sentence
+from rollscale.report.horizon import UNTRUSTED, backtest_failed, backtest_sentence, untrained_above
 
 __all__ = ["Answer", "study_answer"]
 
@@ -133,15 +134,22 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
     else:
         headline = "No answer yet: the data cannot decide. " + (
             "To answer, change what is listed below." if fixes else "")
-    headline, answered, table = headline.strip(), not decided.empty, None
+    headline, answered, table, forecast = headline.strip(), not decided.empty, None, False
     if not not_run and (decision := t.get("decision")) is not None:
         headline, answered, to_decide = decision_headline(decision, _eval_k(t.get("evals")))
         fixes = to_decide + fixes
         table = decision_spec(decision)
+        forecast = from_forecast(first_design(decision))
+        fixes = fixes + (untrained_above(t) if forecast else [])  # the bracket, on the forecast's keys
+        if forecast and backtest_failed(t):  # science §10.3: a forecast its own backtest failed answers nothing
+            answered = False
+            fixes.insert(0, "sweep.c_max closer to study.target_budget: C* lies past the runs' data, where the "
+                         f"answer is the forecast's, and the study's backtest says it is {UNTRUSTED}")
+    # science §10.3: the backtest beside the answer, and always beside a decision the forecast made
+    if (answered or forecast) and (backtest := backtest_sentence(t)) is not None:
+        headline = headline + ("" if headline.endswith(".") else ".") + " " + backtest
     if (cost := search_cost(t, params)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
-    if answered and (backtest := backtest_sentence(t)) is not None:  # science §10.3: beside the answer
-        headline = headline + ("" if headline.endswith(".") else ".") + " " + backtest
     return Answer(answered, headline, fixes, claims, observations, table)
 
 

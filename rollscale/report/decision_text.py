@@ -2,7 +2,9 @@
 
 Decided: "At C* = 40,000 rollouts: n = 4 (B_problem 16, M = 625 steps), validation avg@4 0.53 [0.51, 0.56];
 n = 8 is within 0.02; n = 2 and 16 are worse". Not decided: "Not decided at C* = 40,000 between n = 4 and
-n = 8 (D = 0.01 [-0.03, 0.05]); to decide: ...". Budgets print as whole rollouts with thousands separators.
+n = 8 (D = 0.01 [-0.03, 0.05]); to decide: ...". A group decided by the forecast past the data (science §10.2,
+``source`` "forecast") says so: "At C* = 160,000 rollouts (4x the runs' budget, forecast from the surface): ...".
+Budgets print as whole rollouts with thousands separators.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pandas as pd
 
 from rollscale.report.base import TableSpec, fmt_interval, fmt_value
 
-__all__ = ["decision_headline", "decision_spec", "fmt_budget", "key_label"]
+__all__ = ["decision_headline", "decision_spec", "first_design", "fmt_budget", "from_forecast", "key_label"]
 
 _DESIGN_ORDER = {"n": 0, "b_problem": 1, "iso_batch": 2}
 _KEY_NAME = {"n": "n", "b_problem": "B_problem", "iso_batch": "n"}
@@ -29,6 +31,29 @@ def key_label(design: str, keys: list[int]) -> str:
     ks = [str(int(k)) for k in sorted(keys)]
     listed = ks[0] if len(ks) == 1 else ", ".join(ks[:-1]) + " and " + ks[-1]
     return f"{_KEY_NAME.get(design, 'key')} = {listed}"
+
+
+def first_design(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the first design a table has (n, then B_problem, then iso-batch): the groups the first line
+    speaks of, and the answer chart and the forecast's sections with it."""
+    if frame.empty or "design" not in frame.columns:
+        return frame
+    order = frame["design"].astype(str).map(_DESIGN_ORDER).fillna(len(_DESIGN_ORDER))
+    return frame[order == order.min()]
+
+
+def from_forecast(rows: pd.DataFrame) -> bool:
+    """Whether decision rows come from the forecast past the data (science §10.2) rather than the per-run fits."""
+    return "source" in rows.columns and bool((rows["source"].astype(str) == "forecast").any())
+
+
+def _at_c_star(g: pd.DataFrame) -> str:
+    """"C* = 40,000 rollouts", with "(4x the runs' budget, forecast from the surface)" for the forecast's groups."""
+    text = f"C* = {fmt_budget(g['c_star'].iloc[0])} rollouts"
+    seen = float(pd.to_numeric(g["c_seen"], errors="coerce").max())
+    if from_forecast(g) and seen > 0:
+        text += f" ({float(g['c_star'].iloc[0]) / seen:.2g}x the runs' budget, forecast from the surface)"
+    return text
 
 
 def _r(v: Any) -> str:
@@ -56,10 +81,12 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
     detail = [d for d in detail if d]
     who = name + (f" ({', '.join(detail)})" if detail else "")
     reward = _interval(lead["reward"], lead["reward_lo"], lead["reward_hi"])
-    if bool(lead["extrapolated"]):
+    if bool(lead["unknown"]):  # the forecast's leader whose interval is too wide to be an answer (science §10.2)
+        reward = f"unknown, in [{_r(lead['reward_lo'])}, {_r(lead['reward_hi'])}]"
+    elif bool(lead["extrapolated"]) and not from_forecast(g):
         reward += f", extrapolated from {fmt_budget(lead['c_seen'])}"
     if bool(g["decided"].iloc[0]):
-        parts = [f"At C* = {c_star} rollouts: {who}, validation {metric} {reward}"]
+        parts = [f"At {_at_c_star(g)}: {who}, validation {metric} {reward}"]
         within = g[g["status"] == "within tolerance"]["key"].tolist()
         settled = g[g["status"] == "settled"]
         # science §9.4: settled = cannot beat the leader by more than eps; "worse" only where D's upper bound
@@ -74,11 +101,15 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
             parts.append(f"{key_label(design, worse)} {'is' if len(worse) == 1 else 'are'} worse")
         return "; ".join(parts), True, ""
     open_rows = g[(g["status"] != "leader") & ~g["settled"].astype(bool)]
+    where = f"C* = {c_star}" if not from_forecast(g) else _at_c_star(g)
+    if open_rows.empty:  # every other key settled: the leader's own reward is what is not known (science §10.2)
+        return (f"Not decided at {where}: {name} leads, every other key settled, but its validation {metric} is "
+                f"{reward}; to decide: {lead['to_decide']}", False, str(lead["to_decide"]))
     rival = open_rows.loc[open_rows["d_hi"].idxmax()] if open_rows["d_hi"].notna().any() else open_rows.iloc[0]
     between = key_label(design, [lead["key"], *open_rows["key"].tolist()]).replace(f"{_KEY_NAME.get(design)} = ", "")
     d = "" if pd.isna(rival["d"]) else f" (D = {_interval(rival['d'], rival['d_lo'], rival['d_hi'])} for " \
         f"{key_label(design, [rival['key']])})"
-    sentence = (f"Not decided at C* = {c_star} between {_KEY_NAME.get(design, 'key')} = {between}{d}; "
+    sentence = (f"Not decided at {where} between {_KEY_NAME.get(design, 'key')} = {between}{d}; "
                 f"{name} leads with validation {metric} {reward}; to decide: {lead['to_decide']}")
     return sentence, False, str(lead["to_decide"])
 
@@ -87,10 +118,7 @@ def decision_headline(decision: pd.DataFrame, eval_k: int | None = None) -> tupl
     """The first line from the ``decision`` table: every group of its first design (the n design when present),
     each prefixed with bucket / rule when there are several; whether all are decided; what would decide them."""
     metric = f"avg@{eval_k}" if eval_k else "avg@k"
-    d = decision.copy()
-    d["_order"] = d["design"].astype(str).map(_DESIGN_ORDER).fillna(9)
-    first = d[d["_order"] == d["_order"].min()]
-    groups = list(first.groupby(["bucket", "rule", "fixed"], sort=True))
+    groups = list(first_design(decision).groupby(["bucket", "rule", "fixed"], sort=True))
     sentences, fixes, decided = [], [], True
     for (bucket, rule, fixed), g in groups:
         text, ok, fix = _group_sentence(g, metric)
@@ -127,4 +155,9 @@ def decision_spec(decision: pd.DataFrame) -> TableSpec:
                f"difference D to the leader. Settled: D's upper bound <= {eps:g} (study.tolerance), or an n below the "
                f"leader's beaten where both ran (A2); within tolerance: D's lower bound >= -{eps:g}; unknown: C* "
                "beyond sweep.search.eta times where its runs end.")
+    if from_forecast(decision):
+        caption += (" Groups whose C* lies past that are decided by the forecast (science §10.2): every run of the "
+                    "group fitted at once on one surface over the keys, the reward and D with their bootstrap "
+                    f"intervals read off it; settled there means D's upper bound <= {eps:g}, and unknown that the "
+                    "reward's interval is wider than the forecast's widest answer.")
     return TableSpec("decision", f"The decision at C* = {c_star} rollouts", caption, frame=rows)

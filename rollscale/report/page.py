@@ -70,6 +70,11 @@ def _summary_markdown(charts: list[ChartSpec], tables: list[TableSpec], answer: 
         out += [_md_table(spec.frame), ""] if spec.frame is not None else [f"> {spec.missing}", ""]
     if not_run:
         out += [_not_run_text(not_run), ""]
+    ahead = [c for c in charts if c.name == MORE_COMPUTE and c.chart is not None]
+    if ahead:  # science §10.5: the forecast past the data, its chart and its table, right after the answer
+        out += [f"## {MORE_COMPUTE_SECTION}", "", f"![{ahead[0].title}](charts/{MORE_COMPUTE}.png)", "",
+                ahead[0].caption, ""]
+        tables = [s for s in tables if s.name == MORE_COMPUTE] + [s for s in tables if s.name != MORE_COMPUTE]
     for spec in tables:
         out += [f"## {spec.title}", "", spec.caption, ""]
         if spec.frame is not None:
@@ -143,6 +148,8 @@ def _html_spec_table(s: TableSpec, heading: str = "h3") -> list[str]:
 
 
 ANSWER_CHART = "answer"  # the figure drawn right under the first line (report/charts/answer.py)
+# the forecast past the data (science §10.5): its chart and table make one section after the answer
+MORE_COMPUTE, MORE_COMPUTE_SECTION = "more_compute", "With 2x, 4x, 8x more compute"
 
 
 def _html_figure(c: ChartSpec, i: int) -> list[str]:
@@ -180,6 +187,21 @@ def _html_answer(answer: Answer, charts: list[ChartSpec]) -> list[str]:
     return parts
 
 
+def _drawn(charts: list[ChartSpec], name: str) -> bool:
+    return any(c.name == name and c.chart is not None for c in charts)
+
+
+def _html_more_compute(charts: list[ChartSpec], tables: list[TableSpec]) -> list[str]:
+    """The section "with 2x, 4x, 8x more compute" (science §10.5): the chart, then the table; nothing when the
+    study has no forecast to draw (the chart's absence is listed with the figures)."""
+    if not _drawn(charts, MORE_COMPUTE):
+        return []
+    parts = [f'<section id="more-compute"><h2>{html.escape(MORE_COMPUTE_SECTION)}</h2>']
+    parts += [p for i, c in enumerate(charts, 1) if c.name == MORE_COMPUTE for p in _html_figure(c, i)]
+    parts += [p for s in tables if s.name == MORE_COMPUTE for p in _html_spec_table(s)]
+    return parts + ["</section>"]
+
+
 def _html_page(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer, not_run: list[str]) -> str:
     esc = html.escape
     specs = {c.name: c.chart.to_dict() for c in charts if c.chart is not None}
@@ -196,6 +218,7 @@ def _html_page(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer,
     ]
     if not_run:
         parts.append(f'<p class="missing" id="not-run">{_html_text(_not_run_text(not_run))}</p>')
+    parts += _html_more_compute(charts, tables)
     parts.append('<p class="caption">How to spend rollouts in RLVR: difficulty, gradient noise, the compute '
                  "frontier and critical batch sizes. Every chart and table below is in this one file; it needs no "
                  "network.</p>")
@@ -206,12 +229,13 @@ def _html_page(charts: list[ChartSpec], tables: list[TableSpec], answer: Answer,
     parts.append('<li><a href="#tables">Tables</a></li></ol></nav>')
     parts.append('<section id="figures"><h2>Figures</h2>')
     for i, c in enumerate(charts, 1):
-        if not (c.name == ANSWER_CHART and c.chart is not None):  # drawn under the first line
+        if not (c.name in (ANSWER_CHART, MORE_COMPUTE) and c.chart is not None):  # drawn in their sections
             parts += _html_figure(c, i)
     parts.append("</section>")
     parts.append('<section id="tables"><h2>Tables</h2>')
     for s in tables:
-        parts += _html_spec_table(s)
+        if not (s.name == MORE_COMPUTE and _drawn(charts, MORE_COMPUTE)):  # in its section
+            parts += _html_spec_table(s)
     parts.append("</section>")
     parts.append(
         '<script type="text/javascript">\n'

@@ -4,6 +4,8 @@ Groups are the frontier's (:func:`rollscale.core.fit.tables.design_groups`: per 
 design, B_problem at each fixed n, n at each fixed total batch B); every group is decided at C* in rollouts
 by :func:`rollscale.core.fit.decision.decide`, all runs fitted in one batch. Rows carry what the headline
 needs: the key's B_problem and n, its steps M = C* / B, and for a group not decided, what would decide it.
+A group whose C* lies past what its runs' own fits read (science §9.3: beyond eta x its data) takes its rows from
+the forecast over the keys instead (science §10.2, :func:`with_forecast`; ``source`` says which).
 """
 
 from __future__ import annotations
@@ -18,19 +20,21 @@ from rollscale.core.fit.columns import EVAL_COLUMNS, require
 from rollscale.core.fit.decision import decide, fit_groups
 from rollscale.core.fit.tables import DESIGNS, REWARD_MAX, design_groups
 
-__all__ = ["DECISION_COLUMNS", "SearchVerdict", "decision_table", "decisions_at", "search_verdicts", "to_decide",
-           "with_search"]
+__all__ = ["DECISION_COLUMNS", "SOURCES", "SearchVerdict", "decision_table", "decisions_at", "past_the_data",
+           "search_verdicts", "to_decide", "with_forecast", "with_search"]
 
 DECISION_COLUMNS = [
     "design", "bucket", "rule", "fixed", "key", "c_star", "tolerance", "status", "leader", "decided",
     "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "settled", "settled_by", "within_tolerance",
     "extrapolated", "unknown", "seeds", "c_seen", "n", "b_problem", "steps", "leader_share", "r0", "df",
-    "to_decide", "settled_at",
+    "to_decide", "settled_at", "source",
 ]
+SOURCES = ("per-run", "forecast")  # where a group's rows come from: §9's per-run fits, or §10.2's surface
 # the fit's design -> what the sweep's search group holds fixed beside bucket and rule (its group names,
 # rollscale.core.search.replay.DESIGNS: "n:bucket=.../rule=.../b_problem=16")
 _SEARCH_HELD = {"n": "b_problem", "b_problem": "n", "iso_batch": "b"}
 _SETTLING = ("epsilon", "a2")  # the search's rules that settle a key (science §9.4)
+_GROUP = ["design", "bucket", "rule", "fixed"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ def _group_rows(rows: pd.DataFrame, design: str, g: object, c_star: float, toler
     rows["steps"] = [math.ceil(c_star / b) if np.isfinite(b) else np.nan
                      for b in rows["n"].astype(float) * rows["b_problem"].astype(float)]
     rows = rows.assign(design=design, bucket=g.bucket, rule=g.rule, fixed=g.fixed,  # type: ignore[attr-defined]
-                       c_star=float(c_star), tolerance=float(tolerance), r0=r0)
+                       c_star=float(c_star), tolerance=float(tolerance), r0=r0, source=SOURCES[0])
     rows["to_decide"] = to_decide(rows, c_star, eta)
     return rows[DECISION_COLUMNS]
 
@@ -214,3 +218,83 @@ def decisions_at(evals: pd.DataFrame, budgets: list[float], tolerance: float, et
                           reward_max=reward_max, resamples=resamples, seed=seed).assign(settled_at=math.nan)
             out.append(_group_rows(rows, design, g, c, tolerance, eta, curves[label].r0))
     return _typed(pd.concat(out, ignore_index=True))
+
+
+def past_the_data(rows: pd.DataFrame) -> bool:
+    """Whether §9 cannot answer a group at C*: no key leads, or the leader is ``unknown`` (C* beyond eta x its
+    data, science §9.3)."""
+    lead = rows[rows["status"] == "leader"]
+    return bool(lead.empty or lead["unknown"].astype(bool).any())
+
+
+def with_forecast(decision: pd.DataFrame, forecast: pd.DataFrame | None, max_width: float) -> pd.DataFrame:
+    """The ``decision`` table with every group §9 cannot answer at C* (:func:`past_the_data`) decided by the
+    forecast instead (science §10.2; ``forecast``: the fit stage's ``forecast`` table, its rows at the target,
+    ``max_width``: the widest interval that is still an answer). Such a group's trained keys take the surface's
+    reward and D with their intervals; the leader is the forecast's (the trained key with the largest median over
+    refits); a key is settled when D's upper bound is <= the tolerance, within tolerance when its lower bound is
+    >= minus it and its reward is known; ``unknown`` is the forecast's (its interval wider than ``max_width``); the
+    group is decided when every other key is settled and the leader is known. ``source`` says which rows are the
+    forecast's. Groups within the data, and groups with no forecast (a rule, iso-batch, too few keys), keep §9's
+    rows."""
+    decision = decision.assign(source=decision["source"].fillna(SOURCES[0])) if "source" in decision.columns \
+        else decision.assign(source=SOURCES[0])
+    if decision.empty or forecast is None or forecast.empty:
+        return decision
+    ahead = forecast[forecast["target"].astype(bool) & forecast["trained"].astype(bool)]
+    label = ahead[_GROUP].astype(str).agg("|".join, axis=1)
+    out = []
+    for _, rows in decision.groupby(decision[_GROUP].astype(str).agg("|".join, axis=1), sort=False):
+        mine = ahead[label == "|".join(rows[_GROUP].astype(str).iloc[0])]
+        answers = past_the_data(rows) and mine["leader"].notna().any()
+        out.append(_forecast_rows(rows, mine, max_width) if answers else rows)
+    return _typed(pd.concat(out, ignore_index=True)[DECISION_COLUMNS])
+
+
+def _forecast_rows(rows: pd.DataFrame, ahead: pd.DataFrame, max_width: float) -> pd.DataFrame:
+    """One group's rows from its forecast at C* (:func:`with_forecast`); keys the forecast lacks keep §9's row."""
+    tol = float(rows["tolerance"].iloc[0])
+    f = ahead.assign(key=ahead["key"].astype(int)).set_index("key")
+    have = rows["key"].astype(int).isin(f.index).to_numpy()
+    new = rows[have].copy()
+    at = f.loc[new["key"].astype(int)]
+    for col in ("reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "c_seen"):
+        new[col] = at[col].astype(float).to_numpy()
+    new["unknown"] = at["unknown"].astype(bool).to_numpy()
+    new["extrapolated"] = at["extrapolated"].astype(bool).to_numpy()
+    new["seeds"] = at["seeds"].astype(int).to_numpy()
+    lead = int(f["leader"].dropna().iloc[0])
+    is_lead = (new["key"].astype(int) == lead).to_numpy()
+    new["leader"], new["leader_share"], new["settled_at"], new["source"] = lead, math.nan, math.nan, SOURCES[1]
+    new["settled"] = ~is_lead & (new["d_hi"] <= tol).to_numpy()
+    new["settled_by"] = np.where(new["settled"], "forecast", "")
+    new["within_tolerance"] = ~is_lead & ~new["unknown"].to_numpy() & (new["d_lo"] >= -tol).to_numpy()
+    lead_known = not bool(new.loc[is_lead, "unknown"].any()) and bool(is_lead.any())
+    out = pd.concat([new, rows[~have]], ignore_index=True).sort_values("key", ignore_index=True)
+    others = (out["key"].astype(int) != lead).to_numpy()
+    out["decided"] = bool(lead_known and out.loc[others, "settled"].astype(bool).all())
+    within, settled, unknown = (out[c].astype(bool).to_numpy() for c in ("within_tolerance", "settled", "unknown"))
+    out["status"] = np.select([~others, within & ~unknown, settled, unknown],
+                              ["leader", "within tolerance", "settled", "unknown"], "open")
+    out["to_decide"] = _forecast_to_decide(out, max_width)
+    return out
+
+
+def _forecast_to_decide(rows: pd.DataFrame, max_width: float) -> str:
+    """What would decide a group the forecast answers (science §10.2): a leader whose interval is too wide, else the
+    open key with the largest upper bound of D; "" when decided."""
+    if rows["decided"].all():
+        return ""
+    lead = rows[rows["status"] == "leader"]
+    closer = "or sweep.c_max closer to C* (the forecast's intervals widen with the distance past the data)"
+    if lead.empty or lead["unknown"].astype(bool).any():
+        width = float((lead["reward_hi"] - lead["reward_lo"]).max()) if len(lead) else math.nan
+        return (f"the forecast's interval of the leader at C* is {width:.2f} wide, wider than its widest answer "
+                f"{max_width:g} (science §10.2): more seeds (sweep.seeds), {closer}")
+    open_rows = rows[(rows["status"] != "leader") & ~rows["settled"].astype(bool)]
+    if open_rows.empty:
+        return ""
+    worst = open_rows.loc[open_rows["d_hi"].idxmax()] if open_rows["d_hi"].notna().any() else open_rows.iloc[0]
+    return (f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C* "
+            f"(the forecast's upper bound of D is {float(worst['d_hi']):.2f}): more seeds for it and the leader "
+            f"(sweep.seeds), {closer}")

@@ -22,7 +22,7 @@ from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, boot
 from rollscale.core.fit.tables import design_groups
 
 __all__ = ["COMPUTE_MULTIPLES", "FORECAST_TABLE_COLUMNS", "BACKTEST_TABLE_COLUMNS", "HorizonTables",
-           "forecast_budgets", "horizon_tables"]
+           "forecast_budgets", "horizon_tables", "study_settings"]
 
 COMPUTE_MULTIPLES = (2, 4, 8)  # "with 2x, 4x, 8x more compute" (science §10.5): multiples of the runs' budget
 GROUP_COLUMNS = ["design", "bucket", "rule", "fixed"]
@@ -36,6 +36,13 @@ MIN_KEYS = 2  # a line through the keys needs two of them
 class HorizonTables:
     forecast: pd.DataFrame  # FORECAST_TABLE_COLUMNS
     backtest: pd.DataFrame  # BACKTEST_TABLE_COLUMNS
+
+
+def study_settings(resamples: int, seed: int, eval_draws: int | None) -> ForecastSettings:
+    """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one surface):
+    the fit's bootstrap ``resamples`` (at least 2) and ``seed``; ``eval_draws``, the 0/1 samples behind one
+    evaluation (validation problems x k of avg@k), redrawn in each refit."""
+    return ForecastSettings(resamples=max(resamples, 2), eval_draws=eval_draws, seed=seed)
 
 
 def forecast_budgets(c_star: float, c_max: float, multiples: tuple[int, ...] = COMPUTE_MULTIPLES) -> list[float]:

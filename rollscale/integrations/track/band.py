@@ -3,8 +3,11 @@
 :func:`study_band` refits the decision group's runs at their shared R0 exactly as the fit stage's decision
 does (:func:`rollscale.core.fit.decision.fit_groups`) and reads the key's reward at each C with the pooled
 t-interval of :func:`rollscale.core.fit.decision.key_rewards`, so at C* the band is the ``decision`` table's
-``reward [reward_lo, reward_hi]``. The hook for another forecast (the §10 one): anything that returns a
-:class:`Band` (its C grid, reward, bounds and what it comes from); the tracker reads only :meth:`Band.at`.
+``reward [reward_lo, reward_hi]``. Where the decision at C* is the forecast's (C* past the study's data,
+science §10.2; the ``decision`` table's ``source``), :func:`forecast_band` reads the key off the same surface the
+fit stage fitted (:func:`rollscale.core.fit.forecast.bootstrap_surface`, the study's settings), so that at C* the
+band is again the decision's. Another forecast: anything that returns a :class:`Band` (its C grid, reward, bounds
+and what it comes from); the tracker reads only :meth:`Band.at`.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from scipy.stats import t as student_t
 
 from rollscale.core.fit.bootstrap import LEVEL
 from rollscale.core.fit.decision import fit_groups, key_rewards
-from rollscale.core.fit.tables import REWARD_MAX, design_groups
+from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, interval, predict, spread
+from rollscale.core.fit.tables import REWARD_MAX, DesignGroup, design_groups
 
-__all__ = ["Band", "study_band"]
+__all__ = ["Band", "forecast_band", "study_band"]
 
 GRID_POINTS = 96
 
@@ -47,18 +51,42 @@ class Band:
         return pd.DataFrame({"c": self.c, "forecast": self.reward, "forecast_lo": self.lo, "forecast_hi": self.hi})
 
 
-def study_band(evals: pd.DataFrame, design: str, bucket: str, rule: str, fixed: str, key: int, c_star: float,
-               level: float = LEVEL, points: int = GRID_POINTS) -> Band:
-    """The band of ``key`` in its decision group (``evals``: :func:`rollscale.core.fit.analysis.run_evals`'s
-    table of the study's runs) from the group's first evaluation past step 0 to ``c_star`` (science §9.3)."""
+def _group(evals: pd.DataFrame, design: str, bucket: str, rule: str, fixed: str) -> DesignGroup:
     groups = [g for g in design_groups(evals, design)[0] if (g.bucket, g.rule, g.fixed) == (bucket, rule, fixed)]
     if not groups:
         raise LookupError(f"the study's evaluations have no decision group {design} / {bucket} / {rule} / {fixed} "
                           "(the sweep's runs changed since the fit stage ran? run it again)")
-    g = groups[0]
+    return groups[0]
+
+
+def _grid(rows: pd.DataFrame, c_star: float, points: int) -> np.ndarray:
+    """C from the group's first evaluation past step 0 to C*, log-spaced."""
+    start = float(rows.loc[rows["c"] > 0, "c"].min())
+    return np.unique(np.geomspace(min(start, c_star), c_star, points))
+
+
+def forecast_band(evals: pd.DataFrame, design: str, bucket: str, rule: str, fixed: str, key: int, c_star: float,
+                  settings: ForecastSettings, points: int = GRID_POINTS) -> Band:
+    """The band of ``key`` read off its group's forecast surface (science §10.2) up to ``c_star``, with the refits'
+    interval as the ``forecast`` table has it (``settings``: the fit stage's)."""
+    g = _group(evals, design, bucket, rule, fixed)
+    boot = bootstrap_surface(g.rows, g.key_col, settings)
+    grid = _grid(g.rows, c_star, points)
+    point, refits = predict(boot, np.full(grid.size, key), grid)
+    top = settings.a_max if settings.a_max is not None else math.inf
+    lo, hi = interval(point, refits, spread(boot), settings.level, (0.0, top))
+    return Band(grid, point, lo, hi, f"the study's forecast of key {key} ({design} / {rule} / {fixed}; science "
+                                     f"§10.2): one surface over the group's {boot.data.keys.size} keys, "
+                                     f"{settings.resamples} refits, {settings.level:.0%} interval")
+
+
+def study_band(evals: pd.DataFrame, design: str, bucket: str, rule: str, fixed: str, key: int, c_star: float,
+               level: float = LEVEL, points: int = GRID_POINTS) -> Band:
+    """The band of ``key`` in its decision group (``evals``: :func:`rollscale.core.fit.analysis.run_evals`'s
+    table of the study's runs) from the group's first evaluation past step 0 to ``c_star`` (science §9.3)."""
+    g = _group(evals, design, bucket, rule, fixed)
     curves = fit_groups(g.rows.assign(_group=0, _key=g.rows[g.key_col]), "_key", "_group", REWARD_MAX)[0]
-    start = float(g.rows.loc[g.rows["c"] > 0, "c"].min())
-    grid = np.unique(np.geomspace(min(start, c_star), c_star, points))
+    grid = _grid(g.rows, c_star, points)
     reward, lo, hi = (np.full(grid.size, math.nan) for _ in range(3))
     for i, c in enumerate(grid):
         est = key_rewards(curves, float(c))

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from rollscale.config import StudyParams, TrackParams
+from rollscale.core.fit.horizon import study_settings
 from rollscale.integrations.export.plan import ProductionRun, production_run
 from rollscale.integrations.track.advice import setting_differences
-from rollscale.integrations.track.band import Band, study_band
+from rollscale.integrations.track.band import Band, forecast_band, study_band
 from rollscale.integrations.track.logs import RunLog, logged_n, reward_series
 from rollscale.integrations.track.page import expected_line, production_chart, production_page
 from rollscale.integrations.track.points import PRODUCTION_COLUMNS, departure, merged, one_per_step, production_rows
@@ -58,12 +59,26 @@ def _n_warning(run: ProductionRun, log: RunLog) -> list[str]:
             "runs (rollscale export --key) or track with --key"]
 
 
+def _band(params: StudyParams, run: ProductionRun, decision: pd.DataFrame, evals: pd.DataFrame) -> Band:
+    """The study's band for the run's key: off the forecast's surface where the decision at C* is the forecast's
+    (science §10.2, its ``source``), else the §9.3 fit; either way, at C* it is the decision's interval."""
+    where = [decision[c].astype(str) == str(v) for c, v in (("design", run.design), ("bucket", run.bucket),
+                                                             ("rule", run.rule), ("fixed", run.fixed))]
+    mine = decision[np.logical_and.reduce(where)]
+    group = (run.design, run.bucket, run.rule, run.fixed)
+    if "source" in mine.columns and (mine["source"].astype(str) == "forecast").any():
+        settings = study_settings(params.fit.bootstrap_resamples, params.fit.bootstrap_seed,
+                                  params.bucket.val_size * params.sweep.eval_k)  # the fit stage's (flows/fit.py)
+        return forecast_band(evals, *group, run.key, run.c_star, settings)
+    return study_band(evals, *group, run.key, run.c_star)
+
+
 def track_tick(params: StudyParams, track: TrackParams, decision: pd.DataFrame, study_evals: pd.DataFrame,
                log: RunLog, table: pd.DataFrame | None, logs_id: str, fmt: str, artifacts: str = "artifacts",
                band: Band | None = None) -> Tick:
     """The run's points now (one per step; a resumed run's replace its earlier ones), the table with them, the
     page, and a flag when the run is below the band's lower bound at ``track.patience`` evaluations in a row.
-    ``band``: another forecast than the study's §9.3 fit (:mod:`.band`'s hook)."""
+    ``band``: another forecast than the study's (its §9.3 fit, or its §10.2 surface past the data; :mod:`.band`)."""
     run = production_run(params, decision, track.key, track.rule, artifacts)
     metric, series = reward_series(log, track.metrics)
     points, restarts = one_per_step(series)
@@ -73,7 +88,7 @@ def track_tick(params: StudyParams, track: TrackParams, decision: pd.DataFrame, 
     points, cut = merged(before[["step", "reward"]].rename(columns={"reward": "value"}), points)
     restarts += [cut] if cut else []
     if band is None:
-        band = study_band(study_evals, run.design, run.bucket, run.rule, run.fixed, run.key, run.c_star)
+        band = _band(params, run, decision, study_evals)
     rows = production_rows(points, run.batch, band, {"logs": logs_id, "format": fmt, "metric": metric, "key": run.key,
                                                      "n": run.n, "b_problem": run.b_problem, "c_star": run.c_star})
     warnings = _n_warning(run, log)

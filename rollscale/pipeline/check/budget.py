@@ -1,6 +1,7 @@
-"""Can the study answer at its target budget C*? (science §9.3, §9.4), for ``rollscale check``.
+"""Can the study answer at its target budget C*? (science §9.3, §9.4, §10.2), for ``rollscale check``.
 
-C* against eta x c_max (a fit is trusted eta times past its data), and the tolerance against what the
+C* against eta x c_max (a run's own fit is trusted eta times past its data; past that, a sweep with two or more
+ordered keys answers with the forecast, tested up to 8 x c_max), and the tolerance against what the
 validation set, eval_k and seeds resolve. Findings as (level, keys, message, fix) tuples that
 :mod:`rollscale.pipeline.check.findings` wraps.
 """
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
+from rollscale.core.fit.horizon import COMPUTE_MULTIPLES
 
 __all__ = ["decision_findings", "decision_half_width"]
 
@@ -28,7 +30,15 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool:
     the profile is laid out (a fix proposes no validation split it cannot hold), else the ``pool``'s size."""
     c_star, eta, c_max = p.target_budget, p.sweep.search.eta, p.sweep.c_max
     reach = ("study.target_budget", "sweep.c_max")
-    if c_star > eta * c_max:
+    farthest = max(COMPUTE_MULTIPLES)  # the farthest the forecast is read and tested at (docs/benchmarks.md)
+    if c_star > eta * c_max and _forecast_keys(p):
+        level = "note" if c_star <= farthest * c_max else "warning"
+        yield (level, reach, f"C* = {c_star:,} is {c_star / c_max:.2f} x c_max, beyond what a run's own fit reads "
+               f"(eta = {eta:g} x its data): the answer there is the forecast's (science §10.2: one surface over the "
+               "keys), checked by the study's backtest (§10.3), with intervals that widen with the distance"
+               + ("" if level == "note" else f"; past {farthest} x c_max it is untested"),
+               "" if level == "note" else f"sweep.c_max: {math.ceil(c_star / farthest):,} or more (C* / {farthest})")
+    elif c_star > eta * c_max:
         yield ("error", reach, f"C* = {c_star:,} rollouts is beyond eta = {eta:g} times c_max = {c_max:,}: "
                "no fit reaches it, so every key is unknown there", f"sweep.c_max: {math.ceil(c_star / eta):,} "
                f"or more (C* / eta), or {c_star:,} to see C* itself")
@@ -61,6 +71,14 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool:
     yield ("note", ("study.tolerance", seeds_key, "bucket.val_size"), msg + "; two keys of equal reward "
            "stay 'not decided'", f"study.tolerance: {math.ceil(100 * half - 1e-9) / 100:.2f} or more to decide "
            "between keys of equal reward" + (f"; or {', or '.join(others)}" if others else none))
+
+
+def _forecast_keys(p: StudyParams) -> bool:
+    """Whether the sweep trains two or more keys along an ordered axis (n at a B_problem, or B_problem at an n):
+    the forecast's surface past the data needs them (science §10.1; a rule or an iso-batch design has none)."""
+    design = p.sweep.design
+    return (design in ("rollout_axis", "grid") and len(set(p.sweep.n)) >= 2) or \
+        (design in ("prompt_axis", "grid") and len(set(p.sweep.b_problem)) >= 2)
 
 
 def _decision_seeds(p: StudyParams) -> tuple[int, str]:

@@ -1,4 +1,5 @@
-"""The report's figures in order: the answer, the learning curves, then difficulty and noise (science §2-§9.4)."""
+"""The report's figures in order: the answer and its forecast past the data, the learning curves, then difficulty and
+noise (science §2-§10)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pandas as pd
 
 from rollscale.report.base import ChartSpec, bucket_bounds, check_tables, params_dict
 from rollscale.report.charts.answer import chart_answer
+from rollscale.report.charts.horizon import chart_more_compute
 from rollscale.report.charts.noise import chart_difficulty, chart_k_sat, chart_noise_steps
 from rollscale.report.charts.curves import chart_best_worst, chart_frontier, chart_reward_vs_compute
 from rollscale.report.charts.search import chart_search
@@ -19,6 +21,7 @@ from rollscale.report.charts.targets import chart_crs_prediction, chart_steps_to
 # rest on: difficulty and gradient noise (issue 41)
 _CHART_BUILDERS = (
     chart_answer,
+    chart_more_compute,
     chart_reward_vs_compute,
     chart_search,
     chart_frontier,
@@ -32,24 +35,26 @@ _CHART_BUILDERS = (
 
 
 def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> list[ChartSpec]:
-    """The report's ten figures, in order (science §9.4, §7, §2, §6.2, §6.3).
+    """The report's eleven figures, in order (science §9.4, §10, §7, §2, §6.2, §6.3).
 
     1. ``answer``: each key's reward at C* with its interval, the leader and the ε band (the page draws it right
        under the first line; a forecast's keys, science §10, told apart from the trained ones).
-    2. ``reward_vs_compute``: validation avg@k ± SE against C, every run, by n.
-    3. ``search``: the search's runs against C, its rungs and where
+    2. ``more_compute``: with 2x, 4x, 8x more compute: n*(C) and its reward with the 95 % interval against C,
+       from the forecast past the data (science §10.5).
+    3. ``reward_vs_compute``: validation avg@k ± SE against C, every run, by n.
+    4. ``search``: the search's runs against C, its rungs and where
        stopped runs ended, by stop rule (missing for a grid sweep).
-    4. ``frontier``: F(C) coloured by n* and the fitted n*(C), per design.
-    5. ``best_worst_at_k``: best@k and worst@k against C per run, peaks marked.
-    6. ``steps_to_target``: S(B) and E(B) with their fits, prompt and rollout axes.
-    7. ``crs_prediction``: predicted against observed best n, with y = x.
-    8. ``difficulty``: avg@k histogram with the bucket bands of
+    5. ``frontier``: F(C) coloured by n* and the fitted n*(C), per design.
+    6. ``best_worst_at_k``: best@k and worst@k against C per run, peaks marked.
+    7. ``steps_to_target``: S(B) and E(B) with their fits, prompt and rollout axes.
+    8. ``crs_prediction``: predicted against observed best n, with y = x.
+    9. ``difficulty``: avg@k histogram with the bucket bands of
        ``params["bucket"]`` (defaults easy [0.3, 0.6], hard [0, 0.0625],
        very_easy [0.6, 0.9]).
-    9. ``k_sat``: split-half K_sat against pass rate with the null |R| + 1;
-       K_sat above ``params["report"]["k_sat_cap"]`` (default 4 × the largest
-       n) or infinite is drawn at the cap as a distinct marker.
-    10. ``noise_steps``: B_simple, K_crit, K_sat_icc (log) and rho_icc over steps.
+    10. ``k_sat``: split-half K_sat against pass rate with the null |R| + 1;
+        K_sat above ``params["report"]["k_sat_cap"]`` (default 4 × the largest
+        n) or infinite is drawn at the cap as a distinct marker.
+    11. ``noise_steps``: B_simple, K_crit, K_sat_icc (log) and rho_icc over steps.
 
     A table that is missing (None, absent or empty) or too small gives a
     ChartSpec with ``missing`` naming the stage to run; a present table

@@ -19,19 +19,13 @@ import pandas as pd
 
 from rollscale.report.base import CHART_WIDTH, ChartSpec, absent, as_numeric, finish_chart, fmt_interval, \
     fmt_value, inline_records, require_columns
-from rollscale.report.decision_text import fmt_budget, key_label
+from rollscale.report.decision_text import first_design, fmt_budget, from_forecast, key_label
 
 __all__ = ["answer_rows", "chart_answer"]
 
-_DESIGN_ORDER = ("n", "b_problem", "iso_batch")
 _STATUS_COLOURS = {"leader": "#2ca02c", "within tolerance": "#98df8a", "settled": "#7f7f7f", "open": "#ff7f0e",
                    "unknown": "#bcbd22", "forecast": "#1f77b4"}
 ROW_HEIGHT = 40  # pixels a key
-
-
-def _first_design(decision: pd.DataFrame) -> pd.DataFrame:
-    designs = [d for d in _DESIGN_ORDER if d in set(decision["design"].astype(str))]
-    return decision[decision["design"].astype(str) == (designs[0] if designs else decision["design"].iloc[0])]
 
 
 def answer_rows(decision: pd.DataFrame, forecast: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -41,7 +35,7 @@ def answer_rows(decision: pd.DataFrame, forecast: pd.DataFrame | None = None) ->
     trained (rows with ``trained`` false), drawn beside the trained ones."""
     require_columns(decision, "decision", ["design", "bucket", "rule", "fixed", "key", "status", "reward", "reward_lo",
                                            "reward_hi", "tolerance"])
-    d = _first_design(decision)
+    d = first_design(decision)
     frames = [d.assign(source="trained")]
     if forecast is not None and len(forecast):
         require_columns(forecast, "forecast", ["design", "bucket", "rule", "fixed", "key", "reward", "reward_lo",
@@ -82,6 +76,9 @@ def chart_answer(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]
         return ChartSpec(name, title, caption + ".", missing=absent(t, "decision", "decision at C*"))
     rows = answer_rows(decision, t.get("forecast"))
     c_star, eps = fmt_budget(decision["c_star"].iloc[0]), float(as_numeric(decision["tolerance"]).iloc[0])
+    if from_forecast(first_design(decision)):  # C* past the data: every reward drawn is the forecast's
+        caption += ("; C* lies past the runs' data, so every reward here is read off the forecast's surface over the "
+                    "keys (science §10.2), circles for the keys trained")
     y = alt.Y("label:N", title=None, sort=alt.SortField("key"), axis=alt.Axis(labelFontSize=12))
     x = alt.X("reward:Q", title=f"validation reward at C* = {c_star} rollouts [0-1]", scale=alt.Scale(zero=False, nice=False,
               padding=14))
