@@ -18,11 +18,15 @@ two least-squares fits, and the bootstrap holds tau fixed (a refit then costs on
 2. *tau by moments* (DerSimonian-Laird's, in its meta-regression form: the weighted residual sum of squares Q
    of the K keys' estimates about their weighted line, weights ``1 / se^2``, ``tau_p^2 = (Q - (K - 2)) / tr(P)``;
    weighted, so that a key whose parameter its data do not identify, a curve not bent within the data, does
-   not make every key's deviation look large), never below ``median(se_p^2) / 4`` (with four to six
-   keys the moment estimate is 0 in many studies whose deviations are real but small, and a surface forced onto
-   the line then bends its forecasts by the deviations it ignored; at the floor a key's own data still weigh
-   at least a fifth). With two keys there is no residual: ``tau_p^2 = median(se_p^2)``.
-3. *The pooled fit*, warm-started from step 1.
+   not make every key's deviation look large), never below ``v / 4``, ``v = 1 / mean(1 / se_p^2)`` the keys'
+   typical variance by their precision (with four to six keys the moment estimate is 0 in many studies whose
+   deviations are real but small, and a surface forced onto the line then bends its forecasts by the
+   deviations it ignored; at the floor a key of typical precision still weighs a fifth. The median of
+   ``se_p^2`` instead follows one unpinned key among four: measured, tau of A 0.11 on half a simulated study's
+   data whose pinned keys deviated by 0.01-0.02). With two keys there is no residual:
+   ``tau_p^2 = median(se_p^2)``.
+3. *The pooled fit*, warm-started from step 1. The bootstrap draws tau per refit
+   (:func:`tau_draws`): K keys estimate it on K - 2 degrees of freedom.
 
 A key with many points follows its own data (small ``se``), a key with few borrows from the line.
 """
