@@ -300,8 +300,8 @@ def tau_draws(surface: Surface, resamples: int, seed: int = 0) -> np.ndarray:
     tau is estimated from K keys' deviations about a line: K - 2 degrees of freedom, two with four keys. Held at
     its point estimate, a key whose parameter its own data do not pin (a curve not bent by C_max) takes the
     line's value within +-2 tau, and tau is what the keys whose data do pin theirs show: measured, the ``late``
-    family's n = 16, whose asymptote lies 0.1 above the line of n = 2-8, was covered at 4 x C_max in 9 of 12
-    studies (docs/benchmarks.md). Drawn per refit as a variance estimated on d degrees of freedom is (the
+    family's n = 16, whose asymptote lies 0.1 above the line of n = 2-8, was covered at 4 x C_max in 17 of 24
+    studies, 22 of 24 with tau drawn (docs/benchmarks.md). Drawn per refit as a variance estimated on d degrees of freedom is (the
     scaled inverse chi-square of a normal variance), the refits carry tau's own uncertainty: wide where the prior
     decides, unchanged where a key's data do."""
     dof = max(len(surface.keys) - 2, 1)
