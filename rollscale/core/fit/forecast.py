@@ -2,10 +2,11 @@
 
 For every design group: the surface of :mod:`rollscale.core.fit.surface` (every run of the group at once,
 partial pooling of the keys, A4), its bootstrap refits (:func:`rollscale.core.fit.surface.surface_refits`: seed
-slots resampled paired across keys, evaluation noise redrawn, R0 re-estimated, the deviations' prior perturbed),
+slots resampled paired across keys, evaluation noise redrawn, R0 re-estimated, the deviations' prior perturbed,
+their sd tau drawn per refit: :func:`rollscale.core.fit.surface.tau_draws`),
 and per key ``R_k(C*)`` with a 95 % interval, ``D_k = R_k - R_leader`` read refit by refit, for trained keys and
 for keys between or beyond them (``trained`` false: the line's parameters plus a deviation drawn from
-N(0, tau^2) in every refit, so their interval holds the spread keys show about the line).
+N(0, tau^2) at the refit's tau, so their interval holds the spread keys show about the line).
 
 Interval. The refits' 2.5 / 97.5 percentiles, moved out from the point estimate by ``sqrt(S / (S - 1))`` (S: the
 median runs per trained key): a resample of S runs spreads (S - 1) / S as much as new runs would (science §7's
