@@ -1,6 +1,6 @@
 """The forecast past the data on simulated studies, per family, at 2x, 4x and 8x C_max (science §10).
 
-    python benchmarks/forecast_sim.py --per-family 20 --resamples 100 [--no-perturb]
+    python benchmarks/forecast_sim.py --per-family 20 --resamples 100 [--no-perturb] [--tau-held]
 
 Every family of rollscale.core.search.simulate plus two that break A4 (rollscale.core.search.forecast_sim:
 ``tie_top``, ``bend``); 2 seeds a key, avg@16 over 100 problems (1,600 draws an evaluation) on the §9.1 schedule
@@ -40,9 +40,11 @@ def main() -> None:
     ap.add_argument("--families", nargs="+", default=list(ALL_FAMILIES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-perturb", action="store_true", help="refits without the perturbed prior")
+    ap.add_argument("--tau-held", action="store_true", help="refits at the deviations' estimated sd, not drawn")
     ap.add_argument("--out", type=Path, default=None, help="also write every study's rows as CSV")
     args = ap.parse_args()
-    settings = ForecastSettings(resamples=args.resamples, eval_draws=1600, perturb=not args.no_perturb)
+    settings = ForecastSettings(resamples=args.resamples, eval_draws=1600, perturb=not args.no_perturb,
+                                tau_spread=not args.tau_held)
     rows = []
     cpu = time.process_time()
     for family in args.families:

@@ -86,6 +86,29 @@ def test_forecast_intervals_cover_the_truth_at_two_and_four_times_c_max():
     assert not rows["cap_stops_best"].any()
 
 
+def test_simulated_late_key_is_covered_and_the_backtest_flags_a_bend_not_its_straight_twin():
+    # science §10 "what it must show", a subsample of benchmarks/forecast_sim.py (docs/benchmarks.md: 24 a family)
+    late = forecast_studies(("late",), 4, seed=7)
+    evals = study_evals(late)
+    rows = pd.DataFrame([r for s in late for r in judge_study(s, evals[evals["bucket"] == s.name], FAST,
+                                                              with_backtest=False)])
+    # late's n = 16 rises last and 0.1 above the line of n = 2-8, its curve unbent at C_max: tau held at its
+    # estimate covered 0.79 of these 48 key forecasts (2x, 4x, 8x C_max); drawn per refit 0.94
+    assert rows["covered"].sum() / rows["keys"].sum() >= 0.9
+    assert rows["width"].median() < 0.1  # not by giving up: the median key still answers
+    # bend-i is cross-i with n = 16 flat past C_max / 2: the same seeds, so the contrast is the bend alone
+    z, flagged = {}, {}
+    for family in ("bend", "cross"):
+        studies = forecast_studies((family,), 4, seed=7)
+        evals = study_evals(studies)
+        tests = [backtest(evals[evals["bucket"] == s.name], "n", FAST) for s in studies]
+        z[family] = [float(t.keys.set_index("key").loc[16, "z"]) for t in tests]
+        flagged[family] = sum(t.a4_contradicted for t in tests)
+    # the forecast's own interval as the yardstick put the bent key at |z| 0.9-1.8 and flagged none
+    assert np.mean(z["bend"]) <= -2.0 and flagged["bend"] >= 2, (z, flagged)
+    assert flagged["cross"] == 0 and max(abs(v) for v in z["cross"]) < 1.5, (z, flagged)
+
+
 def test_forecast_table_columns_bounds_leader_and_untrained_keys():
     evals, _ = _on_surface(seeds=2, noise=0.015, seed=3)
     both = pd.concat([evals.assign(group="g1"), evals.assign(group="g2", avg_at_k=evals["avg_at_k"] * 0.9)])

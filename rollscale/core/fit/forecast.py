@@ -2,10 +2,11 @@
 
 For every design group: the surface of :mod:`rollscale.core.fit.surface` (every run of the group at once,
 partial pooling of the keys, A4), its bootstrap refits (:func:`rollscale.core.fit.surface.surface_refits`: seed
-slots resampled paired across keys, evaluation noise redrawn, R0 re-estimated, the deviations' prior perturbed),
+slots resampled paired across keys, evaluation noise redrawn, R0 re-estimated, the deviations' prior perturbed,
+their sd tau drawn per refit: :func:`rollscale.core.fit.surface.tau_draws`),
 and per key ``R_k(C*)`` with a 95 % interval, ``D_k = R_k - R_leader`` read refit by refit, for trained keys and
 for keys between or beyond them (``trained`` false: the line's parameters plus a deviation drawn from
-N(0, tau^2) in every refit, so their interval holds the spread keys show about the line).
+N(0, tau^2) at the refit's tau, so their interval holds the spread keys show about the line).
 
 Interval. The refits' 2.5 / 97.5 percentiles, moved out from the point estimate by ``sqrt(S / (S - 1))`` (S: the
 median runs per trained key): a resample of S runs spreads (S - 1) / S as much as new runs would (science §7's
@@ -35,7 +36,7 @@ same evaluations.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -51,10 +52,11 @@ from rollscale.core.fit.surface import (
     refit_surface,
     reward,
     surface_refits,
+    tau_draws,
 )
 
 __all__ = ["FORECAST_COLUMNS", "ForecastSettings", "SurfaceBootstrap", "bootstrap_surface", "default_keys",
-           "forecast_group", "forecast_table", "interval", "predict", "spread"]
+           "forecast_group", "forecast_table", "interval", "predict", "same_runs", "spread"]
 
 FORECAST_COLUMNS = [
     "group", "key", "trained", "c_star", "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "leader",
@@ -75,6 +77,7 @@ class ForecastSettings:
     seed: int = 0
     a_max: float | None = 1.0
     perturb: bool = True  # the refits' perturbed prior (rollscale.core.fit.surface.surface_refits)
+    tau_spread: bool = True  # tau drawn per refit (rollscale.core.fit.surface.tau_draws); False: held
 
     def __post_init__(self) -> None:
         if self.resamples < 2:
@@ -93,16 +96,33 @@ class SurfaceBootstrap:
     r0s: np.ndarray  # (resamples,)
     seeds: int  # median runs per trained key
     settings: ForecastSettings
+    taus: np.ndarray | None = None  # (resamples, 3): each refit's tau; None: the surface's
 
 
 def bootstrap_surface(evals: pd.DataFrame, key_col: str, settings: ForecastSettings) -> SurfaceBootstrap:
     """Fit one group's surface and its ``settings.resamples`` refits (science §10.1-10.2)."""
     data = prepare(evals, key_col)
     surface = fit_surface(data, a_max=settings.a_max)
+    taus = tau_draws(surface, settings.resamples, settings.seed) if settings.tau_spread else None
     thetas, r0s = surface_refits(data, surface, settings.resamples, settings.eval_draws, settings.seed,
-                                 settings.perturb)
+                                 settings.perturb, taus)
     seeds = int(np.median(np.bincount(data.run_key)))
-    return SurfaceBootstrap(data, surface, thetas, r0s, seeds, settings)
+    return SurfaceBootstrap(data, surface, thetas, r0s, seeds, settings, taus)
+
+
+def same_runs(boot: SurfaceBootstrap) -> SurfaceBootstrap:
+    """``boot`` refitted for what these runs' own evaluations leave open (the backtest's A4 check): every run kept
+    once (no seed resampled, no spread correction), the points weighed by their residual sd alone (the runs' design
+    effect is the seeds' spread about the key's curve, which these runs' mean does not have); evaluation noise,
+    R0 and the deviations' prior still redrawn. The point surface is refitted at that weight first."""
+    s, surface = boot.settings, boot.surface
+    if surface.s_points is not None:
+        surface = replace(surface, s_eff=surface.s_points)
+        point, _ = surface_refits(boot.data, surface, 1, None, s.seed, False, None, resample_runs=False)
+        surface = replace(surface, theta=point[0])
+    thetas, r0s = surface_refits(boot.data, surface, s.resamples, s.eval_draws, s.seed, s.perturb, boot.taus,
+                                 resample_runs=False)
+    return replace(boot, surface=surface, thetas=thetas, r0s=r0s, seeds=1)
 
 
 def predict(boot: SurfaceBootstrap, keys: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -111,8 +131,9 @@ def predict(boot: SurfaceBootstrap, keys: np.ndarray, c: np.ndarray) -> tuple[np
     keys, c = np.asarray(keys), np.asarray(c, float)
     point = reward(boot.surface.r0, key_parameters(boot.surface, keys), c)
     out = np.empty((len(boot.r0s), keys.size))
+    tau = boot.surface.tau[None, :] if boot.taus is None else boot.taus
     draws = np.stack([np.random.default_rng([boot.settings.seed, 1, int(k)]).normal(size=(len(boot.r0s), 3))
-                      for k in keys], axis=1) * boot.surface.tau
+                      for k in keys], axis=1) * tau[:, None, :]
     for b, (theta, r0) in enumerate(zip(boot.thetas, boot.r0s, strict=True)):
         refit = refit_surface(boot.surface, theta, r0)
         out[b] = reward(r0, key_parameters(refit, keys, draws[b]), c)

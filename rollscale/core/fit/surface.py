@@ -18,11 +18,15 @@ two least-squares fits, and the bootstrap holds tau fixed (a refit then costs on
 2. *tau by moments* (DerSimonian-Laird's, in its meta-regression form: the weighted residual sum of squares Q
    of the K keys' estimates about their weighted line, weights ``1 / se^2``, ``tau_p^2 = (Q - (K - 2)) / tr(P)``;
    weighted, so that a key whose parameter its data do not identify, a curve not bent within the data, does
-   not make every key's deviation look large), never below ``median(se_p^2) / 4`` (with four to six
-   keys the moment estimate is 0 in many studies whose deviations are real but small, and a surface forced onto
-   the line then bends its forecasts by the deviations it ignored; at the floor a key's own data still weigh
-   at least a fifth). With two keys there is no residual: ``tau_p^2 = median(se_p^2)``.
-3. *The pooled fit*, warm-started from step 1.
+   not make every key's deviation look large), never below ``v / 4``, ``v = 1 / mean(1 / se_p^2)`` the keys'
+   typical variance by their precision (with four to six keys the moment estimate is 0 in many studies whose
+   deviations are real but small, and a surface forced onto the line then bends its forecasts by the
+   deviations it ignored; at the floor a key of typical precision still weighs a fifth. The median of
+   ``se_p^2`` instead follows one unpinned key among four: measured, tau of A 0.11 on half a simulated study's
+   data whose pinned keys deviated by 0.01-0.02). With two keys there is no residual:
+   ``tau_p^2 = median(se_p^2)``.
+3. *The pooled fit*, warm-started from step 1. The bootstrap draws tau per refit
+   (:func:`tau_draws`): K keys estimate it on K - 2 degrees of freedom.
 
 A key with many points follows its own data (small ``se``), a key with few borrows from the line.
 """
@@ -41,7 +45,7 @@ from scipy.special import expit
 from rollscale.core.fit.decision import shared_r0
 
 __all__ = ["PARAMS", "Surface", "SurfaceData", "fit_surface", "key_parameters", "prepare", "refit_surface", "reward",
-           "surface_refits"]
+           "surface_refits", "tau_draws"]
 
 PARAMS = ("a", "log10_c_mid", "log_beta")
 _LN10 = math.log(10.0)
@@ -108,6 +112,7 @@ class Surface:
     se: np.ndarray  # (K, 3) the no-pooling estimates' standard errors (step 1)
     a_max: float | None
     bounds: tuple[np.ndarray, np.ndarray]
+    s_points: float | None = None  # the residual sd alone, without the runs' design effect (step 1's s)
 
     @property
     def line(self) -> np.ndarray:
@@ -242,7 +247,7 @@ def _moment_tau(x: np.ndarray, est: np.ndarray, se: np.ndarray) -> float:
     """DerSimonian-Laird's moment estimate of the deviations' sd about a weighted line (meta-regression form:
     ``tau^2 = (Q - (K - 2)) / tr(P)``, weights ``1 / se^2``), floored (module docstring)."""
     v = np.maximum(se**2, 1e-12)
-    floor = float(np.median(v)) / 4.0
+    floor = 1.0 / float(np.mean(1.0 / v)) / 4.0
     if x.size < 3:
         return math.sqrt(max(float(np.median(v)), 1e-12))
     w = np.diag(1.0 / v)
@@ -286,17 +291,35 @@ def fit_surface(data: SurfaceData, r0: float | None = None, a_max: float | None 
     coefs = [np.polyfit(data.x, own[:, p], 1) if k >= 2 else np.array([0.0, own[0, p]]) for p in range(3)]
     start[3 * k:] = np.concatenate([[c[1], c[0]] for c in coefs])
     theta = _solve(data, r0, data.y, w, math.sqrt(s2_eff), tau, start, lo, hi)
-    return Surface(data.keys, theta, r0, tau, math.sqrt(s2_eff), se, a_max, (lo, hi))
+    return Surface(data.keys, theta, r0, tau, math.sqrt(s2_eff), se, a_max, (lo, hi), math.sqrt(max(s2, 1e-12)))
+
+
+def tau_draws(surface: Surface, resamples: int, seed: int = 0) -> np.ndarray:
+    """(resamples, 3): the deviations' sd for each refit, ``tau^2 d / chi2_d`` with ``d = max(K - 2, 1)``.
+
+    tau is estimated from K keys' deviations about a line: K - 2 degrees of freedom, two with four keys. Held at
+    its point estimate, a key whose parameter its own data do not pin (a curve not bent by C_max) takes the
+    line's value within +-2 tau, and tau is what the keys whose data do pin theirs show: measured, the ``late``
+    family's n = 16, whose asymptote lies 0.1 above the line of n = 2-8, was covered at 4 x C_max in 17 of 24
+    studies, 22 of 24 with tau drawn (docs/benchmarks.md). Drawn per refit as a variance estimated on d degrees of freedom is (the
+    scaled inverse chi-square of a normal variance), the refits carry tau's own uncertainty: wide where the prior
+    decides, unchanged where a key's data do."""
+    dof = max(len(surface.keys) - 2, 1)
+    chi2 = np.random.default_rng([seed, 3]).chisquare(dof, size=(resamples, 3))
+    return surface.tau[None, :] * np.sqrt(dof / np.maximum(chi2, 1e-12))
 
 
 def surface_refits(data: SurfaceData, surface: Surface, resamples: int, eval_draws: int | None,
-                   seed: int = 0, perturb: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                   seed: int = 0, perturb: bool = True,
+                   taus: np.ndarray | None = None, resample_runs: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(thetas (resamples, 3K + 6), r0s (resamples,))``: the surface refitted on bootstraps (science §10.2).
 
     Each refit
 
     * resamples seed slots, the same indices for every key (a key with S runs takes slot ``floor(u S)`` of one
-      uniform u per slot: science §9.3's pairing, so D is read refit by refit);
+      uniform u per slot: science §9.3's pairing, so D is read refit by refit); without ``resample_runs`` every
+      run is kept once: the refits then spread as what these runs' evaluations leave unknown, not what other
+      seeds would give (the backtest's A4 check compares a forecast with the same runs' end);
     * redraws the evaluation noise: a fresh ``Binomial(eval_draws, p) / eval_draws - p`` at each point's fitted
       p is added (the observed evaluations hold one draw already, so a refit sees the noise twice: conservative
       by that share, and what makes resamples of two seeds continuous); ``eval_draws`` None: none;
@@ -306,7 +329,9 @@ def surface_refits(data: SurfaceData, surface: Surface, resamples: int, eval_dra
       it a key whose data do not pin a parameter (a curve not bent by C_max) gets it from the line in every
       refit, and its interval misses the deviation the key may have (docs/benchmarks.md: coverage with and
       without);
-    * refits warm-started from ``surface``, tau and ``s_eff`` held.
+    * with ``taus`` ((resamples, 3), :func:`tau_draws`), refit b's penalty and perturbed prior use ``taus[b]``;
+      without, tau is held;
+    * refits warm-started from ``surface``, ``s_eff`` held.
 
     Residual curves pooled across keys (science §9.3's other option) were tried and dropped: a donor run's
     residuals carry its own key's phase (rising where the recipient is flat), and the refits' centre moved off
@@ -320,8 +345,8 @@ def surface_refits(data: SurfaceData, surface: Surface, resamples: int, eval_dra
     slots = [idx[np.argsort(data.slot[idx])] for idx in (np.flatnonzero(data.run_key == i) for i in range(k))]
     thetas, r0s = np.full((resamples, surface.theta.size), np.nan), np.full(resamples, np.nan)
     for b in range(resamples):
-        counts = np.zeros(data.run_key.size)
-        for order in slots:
+        counts = np.zeros(data.run_key.size) if resample_runs else np.ones(data.run_key.size)
+        for order in slots if resample_runs else ():
             np.add.at(counts, order[np.floor(u[b, :order.size] * order.size).astype(int)], 1.0)
         y, s0 = data.y.copy(), data.step0.copy()
         if eval_draws:
@@ -333,8 +358,9 @@ def surface_refits(data: SurfaceData, surface: Surface, resamples: int, eval_dra
         lo = surface.bounds[0].copy()
         lo[:k] = r0
         # a refit starts at the optimum's neighbourhood: 1e-6 on the cost is far below the refits' spread
-        thetas[b] = _solve(data, r0, y, counts[data.point_run], surface.s_eff, surface.tau, surface.theta, lo,
-                           surface.bounds[1], 1e-6, np.repeat(surface.tau, k) * prior[b] if perturb else None)
+        tau = surface.tau if taus is None else taus[b]
+        thetas[b] = _solve(data, r0, y, counts[data.point_run], surface.s_eff, tau, surface.theta, lo,
+                           surface.bounds[1], 1e-6, np.repeat(tau, k) * prior[b] if perturb else None)
         r0s[b] = r0
     return thetas, r0s
 

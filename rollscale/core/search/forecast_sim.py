@@ -103,8 +103,8 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
                 with_backtest: bool = True) -> list[dict]:
     """One row per multiple (module docstring): ``covered`` and ``keys`` (counts), ``answered`` (a leader not unknown),
     ``right`` (NaN when none), ``unknown`` (share),
-    ``width`` (median), ``regret``, ``backtest_failed``, ``a4_contradicted``, ``backtest_coverage`` (NaN without
-    ``with_backtest``), ``cap_stops_best``, ``cap_stops``."""
+    ``width`` (median), ``regret``, ``backtest_failed``, ``a4_contradicted``, ``backtest_coverage``,
+    ``backtest_max_z`` (the largest |z| of the backtest's keys; NaN without ``with_backtest``), ``cap_stops_best``, ``cap_stops``."""
     boot = bootstrap_surface(evals, "n", settings)
     bt = backtest(evals, "n", settings) if with_backtest else None
     curves = fit_runs(evals, "n", settings.a_max)
@@ -130,6 +130,7 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
                      "backtest_failed": bt.failed if bt else math.nan,
                      "a4_contradicted": bt.a4_contradicted if bt else math.nan,
                      "backtest_coverage": bt.coverage if bt else math.nan,
+                     "backtest_max_z": float(np.nanmax(np.abs(bt.keys["z"]))) if bt else math.nan,
                      "cap_stops_best": bool(caps.loc[caps["key"] == best, "cannot_catch_up"].any()),
                      "cap_stops": int(caps["cannot_catch_up"].sum())})
     return rows
