@@ -339,8 +339,9 @@ class MeasureParams(Section):
     n: list[int] = Field(default_factory=lambda: [16, 32])
     b_problem: int = Field(16, ge=2)  # prompts per step (the intraclass rho needs >= 2)
     # measured steps per n (each followed by its GRPO update); the report pools them before any ratio (science
-    # §6.2): 9 steps of 16 prompts pool 144 prompts, 3x the 48 of 3 steps, whose signal |G|^2 was not resolved
-    # (issue 41); the stage's time is linear in steps (pipeline/check/timing.py)
+    # §6.2): 9 steps of 16 prompts pool 144 prompts, 3x the 48 of 3 steps. On the embedded default |G|^2 is still
+    # not resolved at 144 (its lower bound below 0 at n = 16 and 32; ~100x the prompts would be needed,
+    # docs/benchmarks.md): rho and K_sat are, and the report says "signal not resolved". Time is linear in steps
     steps: int = Field(9, ge=1)
     seed: int = 0
 
