@@ -237,17 +237,24 @@ def test_the_grid_counts_the_evaluations_the_trainer_makes():
 
 def test_the_check_says_whether_the_study_can_answer_at_its_target_budget():
     # science §9.3: C* beyond eta x c_max is an error naming the c_max that answers; within, extrapolation is a note
-    far = by_key(study_findings(parse_params({"study": {"target_budget": 100_000}})))
+    decision = {"sweep": {"search": {"method": "decision"}}}
+    far = by_key(study_findings(parse_params({**decision, "study": {"target_budget": 100_000}})))
     (err,) = [f for f in far["study.target_budget"] if f.level == "error"]
-    assert "beyond eta = 2 times c_max = 40,000" in err.message and err.fix.startswith("sweep.c_max: 50,000 or more")
-    near = by_key(study_findings(parse_params({"study": {"target_budget": 60_000}})))
+    assert "beyond 2 times c_max = 40,000" in err.message and err.fix.startswith("sweep.c_max: 50,000 or more")
+    near = by_key(study_findings(parse_params({**decision, "study": {"target_budget": 60_000}})))
     assert [f.level for f in near["study.target_budget"]] == ["note"] and "1.50 x c_max" in near["study.target_budget"][0].message
-    # the tolerance against what 3 seeds and 64 x 4 validation samples resolve (+-0.050): ties stay undecided
-    (tol,) = by_key(study_findings(parse_params({})))["study.tolerance"]
-    assert "known to about +-0.050" in tol.message and "equal reward stay 'not decided'" in tol.message
-    assert tol.fix.startswith("study.tolerance: 0.06 or more")
-    (wide,) = by_key(study_findings(parse_params({"study": {"tolerance": 0.06}})))["study.tolerance"]
-    assert "can decide between keys of equal reward" in wide.message and not wide.fix
+
+
+def test_under_the_forecast_search_c_star_may_be_up_to_eight_times_c_max():
+    # science §10.5: the forecast answers past the data; 4 x c_max is a note that the answer is a forecast, past
+    # 8 x an error naming the c_max that answers
+    forecast = {"search": {"method": "forecast"}, "c_max": 40_000}
+    four = by_key(study_findings(parse_params({"sweep": forecast, "study": {"target_budget": 160_000}})))
+    (note,) = four["study.target_budget"]
+    assert note.level == "note" and "4.00 x c_max" in note.message and "forecast" in note.message
+    far = by_key(study_findings(parse_params({"sweep": forecast, "study": {"target_budget": 400_000}})))
+    (err,) = [f for f in far["study.target_budget"] if f.level == "error"]
+    assert "beyond 8 times c_max = 40,000" in err.message and err.fix.startswith("sweep.c_max: 50,000 or more")
 
 
 def test_the_check_refuses_what_the_stages_would_refuse_in_the_data(project):

@@ -1,6 +1,7 @@
-"""Can the study answer at its target budget C*? (science §9.3, §9.4), for ``rollscale check``.
+"""Can the study answer at its target budget C*? (science §9.3, §9.4, §10), for ``rollscale check``.
 
-C* against eta x c_max (a fit is trusted eta times past its data), and the tolerance against what the
+C* against eta x c_max (a fit is trusted eta times past its data; the forecast search of science §10.5 answers up
+to 8 x c_max, by forecast past eta), and the tolerance against what the
 validation set, eval_k and seeds resolve. Findings as (level, keys, message, fix) tuples that
 :mod:`rollscale.pipeline.check.findings` wraps.
 """
@@ -23,15 +24,24 @@ SEEDS_FIX_MAX = 8
 
 
 def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool: int | None = None) -> Iterator[Finding]:
-    """Can the study answer at C* (science §9.3, §9.4)? C* against eta x c_max, and the tolerance against what
+    """Can the study answer at C* (science §9.3, §9.4, §10)? C* against how far the search method answers past
+    c_max (:meth:`rollscale.core.search.methods.base.SearchMethod.reach`), and the tolerance against what
     the validation set, eval_k and seeds resolve; ``size``: the sweep bucket's (train, validation) problems once
     the profile is laid out (a fix proposes no validation split it cannot hold), else the ``pool``'s size."""
+    from rollscale.core.search.decisions import search_method
+
     c_star, eta, c_max = p.target_budget, p.sweep.search.eta, p.sweep.c_max
+    method = search_method(p.sweep.search.method)
+    reach_max = method.reach(p.sweep.search)
     reach = ("study.target_budget", "sweep.c_max")
-    if c_star > eta * c_max:
-        yield ("error", reach, f"C* = {c_star:,} rollouts is beyond eta = {eta:g} times c_max = {c_max:,}: "
-               "no fit reaches it, so every key is unknown there", f"sweep.c_max: {math.ceil(c_star / eta):,} "
-               f"or more (C* / eta), or {c_star:,} to see C* itself")
+    if c_star > reach_max * c_max:
+        yield ("error", reach, f"C* = {c_star:,} rollouts is beyond {reach_max:g} times c_max = {c_max:,} (how far "
+               f"the {p.sweep.search.method} search answers past its data): every key is unknown there",
+               f"sweep.c_max: {math.ceil(c_star / reach_max):,} or more (C* / {reach_max:g}), or {c_star:,} to see C* "
+               "itself")
+    elif c_star > eta * c_max:
+        yield ("note", reach, f"C* = {c_star:,} is {c_star / c_max:.2f} x c_max: the answer there is a forecast "
+               "(science §10: one surface over the keys, its interval from refits), not a fit within the data", "")
     elif c_star > c_max:
         yield ("note", reach, f"C* = {c_star:,} is {c_star / c_max:.2f} x c_max: answered by extrapolation "
                f"(up to eta = {eta:g}), with wider intervals (docs/benchmarks.md: about twice at 1.8 x)", "")
