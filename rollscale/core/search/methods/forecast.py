@@ -27,7 +27,11 @@ Per key in play (rows of the ``search`` table, :data:`RULES`):
   than noise: the forecast of the key beyond it beats the leader (its D has a lower bound > 0), or the edge's inner
   neighbour is below the edge (its D has an upper bound < 0). On the embedded default, §9.4's bracket added n = 32
   at 2,561 rollouts and n = 64 at 5,091 while every evaluation lay within 0.32-0.41 around a step-0 mean of 0.364
-  (issue 39): there the forecast at C* is wide and adds nothing.
+  (issue 39): there the forecast at C* is wide and adds nothing. And where every other key is settled and the
+  answer is the first or last key in play, the key beyond it is added as in §9.4
+  (:func:`rollscale.core.search.methods.decision.beyond_answer`): an answer is not the edge of the keys untested
+  (simulated ``edge_high``: n = 8 answered with n = 2 and 4 settled at 20,120 rollouts, n = 16, best at C*, never
+  trained; the surface's line through n = 2-8 forecast it no better).
 
 A group keyed by the allocation rule (no order for a surface, science §10.1) is decided as §9.4 decides it
 (:class:`rollscale.core.search.methods.decision.Decision`). Every row carries C* (``c_star``), the key's
@@ -47,11 +51,11 @@ from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, forecast_group
 from rollscale.core.fit.tables import REWARD_MAX
-from rollscale.core.search.methods.decision import MIN_POINTS, Decision, c_star, group_rows, level
+from rollscale.core.search.methods.decision import MIN_POINTS, Decision, beyond_answer, c_star, group_rows, level
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["FORECAST_REACH", "RULES", "Forecast", "forecast_standing", "forecast_verdicts", "forecast_adds"]
+__all__ = ["FORECAST_REACH", "RULES", "Forecast", "forecast_adds", "forecast_standing", "forecast_verdicts"]
 
 FORECAST_REACH = 8.0  # C* up to 8 x C_max: how far the forecast is tested (science §10, "what it must show")
 
@@ -160,11 +164,12 @@ class Forecast(Decision):
             standing = forecast_standing(points, g, st, settings)
             if standing is None:
                 verdict = {key: (None, "no evaluations yet") for key in live}
-                rows += group_rows(g, st, None, verdict, [], settings, edge_answer=False, leader_to_c_max=True)
+                rows += group_rows(g, st, None, verdict, [], settings, leader_to_c_max=True)
                 continue
             table, caps = standing
             rows += group_rows(g, st, table, forecast_verdicts(table, caps, live, settings),
-                               forecast_adds(table, g, st), settings, edge_answer=False, leader_to_c_max=True)
+                               forecast_adds(table, g, st), settings, leader_to_c_max=True,
+                               edge_answer=lambda lead, g=g, st=st: beyond_answer(lead, g, st))
         return rows
 
     def measured_spent(self, search: SearchParams) -> float | None:
