@@ -1,4 +1,4 @@
-"""``sweep.search.method: decision``, the default: the search that stops when the decision is made (science
+"""``sweep.search.method: decision``: the search that stops when the decision is made (science
 §9.4), the answer at C* for part of the grid.
 
 Runs advance in rungs of budget (:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
