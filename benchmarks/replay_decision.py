@@ -89,7 +89,7 @@ def search_table(runs: pd.DataFrame, evals: pd.DataFrame, ev: pd.DataFrame, para
     for method in (m for m in SEARCH_METHODS.names() if search_method(m).searches):
         search = params.sweep.search.model_copy(update={"method": method})
         sweep = params.sweep.model_copy(update={"search": search})
-        settings = search_settings(sweep, params.study)
+        settings = search_settings(sweep, params.study, params.bucket.val_size)
         start = time.perf_counter()
         res = replay(runs, evals, design, settings, sweep.b_max)
         seconds = time.perf_counter() - start

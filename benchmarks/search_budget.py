@@ -4,6 +4,7 @@
     python benchmarks/search_budget.py --per-family 40 --seeds-min 2 --draws 400 1600   # avg@4 and avg@16
     python benchmarks/search_budget.py --per-family 10 --tradeoff
     python benchmarks/search_budget.py --per-family 40 --oracle   # the most 2, 3, 4 seeds can be right
+    python benchmarks/search_budget.py --method forecast --c-star-multiple 4 --per-family 8 --seeds-min 2
 
 Studies: rollscale.core.search.simulate (rollout axis, B_problem 16, C_max = C* = 40,000, avg@4 over
 100 problems, evaluations on the §9.1 schedule from C_max / 64, 4 per doubling, the sweep's default), its five families
@@ -12,7 +13,9 @@ and the three of MORE_FAMILIES; the search runs through rollscale.core.search.de
 whose answer is within epsilon of the true best at C* ("right"), the share decided, the median and
 largest rollouts spent against the grid's (every key, seeds_max seeds, to C_max), the mean regret and
 the seeds added, and how often that grid itself is right (its own decision at C*, the ceiling of any search); with --tradeoff one row per setting moved from epsilon 0.02, alpha 0.3, eta 1.41,
-seeds_min 2 (one at a time), over all families.
+seeds_min 2 (one at a time), over all families. With --method forecast (science §10.5) and --c-star-multiple m the
+search decides at C* = m x C_max, judged against the true curves at C*; the table adds the rollouts spent against
+2 x C* (science §10's cost) and the keys stopped before C_max.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ SCHEDULE = (625.0, 4)  # the sweep's default: sweep.eval_per_doubling 4 from c_m
 
 
 def run(per: int, seeds_min: int, seeds_max: int, draws: int = 1600, grid: bool = False, tolerance: float = 0.02,
-        **kw: float) -> tuple:
+        method: str = "decision", multiple: float | None = None, **kw: float) -> tuple:
     studies = make_studies(per, seed=0, families=tuple(FAMILIES) + tuple(MORE_FAMILIES),
                            seeds=tuple(range(seeds_min)), schedule=SCHEDULE, eval_draws=draws)
     t = time.process_time()
-    settings = SearchSettings(SearchParams(method="decision", seeds_max=seeds_max, **kw), DecisionParams(tolerance=tolerance))
+    settings = SearchSettings(SearchParams(method=method, seeds_max=seeds_max, **kw),
+                              DecisionParams(tolerance=tolerance, target_budget=round(multiple * studies[0].c_max)
+                                             if multiple else None))
     result = simulate_decision(studies, settings, grid=grid)
     return summarise_decision(result), time.process_time() - t
 
@@ -57,7 +62,13 @@ def main() -> None:
                     help="samples behind one evaluation: 1600 = avg@16 over 100 problems (the default), 400 = avg@4")
     ap.add_argument("--tradeoff", action="store_true", help="one row per epsilon x alpha x eta x seeds_min")
     ap.add_argument("--oracle", action="store_true", help="per family: right with 2-4 seeds' true curves, no fit")
+    ap.add_argument("--method", default="decision", help="the search method: decision (science §9.4) or forecast (§10.5)")
+    ap.add_argument("--c-star-multiple", type=float, default=1.0, help="C* = this x C_max (40,000)")
+    ap.add_argument("--resamples", type=int, default=200, help="the search's bootstrap refits")
     args = ap.parse_args()
+    if args.method != "decision" or args.c_star_multiple != 1.0:
+        forecast_table(args)
+        return
     if args.oracle:
         studies = make_studies(args.per_family, seed=0, families=tuple(FAMILIES) + tuple(MORE_FAMILIES),
                                eval_draws=args.draws[0])
@@ -96,6 +107,25 @@ def main() -> None:
         holds = fams[fams["a2_holds"].astype(bool)]
         print(f"| {eps:g} | {alpha:g} | {eta:g} | {m} | {holds['right'].min():.1%} | {table.loc['all', 'right']:.1%} | "
               f"{table.loc['all', 'median_spent']:.1%} | {fams['median_spent'].max():.1%} | {cpu:.0f} |", flush=True)
+
+
+def forecast_table(args: argparse.Namespace) -> None:
+    """Per family at C* = m x C_max: right, rollouts against 2 x C* and the grid, keys stopped early."""
+    for m in args.seeds_min:
+        cap = max(m, args.seeds_max)
+        table, cpu = run(args.per_family, m, cap, args.draws[0], method=args.method, multiple=args.c_star_multiple,
+                         eta=args.eta,
+                         alpha=args.alpha, bootstrap_resamples=args.resamples)
+        print(f"\nmethod {args.method}, C* = {args.c_star_multiple:g} x C_max, seeds_min {m}, seeds_max "
+              f"{cap}, epsilon 0.02, alpha {args.alpha:g}, eta {args.eta:g}, {args.resamples} refits, "
+              f"{args.draws[0]} samples an evaluation ({cpu:.0f} CPU s)\n")
+        print("| family | studies | right (regret <= epsilon) | median spent / 2 C* | max spent / 2 C* | "
+              "median spent / grid | keys stopped early | seeds added | mean regret |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for fam, r in table.iterrows():
+            print(f"| {fam} | {r['studies']} | {r['right']:.1%} | {r['median_spent_c_star']:.1%} | "
+                  f"{r['max_spent_c_star']:.1%} | {r['median_spent']:.1%} | {r['stopped_early']:.2f} | "
+                  f"{r['seeds_added']:.2f} | {r['mean_regret']:.4f} |", flush=True)
 
 
 if __name__ == "__main__":

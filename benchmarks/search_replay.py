@@ -46,7 +46,7 @@ def main() -> None:
     params = load_params(args.params)
     search = params.sweep.search.model_copy(update={k: v for k, v in (("eta", args.eta), ("alpha", args.alpha))
                                                     if v is not None})
-    settings = search_settings(params.sweep.model_copy(update={"search": search}), params.study)
+    settings = search_settings(params.sweep.model_copy(update={"search": search}), params.study, params.bucket.val_size)
     runs = query("SELECT * FROM runs", args.artifacts)
     evals = query("SELECT * FROM evals", args.artifacts)
     start = None

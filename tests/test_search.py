@@ -106,9 +106,9 @@ def test_truncate_keeps_a_run_up_to_its_budget_and_the_step_that_crosses_it():
 
 def test_the_methods_are_registered_one_module_each_and_the_default_is_the_pydantic_fields():
     assert "rollscale.core.search.methods" in PLUGIN_PACKAGES
-    assert set(SEARCH_METHODS.names()) >= {"grid", "decision"}
+    assert set(SEARCH_METHODS.names()) >= {"grid", "decision", "forecast"}
     default = SearchParams.model_fields["method"].default
-    assert default == "decision" == parse_params({}).sweep.search.method == SearchSettings().method
+    assert default == "forecast" == parse_params({}).sweep.search.method == SearchSettings().method
     assert isinstance(search_method(default), SearchMethod) and search_method(default).searches
     assert not search_method("grid").searches
     with pytest.raises(RegistryError, match="did you mean 'grid'"):

@@ -15,7 +15,8 @@ from rollscale.core.search.simulate import grid_tables, make_studies
 from rollscale.core.search.simulate_budget import simulate_decision
 from rollscale.core.search.state import SearchSettings
 
-SETTINGS = SearchSettings(eval_every=20)
+DECISION = SearchParams(method="decision")  # science §9.4's search: its bracket and rules are what these tests read
+SETTINGS = SearchSettings(DECISION, eval_every=20)
 
 
 def test_replaying_a_simulated_grid_decides_as_the_simulated_search():
@@ -23,7 +24,7 @@ def test_replaying_a_simulated_grid_decides_as_the_simulated_search():
     studies = make_studies(1, seed=3, families=("cross", "edge_low"), seeds=(0, 1))  # keys start with 2 seeds
     runs, evals = grid_tables(studies)
     start = {f"n:bucket={s.name}/rule=uniform/b_problem=16": s.keys for s in studies}
-    settings = SearchSettings(SearchParams(seeds_max=2), eval_every=20)
+    settings = SearchSettings(SearchParams(method="decision", seeds_max=2), eval_every=20)
     res = replay(runs, evals, "n", settings, b_max=256, start_keys=start)
     sim = simulate_decision(studies, settings)
     cols = ["decision", "rung", "key", "seed", "action", "rule", "c_train"]
@@ -60,7 +61,7 @@ def test_replay_of_rules_compares_rules_at_fixed_n_and_b_problem():
             c = step * 128.0
             y = 0.37 + (a + 0.004 * seed - 0.37) / (1 + (4000 / np.maximum(c, 1e-9)) ** 1.5)
             evals.append(pd.DataFrame({"run_id": rid, "step": step, "c": c, "avg_at_k": y}))
-    res = replay(pd.DataFrame(rows), pd.concat(evals), "rule", SearchSettings(eval_every=5))
+    res = replay(pd.DataFrame(rows), pd.concat(evals), "rule", SearchSettings(DECISION, eval_every=5))
     (row,) = res.summary.to_dict("records")
     assert row["keys"] == "dynamic, pods, uniform" and "pods at C = 40,000 (epsilon)" in row["stops"]
     assert row["would_add_not_in_grid"] == "" and row["search_leader"] == "uniform" and row["search_decided"]

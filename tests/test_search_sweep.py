@@ -58,7 +58,7 @@ def test_search_decides_as_the_replay_of_the_same_grid(prepared, grid, tmp_path)
     assert set(last["action"]) <= {"stop", "finish"}
     p = load_params(params)
     grid_runs, grid_evals = tables(grid / "artifacts")
-    replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep, p.study), b_max=p.sweep.b_max)
+    replayed = replay(grid_runs, grid_evals, "n", search_settings(p.sweep, p.study, p.bucket.val_size), b_max=p.sweep.b_max)
     pd.testing.assert_frame_equal(decisions.reset_index(drop=True), replayed.decisions.reset_index(drop=True),
                                   check_dtype=False)
     # paused and resumed at every rung, each run ends with the grid's rows, bit for bit

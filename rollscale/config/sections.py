@@ -115,17 +115,19 @@ RETIRED_SEARCH = {"method: frontier": "the frontier search (science §8) was ret
 
 
 class SearchParams(Section):
-    """How the sweep spends its rollouts (science §9.4): a search method of
+    """How the sweep spends its rollouts (science §9.4, §10.5): a search method of
     :data:`rollscale.registry.SEARCH_METHODS` (one module of ``rollscale/core/search/methods/``).
 
-    ``decision`` (the default) advances runs in rungs c_1 < ... < c_R = C_max spaced by ``eta`` and
-    stops once the decision at ``study.target_budget`` (C*) is made within ``study.tolerance``;
-    ``grid`` trains every run to C_max.
+    ``forecast`` (the default) and ``decision`` advance runs in rungs c_1 < ... < c_R = C_max spaced by ``eta``
+    and stop keys once the decision at ``study.target_budget`` (C*) is made within ``study.tolerance``:
+    ``forecast`` reads it from the forecast of science §10 (C* up to 8 x C_max, keys settled before C_max),
+    ``decision`` from each run's fit (C* up to eta x C_max); ``grid`` trains every run to C_max.
     """
 
-    # decision: science §9.4 (rollscale/core/search/methods/decision.py); grid: every run to C_max.
-    # The one default of the method: the sweep, the replay, check and init read it here
-    method: str = "decision"
+    # forecast: science §10.5 (rollscale/core/search/methods/forecast.py; simulated, docs/benchmarks.md);
+    # decision: §9.4; grid: every run to C_max. The one default of the method: the sweep, the replay, check and
+    # init read it here
+    method: str = "forecast"
     # rung factor c_(r+1) = eta c_r, and A3: a fit is trusted at most eta times past the largest C it saw
     eta: float = Field(2.0, gt=1)
     # bounds behind a stop are one-sided 1 - alpha bootstrap bounds of the decision's D_k (science §9.4)

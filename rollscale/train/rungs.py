@@ -156,7 +156,7 @@ class SweepSearch:
         self.method = search_method(sweep.search.method)
         self.searching = self.method.searches  # every method that searches runs in this one loop
         self.pending: dict[str, tuple[SearchGroup, Any]] = {}  # run id -> (group, key) of a rung still training
-        self.settings = search_settings(sweep, params.study)
+        self.settings = search_settings(sweep, params.study, params.bucket.val_size)
         if not self.searching:  # a grid: every run alone, trained to C_max
             self.search = SearchPlan(None, [], {}, [], tuple(sweep.rules))
             self.identity, self.decisions, self.alone = {}, empty_decisions(), list(self.grid.values())

@@ -28,13 +28,16 @@ from rollscale.train.sweep import GridPoint, plan_runs
 __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
 
 
-def search_settings(sweep: SweepParams, study: DecisionParams | None = None) -> SearchSettings:
+def search_settings(sweep: SweepParams, study: DecisionParams | None = None,
+                    val_size: int | None = None) -> SearchSettings:
     """The search's settings: ``sweep.search`` itself with the sweep's evaluation interval and seeds, and the
     decision's C* and tolerance (``study``; its defaults when None). On the shared budget schedule (science
-    §9.1) a run evaluates at the first step past each rung's budget, so a leg ends there (``eval_every`` None)."""
+    §9.1) a run evaluates at the first step past each rung's budget, so a leg ends there (``eval_every`` None).
+    ``val_size``: the validation problems (``bucket.val_size``), whose avg@eval_k the forecast's refits redraw."""
     return SearchSettings(sweep.search, study if study is not None else DecisionParams(),
                           eval_every=None if sweep.eval_per_doubling else sweep.eval_every,
-                          sweep_seeds=len(set(sweep.seeds)))
+                          sweep_seeds=len(set(sweep.seeds)),
+                          eval_draws=val_size * sweep.eval_k if val_size else None)
 
 
 def search_design(sweep: SweepParams) -> str | None:

@@ -79,9 +79,10 @@ def grid_decision(studies: list[SimStudy], settings: SearchSettings) -> pd.DataF
         target = c_star(s.group(), settings)
         table = decide_at(curves[s.name], target, settings.tolerance, settings.eta, rollout_axis=True,
                           resamples=max(settings.resamples, 1), seed=settings.bootstrap_seed)
-        answer = int(table["leader"].iloc[0])
+        lead = table["leader"].iloc[0]
+        answer = int(lead) if lead is not None else None  # None: C* beyond every fit's reach (science §9.3)
         truth = {n: true_reward(s, n, target) for n in UNIVERSE}
-        regret = max(truth.values()) - truth[answer]
+        regret = max(truth.values()) - truth[answer] if answer is not None else math.nan
         rows.append({"group": s.name, "grid_answer": answer, "grid_regret": regret,
                      "grid_right": regret <= settings.tolerance + 1e-12})
     return pd.DataFrame(rows)
@@ -101,7 +102,8 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: b
     §9.4's ``decision``). ``grid``: also the whole grid's own decision (:func:`grid_decision`: columns
     ``grid_answer``, ``grid_regret``, ``grid_right``)."""
     every = None if studies[0].schedule is not None else studies[0].eval_every
-    settings = replace(settings, eval_every=every)  # legs end at evaluations, as the stage's
+    # legs end at evaluations, as the stage's; a forecast's refits redraw the studies' evaluation noise
+    settings = replace(settings, eval_every=every, eval_draws=settings.eval_draws or studies[0].eval_draws)
     runs = Runs(studies)
     groups = [s.group() for s in studies]
     decisions, legs = empty_decisions(), {}
@@ -120,7 +122,7 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: b
         best = max(truth.values())
         answer = last["leader"].get(s.name)
         answer = int(answer) if isinstance(answer, str) else None
-        grid = sum(runs.steps(s, n, s.c_max) * s.b_problem * n for n in UNIVERSE) * seed_cap(g, settings)
+        grid_c = sum(runs.steps(s, n, s.c_max) * s.b_problem * n for n in UNIVERSE) * seed_cap(g, settings)
         mine = decisions[decisions["group"] == s.name]
         final = rules[rules["group"] == s.name]
         rows.append({
@@ -130,11 +132,13 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: b
             "decided": not bool(((mine["rule"] == "undecided") & (mine["action"] == "finish")).any()),
             "stops": ", ".join(f"{k}@{c:,.0f}({r})" for k, c, r, a in
                                zip(final["key"], final["c"], final["rule"], final["action"], strict=True) if a == "stop"),
+            "stopped_early": int(((final["action"] == "stop") & (final["c_train"] < s.c_max)).sum()),
             "seeds_added": int((mine["action"] == "seed").sum()), "added": ",".join(mine.loc[mine["action"] == "add",
                                                                                           "key"].unique()),
-            "search_rollouts": float(spent.get(s.name, 0.0)), "grid_rollouts": float(grid), "a2_holds": a2_holds(s)})
+            "search_rollouts": float(spent.get(s.name, 0.0)), "grid_rollouts": float(grid_c), "a2_holds": a2_holds(s)})
     out = pd.DataFrame(rows)
     out["spent"] = out["search_rollouts"] / out["grid_rollouts"]
+    out["spent_c_star"] = out["search_rollouts"] / (2.0 * out["c_star"])  # science §10's cost: at most 2 x C*
     out["right"] = out["regret"] <= settings.tolerance + 1e-12
     if grid:
         out = out.merge(grid_decision(studies, settings), on="group", how="left")
@@ -152,7 +156,9 @@ def summarise_decision(result: BudgetResult) -> pd.DataFrame:
         return {"studies": len(t), "right": float(t["right"].mean()), **grid, "decided": float(t["decided"].mean()),
                 "median_spent": float(t["spent"].median()), "max_spent": float(t["spent"].max()),
                 "mean_regret": float(t["regret"].mean()), "seeds_added": float(t["seeds_added"].mean()),
-                "a2_holds": bool(t["a2_holds"].all())}
+                "median_spent_c_star": float(t["spent_c_star"].median()),
+                "max_spent_c_star": float(t["spent_c_star"].max()),
+                "stopped_early": float(t["stopped_early"].mean()), "a2_holds": bool(t["a2_holds"].all())}
 
     table = pd.DataFrame({f: row(t) for f, t in s.groupby("family", sort=False)}).T
     table.loc["all"] = row(s)

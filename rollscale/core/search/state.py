@@ -64,16 +64,19 @@ class SearchSettings:
     budget, so the search reads exactly the evaluations a grid run has there (None: at the budget; on the
     shared budget schedule of science §9.1 a run evaluates at the first step past each rung's budget).
     ``sweep_seeds``: the sweep's seeds, the most a key may reach where ``sweep.search.seeds_max`` is null
-    (None: the group's seeds plus ``extra_seeds``).
+    (None: the group's seeds plus ``extra_seeds``). ``eval_draws``: the 0/1 samples behind one evaluation
+    (validation problems x eval_k), whose noise the forecast's refits redraw (science §10.2; None: not redrawn).
     """
 
     search: SearchParams = field(default_factory=SearchParams)
     study: DecisionParams = field(default_factory=DecisionParams)
     eval_every: int | None = None
     sweep_seeds: int | None = None
+    eval_draws: int | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("eval_every", self.eval_every), ("sweep_seeds", self.sweep_seeds)):
+        for name, value in (("eval_every", self.eval_every), ("sweep_seeds", self.sweep_seeds),
+                            ("eval_draws", self.eval_draws)):
             if value is not None and not value >= 1:
                 raise ValueError(f"search settings: {name} must be >= 1 or None, got {value!r}")
 
@@ -96,7 +99,7 @@ class SearchSettings:
     def identity(self) -> dict[str, Any]:
         """Every value the decisions depend on, flat (what a stored ``search`` table was made with)."""
         names = ("eta", "alpha", "first_rung", "extra_seeds", "resamples", "bootstrap_seed", "bin_width", "eval_every",
-                 "method", "target_budget", "tolerance", "seeds_max")
+                 "method", "target_budget", "tolerance", "seeds_max", "eval_draws")
         return {name: getattr(self, name) for name in names}
 
 

@@ -25,7 +25,8 @@ SEEDS_FIX_MAX = 8
 
 
 def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool: int | None = None) -> Iterator[Finding]:
-    """Can the study answer at C* (science §9.3, §9.4)? C* against eta x c_max, and the tolerance against what
+    """Can the study answer at C* (science §9.3, §9.4, §10)? C* against eta x c_max (past it, the forecast over
+    ordered keys answers, up to 8 x c_max), and the tolerance against what
     the validation set, eval_k and seeds resolve; ``size``: the sweep bucket's (train, validation) problems once
     the profile is laid out (a fix proposes no validation split it cannot hold), else the ``pool``'s size."""
     c_star, eta, c_max = p.target_budget, p.sweep.search.eta, p.sweep.c_max

@@ -76,8 +76,11 @@ def _moves(values: dict[str, Any], pool: int | None,
         return lambda v: max(floor, v // 2) if v is not None and v > floor else None
 
     def c_max(v: int) -> int | None:
-        target, eta = values.get("study.target_budget"), values.get("sweep.search.eta", _default("sweep.search.eta"))
-        floor = max(widest() * STEPS_MIN, math.ceil(target / eta) if target else 0)  # C* stays within eta
+        target = values.get("study.target_budget")
+        p = params_of(values, {})
+        # C* stays within how far the method answers past c_max (eta; the forecast search 8 x, science §10)
+        floor = max(widest() * STEPS_MIN, math.ceil(target / search_method(p.sweep.search.method).reach(p.sweep.search))
+                    if target else 0)
         return max(floor, int(math.ceil(v / 2 / 100) * 100)) if v > floor else None
 
     def seeds(v: list[int]) -> list[int] | None:

@@ -256,9 +256,9 @@ def suggest(model: ModelInfo, data: DataSample, data_path: str, pool_rows: int |
     put("sweep.c_max", c_max, f"rollouts per run: the largest batch (B = {b_max}) gets {EVALS_COMFORTABLE}+ "
                               "evaluations, twice what a sigmoid fit needs")
     put("sweep.eval_k", 4)
-    put("sweep.search.method", SearchParams.model_fields["method"].default, "science §9.4: runs advance in rungs "
-        "and stop once the decision at study.target_budget is made; an n at the grid's edge that wins brings in "
-        "the next (docs/benchmarks.md)")
+    put("sweep.search.method", SearchParams.model_fields["method"].default, "science §10.5: runs advance in rungs "
+        "and a key stops once the forecast at study.target_budget settles it; an n at the grid's edge that leads "
+        "there by more than noise brings in the next (docs/benchmarks.md)")
     put("sweep.search.eta", 1.41, "rung factor, and how far past its data a fit is read (docs/benchmarks.md)")
     put("sweep.search.seeds_min", 2, "each key starts with 2 seeds; seeds are added where the decision hangs")
     put("sweep.search.seeds_max", 4)

@@ -1,5 +1,6 @@
-"""The sweep's search methods (``sweep.search.method``), one module each: ``grid`` (every run to C_max)
-and ``decision`` (science §9.4, the default: stop once the decision at C* is made).
+"""The sweep's search methods (``sweep.search.method``), one module each: ``grid`` (every run to C_max),
+``decision`` (science §9.4: stop once the decision at C* is made) and ``forecast`` (§10.5: the same decision read
+from the forecast at a C* up to 8 x C_max, keys settled before C_max).
 
 Each module registers its method, a :class:`~rollscale.core.search.methods.base.SearchMethod`, in
 :data:`rollscale.registry.SEARCH_METHODS` under the module's name, and is imported only when chosen:

@@ -46,6 +46,11 @@ class SearchMethod:
         table."""
         raise NotImplementedError(f"search method {self.name!r} makes no decisions")
 
+    def reach(self, search: SearchParams) -> float:
+        """How many times ``sweep.c_max`` the study's C* may be (``rollscale check``, ``init``): ``eta``, as far as
+        a fit is trusted past its data (science §9.3, A3)."""
+        return search.eta
+
     def measured_spent(self, search: SearchParams) -> float | None:
         """The share of the grid's rollouts the method spent on the default study (docs/benchmarks.md), for
         ``rollscale check``'s time estimate; None: not measured (the sweep is counted as the whole grid)."""

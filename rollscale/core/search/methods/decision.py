@@ -1,4 +1,4 @@
-"""``sweep.search.method: decision``, the default: the search that stops when the decision is made (science
+"""``sweep.search.method: decision``: the search that stops when the decision is made (science
 §9.4), the answer at C* for part of the grid.
 
 Runs advance in rungs of budget (:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +80,8 @@ from rollscale.core.search.methods.base import SearchMethod
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["BRACKET_SHARE", "MIN_POINTS", "RULES", "Decision", "Standing", "c_star", "decide_group", "level",
-           "seed_cap", "standings"]
+__all__ = ["BRACKET_SHARE", "MIN_POINTS", "RULES", "Decision", "Standing", "c_star", "beyond_answer", "decide_group",
+           "group_rows", "level", "seed_cap", "standings"]
 
 BRACKET_SHARE = 0.5  # an edge key leading at C* in >= 50 % of paired refits: the key beyond it joins
 # a key is settled on runs of MIN_POINTS evaluations or more (it and the leader), 2+ a parameter of the §7 sigmoid:
@@ -260,7 +261,7 @@ def _bracket(s: Standing | None, group: SearchGroup, st: GroupState) -> list[tup
     return out
 
 
-def _edge_answer(lead: Any, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
+def beyond_answer(lead: Any, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
     """The key beyond an answer at the edge of the keys in play, where the bracket allows one not yet tried:
     an answer is never the grid's edge untested against its neighbour (simulated ``edge_high``: n = 8 decided
     on A2 stops of n = 2 and 4 at c_r, n = 16 never trained, in 2 of 40 studies)."""
@@ -278,35 +279,51 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
                  ) -> list[dict]:
     """The next decision of one group (module docstring) from its :class:`Standing` (None: no evaluations yet):
     rows of the ``search`` table."""
+    live = [key for key in st.keys if key not in st.stopped]
+    verdict = {key: (_settled(standing, key, group, settings) if standing is not None and key in standing.star.index
+                     else (None, "no fit at C*: no evaluations yet, or C* beyond its data and its curve not bent"))
+               for key in live}
+    return group_rows(group, st, standing.star if standing is not None else None, verdict,
+                      _bracket(standing, group, st), settings,
+                      rung_leader=standing.rung["leader"].iloc[0] if standing is not None else None,
+                      edge_answer=lambda lead: beyond_answer(lead, group, st))
+
+
+def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, verdict: dict[Any, tuple[str | None, str]],
+               adds: list[tuple[Any, str]], settings: SearchSettings, rung_leader: Any = None,
+               edge_answer: Callable[[Any], list[tuple[Any, str]]] | None = None,
+               leader_to_c_max: bool = False) -> list[dict]:
+    """The rows of one group's decision (module docstring) from what the method read: ``table`` the decision at
+    C* (one row per key, indexed by key: ``leader``, ``leader_share``, ``reward``, ``reward_lo``, ``reward_hi``,
+    ``d``, ``d_lo``, ``d_hi``, ``evals``; None: no fit yet), ``verdict`` per key in play and not stopped (rule or
+    None, note), ``adds`` the bracket's (key, note). ``rung_leader``: the leader at c_r, named where C* is out of
+    reach; ``edge_answer``: the keys to add, with notes, where every key but the leader is settled (an answer at
+    the edge of the keys in play: :func:`beyond_answer`);
+    ``leader_to_c_max``: a decided leader trains on to C_max before it stops (science §10.5)."""
     r, budgets = int(st.rung), st.budgets  # type: ignore[arg-type]
     c_r, last = float(budgets[r - 1]), r == len(budgets)
     next_c = float(group.c_max if last else budgets[r])
     target = c_star(group, settings)
-    table = standing.star if standing is not None else None
     base = {"group": group.group, "decision": st.decision, "rung": r, "c": c_r}
     rows: list[dict] = []
 
     def emit(key: Any, seeds: Any, action: str, rule: str, c_train: float, note: str) -> None:
         nums = _numbers(table, key, target)
-        if nums["leader"] is None and standing is not None and standing.rung["leader"].iloc[0] is not None:
-            nums["leader"] = str(standing.rung["leader"].iloc[0])  # C* out of reach: the leader at c_r
+        if nums["leader"] is None and rung_leader is not None:
+            nums["leader"] = str(rung_leader)  # C* out of reach: the leader at c_r
         n_points = int(table.loc[key, "evals"]) if table is not None and key in table.index else 0
         for seed in seeds:
             rows.append({**base, **nums, "key": str(key), "seed": int(seed), "action": action, "rule": rule,
                          "c_train": c_train, "n_points": n_points, "note": note})
 
     live = [key for key in st.keys if key not in st.stopped]
-    verdict = {key: (_settled(standing, key, group, settings) if standing is not None and key in standing.star.index
-                     else (None, "no fit at C*: no evaluations yet, or C* beyond its data and its curve not bent"))
-               for key in live}
-    adds = _bracket(standing, group, st)
     lead = table["leader"].iloc[0] if table is not None else None
     unsettled = [key for key in live if verdict[key][0] is None]
     if lead not in unsettled and len(unsettled) == 1:
         lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
     open_keys = [key for key in unsettled if key != lead]
-    if lead is not None and not open_keys and not adds:
-        adds = _edge_answer(lead, group, st)
+    if edge_answer is not None and lead is not None and not open_keys and not adds:
+        adds = edge_answer(lead)
     # decided: every key in play but the leader settled (a leader stopped earlier, settled then against another,
     # still answers: its curve is read at C* with the rest)
     decided = lead is not None and not open_keys and not adds
@@ -327,6 +344,9 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
         here, ahead = leg_budget(group, key, c_r, settings), leg_budget(group, key, next_c, settings)
         if rule is not None:
             emit(key, st.seeds[key], "stop", rule, here, note)
+        elif decided and key == lead and leader_to_c_max and not last:
+            emit(key, st.seeds[key], "continue", "none", ahead,
+                 f"every other key is settled at C* = {target:,.0f}: the answer {key} trains on to C_max")
         elif decided and key == lead:
             emit(key, st.seeds[key], "stop", "decided", here,
                  f"every other key is settled at C* = {target:,.0f}: the answer is {key}")

@@ -1,0 +1,180 @@
+"""``sweep.search.method: forecast``: the search with forecasts (science §10.5), §9.4's search read at a C* that may
+lie past the data (``study.target_budget`` up to :data:`FORECAST_REACH` x ``sweep.c_max``).
+
+Runs advance in the same rungs as ``decision`` (:func:`rollscale.core.search.state.rung_budgets`, up to C_max;
+C_max may be below C*). After each rung, per group with a numeric key (n or B_problem), on every run's
+evaluations so far:
+
+* the forecast (:func:`rollscale.core.fit.forecast.forecast_group`, science §10.1-10.2: one surface over the
+  group's keys, its refits resampling seed slots paired across keys and redrawing the evaluation noise) at C*,
+  for the trained keys and the keys just beyond the edges the bracket allows; its interval at the two-sided level
+  1 - 2 alpha, so that its ends are the one-sided 1 - alpha bounds of §9.4;
+* the cap (:func:`rollscale.core.fit.climb.climb_caps`, §10.4: the steepest rise per doubling seen in the group
+  times the doublings left, above the key's upper bound where its runs are).
+
+Per key in play (rows of the ``search`` table, :data:`RULES`):
+
+* **stop**, rule ``cap``: its cap at C* is below the best other key's lower bound at the budget it reached, minus
+  epsilon: it cannot catch up, whatever the surface (no A4);
+* **stop**, rule ``forecast``: the upper bound of ``D_k = R_k(C*) - R_leader(C*)`` is <= epsilon: it cannot beat
+  the leader at C* by more than epsilon (read past the data too: the surface's interval speaks, §10.2);
+  neither rule settles a key before its runs and the leader's have :data:`MIN_POINTS` evaluations each, nor
+  (``forecast``) with one seed a key (no seed spread: science §9.3);
+* the leader and the keys not settled **continue** to C_max, the leader also once every other key is settled
+  (its runs carry the forecast at C*; it stops, rule ``decided``, at C_max); at C_max seeds go where the decision
+  hangs (rule ``undecided``, up to ``seeds_max``), as in §9.4 (:func:`rollscale.core.search.methods.decision.group_rows`);
+* **add**, rule ``bracket``: the key beyond the first or last key in play, only when that edge leads at C* by more
+  than noise: the forecast of the key beyond it beats the leader (its D has a lower bound > 0), or the edge's inner
+  neighbour is below the edge (its D has an upper bound < 0). On the embedded default, §9.4's bracket added n = 32
+  at 2,561 rollouts and n = 64 at 5,091 while every evaluation lay within 0.32-0.41 around a step-0 mean of 0.364
+  (issue 39): there the forecast at C* is wide and adds nothing. And where every other key is settled and the
+  answer is the first or last key in play, the key beyond it is added as in §9.4
+  (:func:`rollscale.core.search.methods.decision.beyond_answer`): an answer is not the edge of the keys untested
+  (simulated ``edge_high``: n = 8 answered with n = 2 and 4 settled at 20,120 rollouts, n = 16, best at C*, never
+  trained; the surface's line through n = 2-8 forecast it no better).
+
+A group keyed by the allocation rule (no order for a surface, science §10.1) is decided as §9.4 decides it
+(:class:`rollscale.core.search.methods.decision.Decision`). Every row carries C* (``c_star``), the key's
+forecast there (``r_star``) and the bounds of its D (``d_lo``, ``d_hi``); the numbers are pure functions of the
+runs' evaluations and the settings (seeded refits), so a rerun resumes to the same decisions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rollscale.config import SearchParams
+from rollscale.core.fit.climb import climb_caps
+from rollscale.core.fit.decision import fit_runs
+from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, forecast_group
+from rollscale.core.fit.tables import REWARD_MAX
+from rollscale.core.search.methods.decision import MIN_POINTS, Decision, beyond_answer, c_star, group_rows, level
+from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
+from rollscale.registry import SEARCH_METHODS
+
+__all__ = ["FORECAST_REACH", "RULES", "Forecast", "forecast_adds", "forecast_standing", "forecast_verdicts"]
+
+FORECAST_REACH = 8.0  # C* up to 8 x C_max: how far the forecast is tested (science §10, "what it must show")
+
+RULES = {"forecast": "settled: the upper bound of D_k at C* (the forecast's) <= epsilon",
+         "cap": "settled: its climb cap at C* is below the best other key's lower bound minus epsilon",
+         "decided": "the leader, every other key settled, at C_max", "bracket": "the key beyond an edge that leads at C*",
+         "undecided": "a seed where the decision hangs, or not decided at the cap", "budget": "reached C_max",
+         "none": "not settled"}
+
+
+def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, settings: SearchSettings,
+                      ) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(the forecast at C* indexed by key, with ``evals`` and ``leader_share``; the caps) of one group from its
+    ``points`` (the decisions' truncated evaluations); None without evaluations past C = 0."""
+    pts = points[points["group"] == group.group]
+    if not (pts["c"] > 0).any():
+        return None
+    evals = pts.assign(key=pts["key"].astype(int))
+    a_max = REWARD_MAX if evals["avg_at_k"].between(0, REWARD_MAX).all() else None
+    fs = ForecastSettings(resamples=max(settings.resamples, 2), eval_draws=settings.eval_draws,
+                          level=level(settings), seed=settings.bootstrap_seed, a_max=a_max)
+    trained = sorted(int(k) for k in evals["key"].unique())
+    beyond = [k for k in (min(trained) // 2, max(trained) * 2) if k not in trained and group.allows(k)]
+    target = c_star(group, settings)
+    curves = fit_runs(evals, "key", a_max)
+    table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, bootstrap_surface(evals, "key", fs),
+                           curves)
+    counts = evals[evals["c"] > 0].groupby(["key", "run_id"]).size().groupby(level=0).min()
+    table = table.assign(evals=table["key"].map(counts).fillna(0).astype(int), leader_share=float("nan"))
+    caps = climb_caps(evals, "key", target, settings.tolerance, level(settings), a_max, curves)
+    return table.set_index("key", drop=False), caps.set_index("key", drop=False)
+
+
+def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], settings: SearchSettings,
+                      ) -> dict[Any, tuple[str | None, str]]:
+    """Per key in play and not stopped: (rule, note) where it is settled, (None, why not) otherwise."""
+    lead, target = table["leader"].iloc[0], float(table["c_star"].iloc[0])
+    spread = bool((table.loc[table["trained"], "seeds"] >= 2).any())
+    eps, out = settings.tolerance, {}
+    for key in live:
+        if key == lead:
+            out[key] = (None, "leader at C*")
+            continue
+        row = table.loc[key]
+        seen = min(row["c_seen"], table.loc[lead, "c_seen"]) if lead is not None else 0.0
+        if lead is None or min(row["evals"], table.loc[lead, "evals"]) < MIN_POINTS:
+            out[key] = (None, f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on")
+        elif not target <= FORECAST_REACH * seen * (1 + 1e-9):
+            out[key] = (None, f"C* is more than {FORECAST_REACH:g} x the data of it or the leader (C = {seen:,.0f}): "
+                              "no forecast that far is tested")
+        elif key in caps.index and bool(caps.loc[key, "cannot_catch_up"]):
+            cap = caps.loc[key]
+            out[key] = ("cap", f"its cap at C* {cap['cap']:.3f} (s_max {cap['s_max']:.3f} a doubling from "
+                               f"C = {cap['c']:,.0f}) is below the best other key's lower bound "
+                               f"{cap['best_floor']:.3f} minus epsilon: it cannot catch up")
+        elif not spread:
+            out[key] = (None, "one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision "
+                              "hangs at C_max")
+        elif row["d_hi"] <= eps:
+            out[key] = ("forecast", f"D = R({key}) - R({lead}) forecast at C* has upper bound {row['d_hi']:+.3f} <= "
+                                    f"epsilon {eps:g}: it cannot beat the leader by more")
+        else:
+            out[key] = (None, f"D's upper bound at C* {row['d_hi']:+.3f} > epsilon {eps:g}: could still beat the "
+                              "leader")
+    return out
+
+
+def forecast_adds(table: pd.DataFrame, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
+    """The bracket's (key, note): the key beyond an edge in play that leads at C* by more than noise (module
+    docstring)."""
+    lead = table["leader"].iloc[0]
+    if lead is None or len(st.keys) < 2 or table.loc[lead, "evals"] < MIN_POINTS:
+        return []
+    out = []
+    keys = sorted(st.keys)
+    for edge, inner, cand in ((keys[0], keys[1], keys[0] // 2), (keys[-1], keys[-2], keys[-1] * 2)):
+        if edge != lead or cand in st.keys or cand not in table.index:
+            continue
+        beyond, below = float(table.loc[cand, "d_lo"]), float(table.loc[inner, "d_hi"])
+        if beyond > 0 or below < 0:
+            why = (f"the forecast of {cand} beats it (lower bound of D {beyond:+.3f})" if beyond > 0 else
+                   f"{inner} is below it (upper bound of D {below:+.3f})")
+            out.append((cand, f"{edge}, the {'first' if cand < edge else 'last'} key in play, leads at C*: {why}; "
+                              f"add {cand}"))
+    return out
+
+
+@SEARCH_METHODS.register("forecast")
+class Forecast(Decision):
+    """The search with forecasts (module docstring; science §10.5)."""
+
+    name = "forecast"
+    words = "search with forecasts to the decision at C*"
+
+    def reach(self, search: SearchParams) -> float:
+        return FORECAST_REACH
+
+    def decide(self, points: pd.DataFrame, groups: list[SearchGroup], states: list[GroupState],
+               settings: SearchSettings) -> list[dict]:
+        rules = [(g, st) for g, st in zip(groups, states, strict=True) if g.axis == "rule"]
+        rows = super().decide(points, [g for g, _ in rules], [st for _, st in rules], settings) if rules else []
+        for g, st in zip(groups, states, strict=True):
+            if g.axis == "rule":
+                continue
+            live = [key for key in st.keys if key not in st.stopped]
+            standing = forecast_standing(points, g, st, settings)
+            if standing is None:
+                verdict = {key: (None, "no evaluations yet") for key in live}
+                rows += group_rows(g, st, None, verdict, [], settings, leader_to_c_max=True)
+                continue
+            table, caps = standing
+            rows += group_rows(g, st, table, forecast_verdicts(table, caps, live, settings),
+                               forecast_adds(table, g, st), settings, leader_to_c_max=True,
+                               edge_answer=lambda lead, g=g, st=st: beyond_answer(lead, g, st))
+        return rows
+
+    def measured_spent(self, search: SearchParams) -> float | None:
+        # simulated, not yet measured on the default study: at C* = 4 x C_max, 2 seeds a key to start, a median
+        # 201,280 rollouts in every family but `unbent` (31.4 % of the 4-seed grid; docs/benchmarks.md, "The search
+        # with forecasts, simulated"), 41.9 % of the default's 3-seed grid of 4 keys. With one seed a key nothing
+        # settles before C_max: not measured
+        return 0.419 if search.seeds_min >= 2 else None
