@@ -23,6 +23,7 @@ STAGES = ("base", "profile", "bucket", "measure", "sweep", "fit", "report")
 
 STUDY = {
     **SMALL,
+    "study": {"target_budget": None},  # C* = c_max: this small study's own budget, not the default's 160,000
     "bucket": {"val_size": 2, "used": [], "mixtures": {}},
     "measure": {"bucket": "hard", "n": [4], "b_problem": 2, "steps": 1},
     "sweep": {"bucket": "hard", "design": "rollout_axis", "n": [2, 4], "b_problem": [4], "c_max": 48, "seeds": [0],
