@@ -107,6 +107,23 @@ def test_lock_races_and_refused_stages_are_one_line_not_internal_errors():
     assert (message, code) == ("stage 'fit' stopped: bucket: bucket 'easy' is empty", 2)
 
 
+def test_a_worker_killed_mid_stage_is_one_line_saying_the_work_is_kept():
+    """A pool worker that dies (killed, or the OOM killer) broke the sweep with "internal error BrokenProcessPool"
+    (2026-11-27): one line, exit 1, saying that a rerun resumes."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rollscale.pipeline.errors import explain
+
+    with ProcessPoolExecutor(1) as pool:
+        with pytest.raises(Exception) as died:
+            pool.submit(os._exit, 9).result()
+    message, code = explain(died.value)
+    assert type(died.value).__name__ == "BrokenProcessPool"
+    assert code == 1 and "internal error" not in message and "\n" not in message, message
+    assert "worker process ended abruptly" in message and "resume" in message
+
+
 def _lock_holder(path: Path, hold: str = "time.sleep(60)") -> subprocess.Popen:
     """Another process that takes ``path``'s stage lock, says so, then runs ``hold``."""
     code = ("import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); lock.acquire(); "

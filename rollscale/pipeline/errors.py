@@ -86,6 +86,10 @@ def explain(err: BaseException) -> tuple[str, int]:
     if isinstance(err, RuntimeError) and "ephemeral Prefect API server" in str(err):
         return ("the Prefect server did not start in time (machine busy?): run again, or raise "
                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or point PREFECT_API_URL at a running server"), 1
+    if type(err).__name__ == "BrokenProcessPool":  # a worker process killed (by hand, or the kernel's OOM killer)
+        return ("a worker process ended abruptly (killed, or out of memory): finished work is kept and every "
+                "unfinished run keeps its last checkpoint; run the stage again to resume (fewer `workers` if it "
+                "was memory)"), 1
     if isinstance(err, ValueError):
         return _first_lines(err), 2
     return f"internal error {type(err).__name__}: {_first_lines(err, 1)} (run with --debug for the traceback)", 3
