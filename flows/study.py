@@ -106,7 +106,9 @@ def reproduce(stage: str, root: str, force: bool) -> None:
     (artifacts / stage / STAGE_EXIT).unlink(missing_ok=True)
     # the record of the stage's last finished run, before DVC runs it: what there is to put back if DVC removes it
     recorded = (artifacts / stage / OUTPUTS_MANIFEST).exists()
-    cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", *(["--force"] if force else []), stage]
+    # DVC's command line, less its "failed to reproduce" line for a stage stopped by a signal (the stage says it)
+    cmd = [sys.executable, "-m", "rollscale.pipeline.stages.dvc_quiet", "repro", "--single-item",
+           *(["--force"] if force else []), stage]
     dvc = subprocess.Popen(cmd, cwd=root, env=env)
     try:
         code = dvc.wait()

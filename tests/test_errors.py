@@ -213,3 +213,35 @@ def test_a_dvc_lock_that_is_not_yaml_is_named_with_the_fix(tmp_path):
     message = short(r.stderr)
     assert r.returncode == 1 and "dvc.lock is not valid YAML (line 4)" in message, message
     assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
+
+
+def test_dvcs_line_for_a_stage_stopped_by_a_signal_is_dropped_and_no_other():
+    """Ctrl-C to `rollscale study` is the stage's one line: DVC's "failed to reproduce ... exited with 130" after it
+    raced with the study ending DVC (CI, 2026-11-27). The launcher's filter drops that record, from DVC's own
+    exception classes, and keeps every other error of DVC's."""
+    import logging
+
+    from dvc.exceptions import ReproductionError
+    from dvc.stage.exceptions import StageCmdFailedError
+
+    from rollscale.pipeline.stages.dvc_quiet import drops
+
+    def record(err: BaseException) -> logging.LogRecord:
+        try:
+            raise err
+        except BaseException:
+            import sys
+
+            return logging.LogRecord("dvc.cli", logging.ERROR, __file__, 1, "", None, sys.exc_info())
+
+    def failed(status: int) -> ReproductionError:
+        try:
+            raise ReproductionError("failed to reproduce 'sweep'") from StageCmdFailedError("python -m flows sweep",
+                                                                                            status)
+        except ReproductionError as err:
+            return err
+
+    assert drops(record(failed(130))) and drops(record(failed(143)))
+    assert not drops(record(failed(1))) and not drops(record(failed(2)))  # a stage that failed: DVC says so
+    assert not drops(record(ReproductionError("failed to reproduce 'sweep'")))
+    assert not drops(logging.LogRecord("dvc.cli", logging.ERROR, __file__, 1, "configuration error", None, None))
