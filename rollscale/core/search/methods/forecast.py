@@ -99,6 +99,9 @@ def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], 
         if key == lead:
             out[key] = (None, "leader at C*")
             continue
+        if key not in table.index:  # added, not trained yet (a replayed grid that lacks it: never)
+            out[key] = (None, "no evaluations yet")
+            continue
         row = table.loc[key]
         seen = min(row["c_seen"], table.loc[lead, "c_seen"]) if lead is not None else 0.0
         if lead is None or min(row["evals"], table.loc[lead, "evals"]) < MIN_POINTS:
@@ -132,7 +135,7 @@ def forecast_adds(table: pd.DataFrame, group: SearchGroup, st: GroupState) -> li
     out = []
     keys = sorted(st.keys)
     for edge, inner, cand in ((keys[0], keys[1], keys[0] // 2), (keys[-1], keys[-2], keys[-1] * 2)):
-        if edge != lead or cand in st.keys or cand not in table.index:
+        if edge != lead or cand in st.keys or cand not in table.index or inner not in table.index:
             continue
         beyond, below = float(table.loc[cand, "d_lo"]), float(table.loc[inner, "d_hi"])
         if beyond > 0 or below < 0:
