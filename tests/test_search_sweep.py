@@ -45,12 +45,14 @@ def tables(art: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return runs.reset_index(drop=True), sweep_rows(art, "evals")
 
 
-def test_search_decides_as_the_replay_of_the_same_grid(prepared, grid, tmp_path):
-    """science §9.4 (sweep.search.method: decision): the sweep's decisions are the replay's of the same grid (one
-    dispatch), every row carries C*, the group ends with every key stopped or finished, and every run that
-    reached C_max, paused and resumed at every rung, has the grid's rows bit for bit."""
+@pytest.mark.parametrize("method", ["decision", "forecast"])
+def test_search_decides_as_the_replay_of_the_same_grid(prepared, grid, tmp_path, method):
+    """science §9.4 (sweep.search.method: decision) and §10.5 (forecast): the sweep's decisions are the replay's of
+    the same grid (one dispatch), every row carries C*, the group ends with every key stopped or finished, and every
+    run that reached C_max, paused and resumed at every rung, has the grid's rows bit for bit."""
     art = copy_study(prepared, tmp_path)
-    params = write_params(tmp_path, sweep=SWEEP)
+    search = {**SWEEP["search"], "method": method} | ({"bootstrap_resamples": 50} if method == "forecast" else {})
+    params = write_params(tmp_path, sweep={**SWEEP, "search": search})
     sweep_flow(params_path=str(params), artifacts=str(art))
     decisions = pd.read_parquet(art / "sweep" / "search.parquet")
     assert set(decisions["group"]) == {GROUP} and (decisions["c_star"] == 192).all()  # rungs at 48, 96, 192

@@ -33,7 +33,7 @@ SOURCES = ("per-run", "forecast")  # where a group's rows come from: §9's per-r
 # the fit's design -> what the sweep's search group holds fixed beside bucket and rule (its group names,
 # rollscale.core.search.replay.DESIGNS: "n:bucket=.../rule=.../b_problem=16")
 _SEARCH_HELD = {"n": "b_problem", "b_problem": "n", "iso_batch": "b"}
-_SETTLING = ("epsilon", "a2")  # the search's rules that settle a key (science §9.4)
+_SETTLING = ("epsilon", "a2", "forecast", "cap")  # the search's rules that settle a key (science §9.4, §10.5)
 _GROUP = ["design", "bucket", "rule", "fixed"]
 
 

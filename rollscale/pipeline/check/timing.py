@@ -200,7 +200,8 @@ def time_finding(p: StudyParams, times: StageTimes, cal: Calibration,
                   f"({times.share_why}; the grid alone: {_clock(times.sweep_grid_s)})")
     elif times.search_share < 1:
         search = (f"; the sweep at {times.search_share:.0%} of the grid's {times.sweep_rollouts:,} rollouts, what "
-                  f"the {p.sweep.search.method} search spent on the default study (the whole grid: "
+                  f"the {p.sweep.search.method} search spent on the default study or its simulated kin "
+                  f"(docs/benchmarks.md; the whole grid: "
                   f"{_clock(times.sweep_grid_s)})")
     else:
         search = f"; the sweep trains all {times.sweep_rollouts:,} rollouts of the grid"

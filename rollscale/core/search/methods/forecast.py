@@ -17,9 +17,11 @@ Per key in play (rows of the ``search`` table, :data:`RULES`):
 * **stop**, rule ``cap``: its cap at C* is below the best other key's lower bound at the budget it reached, minus
   epsilon: it cannot catch up, whatever the surface (no A4);
 * **stop**, rule ``forecast``: the upper bound of ``D_k = R_k(C*) - R_leader(C*)`` is <= epsilon: it cannot beat
-  the leader at C* by more than epsilon (read past the data too: the surface's interval speaks, §10.2);
-  neither rule settles a key before its runs and the leader's have :data:`MIN_POINTS` evaluations each, nor
-  (``forecast``) with one seed a key (no seed spread: science §9.3);
+  the leader at C* by more than epsilon (read past the data too: the surface's interval speaks, §10.2), once
+  the data of the key and the leader reach C* / :data:`FORECAST_REACH` (from the first rungs, curves that had
+  not left R0 were fitted as plateaued and settled the best key: docs/benchmarks.md); neither rule settles a key
+  before its runs and the leader's have :data:`MIN_POINTS` evaluations each, nor (``forecast``) with one seed a
+  key (no seed spread: science §9.3); the cap, at any rung, on its own 95 % bounds;
 * the leader and the keys not settled **continue** to C_max, the leader also once every other key is settled
   (its runs carry the forecast at C*; it stops, rule ``decided``, at C_max); at C_max seeds go where the decision
   hangs (rule ``undecided``, up to ``seeds_max``), as in §9.4 (:func:`rollscale.core.search.methods.decision.group_rows`);
@@ -85,7 +87,8 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
                            curves)
     counts = evals[evals["c"] > 0].groupby(["key", "run_id"]).size().groupby(level=0).min()
     table = table.assign(evals=table["key"].map(counts).fillna(0).astype(int), leader_share=float("nan"))
-    caps = climb_caps(evals, "key", target, settings.tolerance, level(settings), a_max, curves)
+    # the cap's own 95 % bounds (what science §10's simulation measured: it never stopped the true best key)
+    caps = climb_caps(evals, "key", target, settings.tolerance, a_max=a_max, curves=curves)
     return table.set_index("key", drop=False), caps.set_index("key", drop=False)
 
 
@@ -99,18 +102,21 @@ def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], 
         if key == lead:
             out[key] = (None, "leader at C*")
             continue
+        if key not in table.index:  # added, not trained yet (a replayed grid that lacks it: never)
+            out[key] = (None, "no evaluations yet")
+            continue
         row = table.loc[key]
         seen = min(row["c_seen"], table.loc[lead, "c_seen"]) if lead is not None else 0.0
         if lead is None or min(row["evals"], table.loc[lead, "evals"]) < MIN_POINTS:
             out[key] = (None, f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on")
-        elif not target <= FORECAST_REACH * seen * (1 + 1e-9):
-            out[key] = (None, f"C* is more than {FORECAST_REACH:g} x the data of it or the leader (C = {seen:,.0f}): "
-                              "no forecast that far is tested")
         elif key in caps.index and bool(caps.loc[key, "cannot_catch_up"]):
             cap = caps.loc[key]
             out[key] = ("cap", f"its cap at C* {cap['cap']:.3f} (s_max {cap['s_max']:.3f} a doubling from "
                                f"C = {cap['c']:,.0f}) is below the best other key's lower bound "
                                f"{cap['best_floor']:.3f} minus epsilon: it cannot catch up")
+        elif not target <= FORECAST_REACH * seen * (1 + 1e-9):
+            out[key] = (None, f"C* is more than {FORECAST_REACH:g} x the data of it or the leader (C = {seen:,.0f}): "
+                              "no forecast that far is tested")
         elif not spread:
             out[key] = (None, "one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision "
                               "hangs at C_max")
@@ -132,7 +138,7 @@ def forecast_adds(table: pd.DataFrame, group: SearchGroup, st: GroupState) -> li
     out = []
     keys = sorted(st.keys)
     for edge, inner, cand in ((keys[0], keys[1], keys[0] // 2), (keys[-1], keys[-2], keys[-1] * 2)):
-        if edge != lead or cand in st.keys or cand not in table.index:
+        if edge != lead or cand in st.keys or cand not in table.index or inner not in table.index:
             continue
         beyond, below = float(table.loc[cand, "d_lo"]), float(table.loc[inner, "d_hi"])
         if beyond > 0 or below < 0:
