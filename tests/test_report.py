@@ -636,6 +636,23 @@ def test_an_empty_result_is_not_missing(study, ahead, tmp_path):
     assert "Stages not run yet: fit." in page
 
 
+def test_every_study_table_says_why_it_is_empty_and_an_empty_decision_is_reported(study, ahead):
+    """A study whose sweep was stopped before any run finished has an empty `decision` table: its report broke with
+    "rollscale: decision" (a KeyError: no reason written for that table; the SmolLM2 smoke study, 2026-11-27)."""
+    from rollscale.report.base import EMPTY_WHY, check_tables
+    from rollscale.report.charts.answer import chart_answer
+    from rollscale.tables import STUDY_TABLES, TRACKED_TABLES
+
+    assert set(STUDY_TABLES) | set(TRACKED_TABLES) <= set(EMPTY_WHY), set(STUDY_TABLES) - set(EMPTY_WHY)
+    from rollscale.core.fit.decision_table import DECISION_COLUMNS
+
+    t = check_tables({**study, **ahead, "decision": pd.DataFrame(columns=DECISION_COLUMNS)})
+    assert "decision" in t.empty
+    spec = chart_answer(t, {})
+    assert spec.missing == "The `decision` table is empty: no finished run to decide from yet (the fit reads " \
+        "finished runs; `rollscale status` shows the rest).", spec.missing
+
+
 FIRST_SCREEN = """<script>
 window.addEventListener('load', function () {
   function bottom(sel) { var el = document.querySelector(sel); return el ? el.getBoundingClientRect().bottom : -1; }

@@ -112,6 +112,11 @@ EMPTY_WHY: dict[str, str] = {
     "crs_prediction": "no group of runs to compare at a fixed batch, or no CRS measured",
     "epoch_transitions": "the frontier's best key never changed within the budget: there is no transition",
     "record_points": "no run has an evaluation to take record points from",
+    "search": "the sweep's method makes no decisions (grid), or no rung has ended yet",
+    "decision": "no finished run to decide from yet (the fit reads finished runs; `rollscale status` shows the rest)",
+    "forecast": "no design group with two ordered keys (n or B_problem) and finished runs to forecast over",
+    "backtest": "no design group with two ordered keys (n or B_problem) and finished runs to backtest",
+    "production": "`rollscale track` has read no production run's logs yet",
 }
 
 
