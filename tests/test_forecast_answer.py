@@ -180,6 +180,26 @@ def test_a_leader_too_wide_to_answer_is_not_decided_and_says_what_would(past):
     assert "Forecast past the data (science §10): " in answer.headline  # beside an undecided forecast too
 
 
+def test_a_key_the_search_settled_stays_settled_on_its_verdict(past):
+    """The default study at C* = 160,000 (2026-11-27): the forecast search stopped n = 4-32 at 20,120 rollouts (D's
+    upper bound below -0.016 at its one-sided 70 %), and the fit's 95 % forecast then called them open: the search's
+    stops are its verdicts, as §9.4's are (with_search), and the answer keeps them with their budget and bounds."""
+    fc = past["forecast"].copy()
+    lead = int(fc["leader"].iloc[0])
+    key = next(k for k in (2, 4, 8, 16) if k != lead)
+    fc.loc[fc["key"] == key, "d_hi"] = 0.05  # the final forecast alone would leave it open
+    per_run = past["per_run"].copy()
+    mine = per_run["key"] == key
+    per_run.loc[mine, ["settled", "settled_by", "settled_at", "d_lo", "d_hi"]] = True, "search: forecast", 20_120.0, \
+        -0.1, -0.05
+    d = with_forecast(per_run, fc, 0.15).set_index("key")
+    assert d.loc[key, "settled"] and d.loc[key, "status"] == "settled", d.loc[key]
+    assert d.loc[key, "settled_by"] == "search: forecast" and d.loc[key, "settled_at"] == 20_120.0
+    assert (d.loc[key, "d_lo"], d.loc[key, "d_hi"]) == (-0.1, -0.05)
+    unsearched = with_forecast(past["per_run"], fc, 0.15).set_index("key")
+    assert not unsearched.loc[key, "settled"] and unsearched.loc[key, "status"] != "settled"
+
+
 def test_the_export_reads_the_forecasts_leader(past):
     from rollscale.config import parse_params
     from rollscale.integrations.export.plan import production_run

@@ -227,7 +227,14 @@ def test_ctrl_c_on_a_sweep_started_from_scratch_keeps_its_work_and_brings_back_n
                                 "two checkpoints of the new sweep", tmp_path / "study.log", env, root)
     assert rc == 130, after[-3000:]
     assert "put back from DVC's cache" not in after, after[-3000:]
-    assert {p: p.read_bytes() for p in seen} == seen  # its finished steps are kept
+    # its finished steps are kept: each checkpoint seen is there unchanged, or the run has since committed two newer
+    # ones (the store keeps the newest 2: the step the signal let finish can push an old one out)
+    now = committed_checkpoints(first)
+    for manifest, data in seen.items():
+        if manifest.exists():
+            assert manifest.read_bytes() == data, manifest
+        else:
+            assert len([c for c in now if c.name > manifest.parent.name]) >= 2, (manifest, now)
     assert not (sweep / "MANIFEST.json").exists()  # the earlier sweep's record did not come back ...
     assert not list(sweep.glob("runs/*/done.json"))  # ... nor any of its ended runs
     status = study_status(root, root / "artifacts")

@@ -148,6 +148,8 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     assert search_cost(reused, validated)["grid"] == 2 * 4 * C_MAX
     headline = study_answer(reused, {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3}}}).headline
     assert "The search that stops when the decision is made (science §9.4) spent 76,800 rollouts, 50% of" in headline
+    forecast = {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3, "method": "forecast"}}}
+    assert "The search with forecasts (science §10.5) spent 76,800 rollouts" in study_answer(reused, forecast).headline
     assert "frontier search" not in headline and headline.endswith("it settled n = 16.")
     # the leader's own stop when the decision is made is no settlement
     leader_stop = search.assign(rule=search["rule"].where(search["action"] != "stop", "decided"))

@@ -265,9 +265,15 @@ def _forecast_rows(rows: pd.DataFrame, ahead: pd.DataFrame, max_width: float) ->
     new["seeds"] = at["seeds"].astype(int).to_numpy()
     lead = int(f["leader"].dropna().iloc[0])
     is_lead = (new["key"].astype(int) == lead).to_numpy()
+    # a key the sweep's search settled at a rung (with_search: "search: <rule>", its budget and bounds) stays settled
+    # with them: the search stopped its runs on that verdict (science §9.4, §10.5), and the answer agrees with it
+    searched = (rows.loc[have, "settled_by"].astype(str).str.startswith("search:").to_numpy()
+                & ~is_lead if "settled_by" in rows.columns else np.zeros(len(new), bool))
+    kept = rows[have].loc[searched, ["d_lo", "d_hi", "settled_by", "settled_at"]]
     new["leader"], new["leader_share"], new["settled_at"], new["source"] = lead, math.nan, math.nan, SOURCES[1]
-    new["settled"] = ~is_lead & (new["d_hi"] <= tol).to_numpy()
+    new["settled"] = ~is_lead & ((new["d_hi"] <= tol).to_numpy() | searched)
     new["settled_by"] = np.where(new["settled"], "forecast", "")
+    new.loc[kept.index, ["d_lo", "d_hi", "settled_by", "settled_at"]] = kept
     new["within_tolerance"] = ~is_lead & ~new["unknown"].to_numpy() & (new["d_lo"] >= -tol).to_numpy()
     lead_known = not bool(new.loc[is_lead, "unknown"].any()) and bool(is_lead.any())
     out = pd.concat([new, rows[~have]], ignore_index=True).sort_values("key", ignore_index=True)
@@ -289,7 +295,7 @@ def _forecast_to_decide(rows: pd.DataFrame, max_width: float) -> str:
     closer = "or sweep.c_max closer to C* (the forecast's intervals widen with the distance past the data)"
     if lead.empty or lead["unknown"].astype(bool).any():
         width = float((lead["reward_hi"] - lead["reward_lo"]).max()) if len(lead) else math.nan
-        return (f"the forecast's interval of the leader at C* is {width:.2f} wide, wider than its widest answer "
+        return (f"the forecast's interval of the leader at C* is {width:.3f} wide, wider than its widest answer "
                 f"{max_width:g} (science §10.2): more seeds (sweep.seeds), {closer}")
     open_rows = rows[(rows["status"] != "leader") & ~rows["settled"].astype(bool)]
     if open_rows.empty:

@@ -202,7 +202,8 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
     spent = float(as_numeric(s["c_train"]).groupby([s["group"], s["key"], s["seed"]]).max().sum())
     seeds = _seeds_max(params) or int(s.groupby(["group", "key"])["seed"].nunique().max())
     grid = float(s.groupby("group")["key"].nunique().sum() * seeds * as_numeric(done["c_max"]).max())
-    return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done),
+    method = ((params_dict(params).get("sweep") or {}).get("search") or {}).get("method")
+    return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done), "method": method,
             # the leader stops too when the decision is made (rule "decided"): it was not settled
             "stopped": _keys_text(s[(s["action"] == "stop") & (s["rule"] != "decided")]),
             "added": _keys_text(s[s["action"] == "add"])}
@@ -210,7 +211,9 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
 
 def search_sentence(cost: Mapping[str, Any]) -> str:
     """The headline's sentence on the search's cost, from :func:`search_cost`."""
-    text = (f"The search that stops when the decision is made (science §9.4) spent {cost['spent']:,.0f} "
+    which = ("The search with forecasts (science §10.5)" if cost.get("method") == "forecast"
+             else "The search that stops when the decision is made (science §9.4)")
+    text = (f"{which} spent {cost['spent']:,.0f} "
             f"rollouts, {cost['share']:.0%} of the {cost['grid']:,.0f} of a grid of every key it tried with "
             f"seeds_max seeds to C_max; it settled {cost['stopped'] or 'no key'}")
     return text + (f" and added {cost['added']}." if cost["added"] else ".")
