@@ -84,7 +84,8 @@ def test_chart_marks_the_stopped_runs_and_the_rungs(tables):
 
 def test_search_cost_against_the_grid(tables):
     cost = search_cost(tables)
-    assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "stopped": "n = 16", "added": ""}
+    assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "stopped": "n = 16", "added": "",
+                    "method": None}  # no params: the sentence names §9.4's search
     added = pd.concat([tables["search"], pd.DataFrame([_decision(1, 12800.0, 4, 0, "add", "bracket", "edge")])])
     assert search_cost(dict(tables, search=added))["added"] == "n = 4"
     assert study_answer(dict(tables, search=added)).headline.endswith("it settled n = 16 and added n = 4.")
