@@ -73,11 +73,11 @@ def chart_more_compute(t: Mapping[str, pd.DataFrame | None], params: Mapping[str
     if rows.empty:
         return ChartSpec(name, title, caption + ".", missing="No design group with two ordered keys to forecast over "
                          "(the `backtest` table says why).")
-    design = str(first_design(fc)["design"].iloc[0])  # the rows' design
+    fcd = first_design(fc)
+    design = str(fcd["design"].iloc[0])  # the rows' design
     key_name = "B_problem" if design == "b_problem" else "n"
     several = rows["group"].nunique() > 1
     colour = alt.Color("group:N", title="group") if several else alt.value("#1f77b4")
-    fcd = first_design(fc)
     seen = float(as_numeric(fcd.loc[fcd["trained"].astype(bool), "c_seen"]).max()) if "c_seen" in fcd else float("nan")
     marks = pd.DataFrame({"c": [seen, float(rows.loc[rows["budget"].str.endswith("(C*)"), "c"].max())],
                           "what": ["the runs' budget", "C*"]}).dropna()
