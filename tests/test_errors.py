@@ -242,6 +242,8 @@ def test_dvcs_line_for_a_stage_stopped_by_a_signal_is_dropped_and_no_other():
             return err
 
     assert drops(record(failed(130))) and drops(record(failed(143)))
+    assert drops(record(failed(-2))) and drops(record(failed(-15)))  # the stage's process killed by the signal
     assert not drops(record(failed(1))) and not drops(record(failed(2)))  # a stage that failed: DVC says so
+    assert not drops(record(failed(-9))) and not drops(record(failed(-11)))  # killed otherwise: DVC says so
     assert not drops(record(ReproductionError("failed to reproduce 'sweep'")))
     assert not drops(logging.LogRecord("dvc.cli", logging.ERROR, __file__, 1, "configuration error", None, None))

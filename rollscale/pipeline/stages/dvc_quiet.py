@@ -13,8 +13,9 @@ import sys
 
 __all__ = ["SIGNALLED", "drops", "main"]
 
-# a stage's exit status after SIGINT (128 + 2) or SIGTERM (128 + 15), as DVC's StageCmdFailedError words it
-SIGNALLED = re.compile(r"exited with (130|143)$")
+# a stage's exit status after SIGINT or SIGTERM, as DVC's StageCmdFailedError words it: 128 + 2 / 128 + 15 where the
+# stage's shell reports it, -2 / -15 where DVC sees the stage's process killed by the signal itself (CI, 2026-11-27)
+SIGNALLED = re.compile(r"exited with (130|143|-2|-15)$")
 
 
 def drops(record: logging.LogRecord) -> bool:
