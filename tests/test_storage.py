@@ -15,7 +15,7 @@ import torch
 
 from rollscale.files import write_parquet_atomic
 from rollscale.pipeline.query.storage import DamagedResultError, QueryError, query, write_duckdb
-from rollscale.train.checkpoint import RunStore
+from rollscale.train.checkpoint import Checkpoint, RunStore
 
 
 def save(store: RunStore, step: int, rows: list[dict]) -> None:
@@ -39,6 +39,34 @@ def test_steps_view_unions_committed_run_parts_only(tmp_path):
     # a part written past the last checkpoint (a crash or full disk before the commit)
     write_parquet_atomic(pd.DataFrame({"run_id": ["r1"], "step": [15]}), tmp_path / "sweep/runs/r1/steps-000015.parquet")
     assert query("select count(*) as n, max(step) as s from steps", tmp_path).to_dict("list") == {"n": [4], "s": [10]}
+
+
+def test_parts_a_resuming_run_deletes_under_a_reader_are_listed_again(tmp_path, monkeypatch):
+    """A run resuming from an earlier checkpoint deletes its later parts (rollback_to) while a query or the DuckDB
+    file's refresh has just listed them: the reader lists the table again and reads the rows committed now (CI,
+    2026-11-27: the sweep died with "internal error IOException: Cannot open file steps-000010.parquet")."""
+    from rollscale.pipeline.query import storage
+
+    store = RunStore(tmp_path / "sweep/runs/r1")
+    for part in (5, 10):
+        save(store, part, [{"run_id": "r1", "step": part}])
+    listed = storage.checked_table_files
+    rolled = []
+
+    def listing_then_rollback(artifacts, name):
+        files = listed(artifacts, name)
+        if name == "steps" and not rolled:  # the resuming run's rollback, between the listing and the read
+            store.rollback_to(Checkpoint(5, store.root / "ckpt-000005", {}))
+            rolled.append(name)
+        return files
+
+    monkeypatch.setattr(storage, "checked_table_files", listing_then_rollback)
+    assert query("select max(step) as s from steps", tmp_path)["s"].tolist() == [5] and rolled
+    rolled.clear()
+    save(store, 10, [{"run_id": "r1", "step": 10}])
+    db = write_duckdb(tmp_path)
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select max(step) from steps").fetchone() == (5,) and rolled
 
 
 def test_tampered_or_truncated_part_is_an_error_naming_the_file(tmp_path):

@@ -22,8 +22,9 @@ of it names the file: the other tables stay queryable.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import duckdb
 import pandas as pd
@@ -35,6 +36,11 @@ from rollscale.tables import RUN_PART_TABLES, TABLES, TRACKED_TABLES, table_stag
 from rollscale.train.manifest import committed_parts
 
 DB_NAME = "rollscale.duckdb"
+# a run resuming from an earlier checkpoint deletes its later parts (RunStore.rollback_to): a reader that listed
+# them just before sees them vanish, and lists the table again (CI, 2026-11-27: "Cannot open file steps-000010")
+RELIST_TRIES = 5
+
+T = TypeVar("T")
 
 
 class DamagedResultError(RuntimeError):
@@ -109,6 +115,20 @@ def checked_table_files(artifacts: str | Path, name: str) -> list[Path]:
     return files
 
 
+def with_table_files(artifacts: str | Path, name: str, use: Callable[[list[Path]], T]) -> T:
+    """``use`` of table ``name``'s checked files (:func:`checked_table_files`), listed again where one of them was
+    deleted before ``use`` opened it (a run rolled back as it resumed); any other error is ``use``'s own."""
+    for attempt in range(RELIST_TRIES):
+        files = checked_table_files(artifacts, name)
+        try:
+            return use(files)
+        except (duckdb.IOException, DamagedResultError, OSError):
+            if attempt == RELIST_TRIES - 1 or all(f.exists() for f in files):
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def _open(artifacts: str | Path) -> tuple[duckdb.DuckDBPyConnection, list[str], dict[str, str]]:
     """The query connection, the tables it has, and the damaged ones (name -> why), left out:
     one damaged table never makes the others unqueryable."""
@@ -117,9 +137,9 @@ def _open(artifacts: str | Path) -> tuple[duckdb.DuckDBPyConnection, list[str], 
     try:
         for name in available_tables(artifacts):
             try:
-                files = checked_table_files(artifacts, name)
-                if files:
-                    con.register(name, _dataset(name, files))
+                dataset = with_table_files(artifacts, name, lambda files: _dataset(name, files) if files else None)
+                if dataset is not None:
+                    con.register(name, dataset)
                     names.append(name)
             except DamagedResultError as err:
                 damaged[name] = str(err)
@@ -211,15 +231,17 @@ def write_duckdb(artifacts: str | Path, db_path: str | Path | None = None) -> Pa
         tmp.unlink()  # duckdb wants to create the file itself
         con = duckdb.connect(str(tmp))
         try:
-            for name in available_tables(artifacts):
-                try:
-                    files = [str(f).replace("'", "''") for f in checked_table_files(artifacts, name)]
-                except DamagedResultError:
-                    continue  # left out, as in queries: `rollscale sql` and `status` name the file
+            def view(name: str, files: list[Path]) -> None:
                 if files:
-                    listed = ", ".join(f"'{f}'" for f in files)
+                    listed = ", ".join("'{}'".format(str(f).replace("'", "''")) for f in files)
                     con.execute(f"CREATE OR REPLACE VIEW {name} AS "
                                 f"SELECT * FROM read_parquet([{listed}], union_by_name = true)")
+
+            for name in available_tables(artifacts):
+                try:
+                    with_table_files(artifacts, name, lambda files: view(name, files))  # noqa: B023 - called now
+                except DamagedResultError:
+                    continue  # left out, as in queries: `rollscale sql` and `status` name the file
             con.execute("CHECKPOINT")
         finally:
             con.close()

@@ -46,6 +46,9 @@ ARCHIVE_STALE_ENV = "ROLLSCALE_ARCHIVE_STALE"
 # a lock held this long is a running stage's: a look by stage_running (`status`, another study) holds it for
 # microseconds, and a stage starting then must not refuse because of it (issue 42: two studies started together)
 PROBE_S = 0.5
+# tried this often within PROBE_S: filelock's default 50 ms gives 10 tries, and a look in each of them (a status
+# polled in a loop on a loaded machine) refused a stage starting then (CI-like run, 2026-11-27)
+PROBE_POLL_S = 0.005
 # a stage writes who it is right after taking its lock: a refusal waits this long to name it
 HOLDER_WAIT_S = 3.0
 
@@ -198,7 +201,7 @@ def stage_running(artifacts: str | os.PathLike[str], stage: str) -> bool:
         return False
     lock = FileLock(path)
     try:
-        lock.acquire(timeout=PROBE_S)
+        lock.acquire(timeout=PROBE_S, poll_interval=PROBE_POLL_S)
     except Timeout:
         return True
     except OSError:
@@ -289,7 +292,8 @@ def stage_lock(stage: str, artifacts: str | os.PathLike[str]) -> Iterator[dict]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(folder / LOCK)
-        lock.acquire(timeout=PROBE_S)  # not 0: another command's look at the lock must not refuse this run
+        # not 0: another command's look at the lock must not refuse this run
+        lock.acquire(timeout=PROBE_S, poll_interval=PROBE_POLL_S)
     except Timeout:
         raise busy_error(stage, artifacts) from None
     except OSError as err:
