@@ -4,6 +4,7 @@ trained to 4 x 40,000 = 160,000 rollouts, its ``runs``, ``steps`` and ``evals`` 
 
     python benchmarks/long_grid.py --artifacts /tmp/long-grid      # trains (resumes), then stores the tables
     python benchmarks/long_grid.py --artifacts /tmp/long-grid --store-only
+    python benchmarks/long_grid.py --summary      # n*(C) and the forecasts from cut runs, from the stored tables
 
 The study is the default one (``params.yaml``) with the sweep widened: ``sweep.n`` 2-32, seeds 0 and 1,
 ``c_max`` 160,000, every run to its end (``search.method: grid``). The base, profile and bucket stages run once
@@ -78,12 +79,55 @@ def store(artifacts: Path, out: Path = OUT) -> dict[str, int]:
     return {name: len(t) for name, t in tables.items()}
 
 
+# the budgets n*(C) is read at (within the long grid's data), and the cuts the forecast to C* = 160,000 starts from
+BUDGETS = (10_000, 20_000, 40_000, 80_000, 160_000)
+CUTS = (40_000, 80_000)
+
+
+def stored_evals(folder: Path = OUT) -> pd.DataFrame:
+    """The stored long grid's evaluations with their runs' key ``n`` and seed."""
+    runs = pd.read_parquet(folder / "runs.parquet")
+    return pd.read_parquet(folder / "evals.parquet").merge(runs[["run_id", "n", "seed"]], on="run_id")
+
+
+def summary(folder: Path = OUT) -> str:
+    """n*(C) on the long grid (each key's per-run fit within its data, science §9.3, at each of :data:`BUDGETS`)
+    and the forecast to 160,000 from the same runs cut at :data:`CUTS` (§10.2), as Markdown tables."""
+    from rollscale.core.fit.decision import fit_runs, key_rewards
+    from rollscale.core.fit.forecast import ForecastSettings, forecast_group
+
+    evals = stored_evals(folder)
+    est = {c: key_rewards(fit_runs(evals, "n"), c) for c in BUDGETS}
+    keys = est[BUDGETS[0]].keys
+    lines = ["| C (rollouts) | " + " | ".join(f"n = {k}" for k in keys) + " | n*(C) |",
+             "|---|" + "---|" * (len(keys) + 1)]
+    for c, e in est.items():
+        lines.append(f"| {c:,} | " + " | ".join(f"{r:.3f}" for r in e.reward) + f" | {int(e.keys[e.reward.argmax()])} |")
+    truth = dict(zip(est[BUDGETS[-1]].keys.tolist(), est[BUDGETS[-1]].reward.tolist(), strict=True))
+    settings = ForecastSettings(resamples=200, eval_draws=100 * 16, seed=0)
+    lines += ["", "| cut at | key | forecast at 160,000 [95 %] | long grid at 160,000 | covered | leader |",
+              "|---|---|---|---|---|---|"]
+    for cut in CUTS:
+        rows = forecast_group(evals[evals["c"] <= cut], "n", BUDGETS[-1], settings=settings)
+        for r in rows[rows["trained"]].itertuples():
+            covered = r.reward_lo <= truth[r.key] <= r.reward_hi
+            lines.append(f"| {cut:,} | {r.key} | {r.reward:.3f} [{r.reward_lo:.3f}, {r.reward_hi:.3f}] | "
+                         f"{truth[r.key]:.3f} | {'yes' if covered else 'no'} | {r.leader} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--artifacts", type=Path, required=True, help="the study's artifacts folder (kept: resumes)")
+    ap.add_argument("--artifacts", type=Path, help="the study's artifacts folder (kept: resumes)")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="the study to widen")
     ap.add_argument("--store-only", action="store_true", help="store the tables of a finished long grid")
+    ap.add_argument("--summary", action="store_true", help="print n*(C) and the forecasts from the stored tables")
     args = ap.parse_args()
+    if args.summary:
+        print(summary())
+        return
+    if args.artifacts is None:
+        ap.error("--artifacts is required to train or store the long grid")
     artifacts = args.artifacts.resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     if not args.store_only:

@@ -53,11 +53,9 @@ def study_env() -> dict:
 
 def build_study(root: Path) -> tuple[Path, dict]:
     """A clean copy of the tracked tree with a small params.yaml, then `dvc repro` (the README's study)."""
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        if (REPO / f).is_file():
-            (root / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, root / f)
+    from tests.shared_builds import copy_tracked
+
+    copy_tracked(root)
     (root / "params.yaml").write_text(yaml.safe_dump(merged(yaml.safe_load((REPO / "params.yaml").read_text()), STUDY)))
     env = study_env()
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],

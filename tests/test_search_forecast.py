@@ -96,3 +96,35 @@ def test_no_key_is_added_beyond_an_edge_that_leads_only_by_noise():
         old = decide(points, [group], empty_decisions(), settings("decision", C_MAX))
         decision_adds += int((old["action"] == "add").any())
     assert decision_adds >= 1
+
+
+def test_an_answer_whose_reward_at_c_star_is_unknown_gets_seeds_up_to_seeds_max(cross, monkeypatch):
+    """Every other key settled, but the answer's reward at C* unknown (the default at 160,000: "unknown, in
+    [0.48, 0.63]" with 2 seeds a key, 2026-11-27): at C_max the answer gets seeds, as a decision that hangs does, up
+    to seeds_max (3 here), then it finishes undecided."""
+    from rollscale.core.search.methods import forecast
+
+    studies, known = cross
+    answer = str(known.studies["answer"].iloc[0])
+    assert answer not in set(known.decisions.loc[known.decisions["action"] == "seed", "key"])
+    monkeypatch.setattr(forecast, "unknown_answer", lambda table, lead: "too wide")
+    d = simulate_decision(studies, settings()).decisions
+    mine = d[d["key"] == answer]
+    seeds = mine[mine["action"] == "seed"]
+    assert len(seeds) >= 1 and (seeds["rule"] == "undecided").all() and (seeds["c_train"] == C_MAX).all()
+    assert seeds["note"].str.contains(f"the answer {answer}'s reward at C\\* = 160,000 is unknown \\(too wide\\)").all()
+    assert set(mine["seed"]) == {0, 1, 2}  # seeds_max
+    last = mine[mine["decision"] == mine["decision"].max()]
+    assert set(last["action"]) == {"finish"} and set(last["rule"]) == {"undecided"}, last[["seed", "action", "rule"]]
+
+
+@pytest.mark.parametrize("width, seeds, seeded", [(0.153, 2, True), (0.14, 2, False), (0.248, 2, False),
+                                                   (0.17, 3, True), (0.153, 1, False)])
+def test_the_answer_gets_a_seed_only_where_one_is_expected_to_make_its_reward_known(width, seeds, seeded):
+    """Wider than the widest answer (0.15), and narrow enough that one more seed is expected to bring it within
+    (width x sqrt(seeds / (seeds + 1))): the default's 0.153 with 2 seeds, yes; simulated `cross` at 4 x C_max,
+    0.248, no (its third seed left it 0.257). One seed a key has no spread to read."""
+    from rollscale.core.search.methods.forecast import unknown_answer
+
+    table = pd.DataFrame({"answer_width": [width], "seeds": [seeds]}, index=[2])
+    assert (unknown_answer(table, 2) is not None) == seeded

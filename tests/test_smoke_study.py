@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -69,12 +68,9 @@ def merged(base: dict, over: dict) -> dict:
 
 
 def project_copy(root: Path) -> Path:
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        if (REPO / f).is_file() and not f.startswith(("docs/", "benchmarks/")):
-            (root / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, root / f)
-    return root
+    from tests.shared_builds import copy_tracked
+
+    return copy_tracked(root, skip=("docs/", "benchmarks/"))
 
 
 def rollscale(root: Path, *args: str) -> subprocess.CompletedProcess:

@@ -292,14 +292,16 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
 def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, verdict: dict[Any, tuple[str | None, str]],
                adds: list[tuple[Any, str]], settings: SearchSettings, rung_leader: Any = None,
                edge_answer: Callable[[Any], list[tuple[Any, str]]] | None = None,
-               leader_to_c_max: bool = False) -> list[dict]:
+               leader_to_c_max: bool = False, unknown_answer: Callable[[Any], str | None] | None = None,
+               ) -> list[dict]:
     """The rows of one group's decision (module docstring) from what the method read: ``table`` the decision at
     C* (one row per key, indexed by key: ``leader``, ``leader_share``, ``reward``, ``reward_lo``, ``reward_hi``,
     ``d``, ``d_lo``, ``d_hi``, ``evals``; None: no fit yet), ``verdict`` per key in play and not stopped (rule or
     None, note), ``adds`` the bracket's (key, note). ``rung_leader``: the leader at c_r, named where C* is out of
     reach; ``edge_answer``: the keys to add, with notes, where every key but the leader is settled (an answer at
     the edge of the keys in play: :func:`beyond_answer`);
-    ``leader_to_c_max``: a decided leader trains on to C_max before it stops (science §10.5)."""
+    ``leader_to_c_max``: a decided leader trains on to C_max before it stops (science §10.5); ``unknown_answer``:
+    why the answer gets seeds at C_max as a decision that hangs does (its reward at C* unknown), else None."""
     r, budgets = int(st.rung), st.budgets  # type: ignore[arg-type]
     c_r, last = float(budgets[r - 1]), r == len(budgets)
     next_c = float(group.c_max if last else budgets[r])
@@ -327,6 +329,9 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     # decided: every key in play but the leader settled (a leader stopped earlier, settled then against another,
     # still answers: its curve is read at C* with the rest)
     decided = lead is not None and not open_keys and not adds
+    too_wide = unknown_answer(lead) if decided and last and lead in live and unknown_answer is not None else None
+    if too_wide:  # every other key settled, but what the answer reaches at C* is unknown: seeds narrow it
+        decided, verdict = False, {**verdict, lead: (None, f"the answer, its reward at C* unknown: {too_wide}")}
     cap = seed_cap(group, settings)
     seeds_to: list[Any] = []
     if last and not decided and lead in live and not adds:  # a key just added is the next step, not a seed
@@ -358,8 +363,9 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     for key, note in adds:
         emit(key, group.seeds, "add", "bracket", leg_budget(group, key, next_c, settings), note)
     for key in seeds_to:
-        emit(key, [max(st.seeds[key]) + 1], "seed", "undecided", float(group.c_max),
-             f"the decision at C* = {target:,.0f} hangs between {lead} and {open_keys}: one more seed")
+        why = f"the answer {lead}'s reward at C* = {target:,.0f} is unknown ({too_wide})" if too_wide else \
+            f"the decision at C* = {target:,.0f} hangs between {lead} and {open_keys}"
+        emit(key, [max(st.seeds[key]) + 1], "seed", "undecided", float(group.c_max), f"{why}: one more seed")
     if decided:  # the answer is the leader, also where the decision at C* had none
         for row in rows:
             row["leader"] = str(lead)

@@ -24,7 +24,9 @@ Per key in play (rows of the ``search`` table, :data:`RULES`):
   key (no seed spread: science §9.3); the cap, at any rung, on its own 95 % bounds;
 * the leader and the keys not settled **continue** to C_max, the leader also once every other key is settled
   (its runs carry the forecast at C*; it stops, rule ``decided``, at C_max); at C_max seeds go where the decision
-  hangs (rule ``undecided``, up to ``seeds_max``), as in §9.4 (:func:`rollscale.core.search.methods.decision.group_rows`);
+  hangs (rule ``undecided``, up to ``seeds_max``), as in §9.4 (:func:`rollscale.core.search.methods.decision.group_rows`),
+  and to an answer whose reward at C* is unknown (its 95 % interval wider than the widest answer, §10.2) where one
+  more seed is expected to make it known (:func:`unknown_answer`);
 * **add**, rule ``bracket``: the key beyond the first or last key in play, only when that edge leads at C* by more
   than noise: the forecast of the key beyond it beats the leader (its D has a lower bound > 0), or the edge's inner
   neighbour is below the edge (its D has an upper bound < 0). On the embedded default, §9.4's bracket added n = 32
@@ -43,6 +45,8 @@ runs' evaluations and the settings (seeded refits), so a rerun resumes to the sa
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -57,9 +61,12 @@ from rollscale.core.search.methods.decision import MIN_POINTS, Decision, beyond_
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["FORECAST_REACH", "RULES", "Forecast", "forecast_adds", "forecast_standing", "forecast_verdicts"]
+__all__ = ["FORECAST_REACH", "RULES", "Forecast", "forecast_adds", "forecast_standing", "forecast_verdicts",
+           "unknown_answer"]
 
 FORECAST_REACH = 8.0  # C* up to 8 x C_max: how far the forecast is tested (science §10, "what it must show")
+ANSWER_LEVEL = 0.95  # the level of the answer's interval in the fit's decision (science §10.2)
+WIDEST = ForecastSettings().max_width  # the widest interval that is an answer: the fit's (tasks/fit.py)
 
 RULES = {"forecast": "settled: the upper bound of D_k at C* (the forecast's) <= epsilon",
          "cap": "settled: its climb cap at C* is below the best other key's lower bound minus epsilon",
@@ -83,8 +90,12 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     beyond = [k for k in (min(trained) // 2, max(trained) * 2) if k not in trained and group.allows(k)]
     target = c_star(group, settings)
     curves = fit_runs(evals, "key", a_max)
-    table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, bootstrap_surface(evals, "key", fs),
-                           curves)
+    boot = bootstrap_surface(evals, "key", fs)
+    table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, boot, curves)
+    # the answer's own interval, at the fit's 95 % (the same refits): wider than the widest answer, it is unknown
+    answer = forecast_group(evals, "key", target, np.array(trained), replace(fs, level=ANSWER_LEVEL), boot,
+                            curves).set_index("key")
+    table["answer_width"] = table["key"].map(answer["width"])
     counts = evals[evals["c"] > 0].groupby(["key", "run_id"]).size().groupby(level=0).min()
     table = table.assign(evals=table["key"].map(counts).fillna(0).astype(int), leader_share=float("nan"))
     # the cap's own 95 % bounds (what science §10's simulation measured: it never stopped the true best key)
@@ -149,6 +160,24 @@ def forecast_adds(table: pd.DataFrame, group: SearchGroup, st: GroupState) -> li
     return out
 
 
+def unknown_answer(table: pd.DataFrame, lead: Any) -> str | None:
+    """Why the answer ``lead`` gets one more seed, None where it does not: its reward at C* is unknown (its 95 %
+    interval, the fit's, wider than the widest answer, science §10.2) and one more seed is expected to make it
+    known (the seed spread's share of the width falls as 1 / sqrt(seeds); the rest, the surface's reach past the
+    data, no seed narrows: simulated ``cross`` at 4 x C_max, 0.248 wide with 2 seeds, 0.257 with 3). The default
+    study at C* = 160,000 answered "unknown, in [0.48, 0.63]" (0.153 wide) with 2 seeds a key (2026-11-27)."""
+    if lead not in table.index:
+        return None
+    width, seeds = float(table.loc[lead, "answer_width"]), int(table.loc[lead, "seeds"])
+    if not width > WIDEST or seeds < 2:
+        return None
+    expected = width * math.sqrt(seeds / (seeds + 1))
+    if expected > WIDEST:
+        return None
+    return (f"its 95 % interval is {width:.3f} wide, wider than {WIDEST:g}; one more seed is expected to make it "
+            f"{expected:.3f}")
+
+
 @SEARCH_METHODS.register("forecast")
 class Forecast(Decision):
     """The search with forecasts (module docstring; science §10.5)."""
@@ -175,7 +204,8 @@ class Forecast(Decision):
             table, caps = standing
             rows += group_rows(g, st, table, forecast_verdicts(table, caps, live, settings),
                                forecast_adds(table, g, st), settings, leader_to_c_max=True,
-                               edge_answer=lambda lead, g=g, st=st: beyond_answer(lead, g, st))
+                               edge_answer=lambda lead, g=g, st=st: beyond_answer(lead, g, st),
+                               unknown_answer=lambda lead, t=table: unknown_answer(t, lead))
         return rows
 
     def measured_spent(self, search: SearchParams) -> float | None:
