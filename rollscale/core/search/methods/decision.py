@@ -2,12 +2,10 @@
 §9.4), the answer at C* for part of the grid.
 
 Runs advance in rungs of budget (:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
-group's seeds (``seeds_min``). After each rung :func:`decide_group` reads the
-decision (:func:`standings`) at the target budget C* (each key's reward
-``R_k(C*)``, the leader L with the largest median over paired refits, the
-one-sided 1 - alpha bounds of ``D_k = R_k(C*) - R_L(C*)``), at the rung's
-budget c_r, and as far toward C* as the fits reach (min(C*, eta c_r)), and
-per key:
+group's seeds (``seeds_min``). After each rung :func:`decide_group` reads the decision (:func:`standings`) at the
+target budget C* (each key's reward ``R_k(C*)``, the leader L with the largest median over paired refits, the
+one-sided 1 - alpha bounds of ``D_k = R_k(C*) - R_L(C*)``), at the rung's budget c_r, and as far toward C* as the
+fits reach (min(C*, eta c_r)), and per key:
 
 * **stop**, rule ``epsilon``: settled, the upper bound of D_k is <= epsilon
   (``tolerance``): it cannot beat the leader at C* by more than epsilon; read
