@@ -9,7 +9,8 @@ trained to 4 x 40,000 = 160,000 rollouts, its ``runs``, ``steps`` and ``evals`` 
 The study is the default one (``params.yaml``) with the sweep widened: ``sweep.n`` 2-32, seeds 0 and 1,
 ``c_max`` 160,000, every run to its end (``search.method: grid``). The base, profile and bucket stages run once
 (skipped when their record is in ``--artifacts``); the sweep resumes its runs from their checkpoints, so the
-script can be stopped and run again. About an hour on 2 idle cores (docs/benchmarks.md, "The long grid").
+script can be stopped and run again. Its sweep took 6,295 s of its last stretch beside other work, over two sessions
+(docs/benchmarks.md, "The long grid"): no idle-machine figure.
 
 On the evaluation schedule (science §9.1): every run is evaluated at 4 budgets a doubling from c_max / 64 =
 2,500 rollouts: the same budgets a 40,000-rollout study evaluates at from 2,500 on (it starts at 625).
