@@ -92,10 +92,13 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     curves = fit_runs(evals, "key", a_max)
     boot = bootstrap_surface(evals, "key", fs)
     table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, boot, curves)
-    # the answer's own interval, at the fit's 95 % (the same refits): wider than the widest answer, it is unknown
-    answer = forecast_group(evals, "key", target, np.array(trained), replace(fs, level=ANSWER_LEVEL), boot,
-                            curves).set_index("key")
-    table["answer_width"] = table["key"].map(answer["width"])
+    # the answer's own interval, at the fit's 95 % (the same refits): wider than the widest answer, it is unknown.
+    # Read only at the last rung, where an answer can get seeds (group_rows): not a second forecast every rung
+    table["answer_width"] = math.nan
+    if st.rung is not None and int(st.rung) == len(st.budgets):
+        answer = forecast_group(evals, "key", target, np.array(trained), replace(fs, level=ANSWER_LEVEL), boot,
+                                curves).set_index("key")
+        table["answer_width"] = table["key"].map(answer["width"])
     counts = evals[evals["c"] > 0].groupby(["key", "run_id"]).size().groupby(level=0).min()
     table = table.assign(evals=table["key"].map(counts).fillna(0).astype(int), leader_share=float("nan"))
     # the cap's own 95 % bounds (what science §10's simulation measured: it never stopped the true best key)
