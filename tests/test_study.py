@@ -48,6 +48,9 @@ TINY = {
               # every run to c_max: the tests of this study's stages, faults and workers read whole runs (the
               # schema's default is the decision search, whose rungs tests/test_search_sweep.py tests)
               "search": {"method": "grid"}},
+    # the forecast's bootstrap (science §10.2) at 20 refits, not 200: these studies test stages, faults and workers,
+    # not the intervals' coverage (tests/test_forecast.py); 200 cost ~9 CPU-s a fit
+    "fit": {"bootstrap_resamples": 20},
 }
 PREPARED = ("base", "profile", "bucket")
 WALL_TIMES = ["t_generate", "t_score", "t_train", "t_eval"]

@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as hf_logging
 
 log = logging.getLogger("rollscale.lm.models")
 
@@ -207,6 +208,12 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
     if ref.name_or_path != "tiny" and (problem := model_path_problem(ref.name_or_path, ref.gguf_file)):
         raise ValueError(f"cannot load the model: {problem}")
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
+    # a saved folder loads in about a second, and the sweep loads one each time a run resumes at a rung: its
+    # "Loading weights" bar was one more line per run and rung in the stage's output. A GGUF's dequantisation
+    # (tens of seconds) keeps its bar.
+    bar = hf_logging.is_progress_bar_enabled()
+    if not ref.gguf_file:
+        hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref.name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(ref.name_or_path, dtype=_DTYPES[ref.dtype], **kwargs)
@@ -220,6 +227,9 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
         if not ref.gguf_file:
             raise
         raise ValueError(gguf_unreadable(Path(ref.name_or_path) / ref.gguf_file, err)) from err
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     if tokenizer.pad_token_id is None:
         # causal LMs often ship without a pad token; EOS is the usual stand-in
         tokenizer.pad_token = tokenizer.eos_token

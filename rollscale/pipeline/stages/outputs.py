@@ -105,7 +105,7 @@ def _problems(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Pat
     if files is None:
         wanted = sorted({*map(Path, recorded), *stage_output_files(artifacts, stage)})
     else:
-        wanted = [Path(f).resolve().relative_to(folder.resolve()) if Path(f).is_absolute() else Path(f) for f in files]
+        wanted = [_in_stage_folder(folder, Path(f)) for f in files]
     # a run in progress or one that did not finish: the files it wrote are newer than the record
     since = (folder / OUTPUTS_MANIFEST).stat().st_mtime if unfinished_ok and _unfinished(folder, stage) else None
     for rel in wanted:
@@ -120,6 +120,17 @@ def _problems(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Pat
         problem = check_file(folder / rel, meta, hash_it=not quick or size <= QUICK_HASH_BYTES)
         if problem:
             yield rel, problem
+
+
+def _in_stage_folder(folder: Path, file: Path) -> Path:
+    """``file`` relative to the stage ``folder``: given absolute, relative to it, or (with a relative
+    ``--artifacts``) relative to the working directory as ``folder`` is, e.g. ``artifacts/sweep/search.parquet``
+    (read as under ``folder`` it named a file that is never there, so a whole table was called unrecorded)."""
+    if file.is_absolute():
+        return file.resolve().relative_to(folder.resolve())
+    if not folder.is_absolute() and file.is_relative_to(folder):
+        return file.relative_to(folder)
+    return file
 
 
 def _unfinished(folder: Path, stage: str) -> bool:
