@@ -240,3 +240,21 @@ def test_ctrl_c_on_a_sweep_started_from_scratch_keeps_its_work_and_brings_back_n
     status = study_status(root, root / "artifacts")
     assert {s.stage: s.state for s in status.stages}["sweep"] == "interrupted"
     assert not [r for r in status.runs if r.status in ("finished", "stopped")]
+
+
+def test_a_rebuilt_search_replays_no_rung_from_the_runs_of_another_config(finished, tmp_path):
+    """A damaged search table is rebuilt from the runs' own records, before the sweep archives the runs whose
+    config changed: with `c_max` changed, those are the earlier runs (the same run ids), and the rebuilt search
+    had passed its first rungs on their evaluations, so the new runs trained straight to a later rung (the
+    default at c_max 80,000 from a study at 40,000, 2026-11-27). A run's records count only for its own config."""
+    from rollscale.config import load_params
+    from rollscale.train.rungs import SweepSearch
+    from tasks.models import sampling_config
+
+    art, params = study_copy(finished, tmp_path)
+    same = load_params(params)
+    rebuilt = SweepSearch(same, art / "sweep", sampling_config(same.sampling), damage="damaged (test)")
+    assert rebuilt.rebuilt and not rebuilt.decisions.empty  # the control: its own runs replay its rungs
+    longer = load_params(write_params(params.parent, sweep={**SWEEP, "c_max": 128}))
+    search = SweepSearch(longer, art / "sweep", sampling_config(longer.sampling), damage="damaged (test)")
+    assert not search.rebuilt and search.decisions.empty

@@ -44,7 +44,7 @@ from rollscale.core.search.state import (
 )
 from rollscale.files import write_json_atomic, write_parquet_atomic
 from rollscale.train.checkpoint import RunStore
-from rollscale.train.run_config import RunConfig, RunResult, run_row
+from rollscale.train.run_config import RunConfig, RunResult, config_hash, run_row
 from rollscale.train.search_groups import SearchPlan, search_plan, search_settings
 from rollscale.train.sweep import GridPoint, point_config, run_configs
 
@@ -272,13 +272,16 @@ class SweepSearch:
 
     def _reached(self, config: RunConfig, budget: float) -> bool:
         """Whether the run has trained (and been evaluated) to ``budget``: ended at C_max, or its newest
-        checkpoint at or past it."""
+        checkpoint at or past it. A folder of another config is not this run: a study whose ``c_max`` changed
+        replayed its first rungs from the earlier runs (still there until the sweep archives them), and its new
+        runs then trained straight to the fifth rung."""
         store = RunStore(self.run_dir(config))
         if self._at_c_max(config):
             return True
         ckpt = store.latest()
-        return ckpt is not None and float(ckpt.state.get("c", 0)) >= budget and (
-            ckpt.state.get("last_eval_step") == ckpt.state.get("step") or store.done() is not None)
+        return ckpt is not None and ckpt.state.get("config_hash") == config_hash(config) and \
+            float(ckpt.state.get("c", 0)) >= budget and (
+                ckpt.state.get("last_eval_step") == ckpt.state.get("step") or store.done() is not None)
 
     def _mark(self, g: SearchGroup, key: Any, seeds: list[int], rung: int | None = None,
               rule: str | None = None) -> None:
@@ -292,7 +295,7 @@ class SweepSearch:
 
     def _at_c_max(self, config: RunConfig) -> bool:
         done = RunStore(self.run_dir(config)).done()
-        return done is not None and done.get("status") == "finished"
+        return done is not None and done.get("status") == "finished" and done.get("config_hash") == config_hash(config)
 
     def _points(self, g: SearchGroup) -> pd.DataFrame:
         """Every committed evaluation of the group's runs (``decide`` reads each only up to its budget)."""

@@ -206,8 +206,8 @@ def a2_check(c: ArrayLike, keys: ArrayLike, best: ArrayLike, beats: NDArray[np.f
     budget's n* n2, n1 beats n2 at the earlier budget and n2 beats n1 at the
     later one, each in at least ``level`` of refits (pairwise, so a third key
     sharing the argmax does not hide it). The largest such fall is reported.
-    The rollout axis's stop rule (a) assumes A2: a failure means the search
-    may have stopped an n too early. ``note`` is added to the status (e.g.
+    The search's A2 stops (science §9.4: a smaller n the leader beats where
+    both ran is settled) assume it: a failure means one may have stopped an n too early. ``note`` is added to the status (e.g.
     "1 seed": the shares are then the point fit's, 0 or 1).
     """
     cc, kk, bb = np.asarray(c, float), np.asarray(keys, float), np.asarray(best, int)
@@ -231,7 +231,7 @@ def a2_check(c: ArrayLike, keys: ArrayLike, best: ArrayLike, beats: NDArray[np.f
     return A2Check(False, float(cc[g1]), float(cc[g2]), float(kk[i]), float(kk[j]),
                    f"A2 violated: n* falls from {kk[i]:g} at C = {cc[g1]:,.0f} to {kk[j]:g} at C = {cc[g2]:,.0f} "
                    f"(each beats the other there in {beats[i, j, g1]:.0%} and {beats[j, i, g2]:.0%} of refits)"
-                   f"{suffix}: the search's stop rule (a) may have stopped an n too early")
+                   f"{suffix}: a search's A2 stop (science §9.4) may have stopped an n too early")
 
 
 @dataclass(frozen=True)
