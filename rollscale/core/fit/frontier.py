@@ -207,8 +207,9 @@ def a2_check(c: ArrayLike, keys: ArrayLike, best: ArrayLike, beats: NDArray[np.f
     later one, each in at least ``level`` of refits (pairwise, so a third key
     sharing the argmax does not hide it). The largest such fall is reported.
     The search's A2 stops (science §9.4: a smaller n the leader beats where
-    both ran is settled) assume it: a failure means one may have stopped an n too early. ``note`` is added to the status (e.g.
-    "1 seed": the shares are then the point fit's, 0 or 1).
+    both ran is settled) assume it: a failure means one may have stopped an n
+    too early. ``note`` is added to the status (e.g. "1 seed": the shares are
+    then the point fit's, 0 or 1).
     """
     cc, kk, bb = np.asarray(c, float), np.asarray(keys, float), np.asarray(best, int)
     nan = math.nan
