@@ -82,16 +82,23 @@ def test_the_issues_settings_are_each_named_before_the_profile(project):
     (noise,) = found["bucket.val_size"]
     assert noise.level == "warning" and "differences below 0.400 are not detectable" in noise.message
     # issue 32: no validation size the pool cannot hold (193 was proposed for 40 problems); issue 43: nor an eval_k
-    # above the profile's k (258 was): no setting resolves 0.05, said in one line with the most and what would
-    assert noise.fix == ("no setting resolves 0.05 here (the pool has 40, 8 train per step; sweep.eval_k up to the "
-                         "profile's k = 4): the most, bucket.val_size: 32 with sweep.eval_k: 4, resolves 0.12; 0.05 "
+    # above the profile's k (258 was), nor, before the profile, more than the bucket is expected to hold (193 was
+    # proposed from a pool of 246 whose bucket then held 3): no setting resolves 0.05, said in one line with the
+    # most and what would
+    assert noise.fix == ("no setting resolves 0.05 here (before the profile, 'easy' is expected to hold about 8 of "
+                         "the pool's 40 (20%, as the default study), 8 train per step; sweep.eval_k up to the "
+                         "profile's k = 4): the most, bucket.val_size: 3 with sweep.eval_k: 4, resolves 0.40; 0.05 "
                          "needs 201 problems in 'easy' (profile more: data.limit, or a larger table, or widen its "
                          "bounds)")
-    # a profile of k = 32 lets eval_k make up what the pool cannot
+    # a profile of k = 32 resolves more with the same problems, and needs fewer
     deeper = parse_params({**ISSUE, "profile": {"k": 32, "k_extreme": 0}})
     (noise,) = by_key(study_findings(deeper, known))["bucket.val_size"]
-    assert noise.fix == ("bucket.val_size: 32 (the most: the pool has 40, 8 of them train per step) with "
-                         "sweep.eval_k: 25, resolves 0.05")
+    assert "sweep.eval_k: 32, resolves 0.14; 0.05 needs 33 problems in 'easy'" in noise.fix
+    # init's pilot wrote the share it expects (bucket.expected_share): the fix is sized by it
+    piloted = parse_params({**ISSUE, "bucket": {**ISSUE["bucket"], "expected_share": 0.5}})
+    (noise,) = by_key(study_findings(piloted, known))["bucket.val_size"]
+    assert "'easy' is expected to hold about 20 of the pool's 40 (50%, bucket.expected_share)" in noise.fix
+    assert "the most, bucket.val_size: 12 with sweep.eval_k: 4" in noise.fix
 
 
 def test_the_issues_settings_after_the_profile_name_the_split_and_truncation(project):

@@ -147,3 +147,35 @@ def test_runs_that_did_not_learn_keep_their_evaluation_noise_in_the_interval():
     assert (out["reward_hi"] - out["reward_lo"] > 2 * floor).all(), out[["reward", "reward_lo", "reward_hi"]]
     other = out.index[out["status"] != "leader"][0]
     assert not out.loc[other, "settled"] and out.loc[other, "d_hi"] > 0.02
+
+
+def test_the_searchs_bounds_stand_beside_this_tables_d_only_where_they_hold_it():
+    """Issue 43: a key the search settled on its forecast (a flat surface: D in [0, 0]) while this table's own D
+    was 0.27 showed "D = 0.27 [0.00, 0.00]". Bounds that exclude the point are not shown with it: the table keeps
+    its own, and the search's verdict stays in settled_by."""
+    from rollscale.core.fit.decision_table import SearchVerdict, with_search
+
+    rows = pd.DataFrame({"key": [2, 4, 8], "leader": 2, "d": [0.0, 0.27, -0.01], "d_lo": [0.0, -0.3, -0.05],
+                         "d_hi": [0.0, 0.8, 0.03], "settled": False, "settled_by": "", "within_tolerance": False,
+                         "unknown": False, "decided": False, "status": "open"})
+    verdict = SearchVerdict(2, {4: ("forecast", 71.0, 0.0, 0.0), 8: ("forecast", 71.0, -0.04, 0.01)})
+    out = with_search(rows, verdict, 0.02).set_index("key")
+    assert out.loc[4, ["d", "d_lo", "d_hi"]].tolist() == [0.27, -0.3, 0.8]  # its own: the search's exclude 0.27
+    assert out.loc[8, ["d_lo", "d_hi"]].tolist() == [-0.04, 0.01]  # the search's hold -0.01: shown
+    assert out.loc[4, "settled_by"] == "search: forecast" and bool(out["decided"].iloc[0])
+
+
+def test_d_stays_within_what_a_difference_of_rewards_can_be():
+    """Issue 43: two seeds a key that disagree wholly (one flat at 0.2, one climbing to 0.95) gave the SmolLM2 hour
+    study "D = 0.27 [-1.13, 1.67]"; a difference of two rewards in [0, 1] lies in [-1, 1], and so do its bounds."""
+    c = np.array([0.0, 8, 16, 24, 32, 48, 64, 80, 100])
+    rows = []
+    for n, climb in ((2, (0.2, 0.2)), (4, (0.2, 0.95))):
+        for seed, top in enumerate(climb):
+            reward = 0.2 + (top - 0.2) * c / c.max()
+            rows += [{"run_id": f"n{n}s{seed}", "bucket": "easy", "rule": "uniform", "seed": seed, "c_max": 100,
+                      "n": n, "b_problem": 2, "b": 2 * n, "step": int(ci // (2 * n)), "c": ci, "epochs": 0.0,
+                      "avg_at_k": r} for ci, r in zip(c, reward, strict=True)]
+    out = decide(fit_runs(pd.DataFrame(rows), "n"), 100, 0.02, 2.0)
+    assert (out["d_lo"] >= -1.0).all() and (out["d_hi"] <= 1.0).all(), out[["key", "d", "d_lo", "d_hi"]]
+    assert (out["d_hi"] - out["d_lo"]).max() > 1.0  # wide: the clip, not a narrow interval, keeps it in range

@@ -261,7 +261,10 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     from rollscale.pipeline.init import pilot
     from rollscale.pipeline.init.pilot import share_low
 
-    cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 1e4, 20.0, 5.0, 5.0, 1.0)
+    # issue 43: the learning-rate probe at the suggested lr_base (1e-6, full fine-tuning) moved the policy by a KL
+    # of 1e-6 a step: too little for the planned steps
+    cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 20.0, 5.0, 5.0, 1.0, probe_lr=1e-6,
+                      probe_kl=(1e-6, 2e-6, 3e-6))
     monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
     # a pilot with 9 of its 32 problems in Easy (84 % lower bound 21 %, the default study's share): the bucket
     # needs no more than the 60-problem floor of the pool
@@ -284,7 +287,13 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     expected = share_low(9, 32) * 60  # the pilot's share, its 84 % lower bound
     assert f"a third of the ~{expected:.0f} problems expected in the used bucket of 60 " in comments
     assert "of 120 " not in comments and sized.bucket.val_size == int(expected // 3)
+    assert sized.bucket.expected_share == round(share_low(9, 32), 3)  # what check sizes its fixes by (issue 43)
     assert "0 error(s)" in out
+    # issue 43, part 2: init writes the rate the probe says moves the policy, says why, and the check agrees
+    rate = sized.sweep.train.lr_base
+    assert rate > 1e-6 and f"init: sweep.train.lr_base 1e-06 -> {rate:g}: " in out
+    assert "the learning-rate probe: at 1e-06 the slowest run" in comments
+    assert "warning sweep.train.lr_base" not in out, out
     # hours no study fits: the smallest one, and that it does not fit
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0
     out = capsys.readouterr().out

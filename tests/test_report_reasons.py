@@ -63,12 +63,42 @@ def test_runs_that_did_not_learn_are_named_with_the_learning_rate(study):
     params = {"sweep": {"train": {"lr_base": 1e-6}}}
     still = study["steps"].assign(kl=1e-7)
     (reason,) = blocking_reasons({**study, "evals": flat, "steps": still}, params)
-    assert reason.endswith("and the policy barely moved (KL to the start up to 1e-07, below 0.0013): "
-                           "sweep.train.lr_base: 0.00011 (now 1e-06; KL grows with lr^2), or a larger sweep.c_max")
+    assert reason.endswith("and the policy barely moved (KL to the start up to 1e-07 at the runs' end, below "
+                           "0.0013): sweep.train.lr_base: 0.00011 (now 1e-06; KL grows with lr^2), or a larger "
+                           "sweep.c_max")
+    # the report stage passes the validated StudyParams, not the tree: the same words (its own report said
+    # "runs' lr up to 2×10⁻⁶" on the issue-43 SmolLM2 study)
+    from rollscale.config import parse_params
+
+    (typed,) = blocking_reasons({**study, "evals": flat, "steps": still}, parse_params(params))
+    assert "sweep.train.lr_base: 0.00011 (now 1e-06;" in typed and typed.endswith("or sweep.c_max: 160000 (4 x the steps)")
     (moved,) = blocking_reasons({**study, "evals": flat, "steps": still.assign(kl=0.01)}, params)
     assert "though they moved the policy" in moved and "(1e-06) is not what holds it back" in moved
+    # issue 43: each run's KL at its end (the median of its last steps, not one noisy step), the slowest named;
+    # the budget fix with a value where params give c_max
+    runs_ids = sorted(still["run_id"].unique())
+    mixed = still.assign(kl=still["run_id"].map({runs_ids[0]: 1e-2, runs_ids[1]: 1e-4, runs_ids[2]: 1e-3}))
+    mixed.loc[mixed.index[0], "kl"] = 1.0  # one early, noisy step
+    with_c = {"sweep": {"train": {"lr_base": 1e-6}, "c_max": 100}}
+    (some,) = blocking_reasons({**study, "evals": flat, "steps": mixed}, with_c)
+    assert "some runs barely moved the policy (KL to the start 0.0001 to 0.01 at their end" in some
+    assert some.endswith("sweep.train.lr_base: 3.5e-06 (now 1e-06; KL grows with lr^2), or sweep.c_max: 400 "
+                         "(4 x the steps)")
     (blind,) = blocking_reasons({**study, "evals": flat, "steps": still.assign(kl=np.nan)}, params)
     assert "raise sweep.train.lr_base (now 1e-06)" in blind and "no rate is suggested" in blind
+
+
+def test_a_decision_among_runs_that_did_not_learn_is_no_answer(study):
+    """Issue 43: the SmolLM2 hour study's report answered "n = 2 ... 0.47 [0.00, 1.00]; n = 4 is within 0.02"
+    beside "no run learned": the reason is the headline, the decision's table stays below it."""
+    from tests.test_report import _decision
+
+    flat = study["evals"].copy()
+    flat["avg_at_k"] = flat["run_id"].map(flat[flat["step"] == 0].set_index("run_id")["avg_at_k"])
+    assert study_answer({**study, "decision": _decision(True)}).answered  # the same decision, runs that learned
+    answer = study_answer({**study, "evals": flat, "decision": _decision(True)})
+    assert not answer.answered and answer.headline.startswith("No answer yet: no run learned: in all 3 runs")
+    assert answer.decision is not None
 
 
 def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):

@@ -176,6 +176,9 @@ class BucketParams(Section):
         default_factory=lambda: {"easy_hard": [("easy", 0.5), ("hard", 0.5)]}
     )
     val_size: int = Field(64, ge=1)
+    # the share of the pool the used bucket is expected to hold, for `rollscale check` before the profile stage
+    # has run (init writes its pilot profile's; null: 0.2, the default study's)
+    expected_share: float | None = Field(None, gt=0, le=1)
     seed: int = 0
     # buckets later stages train on: a problem with these is an error, with others a warning
     used: list[str] = Field(default_factory=lambda: ["easy", "hard"])

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move
-from rollscale.report.base import as_numeric, fmt_value
+from rollscale.report.base import as_numeric, fmt_value, params_dict
 
 __all__ = ["ENDED", "blocking_reasons", "infinite_noise", "runs_as_ended", "runs_reached_text"]
 
@@ -79,10 +79,15 @@ def _unfinished(runs: pd.DataFrame) -> str | None:
             "(finished runs are kept, the others go on from their last checkpoint)")
 
 
-def _lr_base(params: Mapping[str, Any] | None) -> float | None:
-    """``sweep.train.lr_base`` as params.yaml sets it (a run's lr is it scaled by sqrt(B / b_base))."""
+KL_LAST_STEPS = 3  # a run's KL to its start, read at its end over this many measured steps
+
+
+def _lr_base(params: Mapping[str, Any] | Any | None) -> float | None:
+    """``sweep.train.lr_base`` as params.yaml sets it (a run's lr is it scaled by sqrt(B / b_base)); ``params`` the
+    parsed tree or the validated StudyParams the report stage passes (issue 43: read as a mapping only, the stage's
+    own report never named the value)."""
     try:
-        value = float((params or {})["sweep"]["train"]["lr_base"])
+        value = float(params_dict(params)["sweep"]["train"]["lr_base"])
     except (KeyError, TypeError, ValueError):
         return None
     return value if math.isfinite(value) and value > 0 else None
@@ -115,18 +120,45 @@ def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None, steps: pd.Data
     if lr_base is None:
         lr = f" (runs' lr up to {fmt_value(as_numeric(runs['lr']).max())})" if "lr" in runs else ""
         return said + f": raise sweep.train.lr_base{lr} or the budget sweep.c_max"
-    kl = float(as_numeric(steps["kl"]).max()) if steps is not None and "kl" in steps and len(steps) else math.nan
-    if not math.isfinite(kl):
-        return (said + f": raise sweep.train.lr_base (now {lr_base:g}) or the budget sweep.c_max; the runs measured "
+    kl = _run_kl(steps)
+    more = _c_max_more(params)
+    if kl is None:
+        return (said + f": raise sweep.train.lr_base (now {lr_base:g}) or the budget {more}; the runs measured "
                 "no KL to their start (sweep.train.kl_coef 0), so no rate is suggested")
-    if kl >= KL_MOVED:
-        return (said + f", though they moved the policy (KL to the start up to {kl:.2g}, past {KL_MOVED:.2g}): "
-                "a larger budget (sweep.c_max), an easier bucket, or a stronger model; sweep.train.lr_base "
-                f"({lr_base:g}) is not what holds it back")
-    need = lr_to_move(lr_base, kl)
-    return (said + f", and the policy barely moved (KL to the start up to {kl:.2g}, below {KL_MOVED:.2g}): "
-            f"sweep.train.lr_base: {float(f'{need:.2g}'):g} (now {lr_base:g}; KL grows with lr^2), or a larger "
-            "sweep.c_max")
+    low, high = kl
+    if low >= KL_MOVED:
+        return (said + f", though they moved the policy (KL to the start {low:.2g} to {high:.2g} at their end, past "
+                f"{KL_MOVED:.2g}): a larger budget ({more}), an easier bucket, or a stronger model; "
+                f"sweep.train.lr_base ({lr_base:g}) is not what holds it back")
+    need = lr_to_move(lr_base, low)
+    moved = (f"the policy barely moved (KL to the start up to {high:.2g} at the runs' end, below {KL_MOVED:.2g})"
+             if high < KL_MOVED else f"some runs barely moved the policy (KL to the start {low:.2g} to {high:.2g} "
+             f"at their end; {KL_MOVED:.2g} is moved)")
+    return (said + f", and {moved}: sweep.train.lr_base: {float(f'{need:.2g}'):g} (now {lr_base:g}; KL grows "
+            f"with lr^2), or {more}")
+
+
+def _run_kl(steps: pd.DataFrame | None) -> tuple[float, float] | None:
+    """(least, most) over the runs of each run's KL to its start at its end: the median of its last
+    :data:`KL_LAST_STEPS` measured steps (one step's estimate on a few rollouts is noisy: issue 43's SmolLM2 runs
+    ended at 1.6e-4 to 2.0e-3 with single steps up to 8e-3); None when no run measured one."""
+    if steps is None or not {"run_id", "step", "kl"} <= set(steps.columns) or steps.empty:
+        return None
+    s = steps.assign(kl=as_numeric(steps["kl"]), step=as_numeric(steps["step"])).dropna(subset=["kl", "step"])
+    if s.empty:
+        return None
+    by_run = s.sort_values("step").groupby(s["run_id"].astype(str))["kl"]
+    end = by_run.apply(lambda k: float(k.tail(KL_LAST_STEPS).median()))
+    return float(end.min()), float(end.max())
+
+
+def _c_max_more(params: Mapping[str, Any] | Any | None) -> str:
+    """A larger ``sweep.c_max`` with a value: 4 x the study's (a run's steps grow with it)."""
+    try:
+        c_max = int(params_dict(params)["sweep"]["c_max"])
+    except (KeyError, TypeError, ValueError):
+        return "a larger sweep.c_max"
+    return f"sweep.c_max: {4 * c_max} (4 x the steps)"
 
 
 def infinite_noise(noise: pd.DataFrame | None) -> str | None:

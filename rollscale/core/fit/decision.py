@@ -24,8 +24,9 @@ effect on each run's prediction to first order), so differences are read refit
 by refit; the leader is the key with the largest median refit (science §9.4).
 
 For 0/1 rewards (``reward_max`` set) a key's interval is clipped to [0, reward_max]: the t interval of a
-reward near 0 or 1 would reach past what a reward can be (D's interval is not clipped: a difference is in
-[-1, 1] and its bounds stay unclipped so that settled / within tolerance read the t interval itself).
+reward near 0 or 1 would reach past what a reward can be; D's to [-reward_max, reward_max], what a difference
+of two rewards can be (issue 43: "D = 0.27 [-1.13, 1.67]"). settled and within tolerance read the same
+bounds: a tolerance below reward_max gives the same verdicts clipped or not.
 
 Status of a key at C* (science §9.3, A3 of §8): ``within data`` when every
 run of it reached C*; ``extrapolated`` when C* <= eta times the largest C all
@@ -288,6 +289,8 @@ def decide(curves: RunCurves, c_star: float, tolerance: float, eta: float, rollo
         settled_by = "tolerance" if (not unknown and d_hi <= bound) else ""
         if not settled_by and rollout_axis and k < lead and _beaten_where_both_ran(curves, k, lead, c_seen, q):
             settled_by = "a2"
+        if reward_max is not None:
+            d_lo, d_hi = max(d_lo, -reward_max), min(d_hi, reward_max)
         filled.append((d, d_lo, d_hi, settled_by, bool(not unknown and d_lo >= -tolerance)))
     for col, values in zip(("d", "d_lo", "d_hi", "settled_by", "within_tolerance"), zip(*filled), strict=True):
         out[col] = list(values)

@@ -74,6 +74,29 @@ def lr_to_move(lr: float, kl: float, target: float = KL_MOVED) -> float | None:
     return float(lr * math.sqrt(target / kl))
 
 
+def kl_after(probe_kl: Sequence[float], probe_lr: float, lr: float, steps: int, warmup_steps: int = 0) -> float:
+    """The per-token KL to the start a run of ``steps`` GRPO steps at ``lr`` (after a linear warm-up of
+    ``warmup_steps``) reaches, from a probe's KL after each of its first steps at ``probe_lr`` without warm-up
+    (issue 43). For small updates the weights move in proportion to each step's rate, and KL grows with the square
+    of the move: with lr^2, and with the steps to a power alpha, 2 for steps that all point one way, 1 for a random
+    walk; the probe's own growth (a line in log-log) sets alpha, held in [1, 2] (1 when it has one usable point).
+    A warm-up's steps count by their share of the rate (the issue-43 SmolLM2 runs, warm-up 10 of 12-25 steps,
+    reached 0.4x the KL of as many full steps). 0 when the probe measured 0 throughout (every group's rewards
+    tied: no gradient); NaN when it measured nothing."""
+    kl = np.asarray(probe_kl, dtype=np.float64)
+    s = np.arange(1, kl.size + 1, dtype=np.float64)
+    finite = np.isfinite(kl)
+    if not finite.any() or not (math.isfinite(probe_lr) and probe_lr > 0):
+        return math.nan
+    ok = finite & (kl > 0)
+    if not ok.any():
+        return 0.0
+    alpha = float(np.clip(np.polyfit(np.log(s[ok]), np.log(kl[ok]), 1)[0], 1.0, 2.0)) if ok.sum() >= 2 else 1.0
+    last = np.flatnonzero(ok)[-1]
+    full = sum(warmup_factor(step, warmup_steps) for step in range(steps))  # the run's steps at its full rate
+    return float(kl[last] * (lr / probe_lr) ** 2 * (full / s[last]) ** alpha)
+
+
 def warmup_factor(step: int, warmup_steps: int) -> float:
     """Linear warm-up then constant (science §3): the factor on the learning rate.
 

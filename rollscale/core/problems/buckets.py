@@ -45,6 +45,10 @@ def assign_buckets(
     return pd.concat(parts, ignore_index=True)
 
 
+# the share of a pool a bucket is assumed to hold before its profile (Easy [0.3, 0.6] in the default study: 22 %)
+EASY_SHARE = 0.2
+
+
 def bounds_holding(avg_at_k: Sequence[float], need: int, around: tuple[float, float]) -> tuple[float, float] | None:
     """The narrowest widening of the closed interval ``around`` that holds ``need`` problems by their pass rates
     ``avg_at_k`` (science §2: a bucket's bounds), or None when fewer than ``need`` lie strictly between 0 and 1.

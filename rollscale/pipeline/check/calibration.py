@@ -13,8 +13,11 @@ worker of a stage runs):
   are not zero (a fresh model's own rollouts all score 0 and would train nothing);
 * the measure stage's Gram pass of per-rollout gradients (:func:`rollscale.train.online_noise.batch_gram`)
   on two such batches;
-* a pilot update at ``lr_base`` on the model's own answers: how far one step moves their log-probs
-  (weights put back);
+* a learning-rate probe (issue 43): :data:`PROBE_STEPS` real GRPO steps (the sweep's trainer, its loss and
+  verifier) at ``lr_base`` on the pool's first problems, :data:`PROBE_N` rollouts of :data:`PROBE_B_PROBLEM`
+  prompts a step (fewer, and shorter, for a real model), and the KL to the start after each
+  (:mod:`rollscale.pipeline.check.lr` reads the planned runs' move from it); last, since it changes the
+  weights. Not on a tiny model before the base stage has warm-started it (its answers all score 0);
 * the tiny model's warm start: :data:`BASE_STEPS` supervised steps at ``base.batch_size`` with
   ``base.threads``; a real model: the seconds to load it (the base stage loads and stores it).
 
@@ -46,6 +49,15 @@ TRAIN_TOKENS = 4096  # padded tokens of the larger measured update (at most 128 
 # stays within about a minute on CPU: SMALL_WORK = (rollouts, new tokens, update tokens)
 LARGE_PARAMS = 20_000_000
 SMALL_WORK = (16, 16, 512)
+# the learning-rate probe: a few GRPO steps of PROBE_N x PROBE_B_PROBLEM rollouts. 8 answers a prompt: on the
+# issue-43 pool (SmolLM2 solved 9 % on average, half of the problems never) 2 x 4 answers a step all tied in the
+# probe's 3 steps, as 2 x 8 would about 1 time in 20. A model over LARGE_PARAMS is probed on 2 prompts at up to
+# PROBE_TOKENS_MAX new tokens (SmolLM2 on this CPU: 4 x 4 at 256 tokens took 5 min of init's 11)
+PROBE_STEPS = 3
+PROBE_N = 8
+PROBE_B_PROBLEM = 4
+PROBE_B_PROBLEM_LARGE = 2
+PROBE_TOKENS_MAX = 128
 BASE_STEPS = 3  # measured supervised steps of the tiny model's warm start
 BASE_THREAD_SPEEDUP = 1.54  # 2 threads against 1 on the warm start, 2 idle cores (docs/benchmarks.md)
 
@@ -56,8 +68,8 @@ class Calibration:
     ``max_new_tokens x (gen_s_per_step + R x gen_s_per_token)`` (:meth:`generate_s`);
     ``train_s_per_step + tokens x train_s_per_token`` an update of tokens of prompt and completion; the measure stage's Gram pass
     over B rollouts: ``tokens x (gram_s_per_token + B x gram_s_per_token_rollout)``; ``base_s``: the base
-    stage's work (the tiny model's ``base.steps``, or loading a real model). ``logp_shift_per_lr``: the
-    pilot's mean |change| of a completion token's log-prob after one update, per unit learning rate."""
+    stage's work (the tiny model's ``base.steps``, or loading a real model). ``probe_kl``: the learning-rate
+    probe's per-token KL to the start after each of its steps at ``probe_lr`` (empty: not measured)."""
 
     key: str
     gen_s_per_step: float
@@ -66,11 +78,15 @@ class Calibration:
     train_s_per_token: float
     gram_s_per_token: float
     gram_s_per_token_rollout: float
-    logp_shift_per_lr: float
     prompt_tokens: float
     base_s: float
     load_s: float
     measured_s: float
+    probe_lr: float = float("nan")
+    probe_kl: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "probe_kl", tuple(float(v) for v in self.probe_kl))  # a list when read from JSON
 
     def generate_s(self, rollouts: int, batch_size: int, max_new_tokens: int) -> float:
         """Seconds to generate ``rollouts`` in calls of at most ``batch_size``, each to ``max_new_tokens``."""
@@ -111,8 +127,8 @@ def stored_calibration(p: StudyParams, artifacts: str | Path | None) -> Calibrat
     return cal if cal.key == calibration_key(p, artifacts) else None
 
 
-def _prompts(p: StudyParams, count: int) -> list[str]:
-    """The first ``count`` prompts of the study's own pool (its lengths set the cost)."""
+def _problems(p: StudyParams, count: int) -> list:
+    """The first ``count`` problems of the study's own pool (their lengths set the cost)."""
     from rollscale.core.problems.sets import gsm8k_problems, math_problems, reasoning_gym_problems
     from rollscale.core.problems.sources import table_problems
 
@@ -125,12 +141,12 @@ def _prompts(p: StudyParams, count: int) -> list[str]:
         loader = gsm8k_problems if d.source == "gsm8k" else math_problems
         hub = {"hub_id": d.hub_id} if d.hub_id else {}
         pool = loader(str(d.path) if d.path else None, split=d.split, skip_malformed=d.skip_malformed, limit=count, **hub)
-    return [q.prompt for q in pool[:count]]
+    return list(pool[:count])
 
 
 def _model(p: StudyParams, artifacts: str | Path | None):
-    """(model, tokenizer, chat template on, load seconds): the base stage's model when it has run, a fresh
-    tiny model of ``base``'s shape, or the real model's files."""
+    """(model, tokenizer, chat template on, load seconds, trained): the base stage's model when it has run, a
+    fresh tiny model of ``base``'s shape (not trained: the base stage warm-starts it), or the real model's files."""
     from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, load_model, tiny_llama
 
     t0 = time.process_time()  # CPU seconds, as every other figure: reading and dequantising are CPU work
@@ -150,7 +166,7 @@ def _model(p: StudyParams, artifacts: str | Path | None):
     if p.model.lora.enabled and p.model.kind != "tiny":
         lora = p.model.lora
         model = add_lora(model, lora.r, lora.alpha, lora.dropout, list(lora.target_modules))
-    return model, tokenizer, ref.chat_template, load_s
+    return model, tokenizer, ref.chat_template, load_s, ref.name_or_path != "tiny"
 
 
 def _work(model) -> tuple[int, int, int]:
@@ -159,10 +175,10 @@ def _work(model) -> tuple[int, int, int]:
     return SMALL_WORK if large else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS)
 
 
-def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float, list]:
-    """(seconds per decoding step of a call, plus seconds per rollout in it, mean prompt tokens, the smaller
-    call's (prompt ids, rollout) pairs): two calls, of ``GEN_ROLLOUTS_MAX`` (at most ``sampling.batch_size``)
-    rollouts and of a quarter of that, give a call's fixed cost per new token and each rollout's."""
+def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float]:
+    """(seconds per decoding step of a call, plus seconds per rollout in it, mean prompt tokens): two calls, of
+    ``GEN_ROLLOUTS_MAX`` (at most ``sampling.batch_size``) rollouts and of a quarter of that, give a call's fixed
+    cost per new token and each rollout's."""
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.lm.engines import EngineConfig, make_engine
     from rollscale.lm.models import render_prompt
@@ -174,30 +190,28 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     engine = make_engine(model, tokenizer, EngineConfig(backend=s.backend, batch_size=s.batch_size,
                                                         dtype=s.engine_dtype, max_model_len=s.max_model_len))
     config = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=tokens)
-    timed, pairs = [], []
+    timed = []
     try:
         engine.sample(rendered[:1], 1, config, seed=0)  # warm-up: first-call allocations
         for batch in (min(s.batch_size, most), max(1, min(s.batch_size, most) // 4)):
             per_prompt = max(1, -(-batch // len(rendered)))
             chosen = rendered[: max(1, batch // per_prompt)]
             t0 = time.process_time()
-            groups = engine.sample(chosen, per_prompt, config, seed=len(timed) + 1)
+            engine.sample(chosen, per_prompt, config, seed=len(timed) + 1)
             timed.append((len(chosen) * per_prompt, (time.process_time() - t0) / tokens))
-            pairs = [(tokenizer(q, add_special_tokens=False)["input_ids"], r) for q, g in zip(chosen, groups) for r in g]
     finally:
         engine.close()
     (big, t_big), (small, t_small) = timed
     per_rollout = max((t_big - t_small) / (big - small), 0.0) if big > small else t_big / big
     fixed = max(t_big - per_rollout * big, 0.0)
     prompt_tokens = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in rendered) / len(rendered)
-    return fixed, per_rollout, prompt_tokens, pairs
+    return fixed, per_rollout, prompt_tokens
 
 
-def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float, pairs: list) -> tuple[float, float, float, float, float]:
+def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[float, float, float, float]:
     """Seconds of one GRPO update on rollouts with advantages: per step and per (prompt + completion) token;
     the measure stage's Gram pass per token and per token x rollout (:func:`rollscale.train.online_noise.batch_gram`:
-    its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter.
-    Last, the pilot's log-prob change per unit learning rate (:func:`_logp_shift_per_lr`)."""
+    its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter."""
     import numpy as np
     import torch
 
@@ -238,41 +252,55 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float, pairs: list
                for b in (small, large)]
     grams = [cpu_s(lambda b=b: batch_gram(model, b, settings, pad, reference)) / (len(b) * sum(width))
              for b in (small, large)]
-    own = [(q, r.token_ids) for q, r in pairs if r.token_ids]  # the model's own answers: where GRPO moves it
-    pilot = TrainBatch([q for q, _ in own], [c for _, c in own], np.resize([1.0, -1.0], len(own)),
-                       np.ones(len(own), dtype=bool), np.ones(len(own), dtype=bool)) if len(own) >= 2 else small
-    shift = _logp_shift_per_lr(p, model, pilot, settings, pad, reference, trained)
     model.eval()
     # the update: a step's fixed part (optimizer, hooks) and its part per token, from the two sizes
     per_token = max((updates[1] - updates[0]) / ((len(large) - len(small)) * sum(width)), 0.0)
     fixed = max(updates[1] - per_token * len(large) * sum(width), 0.0)
     pair = max((grams[1] - grams[0]) / (len(large) - len(small)), 0.0)  # per token and rollout: the B^2 part
-    return fixed, per_token, max(grams[0] - pair * len(small), 0.0), pair, shift
+    return fixed, per_token, max(grams[0] - pair * len(small), 0.0), pair
 
 
-def _logp_shift_per_lr(p: StudyParams, model, batch, settings, pad: int, reference, trained) -> float:
-    """The pilot: mean |change| of the completion-token log-probs of the model's own answers (the smaller
-    generate call's, advantages +1 / -1 in turn) after one update at ``lr_base``,
-    per unit learning rate (AdamW's first step moves each weight by about lr, whatever the gradient's
-    scale, so the change grows with lr). The weights are put back after."""
-    import numpy as np
-    import torch
+def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> tuple[float, ...]:
+    """The learning-rate probe: the per-token KL to the start after each of :data:`PROBE_STEPS` GRPO steps at
+    ``lr_base`` (the sweep's trainer, loss and verifier; PROBE_N rollouts of PROBE_B_PROBLEM of the pool's
+    first problems a step, or of PROBE_B_PROBLEM_LARGE at up to PROBE_TOKENS_MAX tokens for a model over
+    LARGE_PARAMS, sampled by the trainer's own transformers sampler). Each step's ``kl`` column is
+    measured on its fresh rollouts before its update: the KL after s updates is step s + 1's. The model's
+    weights change: the calibration's last measurement. With ``kl_coef`` 0 the KL is still measured (a
+    coefficient of 1e-12 switches the reference on and leaves the loss as it was)."""
+    import math
 
-    from rollscale.core.grpo.logprobs import token_logprobs
-    from rollscale.train.step import micro_batch, policy_update
+    from rollscale.core.grpo.allocation import RuleNotApplicable
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.sweep import GridPoint, point_config
+    from rollscale.train.trainer import GRPOTrainer
 
-    lr = p.sweep.train.lr_base
-    kept = [q.detach().clone() for q in trained]
-    mb = micro_batch(batch, np.arange(len(batch)), pad, next(model.parameters()).device)
-    with torch.no_grad():
-        before = token_logprobs(model, mb.input_ids, mb.attention, mb.completion_mask, p.sampling.temperature)
-    policy_update(model, torch.optim.AdamW(trained, lr=lr, weight_decay=0.0), trained, batch, settings, pad, reference)
-    with torch.no_grad():
-        after = token_logprobs(model, mb.input_ids, mb.attention, mb.completion_mask, p.sampling.temperature)
-        for q, old in zip(trained, kept):
-            q.copy_(old)
-    mask = mb.completion_mask.bool()
-    return float((after - before).abs()[mask].mean()) / lr
+    if len(problems) < 2:
+        return ()
+    large = sum(q.numel() for q in model.parameters()) > LARGE_PARAMS
+    b_problem = min(PROBE_B_PROBLEM_LARGE if large else PROBE_B_PROBLEM, len(problems) - 1)
+    steps = PROBE_STEPS + 1
+    s = p.sampling
+    tokens = min(s.max_new_tokens, PROBE_TOKENS_MAX) if large else s.max_new_tokens
+    sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=tokens)
+    config = None
+    for rule in sorted(p.sweep.rules, key=lambda r: r.rule != "uniform"):  # the plain rule where the study has it
+        try:
+            config = point_config(p.sweep, sampling, GridPoint(PROBE_N, b_problem, rule, 0))
+            break
+        except RuleNotApplicable:
+            continue
+    if config is None:
+        return ()
+    train = config.train if config.train.kl_coef > 0 else config.train.model_copy(update={"kl_coef": 1e-12})
+    config = config.model_copy(update={"train": train.model_copy(update={"warmup_steps": 0}),
+                                       "c_max": steps * PROBE_N * b_problem, "noise_every": 0})
+    lora = p.model.lora.enabled and p.model.kind != "tiny"
+    trainer = GRPOTrainer(model, tokenizer, problems[:-1], problems[-1:], config, use_chat_template=chat,
+                          lora=lora, sample_batch_size=p.sampling.batch_size,
+                          chat_template_kwargs=p.sampling.chat_template_kwargs)
+    rows = [trainer.train_step() for _ in range(steps)]
+    return tuple(float(r["kl"]) if math.isfinite(float(r.get("kl", math.nan))) else math.nan for r in rows[1:])
 
 
 def _tiny_base_s(p: StudyParams) -> float:
@@ -304,15 +332,16 @@ def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse:
     threads = torch.get_num_threads()
     torch.set_num_threads(p.torch_threads)
     try:
-        model, tokenizer, chat, load_s = _model(p, artifacts)
-        fixed, gen, prompt_tokens, pairs = _generate_s(p, model, tokenizer, chat, _prompts(p, 32))
-        train_step, train, gram, gram_pair, shift = _train_s(p, model, tokenizer, prompt_tokens, pairs)
+        model, tokenizer, chat, load_s, trained = _model(p, artifacts)
+        problems = _problems(p, 32)
+        fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, [q.prompt for q in problems])
+        train_step, train, gram, gram_pair = _train_s(p, model, tokenizer, prompt_tokens)
         base = _tiny_base_s(p) if p.model.kind == "tiny" else load_s
+        probe = _lr_probe(p, model, tokenizer, chat, problems[: PROBE_B_PROBLEM + 1]) if trained else ()
     finally:
         torch.set_num_threads(threads)
-    cal = Calibration(calibration_key(p, artifacts), fixed, gen, train_step, train, gram, gram_pair, shift,
-                      prompt_tokens, base, load_s,
-                      time.perf_counter() - t0)
+    cal = Calibration(calibration_key(p, artifacts), fixed, gen, train_step, train, gram, gram_pair,
+                      prompt_tokens, base, load_s, time.perf_counter() - t0, p.sweep.train.lr_base, probe)
     if artifacts is not None:
         write_json_atomic(cal.to_json(), Path(artifacts) / CALIBRATION_FILE)
     return cal

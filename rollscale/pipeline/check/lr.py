@@ -1,11 +1,13 @@
-"""Can the planned steps move the policy at this learning rate? For ``rollscale check`` (issue 32).
+"""Can the planned steps move the policy at this learning rate? For ``rollscale check`` and ``init`` (issues 32, 43).
 
-The issue's SmolLM2 study trained at an effective lr of 3.5e-7 to 7e-7 for a few dozen steps and
-its greedy accuracy never moved in any run. The calibration's pilot update
-(:mod:`rollscale.pipeline.check.calibration`) measures how far one step at ``lr_base`` moves a completion
-token's log-prob; a run of S steps at lr(B) = lr_base sqrt(B / b_base) (science §3) moves it by at
-most S x lr(B) x that shift per unit lr (steps that all point the same way). Below
-:data:`LOGP_MOVE_MIN` for some run, the check warns before the sweep spends anything.
+The issue-43 SmolLM2 study trained at an effective lr of 3.5e-7 to 7e-7 for 12-25 steps and no run learned; a
+one-step bound (every step pointing one way) said it would. The calibration's learning-rate probe
+(:mod:`rollscale.pipeline.check.calibration`) runs a few real GRPO steps at ``lr_base`` on the pool's own problems
+and measures the per-token KL to the start after each; :func:`rollscale.core.grpo.shaping.kl_after` carries it to
+each planned run's steps (its warm-up's at their share of the rate) and lr(B) = lr_base sqrt(B / b_base)
+(science §3). Below :data:`KL_MOVED` (a token's
+log-prob moved by :data:`LOGP_MOVE_MIN`) for some run, the check warns before the sweep spends anything, and
+names the rate that would reach it.
 """
 
 from __future__ import annotations
@@ -14,36 +16,59 @@ import math
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
-from rollscale.core.grpo.shaping import LOGP_MOVE_MIN, sqrt_scaled_lr
+from rollscale.core.grpo.shaping import KL_MOVED, LOGP_MOVE_MIN, kl_after, lr_to_move, sqrt_scaled_lr
 from rollscale.pipeline.check.calibration import Calibration
 
-__all__ = ["LOGP_MOVE_MIN", "lr_findings"]
+__all__ = ["KL_MOVED", "LOGP_MOVE_MIN", "LrFinding", "lr_findings", "slowest_run"]
+
+LrFinding = tuple[str, tuple[str, ...], str, str]
 
 
-
-def lr_findings(p: StudyParams, cal: Calibration) -> list[tuple[str, tuple[str, ...], str, str]]:
-    """A warning when the run that moves least cannot move a token's log-prob by LOGP_MOVE_MIN."""
+def slowest_run(p: StudyParams, cal: Calibration) -> tuple[int, int, int, float, float] | None:
+    """(n, B_problem, steps, lr, expected KL) of the planned run whose policy moves least; None when the probe
+    measured nothing (a tiny model before its warm start) or the grid cannot be laid out."""
     from rollscale.train.sweep import plan_runs
 
     t = p.sweep.train
-    if not (cal.logp_shift_per_lr > 0 and math.isfinite(cal.logp_shift_per_lr)):
-        return []
+    if not cal.probe_kl:
+        return None
     try:
         shapes = sorted({(pt.n, pt.b_problem) for pt, _ in plan_runs(p.sweep).runs})
     except ValueError:
-        return []  # the grid's own finding names it
-    moves = {}
+        return None  # the grid's own finding names it
+    moves = []
     for n, b in shapes:
         steps = power.steps_per_run(p.sweep.c_max, n * b)
         lr = sqrt_scaled_lr(t.lr_base, n * b, t.b_base)
-        moves[(n, b)] = (steps, lr, steps * lr * cal.logp_shift_per_lr)
-    (n, b), (steps, lr, move) = min(moves.items(), key=lambda kv: kv[1][2])
-    if move >= LOGP_MOVE_MIN:
+        moves.append((n, b, steps, lr, kl_after(cal.probe_kl, cal.probe_lr, lr, steps, t.warmup_steps)))
+    if any(math.isnan(m[4]) for m in moves):
+        return None
+    return min(moves, key=lambda m: m[4])
+
+
+def lr_findings(p: StudyParams, cal: Calibration) -> list[LrFinding]:
+    """A warning when the run that moves least is expected below KL_MOVED, with the lr_base that reaches it."""
+    slow = slowest_run(p, cal)
+    if slow is None or slow[4] >= KL_MOVED:
         return []
-    need = t.lr_base * LOGP_MOVE_MIN / move
+    n, b, steps, lr, kl = slow
+    lr_base = p.sweep.train.lr_base
+    probe = (f"the learning-rate probe ({len(cal.probe_kl)} GRPO steps at lr {cal.probe_lr:g} on the pool's first "
+             f"problems) reached a KL to the start of {max(cal.probe_kl):.2g}")
+    if kl <= 0:  # no gradient in the probe's few groups: chance on a weak model's pool, not a rate measured
+        return [("note", ("sweep.train.lr_base",),
+                 f"{probe}: every group of its {len(cal.probe_kl)} steps scored alike (no gradient), so it measured "
+                 f"no rate; whether lr_base {lr_base:g} moves the policy in the planned steps is not known before "
+                 "the runs (the report says, from their KL to the start)", "")]
+    need = lr_to_move(lr_base, kl)
     return [("warning", ("sweep.train.lr_base",),
-             f"at lr_base {t.lr_base:g} one update moves a completion token's log-prob by "
-             f"{cal.logp_shift_per_lr * t.lr_base:.2g} nats (the calibration's pilot step on this model): the run "
-             f"n={n} x B_problem={b} ({steps} steps at lr {lr:.2g}) moves it by at most {move:.2g}, below "
-             f"{LOGP_MOVE_MIN}: the policy may not learn in the planned steps",
-             f"sweep.train.lr_base: {float(f'{need:.2g}'):g} or more, or a larger sweep.c_max (more steps)")]
+             f"{probe}: the run n={n} x B_problem={b} ({steps} steps at lr {lr:.2g}) is expected to reach "
+             f"{kl:.2g}, below {KL_MOVED:.2g} (a token's log-prob moved by {LOGP_MOVE_MIN}): the policy may not "
+             "learn in the planned steps",
+             f"sweep.train.lr_base: {round_up(need):g} (KL grows with lr^2), or a larger sweep.c_max (more steps)")]
+
+
+def round_up(x: float) -> float:
+    """``x`` rounded up to two significant digits (a rate that reaches the target, not one just short of it)."""
+    e = math.floor(math.log10(x)) - 1
+    return math.ceil(x / 10**e) * 10**e if x > 0 else x

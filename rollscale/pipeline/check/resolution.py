@@ -18,7 +18,7 @@ import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
-from rollscale.core.problems.buckets import bounds_holding
+from rollscale.core.problems.buckets import EASY_SHARE, bounds_holding
 
 __all__ = ["DETECTABLE_WARN", "bucket_bounds_fix", "eval_k_max", "noise_findings_of_split", "precision_fix"]
 
@@ -60,13 +60,20 @@ def noise_findings_of_split(p: StudyParams, size: tuple[int, int] | None, val_id
 
 
 def _val_room(p: StudyParams, size: tuple[int, int] | None, pool: tuple[int | None, bool]) -> tuple[int | None, str]:
-    """(the most validation problems, where that bound comes from): the bucket's problems (after the profile) or
-    the pool's, less one batch of ``b_problem`` kept to train; None when neither is known."""
+    """(the most validation problems, where that bound comes from): the bucket's problems (after the profile) or,
+    before it, the share of the pool it is expected to hold (``bucket.expected_share``, init's pilot's, else
+    :data:`EASY_SHARE`; issue 43: `bucket.val_size: 193`
+    was proposed from a pool of 246 whose bucket then held 3), less one batch of ``b_problem`` kept to train;
+    None when neither is known."""
     b = max(p.sweep.b_problem)
     if size is not None:
         return size[0] + size[1] - b, f"{p.sweep.bucket!r} holds {size[0] + size[1]} problems"
     if pool[0] is not None:
-        return pool[0] - b, f"the pool has {'' if pool[1] else 'at most '}{pool[0]}"
+        share = p.bucket.expected_share or EASY_SHARE
+        basis = "bucket.expected_share" if p.bucket.expected_share else "as the default study"
+        expected = math.floor(pool[0] * share)
+        return max(expected - b, 0), (f"before the profile, {p.sweep.bucket!r} is expected to hold about {expected} "
+                                      f"of the pool's {'' if pool[1] else 'at most '}{pool[0]} ({share:.0%}, {basis})")
     return None, ""
 
 

@@ -228,8 +228,9 @@ def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | 
 
     cal = stored_calibration(p, artifacts)
     if cal is None and measure:
-        print(f"check: measuring this machine's generate and train throughput for {p.model.name_or_path or 'the tiny model'} "
-              f"(a few seconds; a real model's load first; stored in {artifacts})", file=sys.stderr)
+        print(f"check: measuring this machine's generate and train throughput for "
+              f"{p.model.name_or_path or 'the tiny model'} and a learning-rate probe of a few GRPO steps (seconds for "
+              f"the tiny model; a real model's load first, and minutes on CPU; stored in {artifacts})", file=sys.stderr)
         try:
             cal = calibrate(p, artifacts, reuse=False)
         except ImportError as err:  # a GPU study (vLLM) prepared where its engine is not installed: still checked

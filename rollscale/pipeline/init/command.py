@@ -131,6 +131,42 @@ def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, 
     return head + gave, times.total
 
 
+# the most init raises lr_base over its suggestion (TRL's and verl's defaults) on the probe's word: a rate 50 x
+# theirs is at the top of what small models are fine-tuned at; past it the check's warning names what is needed
+LR_MAX_FACTOR = 50
+
+
+def lr_values(values: dict, why: dict, artifacts: Path) -> str:
+    """The learning-rate probe's word on ``sweep.train.lr_base`` (issue 43, part 2): where the slowest planned run
+    would not move the policy, the rate that does (at most LR_MAX_FACTOR x the suggested one) is written, with
+    why. Called where ``--hours`` or ``--budget`` measured the calibration (stored in ``artifacts``); the line to
+    print ("" when the probe measured nothing or saw no gradient: the check's warning then says what would help)."""
+    from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move
+    from rollscale.pipeline.check.calibration import calibrate
+    from rollscale.pipeline.check.lr import round_up, slowest_run
+    from rollscale.pipeline.init.hours import params_of
+
+    params = params_of(values, why)
+    slow = slowest_run(params, calibrate(params, artifacts))  # the one hours_values measured: its key is the same
+    if slow is None or slow[4] <= 0:
+        return ""
+    n, b, steps, _, kl = slow
+    lr_base = params.sweep.train.lr_base
+    run = f"the slowest run (n={n} x B_problem={b}, {steps} steps)"
+    if kl >= KL_MOVED:
+        return (f"init: sweep.train.lr_base {lr_base:g} moves the policy: the learning-rate probe expects {run} to "
+                f"reach a KL to the start of {kl:.2g}, past {KL_MOVED:.2g}")
+    need = round_up(lr_to_move(lr_base, kl))
+    chosen = min(need, round_up(LR_MAX_FACTOR * lr_base))
+    capped = f" (capped at {LR_MAX_FACTOR} x; {need:g} would reach it)" if chosen < need else ""
+    values["sweep.train.lr_base"] = chosen
+    why["sweep.train.lr_base"] = (f"the learning-rate probe: at {lr_base:g} {run} would reach a KL to the start of "
+                                  f"{kl:.2g}, below {KL_MOVED:.2g}{capped}; lr = lr_base * sqrt(B / b_base)")
+    return (f"init: sweep.train.lr_base {lr_base:g} -> {chosen:g}: at {lr_base:g} the learning-rate probe expects "
+            f"{run} to reach a KL to the start of {kl:.2g}, below {KL_MOVED:.2g} (a token's log-prob moved by "
+            f"0.05){capped}")
+
+
 def too_long(total_s: float, hours: float | None, budget: int | None, gpu: str) -> str:
     """The one line for a study estimated past TIME_MARGIN x the time asked (``hours``, or BUDGET_HOURS for
     ``--budget`` alone), naming what would fit; "" when it is within."""
@@ -214,6 +250,8 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
             if not force:
                 raise ValueError(f"init: {late}; nothing written (--force writes it anyway)")
             sized += f"\nwarning: {late} (written: --force)"
+        if moved := lr_values(values, why, Path(out).parent / "artifacts"):
+            sized += f"\n{moved}"
     command = (f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
                + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else "")
                + (f" --hours {hours:g}" if hours else "") + (f" --pilot {pilot}" if pilot is not None else ""))

@@ -133,6 +133,8 @@ def foresee(values: dict[str, Any], why: dict[str, str], pilot: pd.DataFrame, po
                              "cost grows with it)")
         limit = limit_min
     easy = EasyShare(share, f"at least {share:.0%} in [{lo:g}, {hi:g}] in {seen}")
+    values["bucket.expected_share"] = round(share, 3)  # what `rollscale check` sizes its fixes by before the profile
+    why["bucket.expected_share"] = f"{seen}: at least {share:.0%} in [{lo:g}, {hi:g}] (84 % lower bound)"
     bucket_values(values, why, limit, easy, values["sweep.b_problem"][0])
     lines.append(f"init: at least {share:.0%} of the pool expected in the used bucket [{lo:g}, {hi:g}] ({seen}): "
                  f"data.limit {limit}, bucket.val_size {values['bucket.val_size']}")

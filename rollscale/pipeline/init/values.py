@@ -34,6 +34,7 @@ import yaml
 
 from rollscale.config import SearchParams, StudyParams, parse_params
 from rollscale.files import write_text_atomic
+from rollscale.core.problems.buckets import EASY_SHARE
 from rollscale.core.problems.data_sample import DataSample
 from rollscale.core.fit.power import EVALS_COMFORTABLE
 from rollscale.lm.model_info import ModelInfo
@@ -46,7 +47,6 @@ GPU_MEMORY_GB = {"H100": 80, "H200": 141, "B200": 180, "A100": 80, "A100-40GB": 
                  "L4": 24, "RTX4090": 24}
 FULL_FT_LR = 1e-6  # TRL GRPOConfig default; verl GSM8K GRPO examples
 LORA_LR_FACTOR = 10.0  # verl ppo_lora.rst; tinker-cookbook (LoRA Without Regret)
-EASY_SHARE = 0.2  # share of a pool in Easy [0.3, 0.6] assumed before a profile (the default study: 22 %)
 VAL_SIZE_MIN = 4  # the smallest validation split init writes
 B_PROBLEM_MIN = 2  # the fewest prompts a step trains on (init's smallest sweep.b_problem)
 # the fewest problems a table needs for init's smallest study to bucket even if every one landed in Easy:
