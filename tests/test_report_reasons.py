@@ -64,14 +64,14 @@ def test_runs_that_did_not_learn_are_named_with_the_learning_rate(study):
     still = study["steps"].assign(kl=1e-7)
     (reason,) = blocking_reasons({**study, "evals": flat, "steps": still}, params)
     assert reason.endswith("and the policy barely moved (KL to the start up to 1e-07 at the runs' end, below "
-                           "0.0013): sweep.train.lr_base: 0.00011 (now 1e-06; KL grows with lr^2), or a larger "
+                           "0.0013): sweep.train.lr_base: 0.00012 (now 1e-06; KL grows with lr^2), or a larger "
                            "sweep.c_max")
     # the report stage passes the validated StudyParams, not the tree: the same words (its own report said
     # "runs' lr up to 2×10⁻⁶" on the issue-43 SmolLM2 study)
     from rollscale.config import parse_params
 
     (typed,) = blocking_reasons({**study, "evals": flat, "steps": still}, parse_params(params))
-    assert "sweep.train.lr_base: 0.00011 (now 1e-06;" in typed and typed.endswith("or sweep.c_max: 160000 (4 x the steps)")
+    assert "sweep.train.lr_base: 0.00012 (now 1e-06;" in typed and typed.endswith("or sweep.c_max: 160000 (4 x the steps)")
     (moved,) = blocking_reasons({**study, "evals": flat, "steps": still.assign(kl=0.01)}, params)
     assert "though they moved the policy" in moved and "(1e-06) is not what holds it back" in moved
     # issue 43: each run's KL at its end (the median of its last steps, not one noisy step), the slowest named;
@@ -82,7 +82,7 @@ def test_runs_that_did_not_learn_are_named_with_the_learning_rate(study):
     with_c = {"sweep": {"train": {"lr_base": 1e-6}, "c_max": 100}}
     (some,) = blocking_reasons({**study, "evals": flat, "steps": mixed}, with_c)
     assert "some runs barely moved the policy (KL to the start 0.0001 to 0.01 at their end" in some
-    assert some.endswith("sweep.train.lr_base: 3.5e-06 (now 1e-06; KL grows with lr^2), or sweep.c_max: 400 "
+    assert some.endswith("sweep.train.lr_base: 3.6e-06 (now 1e-06; KL grows with lr^2), or sweep.c_max: 400 "
                          "(4 x the steps)")
     (blind,) = blocking_reasons({**study, "evals": flat, "steps": still.assign(kl=np.nan)}, params)
     assert "raise sweep.train.lr_base (now 1e-06)" in blind and "no rate is suggested" in blind

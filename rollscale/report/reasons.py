@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move
+from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move, round_up
 from rollscale.report.base import as_numeric, fmt_value, params_dict
 
 __all__ = ["ENDED", "blocking_reasons", "infinite_noise", "runs_as_ended", "runs_reached_text"]
@@ -134,7 +134,7 @@ def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None, steps: pd.Data
     moved = (f"the policy barely moved (KL to the start up to {high:.2g} at the runs' end, below {KL_MOVED:.2g})"
              if high < KL_MOVED else f"some runs barely moved the policy (KL to the start {low:.2g} to {high:.2g} "
              f"at their end; {KL_MOVED:.2g} is moved)")
-    return (said + f", and {moved}: sweep.train.lr_base: {float(f'{need:.2g}'):g} (now {lr_base:g}; KL grows "
+    return (said + f", and {moved}: sweep.train.lr_base: {round_up(need):g} (now {lr_base:g}; KL grows "
             f"with lr^2), or {more}")
 
 

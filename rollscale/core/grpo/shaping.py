@@ -74,6 +74,14 @@ def lr_to_move(lr: float, kl: float, target: float = KL_MOVED) -> float | None:
     return float(lr * math.sqrt(target / kl))
 
 
+def round_up(x: float) -> float:
+    """``x`` rounded up to two significant digits: a rate that reaches its target, not one just short of it."""
+    if not x > 0:
+        return x
+    e = math.floor(math.log10(x)) - 1
+    return float(f"{math.ceil(x / 10**e - 1e-9) * 10**e:.2g}")  # 1e-9: 2.7e-5 / 1e-6 is 27.000000000000004
+
+
 def kl_after(probe_kl: Sequence[float], probe_lr: float, lr: float, steps: int, warmup_steps: int = 0) -> float:
     """The per-token KL to the start a run of ``steps`` GRPO steps at ``lr`` (after a linear warm-up of
     ``warmup_steps``) reaches, from a probe's KL after each of its first steps at ``probe_lr`` without warm-up

@@ -16,7 +16,7 @@ import math
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
-from rollscale.core.grpo.shaping import KL_MOVED, LOGP_MOVE_MIN, kl_after, lr_to_move, sqrt_scaled_lr
+from rollscale.core.grpo.shaping import KL_MOVED, LOGP_MOVE_MIN, kl_after, lr_to_move, round_up, sqrt_scaled_lr
 from rollscale.pipeline.check.calibration import Calibration
 
 __all__ = ["KL_MOVED", "LOGP_MOVE_MIN", "LrFinding", "lr_findings", "slowest_run"]
@@ -67,8 +67,3 @@ def lr_findings(p: StudyParams, cal: Calibration) -> list[LrFinding]:
              "learn in the planned steps",
              f"sweep.train.lr_base: {round_up(need):g} (KL grows with lr^2), or a larger sweep.c_max (more steps)")]
 
-
-def round_up(x: float) -> float:
-    """``x`` rounded up to two significant digits (a rate that reaches the target, not one just short of it)."""
-    e = math.floor(math.log10(x)) - 1
-    return math.ceil(x / 10**e) * 10**e if x > 0 else x

@@ -141,9 +141,9 @@ def lr_values(values: dict, why: dict, artifacts: Path) -> str:
     would not move the policy, the rate that does (at most LR_MAX_FACTOR x the suggested one) is written, with
     why. Called where ``--hours`` or ``--budget`` measured the calibration (stored in ``artifacts``); the line to
     print ("" when the probe measured nothing or saw no gradient: the check's warning then says what would help)."""
-    from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move
+    from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move, round_up
     from rollscale.pipeline.check.calibration import calibrate
-    from rollscale.pipeline.check.lr import round_up, slowest_run
+    from rollscale.pipeline.check.lr import slowest_run
     from rollscale.pipeline.init.hours import params_of
 
     params = params_of(values, why)
