@@ -4,6 +4,8 @@ folder keeps it to seconds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import math
 import struct
@@ -294,6 +296,14 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert rate > 1e-6 and f"init: sweep.train.lr_base 1e-06 -> {rate:g}: " in out
     assert "the learning-rate probe: at 1e-06 the slowest run" in comments
     assert "warning sweep.train.lr_base" not in out, out
+    # a probe that moved the policy enough: the suggested rate stays, and init says why
+    moving = replace(cal, probe_kl=(1e-2, 4e-2, 9e-2))
+    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: moving)
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "1", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert load_params("params.yaml").sweep.train.lr_base == 1e-6
+    assert "init: sweep.train.lr_base 1e-06 moves the policy: the learning-rate probe expects the slowest run" in out
+    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
     # hours no study fits: the smallest one, and that it does not fit
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0
     out = capsys.readouterr().out
