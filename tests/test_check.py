@@ -83,7 +83,7 @@ def test_the_issues_settings_are_each_named_before_the_profile(project):
     assert noise.level == "warning" and "differences below 0.400 are not detectable" in noise.message
     # issue 32: no validation size the pool cannot hold (193 was proposed for 40 problems); issue 43: nor an eval_k
     # above the profile's k (258 was), nor, before the profile, more than the bucket is expected to hold (193 was
-    # proposed from a pool of 246 whose bucket then held 3): no setting resolves 0.05, said in one line with the
+    # proposed from a pool of 246 whose bucket then held 45): no setting resolves 0.05, said in one line with the
     # most and what would
     assert noise.fix == ("no setting resolves 0.05 here (before the profile, 'easy' is expected to hold about 8 of "
                          "the pool's 40 (20%, as the default study), 8 train per step; sweep.eval_k up to the "

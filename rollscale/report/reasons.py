@@ -82,12 +82,15 @@ def _unfinished(runs: pd.DataFrame) -> str | None:
 KL_LAST_STEPS = 3  # a run's KL to its start, read at its end over this many measured steps
 
 
-def _lr_base(params: Mapping[str, Any] | Any | None) -> float | None:
-    """``sweep.train.lr_base`` as params.yaml sets it (a run's lr is it scaled by sqrt(B / b_base)); ``params`` the
-    parsed tree or the validated StudyParams the report stage passes (issue 43: read as a mapping only, the stage's
-    own report never named the value)."""
+def _sweep_value(params: Mapping[str, Any] | Any | None, *keys: str) -> float | None:
+    """``sweep.<keys>`` as params.yaml sets it, a positive finite number, else None; ``params`` the parsed tree or
+    the validated StudyParams the report stage passes (issue 43: read as a mapping only, the stage's own report
+    never named lr_base)."""
     try:
-        value = float(params_dict(params)["sweep"]["train"]["lr_base"])
+        node = params_dict(params)["sweep"]
+        for key in keys:
+            node = node[key]
+        value = float(node)
     except (KeyError, TypeError, ValueError):
         return None
     return value if math.isfinite(value) and value > 0 else None
@@ -116,7 +119,7 @@ def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None, steps: pd.Data
     best = max(gain for gain, _ in gains)
     said = (f"no run learned: in all {len(gains)} runs validation avg@k rose at most {best:+.3f} over its step-0 "
             f"value, within {LEARN_SE:g} standard errors")
-    lr_base = _lr_base(params)
+    lr_base = _sweep_value(params, "train", "lr_base")  # a run's lr is it scaled by sqrt(B / b_base)
     if lr_base is None:
         lr = f" (runs' lr up to {fmt_value(as_numeric(runs['lr']).max())})" if "lr" in runs else ""
         return said + f": raise sweep.train.lr_base{lr} or the budget sweep.c_max"
@@ -154,11 +157,8 @@ def _run_kl(steps: pd.DataFrame | None) -> tuple[float, float] | None:
 
 def _c_max_more(params: Mapping[str, Any] | Any | None) -> str:
     """A larger ``sweep.c_max`` with a value: 4 x the study's (a run's steps grow with it)."""
-    try:
-        c_max = int(params_dict(params)["sweep"]["c_max"])
-    except (KeyError, TypeError, ValueError):
-        return "a larger sweep.c_max"
-    return f"sweep.c_max: {4 * c_max} (4 x the steps)"
+    c_max = _sweep_value(params, "c_max")
+    return f"sweep.c_max: {4 * int(c_max)} (4 x the steps)" if c_max is not None else "a larger sweep.c_max"
 
 
 def infinite_noise(noise: pd.DataFrame | None) -> str | None:

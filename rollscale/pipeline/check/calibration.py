@@ -169,10 +169,14 @@ def _model(p: StudyParams, artifacts: str | Path | None):
     return model, tokenizer, ref.chat_template, load_s, ref.name_or_path != "tiny"
 
 
+def _large(model) -> bool:
+    """A model over LARGE_PARAMS (SmolLM2-135M and up): measured, and probed, on less work."""
+    return sum(q.numel() for q in model.parameters()) > LARGE_PARAMS
+
+
 def _work(model) -> tuple[int, int, int]:
     """(rollouts of the larger generate call, new tokens, tokens of the larger update) for ``model``."""
-    large = sum(q.numel() for q in model.parameters()) > LARGE_PARAMS
-    return SMALL_WORK if large else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS)
+    return SMALL_WORK if _large(model) else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS)
 
 
 def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float]:
@@ -277,7 +281,7 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> t
 
     if len(problems) < 2:
         return ()
-    large = sum(q.numel() for q in model.parameters()) > LARGE_PARAMS
+    large = _large(model)
     b_problem = min(PROBE_B_PROBLEM_LARGE if large else PROBE_B_PROBLEM, len(problems) - 1)
     steps = PROBE_STEPS + 1
     s = p.sampling
@@ -292,15 +296,14 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> t
             continue
     if config is None:
         return ()
-    train = config.train if config.train.kl_coef > 0 else config.train.model_copy(update={"kl_coef": 1e-12})
-    config = config.model_copy(update={"train": train.model_copy(update={"warmup_steps": 0}),
-                                       "c_max": steps * PROBE_N * b_problem, "noise_every": 0})
+    train = config.train.model_copy(update={"warmup_steps": 0, "kl_coef": config.train.kl_coef or 1e-12})
+    config = config.model_copy(update={"train": train, "c_max": steps * PROBE_N * b_problem, "noise_every": 0})
     lora = p.model.lora.enabled and p.model.kind != "tiny"
     trainer = GRPOTrainer(model, tokenizer, problems[:-1], problems[-1:], config, use_chat_template=chat,
                           lora=lora, sample_batch_size=p.sampling.batch_size,
                           chat_template_kwargs=p.sampling.chat_template_kwargs)
     rows = [trainer.train_step() for _ in range(steps)]
-    return tuple(float(r["kl"]) if math.isfinite(float(r.get("kl", math.nan))) else math.nan for r in rows[1:])
+    return tuple(float(r.get("kl", math.nan)) for r in rows[1:])  # a step that trained nothing: NaN
 
 
 def _tiny_base_s(p: StudyParams) -> float:

@@ -13,20 +13,31 @@ names the rate that would reach it.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.core.grpo.shaping import KL_MOVED, LOGP_MOVE_MIN, kl_after, lr_to_move, round_up, sqrt_scaled_lr
 from rollscale.pipeline.check.calibration import Calibration
 
-__all__ = ["KL_MOVED", "LOGP_MOVE_MIN", "LrFinding", "lr_findings", "slowest_run"]
+__all__ = ["KL_MOVED", "LOGP_MOVE_MIN", "LrFinding", "RunMove", "lr_findings", "slowest_run"]
 
 LrFinding = tuple[str, tuple[str, ...], str, str]
 
 
-def slowest_run(p: StudyParams, cal: Calibration) -> tuple[int, int, int, float, float] | None:
-    """(n, B_problem, steps, lr, expected KL) of the planned run whose policy moves least; None when the probe
-    measured nothing (a tiny model before its warm start) or the grid cannot be laid out."""
+class RunMove(NamedTuple):
+    """A planned run's shape, steps and rate, and the KL to its start the probe expects it to reach."""
+
+    n: int
+    b_problem: int
+    steps: int
+    lr: float
+    kl: float
+
+
+def slowest_run(p: StudyParams, cal: Calibration) -> RunMove | None:
+    """The planned run whose policy moves least; None when the probe measured nothing (a tiny model before its
+    warm start) or the grid cannot be laid out."""
     from rollscale.train.sweep import plan_runs
 
     t = p.sweep.train
@@ -40,16 +51,16 @@ def slowest_run(p: StudyParams, cal: Calibration) -> tuple[int, int, int, float,
     for n, b in shapes:
         steps = power.steps_per_run(p.sweep.c_max, n * b)
         lr = sqrt_scaled_lr(t.lr_base, n * b, t.b_base)
-        moves.append((n, b, steps, lr, kl_after(cal.probe_kl, cal.probe_lr, lr, steps, t.warmup_steps)))
-    if any(math.isnan(m[4]) for m in moves):
+        moves.append(RunMove(n, b, steps, lr, kl_after(cal.probe_kl, cal.probe_lr, lr, steps, t.warmup_steps)))
+    if any(math.isnan(m.kl) for m in moves):
         return None
-    return min(moves, key=lambda m: m[4])
+    return min(moves, key=lambda m: m.kl)
 
 
 def lr_findings(p: StudyParams, cal: Calibration) -> list[LrFinding]:
     """A warning when the run that moves least is expected below KL_MOVED, with the lr_base that reaches it."""
     slow = slowest_run(p, cal)
-    if slow is None or slow[4] >= KL_MOVED:
+    if slow is None or slow.kl >= KL_MOVED:
         return []
     n, b, steps, lr, kl = slow
     lr_base = p.sweep.train.lr_base

@@ -62,9 +62,8 @@ def noise_findings_of_split(p: StudyParams, size: tuple[int, int] | None, val_id
 def _val_room(p: StudyParams, size: tuple[int, int] | None, pool: tuple[int | None, bool]) -> tuple[int | None, str]:
     """(the most validation problems, where that bound comes from): the bucket's problems (after the profile) or,
     before it, the share of the pool it is expected to hold (``bucket.expected_share``, init's pilot's, else
-    :data:`EASY_SHARE`; issue 43: `bucket.val_size: 193`
-    was proposed from a pool of 246 whose bucket then held 3), less one batch of ``b_problem`` kept to train;
-    None when neither is known."""
+    :data:`EASY_SHARE`; issue 43: `bucket.val_size: 193` was proposed from a pool of 246 whose bucket then held
+    45), less one batch of ``b_problem`` kept to train; None when neither is known."""
     b = max(p.sweep.b_problem)
     if size is not None:
         return size[0] + size[1] - b, f"{p.sweep.bucket!r} holds {size[0] + size[1]} problems"

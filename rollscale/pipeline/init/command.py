@@ -148,7 +148,7 @@ def lr_values(values: dict, why: dict, artifacts: Path) -> str:
 
     params = params_of(values, why)
     slow = slowest_run(params, calibrate(params, artifacts))  # the one hours_values measured: its key is the same
-    if slow is None or slow[4] <= 0:
+    if slow is None or slow.kl <= 0:
         return ""
     n, b, steps, _, kl = slow
     lr_base = params.sweep.train.lr_base
