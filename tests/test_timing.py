@@ -170,3 +170,31 @@ def test_a_learning_rate_that_cannot_move_the_policy_in_the_planned_steps_is_a_w
     ((level, _, tied, fix),) = lr_findings(p, cal_of(probe_kl=(0.0, 0.0, 0.0)))
     assert level == "note" and "scored alike (no gradient), so it measured no rate" in tied and fix == ""
     assert lr_findings(p, cal_of(probe_kl=())) == []  # no probe (a tiny model before its warm start): nothing said
+    # a probe whose loss turned non-finite: the rate diverges, said as a warning with a rate to try
+    ((level, _, diverged, fix),) = lr_findings(p, cal_of(probe_kl=(1e-3, math.inf)))
+    assert level == "warning" and "loss was not finite within 2 GRPO steps at lr 0.0001" in diverged
+    assert fix.startswith("sweep.train.lr_base: 1e-05 ")
+
+
+def test_a_diverging_probe_ends_with_an_infinite_kl_not_an_error(monkeypatch):
+    """Issue 43: the probe runs the sweep's trainer at lr_base; a loss that is not finite there is the check's
+    finding, not `rollscale check` ending in "internal error NonFiniteLossError"."""
+    from rollscale.lm.models import char_tokenizer, tiny_llama
+    from rollscale.pipeline.check import calibration
+    from rollscale.train.step import NonFiniteLossError
+    from rollscale.train.trainer import GRPOTrainer
+
+    p = parse_params(SMALL)
+    b, tokenizer = p.base, char_tokenizer()
+    model = tiny_llama(len(tokenizer), b.hidden_size, b.num_layers, b.num_heads, b.intermediate_size,
+                       b.max_positions, tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    calls = iter([{"kl": 0.0}, {"kl": 1e-3}])
+
+    def step(self):
+        row = next(calls, None)
+        if row is None:
+            raise NonFiniteLossError("loss is nan")
+        return row
+
+    monkeypatch.setattr(GRPOTrainer, "train_step", step)
+    assert calibration._lr_probe(p, model, tokenizer, False, calibration._problems(p, 5)) == (1e-3, math.inf)

@@ -270,12 +270,14 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> t
     first problems a step, or of PROBE_B_PROBLEM_LARGE at up to PROBE_TOKENS_MAX tokens for a model over
     LARGE_PARAMS, sampled by the trainer's own transformers sampler). Each step's ``kl`` column is
     measured on its fresh rollouts before its update: the KL after s updates is step s + 1's. The model's
-    weights change: the calibration's last measurement. With ``kl_coef`` 0 the KL is still measured (a
+    weights change: the calibration's last measurement. A loss that turns non-finite ends it with an infinite KL
+    (the rate diverges). With ``kl_coef`` 0 the KL is still measured (a
     coefficient of 1e-12 switches the reference on and leaves the loss as it was)."""
     import math
 
     from rollscale.core.grpo.allocation import RuleNotApplicable
     from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.step import NonFiniteLossError
     from rollscale.train.sweep import GridPoint, point_config
     from rollscale.train.trainer import GRPOTrainer
 
@@ -302,8 +304,15 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> t
     trainer = GRPOTrainer(model, tokenizer, problems[:-1], problems[-1:], config, use_chat_template=chat,
                           lora=lora, sample_batch_size=p.sampling.batch_size,
                           chat_template_kwargs=p.sampling.chat_template_kwargs)
-    rows = [trainer.train_step() for _ in range(steps)]
-    return tuple(float(r.get("kl", math.nan)) for r in rows[1:])  # a step that trained nothing: NaN
+    kls = []
+    for step in range(steps):
+        try:
+            row = trainer.train_step()
+        except NonFiniteLossError:  # the rate diverges here: said by the check (rollscale.pipeline.check.lr)
+            return (*kls, math.inf)
+        if step:
+            kls.append(float(row.get("kl", math.nan)))  # a step that trained nothing: NaN
+    return tuple(kls)
 
 
 def _tiny_base_s(p: StudyParams) -> float:

@@ -59,11 +59,16 @@ def slowest_run(p: StudyParams, cal: Calibration) -> RunMove | None:
 
 def lr_findings(p: StudyParams, cal: Calibration) -> list[LrFinding]:
     """A warning when the run that moves least is expected below KL_MOVED, with the lr_base that reaches it."""
+    lr_base = p.sweep.train.lr_base
+    if any(math.isinf(kl) for kl in cal.probe_kl):
+        return [("warning", ("sweep.train.lr_base",),
+                 f"the learning-rate probe's loss was not finite within {len(cal.probe_kl)} GRPO steps at lr "
+                 f"{cal.probe_lr:g}: the runs would fail the same way",
+                 f"sweep.train.lr_base: {round_up(cal.probe_lr / 10):g} (a tenth; check again)")]
     slow = slowest_run(p, cal)
     if slow is None or slow.kl >= KL_MOVED:
         return []
     n, b, steps, lr, kl = slow
-    lr_base = p.sweep.train.lr_base
     probe = (f"the learning-rate probe ({len(cal.probe_kl)} GRPO steps at lr {cal.probe_lr:g} on the pool's first "
              f"problems) reached a KL to the start of {max(cal.probe_kl):.2g}")
     if kl <= 0:  # no gradient in the probe's few groups: chance on a weak model's pool, not a rate measured
