@@ -302,9 +302,65 @@ def test_infinite_noise_estimates_are_a_warning_before_the_sweep(tmp_path):
     ((level, keys, msg, fix),) = noise_findings(tmp_path)
     assert level == "warning" and "measure.b_problem" in keys
     assert msg.startswith("the noise estimates are infinite or undefined (b_simple in every measured step")
-    assert fix.startswith("measure more prompts per step and steps (measure.b_problem, measure.steps)")
+    # no measured prompts to size the signal by: the default measurement, with values
+    assert fix.startswith("measure.b_problem: 16, measure.steps: 18 (how many would resolve it is unknown)")
     pd.DataFrame({"b_simple": [np.inf, 40.0], "k_crit": [3.0, 5.0]}).to_parquet(path)
     assert noise_findings(tmp_path) == []
+
+
+def _noise_prompts(steps: int, prompts: int, signal: float, seed: int = 0):
+    """Per-prompt pieces (core/noise/pooled.PIECES) of ``steps`` x ``prompts`` measured prompts whose true
+    between-prompt signal |G|^2 is ``signal``, each prompt's cross term drawn with spread 1."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    k = steps * prompts
+    return pd.DataFrame({"n": 16, "step": np.repeat(np.arange(1, steps + 1), prompts),
+                         "k_diag": 10 + rng.normal(0, 1, k), "m_self": 2 + rng.normal(0, 0.5, k),
+                         "m_cross": signal + rng.normal(0, 1, k), "within": 8 + rng.normal(0, 1, k)})
+
+
+def test_the_noise_fix_names_measure_values_that_apply_and_would_resolve_the_signal(tmp_path):
+    """Issue 43, part 3: "measure more prompts per step and steps (measure.b_problem, measure.steps)" named no
+    values. The fix sizes the prompts that resolve |G|^2 from the measured ones (its interval narrows as
+    1 / sqrt(prompts)), holds a step to the bucket's training problems, and its values validate as params."""
+    import math
+    import re
+
+    import pandas as pd
+
+    from rollscale.config.sections import MeasureParams
+    from rollscale.core.noise.pooled import UNRESOLVED, pooled_noise, prompts_to_resolve
+    from rollscale.report.reasons import measure_fix
+
+    measure = MeasureParams(b_problem=16, steps=2)
+    prompts = _noise_prompts(2, 16, signal=0.25)
+    pooled = pooled_noise(prompts, 16, resamples=400)
+    assert pooled.reading == UNRESOLVED
+    need, at_least = prompts_to_resolve(pooled)
+    _, lo, hi = pooled.values["g_norm2"]
+    signal = pooled.values["g_norm2"][0] if not at_least else hi
+    assert (hi - lo) / 2 * math.sqrt(pooled.prompts / need) <= signal * 1.001 < (hi - lo) / 2  # resolves at need
+    counts = pd.DataFrame({"bucket": ["easy"], "train": [200]})
+    fix = measure_fix(measure, prompts, counts)
+    b, steps = (int(v) for v in re.match(r"measure.b_problem: (\d+), measure.steps: (\d+) ", fix).groups())
+    assert b == 16 and steps == math.ceil(need / 16) and b * steps >= need
+    assert f"{need:,} prompts resolve |G|^2" in fix and "or leave it" in fix
+    MeasureParams(**{**measure.model_dump(), "b_problem": b, "steps": steps})  # applies as printed
+    # that many prompts drawn where the signal is as measured: about half the draws resolve it (its interval's
+    # half-width is then the signal); a quarter of them would at the 32 prompts measured
+    at = {size: [pooled_noise(_noise_prompts(*size, signal, seed), 16, resamples=400).values["g_norm2"][1] > 0
+                 for seed in range(1, 17)] for size in ((steps, b), (2, 16))}
+    assert sum(at[steps, b]) >= 6 and sum(at[steps, b]) > sum(at[2, 16]) + 2, at
+    # a bucket of 10 training problems holds a step to 10 prompts, the rest goes to steps
+    small = measure_fix(measure, prompts, counts.assign(train=10))
+    assert small.startswith(f"measure.b_problem: 10, measure.steps: {math.ceil(need / 10)} ")
+    # a step of 2 prompts pools nothing (the pseudo-values need 3); a bucket of 2 cannot hold 3
+    assert measure_fix(measure, _noise_prompts(1, 2, 0.25), counts).startswith(
+        "measure.b_problem: 16, measure.steps: 9 (fewer than 3 prompts a step pool nothing)")
+    assert measure_fix(measure, prompts, counts.assign(train=2)).startswith(
+        "measure.bucket: a bucket with 3 or more training problems ('easy' holds 2")
 
 
 def _repo_params(folder: Path, **changes) -> Path:

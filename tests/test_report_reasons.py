@@ -104,12 +104,24 @@ def test_a_decision_among_runs_that_did_not_learn_is_no_answer(study):
 def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):
     noise = study["noise_steps"].assign(b_simple=np.inf, k_crit=np.inf)
     counts = pd.DataFrame({"bucket": ["easy"], "train": [5], "val": [2], "total": [7], "share_of_pool": [0.1]})
-    reasons = blocking_reasons({**study, "noise_steps": noise, "bucket_counts": counts})
-    assert reasons[0].startswith("a bucket too small: 'easy' has 5 training problems for B_problem up to 8")
-    assert "data.limit" in reasons[0]
-    assert reasons[1].startswith("the noise estimates are infinite or undefined (b_simple, k_crit in every measured step")
+    (reason,) = blocking_reasons({**study, "noise_steps": noise, "bucket_counts": counts})
+    assert reason.startswith("a bucket too small: 'easy' has 5 training problems for B_problem up to 8")
+    assert "data.limit" in reason
     answer = study_answer({**study, "noise_steps": noise, "bucket_counts": counts})
     assert answer.headline.startswith("No answer yet: a bucket too small")
+    assert answer.fixes[-1].startswith("the noise estimates are infinite or undefined (b_simple, k_crit in every "
+                                       "measured step")
+
+
+def test_infinite_noise_estimates_leave_a_decision_answered(study):
+    """The default study's K_crit is infinite in every measured step; the decision does not use it, and a report
+    said "No answer yet: the noise estimates are infinite" beside a decision: the noise is a fix, not a block."""
+    from tests.test_report import _decision
+
+    noise = study["noise_steps"].assign(k_crit=np.inf)
+    answer = study_answer({**study, "noise_steps": noise, "decision": _decision(True)})
+    assert answer.answered and not answer.headline.startswith("No answer yet"), answer.headline
+    assert any(f.startswith("the noise estimates are infinite or undefined (k_crit") for f in answer.fixes)
 
 
 def test_an_infinite_crs_is_not_read_as_a_prediction(study):

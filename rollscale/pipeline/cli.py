@@ -134,7 +134,7 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
     if resolved:
         print(params.model_dump_json(indent=2))
     known = known_data(params, artifacts)
-    findings = study_findings(params, known) + [Finding(*f) for f in noise_findings(artifacts)]
+    findings = study_findings(params, known) + [Finding(*f) for f in noise_findings(artifacts, params)]
     if not any(f.level == "error" for f in findings):  # a study that cannot run has no time to tell
         findings += [Finding(*f) for f in estimate_findings(params, artifacts, known.pool_size, known.profile,
                                                             calibrate, done_stages(artifacts))]

@@ -25,8 +25,9 @@ from typing import Any
 import pandas as pd
 
 from rollscale.core.fit import power
+from rollscale.config.sections import MeasureParams
 from rollscale.report.base import TableSpec, as_numeric, check_tables, fmt_value, params_dict, stages_not_run
-from rollscale.report.reasons import blocking_reasons
+from rollscale.report.reasons import blocking_reasons, infinite_noise
 from rollscale.report.claims import CAVEAT, DECIDED, OVERLAP, claim_rows, headline_table, observations_table
 from rollscale.report.decision_text import decision_headline, decision_spec, first_design, fmt_budget, \
     from_forecast
@@ -125,6 +126,10 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
                          "ceilings are extrapolations")
         if decided.empty and (rows["basis"] == OVERLAP).any():
             fixes.append(_noise_fix(t.get("evals")))
+        noise = infinite_noise(t.get("noise_steps"), t.get("noise_prompts"), t.get("bucket_counts"),
+                               _measure(params))
+        if noise is not None:  # the CRS check's, never the answer's
+            fixes.append(noise)
     if not decided.empty:
         headline = "Answer: " + _answer_text(decided)
     elif not_run:
@@ -154,6 +159,15 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
     if (cost := search_cost(t, params)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
     return Answer(answered, headline, fixes, claims, observations, table)
+
+
+def _measure(params: Mapping[str, Any] | Any | None) -> MeasureParams | None:
+    """The study's measure settings (None: the defaults), from typed params or a mapping."""
+    measure = params_dict(params).get("measure")
+    try:
+        return MeasureParams.model_validate(measure) if isinstance(measure, Mapping) else None
+    except ValueError:
+        return None
 
 
 def _decision_settings(params: Mapping[str, Any] | Any | None) -> tuple[float | None, float | None]:

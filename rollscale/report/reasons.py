@@ -17,10 +17,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rollscale.config.sections import MeasureParams
 from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move, round_up
+from rollscale.core.noise.pooled import PIECES, pooled_noise, prompts_to_resolve
 from rollscale.report.base import as_numeric, fmt_value, params_dict
 
-__all__ = ["ENDED", "blocking_reasons", "infinite_noise", "runs_as_ended", "runs_reached_text"]
+__all__ = ["ENDED", "blocking_reasons", "infinite_noise", "measure_fix", "noise_reason", "runs_as_ended",
+           "runs_reached_text"]
 
 ENDED = ("finished", "stopped")  # stopped: ended by the search short of C_max (science §9.4)
 LEARN_SE = 2.0  # a gain over step 0 within 2 standard errors of the two evaluations is noise
@@ -161,8 +164,17 @@ def _c_max_more(params: Mapping[str, Any] | Any | None) -> str:
     return f"sweep.c_max: {4 * int(c_max)} (4 x the steps)" if c_max is not None else "a larger sweep.c_max"
 
 
-def infinite_noise(noise: pd.DataFrame | None) -> str | None:
-    """Every measured B_simple (or K_crit) infinite or undefined: the measured signal |G|^2 <= 0."""
+def infinite_noise(noise: pd.DataFrame | None, prompts: pd.DataFrame | None = None,
+                   counts: pd.DataFrame | None = None, measure: MeasureParams | None = None) -> str | None:
+    """Every measured B_simple (or K_crit) infinite or undefined, with its fix (:func:`noise_reason`)."""
+    reason = noise_reason(noise, prompts, counts, measure)
+    return None if reason is None else f"{reason[0]}: {reason[1]}"
+
+
+def noise_reason(noise: pd.DataFrame | None, prompts: pd.DataFrame | None = None,
+                 counts: pd.DataFrame | None = None, measure: MeasureParams | None = None) -> tuple[str, str] | None:
+    """(what, fix) when every measured B_simple (or K_crit) is infinite or undefined: the measured signal
+    |G|^2 <= 0; the fix with the measure settings that would resolve it (:func:`measure_fix`)."""
     if noise is None or noise.empty:
         return None
     bad = []
@@ -174,9 +186,40 @@ def infinite_noise(noise: pd.DataFrame | None) -> str | None:
     if not bad:
         return None
     return (f"the noise estimates are infinite or undefined ({', '.join(bad)} in every measured step: the "
-            "between-prompt signal |G|^2 measured <= 0, science §6.2), so no critical batch is predicted: "
-            "measure more prompts per step and steps (measure.b_problem, measure.steps), on a bucket the model "
-            "partly solves (measure.bucket)")
+            "between-prompt signal |G|^2 measured <= 0, science §6.2), so no critical batch is predicted",
+            measure_fix(measure or MeasureParams(), prompts, counts))
+
+
+def measure_fix(measure: MeasureParams, prompts: pd.DataFrame | None, counts: pd.DataFrame | None) -> str:
+    """``measure.b_problem`` and ``measure.steps`` that would resolve |G|^2, sized from the measured prompts
+    (:func:`rollscale.core.noise.pooled.prompts_to_resolve`): a step holds at most the measure bucket's training
+    problems (``counts``), the rest goes to steps. Issue 43: a fix printed without values could not be applied."""
+    default = MeasureParams()
+    row = counts[counts["bucket"].astype(str) == measure.bucket] if counts is not None and "train" in counts else None
+    cap = int(as_numeric(row["train"]).iloc[0]) if row is not None and len(row) else None
+    leave = "; or leave it: the decision at C* does not use these estimates (only the report's CRS check does)"
+    if cap is not None and cap < 3:
+        return (f"measure.bucket: a bucket with 3 or more training problems ({measure.bucket!r} holds {cap}; the "
+                "pooled estimate needs 3 prompts a step)" + leave)
+    # prompts a step: at least the default's, at most the bucket's training problems; the rest goes to steps
+    b = min(max(measure.b_problem, default.b_problem), cap or 10**9)
+    need, measured, at_least, few = 0, 0, False, False
+    usable = prompts is not None and {"n", *PIECES} <= set(prompts.columns)
+    for n, g in prompts.groupby("n") if usable else ():
+        try:
+            pooled = pooled_noise(g, int(n), resamples=400)
+        except ValueError:  # fewer than 3 prompts a step: no pooled estimate at all
+            few = True
+            continue
+        r = prompts_to_resolve(pooled)
+        if r is not None:
+            need, measured, at_least = max(need, r[0]), max(measured, pooled.prompts), at_least or r[1]
+    if need == 0:  # nothing sizes the signal: the default measurement, or twice the steps
+        why = "fewer than 3 prompts a step pool nothing" if few else "how many would resolve it is unknown"
+        return f"measure.b_problem: {b}, measure.steps: {max(2 * measure.steps, default.steps)} ({why})" + leave
+    return (f"measure.b_problem: {b}, measure.steps: {max(measure.steps, math.ceil(need / b))} "
+            f"({'at least ' if at_least else 'about '}{need:,} prompts resolve |G|^2, "
+            f"{need / measured:.0f} x those measured)" + leave)
 
 
 def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None) -> str | None:
@@ -204,6 +247,8 @@ def blocking_reasons(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, 
     if runs is None or runs.empty or "status" not in runs:
         return []
     runs = runs_as_ended(runs, t.get("steps"))
+    # infinite noise estimates are not among them: the decision does not use them (only the CRS check does), and
+    # the default study's K_crit is infinite in every step; a study said "No answer yet" for it beside a decision
     found = [_unfinished(runs), _small_buckets(runs, t.get("bucket_counts")),
-             _not_learning(runs, t.get("evals"), t.get("steps"), params), infinite_noise(t.get("noise_steps"))]
+             _not_learning(runs, t.get("evals"), t.get("steps"), params)]
     return [r for r in found if r]

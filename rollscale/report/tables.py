@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rollscale.core.noise.pooled import PIECES, RESOLVED, RHO_S, UNRESOLVED, pooled_noise
+from rollscale.core.noise.pooled import PIECES, RESOLVED, RHO_S, UNRESOLVED, pooled_noise, prompts_to_resolve
 from rollscale.core.noise.summary import summary_stats
 from rollscale.report.base import (
     MIN_INTERVAL_SEEDS,
@@ -213,11 +213,11 @@ def _table_noise_pooled(t: dict[str, pd.DataFrame | None]) -> TableSpec:
             v, lo, hi = pooled.values[key]
             row[label] = fmt_interval(v, lo, hi, no_interval="no interval")
         reading = _READINGS[pooled.reading]
-        g2, lo, hi = pooled.values["g_norm2"]
-        if pooled.reading == UNRESOLVED and g2 > 0 and math.isfinite(hi - lo):
-            # the interval narrows as 1 / sqrt(prompts): its half-width must fall below the estimate
-            need = math.ceil(pooled.prompts / pooled.steps * ((hi - lo) / 2 / g2) ** 2)
-            reading += f" (at {pooled.steps} steps, about {fmt_value(need)} prompts a step would resolve this one)"
+        need = prompts_to_resolve(pooled)
+        if need is not None:
+            per_step = math.ceil(need[0] / pooled.steps)
+            reading += (f" (at {pooled.steps} steps, {'at least' if need[1] else 'about'} {fmt_value(per_step)} "
+                        "prompts a step would resolve this one)")
         rows.append({**row, "reading": reading})
     return TableSpec(name, title, caption, frame=pd.DataFrame(rows).fillna("—"))
 

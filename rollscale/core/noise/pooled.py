@@ -36,7 +36,8 @@ import pandas as pd
 
 from rollscale.core.noise.signal import as_gram, block_means, group_order, within_sums
 
-__all__ = ["PIECES", "PooledNoise", "RESOLVED", "RHO_S", "UNRESOLVED", "pooled_noise", "prompt_pieces"]
+__all__ = ["PIECES", "PooledNoise", "RESOLVED", "RHO_S", "UNRESOLVED", "pooled_noise", "prompt_pieces",
+           "prompts_to_resolve"]
 
 PIECES = ("k_diag", "m_self", "m_cross", "within")
 UNRESOLVED, RHO_S, RESOLVED = "signal not resolved", "rho s > |G|^2", "resolved"
@@ -123,3 +124,17 @@ def pooled_noise(prompts: pd.DataFrame, n: int, resamples: int = 1000, level: fl
     g2, g2_lo = values["g_norm2"][0], values["g_norm2"][1]
     reading = UNRESOLVED if not g2_lo > 0 else RHO_S if math.isinf(values["k_crit"][0]) else RESOLVED
     return PooledNoise(n, len(steps), int(sum(len(g) for g in steps)), values, reading)
+
+
+def prompts_to_resolve(pooled: PooledNoise) -> tuple[int, bool] | None:
+    """Prompts over all steps at which |G|^2's interval would clear 0, for a signal not resolved: the interval
+    narrows as 1 / sqrt(prompts), so its half-width must fall below the signal. With an estimate <= 0 the signal
+    is sized at the interval's upper end, so the count is a lower bound (the bool: True). None when resolved
+    or the interval is not finite."""
+    g2, lo, hi = pooled.values["g_norm2"]
+    if pooled.reading != UNRESOLVED or not math.isfinite(hi - lo):
+        return None
+    signal, at_least = (g2, False) if g2 > 0 else (hi, True)
+    if not signal > 0:
+        return None
+    return max(pooled.prompts, math.ceil(pooled.prompts * ((hi - lo) / 2 / signal) ** 2)), at_least

@@ -47,21 +47,26 @@ def model_fit_findings(p: StudyParams, profile: pd.DataFrame | None) -> list[tup
     return []
 
 
-def noise_findings(artifacts: str | Path | None) -> list[tuple[str, tuple[str, ...], str, str]]:
+def noise_findings(artifacts: str | Path | None, p: StudyParams | None = None
+                   ) -> list[tuple[str, tuple[str, ...], str, str]]:
     """After the measure stage, before the sweep: a warning when every measured B_simple (or K_crit) is
     infinite or undefined (issue 32: the measure stage printed `b_simple inf` and the report used it),
-    in the words the report uses (:func:`rollscale.report.reasons.infinite_noise`)."""
-    from rollscale.report.reasons import infinite_noise
+    in the words the report uses (:func:`rollscale.report.reasons.noise_reason`), with the measure
+    settings that would resolve the signal (:func:`rollscale.report.reasons.measure_fix`)."""
+    from rollscale.report.reasons import noise_reason
 
-    path = Path(artifacts or "") / "measure" / "noise_steps.parquet"
-    if artifacts is None or not path.is_file():
+    root = Path(artifacts or "")
+    if artifacts is None or not (root / "measure" / "noise_steps.parquet").is_file():
         return []
+    tables = {name: _read(root / stage / f"{name}.parquet") for stage, name in
+              (("measure", "noise_steps"), ("measure", "noise_prompts"), ("bucket", "bucket_counts"))}
+    said = noise_reason(tables["noise_steps"], tables["noise_prompts"], tables["bucket_counts"],
+                        None if p is None else p.measure)
+    return [] if said is None else [("warning", ("measure.b_problem", "measure.steps"), *said)]
+
+
+def _read(path: Path) -> pd.DataFrame | None:
     try:
-        noise = pd.read_parquet(path)
-    except (OSError, ValueError):
-        return []
-    said = infinite_noise(noise)
-    if said is None:
-        return []
-    what, _, fix = said.partition(": measure more")
-    return [("warning", ("measure.b_problem", "measure.steps", "measure.bucket"), what, "measure more" + fix)]
+        return pd.read_parquet(path) if path.is_file() else None
+    except (OSError, ValueError):  # damaged: the study reruns its stage
+        return None
