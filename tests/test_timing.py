@@ -166,6 +166,15 @@ def test_a_learning_rate_that_cannot_move_the_policy_in_the_planned_steps_is_a_w
     assert need <= rate <= need * 1.1  # rounded up, to two digits
     fixed = parse_params({**SMALL, "sweep": {**SMALL["sweep"], "train": {"lr_base": rate}}})
     assert lr_findings(fixed, cal_of(probe_kl=(1e-4, 2e-4, 3e-4))) == []  # the fix as printed clears it
+    # KL growing about linearly in steps (a random walk), more steps cannot make up a 225 x shortfall in 32 x
+    assert fix.endswith("or no sweep.c_max up to 32 x this one reaches it at this rate")
+    # growing with steps^2 (steps that point one way), more steps at the same rate can: a value, which clears it
+    # (issue 43: "a larger sweep.c_max" named none)
+    ((*_, fix),) = lr_findings(p, cal_of(probe_kl=(1e-4, 4e-4, 9e-4)))
+    c_max = int(fix.split("or sweep.c_max: ")[1].split()[0])
+    assert c_max > p.sweep.c_max
+    longer = parse_params({**SMALL, "sweep": {**SMALL["sweep"], "c_max": c_max}})
+    assert lr_findings(longer, cal_of(probe_kl=(1e-4, 4e-4, 9e-4))) == []
     # every group of the probe tied (issue 43: SmolLM2's 2 x 4 answers a step): no rate measured, said as a note
     ((level, _, tied, fix),) = lr_findings(p, cal_of(probe_kl=(0.0, 0.0, 0.0)))
     assert level == "note" and "scored alike (no gradient), so it measured no rate" in tied and fix == ""

@@ -201,10 +201,16 @@ def measure_fix(measure: MeasureParams, prompts: pd.DataFrame | None, counts: pd
     if cap is not None and cap < 3:
         return (f"measure.bucket: a bucket with 3 or more training problems ({measure.bucket!r} holds {cap}; the "
                 "pooled estimate needs 3 prompts a step)" + leave)
+    # the shape measured (its steps and prompts a step), not params', which may have changed since: a fix applied
+    # and not yet measured is named again, not doubled
+    usable = prompts is not None and {"n", "step", *PIECES} <= set(prompts.columns)
+    steps_now, b_now = measure.steps, measure.b_problem
+    if usable and len(prompts):
+        steps_now = int(prompts.groupby("n")["step"].nunique().max())
+        b_now = int(prompts.groupby(["n", "step"]).size().max())
     # prompts a step: at least the default's, at most the bucket's training problems; the rest goes to steps
-    b = min(max(measure.b_problem, default.b_problem), cap or 10**9)
+    b = min(max(b_now, default.b_problem), cap or 10**9)
     need, measured, at_least, few = 0, 0, False, False
-    usable = prompts is not None and {"n", *PIECES} <= set(prompts.columns)
     for n, g in prompts.groupby("n") if usable else ():
         try:
             pooled = pooled_noise(g, int(n), resamples=400)
@@ -214,12 +220,13 @@ def measure_fix(measure: MeasureParams, prompts: pd.DataFrame | None, counts: pd
         r = prompts_to_resolve(pooled)
         if r is not None:
             need, measured, at_least = max(need, r[0]), max(measured, pooled.prompts), at_least or r[1]
-    if need == 0:  # nothing sizes the signal: the default measurement, or twice the steps
+    rerun = ", then rerun the measure stage"
+    if need == 0:  # nothing sizes the signal: the default measurement, or twice the steps measured
         why = "fewer than 3 prompts a step pool nothing" if few else "how many would resolve it is unknown"
-        return f"measure.b_problem: {b}, measure.steps: {max(2 * measure.steps, default.steps)} ({why})" + leave
-    return (f"measure.b_problem: {b}, measure.steps: {max(measure.steps, math.ceil(need / b))} "
+        return f"measure.b_problem: {b}, measure.steps: {max(2 * steps_now, default.steps)} ({why}){rerun}" + leave
+    return (f"measure.b_problem: {b}, measure.steps: {max(steps_now, math.ceil(need / b))} "
             f"({'at least ' if at_least else 'about '}{need:,} prompts resolve |G|^2, "
-            f"{need / measured:.0f} x those measured)" + leave)
+            f"{need / measured:.0f} x those measured){rerun}" + leave)
 
 
 def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None) -> str | None:

@@ -23,6 +23,7 @@ from rollscale.pipeline.check.calibration import Calibration
 __all__ = ["KL_MOVED", "LOGP_MOVE_MIN", "LrFinding", "RunMove", "lr_findings", "slowest_run"]
 
 LrFinding = tuple[str, tuple[str, ...], str, str]
+C_MAX_FACTOR_MAX = 32  # the largest budget a fix names: past it the rate, not the steps, is what to change
 
 
 class RunMove(NamedTuple):
@@ -81,5 +82,17 @@ def lr_findings(p: StudyParams, cal: Calibration) -> list[LrFinding]:
              f"{probe}: the run n={n} x B_problem={b} ({steps} steps at lr {lr:.2g}) is expected to reach "
              f"{kl:.2g}, below {KL_MOVED:.2g} (a token's log-prob moved by {LOGP_MOVE_MIN}): the policy may not "
              "learn in the planned steps",
-             f"sweep.train.lr_base: {round_up(need):g} (KL grows with lr^2), or a larger sweep.c_max (more steps)")]
+             f"sweep.train.lr_base: {round_up(need):g} (KL grows with lr^2), or {_c_max_to_move(p, cal)}")]
+
+
+def _c_max_to_move(p: StudyParams, cal: Calibration) -> str:
+    """The smallest ``sweep.c_max`` (a few x the study's, up to :data:`C_MAX_FACTOR_MAX`) at which every planned run
+    is expected to move the policy at the current rate: more steps, where the rate is kept (issue 43: "a larger
+    sweep.c_max" named none)."""
+    for factor in (1.5, 2, 3, 4, 6, 8, 12, 16, 24, C_MAX_FACTOR_MAX):
+        c_max = int(round_up(p.sweep.c_max * factor))
+        slow = slowest_run(p.model_copy(update={"sweep": p.sweep.model_copy(update={"c_max": c_max})}), cal)
+        if slow is not None and slow.kl >= KL_MOVED:
+            return f"sweep.c_max: {c_max} ({factor:g} x the steps and the time)"
+    return f"no sweep.c_max up to {C_MAX_FACTOR_MAX} x this one reaches it at this rate"
 

@@ -54,7 +54,7 @@ def noise_findings_of_split(p: StudyParams, size: tuple[int, int] | None, val_id
            f"variance from {basis}): differences below {d:.3f} are not detectable")
     keys = ("bucket.val_size", "sweep.eval_k")
     if d > DETECTABLE_WARN:
-        yield ("warning", keys, msg, precision_fix(p, val, d, size, pool))
+        yield ("warning", keys, msg, precision_fix(p, val, d, size, pool, profile))
     else:
         yield ("note", keys, msg, "")
 
@@ -77,7 +77,7 @@ def _val_room(p: StudyParams, size: tuple[int, int] | None, pool: tuple[int | No
 
 
 def precision_fix(p: StudyParams, val: int, d: float, size: tuple[int, int] | None,
-                  pool: tuple[int | None, bool]) -> str:
+                  pool: tuple[int | None, bool], profile: pd.DataFrame | None = None) -> str:
     """The validation size or samples that resolve DETECTABLE_WARN / 2, each as far as the bucket and the profile's
     k allow (issue 32: `bucket.val_size: 193` was proposed for a bucket of 60 problems; issue 43: `sweep.eval_k:
     193`). The standard error depends on val_size x eval_k (power.avg_at_k_se); where no applicable value resolves
@@ -98,10 +98,26 @@ def precision_fix(p: StudyParams, val: int, d: float, size: tuple[int, int] | No
         return ", or ".join(options) + f", resolves {target:.2f}"
     most = max(val, cap)
     best = d * math.sqrt(val * k / (most * k_max))
+    need = math.ceil(samples / k_max) + b
     return (f"no setting resolves {target:.2f} here ({where}, {b} train per step; sweep.eval_k up to the profile's "
             f"k = {k_max}): the most, bucket.val_size: {most} with sweep.eval_k: {k_max}, resolves {best:.2f}; "
-            f"{target:.2f} needs {math.ceil(samples / k_max) + b} problems in {p.sweep.bucket!r} (profile more: "
-            f"{p.data.more_problems}, or widen its bounds)")
+            f"{target:.2f} needs {need} problems in {p.sweep.bucket!r}: {_wider(p, profile, need, k_max)}")
+
+
+def _wider(p: StudyParams, profile: pd.DataFrame | None, need: int, k_max: int) -> str:
+    """Bounds of the sweep's bucket that hold ``need`` profiled problems, or: profile more (issue 43: "widen its
+    bounds" named none)."""
+    more = f"profile more ({p.data.more_problems})"
+    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    if profile is None or "avg_at_k" not in profile or p.sweep.bucket not in bounds:
+        return more + ", or widen its bounds"
+    avg = pd.to_numeric(profile["avg_at_k"], errors="coerce").dropna()
+    held = bounds_holding(avg, need, bounds[p.sweep.bucket])
+    if held is None:
+        return f"{more}: no bounds hold them ({int(((avg > 0) & (avg < 1)).sum())} of {len(avg)} have a reward signal)"
+    val = need - max(p.sweep.b_problem)
+    return (f"bucket.{p.sweep.bucket}: [{held[0]:g}, {held[1]:g}] with bucket.val_size: {val} and sweep.eval_k: {k_max}"
+            f" (holds {int(avg.between(*held).sum())} of the {len(avg)} profiled), or {more}")
 
 
 def bucket_bounds_fix(p: StudyParams, profile: pd.DataFrame, bucket: str) -> str:

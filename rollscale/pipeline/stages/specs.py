@@ -159,9 +159,16 @@ def upstream(spec: StageSpec, specs: Mapping[str, StageSpec]) -> list[str]:
 def dvc_changes(root: str | os.PathLike[str] | None = None, stage: str | None = None) -> dict[str, list[str]]:
     """What ``dvc status`` reports changed, stage -> readable reasons; stages not listed are
     up to date with ``dvc.lock``. Only the stage itself is compared (not its upstream)."""
+    from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
 
-    with Repo(str(project_root(root))) as repo:
+    folder = project_root(root)
+    try:
+        repo = Repo(str(folder))
+    except NotDvcRepoError:  # a study folder copied without its .dvc/: say so, never "internal error"
+        raise FileNotFoundError(f"{folder}: dvc.yaml but no DVC repository (.dvc/): run `dvc init` there "
+                                "(`rollscale init` makes one), or work in the study's own folder") from None
+    with repo:
         raw = repo.status(targets=[stage] if stage else None)
     changes: dict[str, list[str]] = {}
     for name, entries in raw.items():
