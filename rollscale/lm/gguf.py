@@ -1,0 +1,90 @@
+"""A GGUF file dequantised once per machine, not once per load.
+
+transformers reads a GGUF by dequantising every tensor (SmolLM2-135M's Q4_1 file: ~30-40 s on a 2-core CPU),
+and `init`, `check`'s calibration, the base stage and the tests each loaded the same file again. The first load
+saves the dequantised model as a plain folder in a cache (``$ROLLSCALE_CACHE``, else
+``$XDG_CACHE_HOME/rollscale``, else ``~/.cache/rollscale``, under ``gguf/``); a later load of the same file
+contents at the same dtype, with the same transformers, reads that folder (~1 s). The key is the file's SHA-256,
+so a new download of other contents never meets a stale entry; an entry is written to a temporary folder and
+renamed into place when complete, so an interrupted or concurrent write never leaves half a model to load.
+A cache that cannot be written (a read-only home, a full disk) is skipped: the load is then as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["COMPLETE", "cache_root", "cached_folder", "entry", "store", "tokenizer_source"]
+
+COMPLETE = "COMPLETE"  # written last into an entry: a folder without it is not one
+
+
+def cache_root() -> Path:
+    """Where dequantised GGUF files are kept (the module docstring)."""
+    base = os.environ.get("ROLLSCALE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+        "rollscale"
+    return Path(base) / "gguf"
+
+
+def _stem(gguf: Path) -> str:
+    """An entry's name but its dtype: the file's name and contents, and transformers' version (a newer one may
+    dequantise or name tensors otherwise)."""
+    import transformers
+
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return f"{gguf.stem}-{digest.hexdigest()[:16]}-transformers{transformers.__version__}"
+
+
+def entry(gguf: Path, dtype: str) -> Path:
+    """The cache folder of ``gguf`` at ``dtype``."""
+    return cache_root() / f"{_stem(gguf)}-{dtype}"
+
+
+def tokenizer_source(name_or_path: str, gguf_file: str | None) -> tuple[str, dict[str, str]]:
+    """Where to load a model's tokenizer from, and the keyword that says how: a cached entry of the GGUF at any
+    dtype (its tokenizer is the same; ~10 s saved on SmolLM2), else the GGUF itself."""
+    if not gguf_file:
+        return name_or_path, {}
+    try:
+        stem = _stem(Path(name_or_path) / gguf_file)
+        done = sorted(p.parent for p in cache_root().glob(f"{stem}-*/{COMPLETE}"))
+    except OSError:
+        done = []
+    return (str(done[0]), {}) if done else (name_or_path, {"gguf_file": gguf_file})
+
+
+def cached_folder(gguf: Path, dtype: str) -> Path | None:
+    """The complete cache folder of ``gguf`` at ``dtype``, or None (not cached yet, or not readable)."""
+    try:
+        folder = entry(gguf, dtype)
+    except OSError:
+        return None
+    return folder if (folder / COMPLETE).is_file() else None
+
+
+def store(model, tokenizer, gguf: Path, dtype: str) -> Path | None:
+    """Save a model just dequantised from ``gguf`` as its cache entry; None where the cache cannot be written
+    (the load goes on without it) or another process stored it first."""
+    try:
+        folder = entry(gguf, dtype)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".writing.", dir=folder.parent))
+    except OSError:
+        return None
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / COMPLETE).write_text(str(gguf))
+        tmp.rename(folder)  # fails where another process's entry is already in place: keep that one
+        return folder
+    except OSError:
+        return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
