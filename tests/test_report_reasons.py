@@ -99,6 +99,9 @@ def test_a_decision_among_runs_that_did_not_learn_is_no_answer(study):
     answer = study_answer({**study, "evals": flat, "decision": _decision(True)})
     assert not answer.answered and answer.headline.startswith("No answer yet: no run learned: in all 3 runs")
     assert answer.decision is not None
+    undecided = study_answer({**study, "evals": flat, "decision": _decision(False)})
+    assert undecided.fixes[0].startswith("no run learned")  # what ran first, then what the decision would need
+    assert any("about 12 seeds each for the leader and key 8" in f for f in undecided.fixes[1:])
 
 
 def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):
