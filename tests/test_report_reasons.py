@@ -110,6 +110,15 @@ def test_infinite_noise_estimates_and_a_small_bucket_are_named(study):
     (reason,) = blocking_reasons({**study, "noise_steps": noise, "bucket_counts": counts})
     assert reason.startswith("a bucket too small: 'easy' has 5 training problems for B_problem up to 8")
     assert "data.limit" in reason
+    # with the profile: bounds of 'easy' that hold its 2 validation and 8 training problems (issue 43: "widen the
+    # bucket (bucket.*)" named none), the study's own bounds widened to the nearest pass rates
+    avg = np.r_[np.full(6, 0.5), np.full(3, 0.25), np.full(3, 0.75), np.zeros(20)]
+    profile = pd.DataFrame({"problem_id": [f"p{i}" for i in range(len(avg))], "avg_at_k": avg, "k": 8})
+    (wider,) = blocking_reasons({**study, "bucket_counts": counts, "profile": profile},
+                                {"bucket": {"easy": [0.3, 0.6]}})
+    assert ("so every step repeats problems: bucket.easy: [0.25, 0.75] (holds 12 of the 32 profiled; 10 fill "
+            "its") in wider
+    assert 10 <= int(((avg >= 0.25) & (avg <= 0.75)).sum())
     answer = study_answer({**study, "noise_steps": noise, "bucket_counts": counts})
     assert answer.headline.startswith("No answer yet: a bucket too small")
     assert answer.fixes[-1].startswith("the noise estimates are infinite or undefined (b_simple, k_crit in every "

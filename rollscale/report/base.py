@@ -12,6 +12,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from rollscale.config.study import BucketParams
 from rollscale.core.fit.bootstrap import ONE_SEED
 from rollscale.tables import STUDY_TABLES, table_stage
 
@@ -19,11 +20,9 @@ from rollscale.tables import STUDY_TABLES, table_stage
 # is no stage's, so the report never says its "stage" has not run
 TABLE_NAMES: tuple[str, ...] = STUDY_TABLES
 
+# the bucket section's own defaults (config/study.BucketParams), for params that leave a bound out
 DEFAULT_BUCKET_BOUNDS: dict[str, tuple[float, float]] = {
-    "hard": (0.0, 0.0625),
-    "easy": (0.3, 0.6),
-    "very_easy": (0.6, 0.9),
-}
+    name: tuple(getattr(BucketParams(), name)) for name in ("hard", "easy", "very_easy")}
 BUCKET_COLOURS = {"hard": "#d62728", "easy": "#2ca02c", "very_easy": "#1f77b4"}
 
 # K_sat above this many times the largest group size n is drawn at the cap:

@@ -20,7 +20,8 @@ import pandas as pd
 from rollscale.config.sections import MeasureParams
 from rollscale.core.grpo.shaping import KL_MOVED, lr_to_move, round_up
 from rollscale.core.noise.pooled import PIECES, pooled_noise, prompts_to_resolve
-from rollscale.report.base import as_numeric, fmt_value, params_dict
+from rollscale.core.problems.buckets import bounds_holding
+from rollscale.report.base import as_numeric, bucket_bounds, fmt_value, params_dict
 
 __all__ = ["ENDED", "blocking_reasons", "infinite_noise", "measure_fix", "noise_reason", "runs_as_ended",
            "runs_reached_text"]
@@ -229,10 +230,11 @@ def measure_fix(measure: MeasureParams, prompts: pd.DataFrame | None, counts: pd
             f"{need / measured:.0f} x those measured){rerun}" + leave)
 
 
-def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None) -> str | None:
+def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None, profile: pd.DataFrame | None = None,
+                   params: Mapping[str, Any] | Any | None = None) -> str | None:
     if counts is None or not {"bucket", "train"} <= set(counts.columns) or "b_problem" not in runs:
         return None
-    small = []
+    small, wider = [], []
     for bucket, g in runs.groupby(runs["bucket"].astype(str) if "bucket" in runs else pd.Series("", runs.index)):
         row = counts[counts["bucket"].astype(str) == bucket]
         if row.empty:
@@ -240,10 +242,34 @@ def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None) -> str | Non
         train, need = int(as_numeric(row["train"]).iloc[0]), int(as_numeric(g["b_problem"]).max())
         if train < need:
             small.append(f"'{bucket}' has {train} training problems for B_problem up to {need}")
+            val = int(as_numeric(row["val"]).iloc[0]) if "val" in row else 0
+            wider.append(_bounds_holding(bucket, val + need, profile, params))
     if not small:
         return None
-    return (f"a bucket too small: {'; '.join(small)}, so every step repeats problems: profile more problems "
-            "(data.limit for a table) or widen the bucket (bucket.*), or lower sweep.b_problem")
+    widen = "; ".join(w for w in wider if w) or "widen the bucket (bucket.*)"
+    return (f"a bucket too small: {'; '.join(small)}, so every step repeats problems: {widen}, or profile more "
+            "problems (data.limit for a table), or lower sweep.b_problem")
+
+
+def _bounds_holding(bucket: str, need: int, profile: pd.DataFrame | None,
+                    params: Mapping[str, Any] | Any | None) -> str | None:
+    """Bounds of ``bucket`` that hold ``need`` profiled problems (its validation split and one batch), from the
+    profile's pass rates (issue 43: "widen the bucket" named none); None where the profile or bounds are unknown
+    or no bounds hold them."""
+    if profile is None or "avg_at_k" not in profile:
+        return None
+    try:
+        bounds = bucket_bounds(params_dict(params))
+    except ValueError:
+        return None
+    if bucket not in bounds:
+        return None
+    avg = as_numeric(profile["avg_at_k"]).dropna()
+    held = bounds_holding(avg, need, bounds[bucket])
+    if held is None:
+        return None
+    return (f"bucket.{bucket}: [{held[0]:g}, {held[1]:g}] (holds {int(avg.between(*held).sum())} of the "
+            f"{len(avg)} profiled; {need} fill its validation split and a batch)")
 
 
 def blocking_reasons(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> list[str]:
@@ -256,6 +282,6 @@ def blocking_reasons(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, 
     runs = runs_as_ended(runs, t.get("steps"))
     # infinite noise estimates are not among them: the decision does not use them (only the CRS check does), and
     # the default study's K_crit is infinite in every step; a study said "No answer yet" for it beside a decision
-    found = [_unfinished(runs), _small_buckets(runs, t.get("bucket_counts")),
+    found = [_unfinished(runs), _small_buckets(runs, t.get("bucket_counts"), t.get("profile"), params),
              _not_learning(runs, t.get("evals"), t.get("steps"), params)]
     return [r for r in found if r]
