@@ -9,6 +9,12 @@ from pathlib import Path
 if os.environ.get("PYTEST_XDIST_WORKER") or "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="rollscale-prefect-")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The cache of dequantised GGUF files (rollscale/lm/gguf.py) is one folder per test session, never the user's
+# ~/.cache: made by the controller (or a run without xdist), inherited by the workers and their stage processes,
+# which share it; removed when the session ends (SmolLM2's entry is ~0.5 GB).
+OWN_CACHE = None
+if "ROLLSCALE_CACHE" not in os.environ:
+    OWN_CACHE = os.environ["ROLLSCALE_CACHE"] = tempfile.mkdtemp(prefix="rollscale-cache-")
 # Under pytest-xdist every worker is a process of its own on the 2 shared cores: torch's default of
 # one thread per core in each would put 4 threads on 2 cores (two torch threads per core ran 18x
 # slower here). Set before torch is imported; stage subprocesses set their own (study.torch_threads).
@@ -47,6 +53,10 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    if OWN_CACHE is not None:
+        import shutil
+
+        shutil.rmtree(OWN_CACHE, ignore_errors=True)
     if started := getattr(config, "rollscale_prefect_server", None):
         for name in ("PREFECT_API_URL", SHARED_SERVER):
             os.environ.pop(name, None)

