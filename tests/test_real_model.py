@@ -203,8 +203,8 @@ def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, monkeypatch
     from rollscale.lm import gguf
 
     model, tokenizer, folder = smol
-    entry = gguf.cached_folder(folder / SMOL_GGUF, "float32")
-    assert entry is not None and entry.parent == gguf.cache_root()
+    entry, complete = gguf.lookup(folder / SMOL_GGUF, "float32")
+    assert complete and entry.parent == gguf.cache_root()
     assert gguf.entry(folder / SMOL_GGUF, "bfloat16").name == entry.name.replace("float32", "bfloat16")  # and dtype
     calls = []
     load = transformers.AutoModelForCausalLM.from_pretrained
@@ -228,7 +228,7 @@ def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, monkeypatch
     # cut short: the marker is written last, so a folder without it is passed over (and would be written again)
     monkeypatch.setenv("ROLLSCALE_CACHE", str(tmp_path))
     copy = shutil.copytree(entry, gguf.entry(folder / SMOL_GGUF, "float32"))
-    assert gguf.cached_folder(folder / SMOL_GGUF, "float32") == copy
+    assert gguf.lookup(folder / SMOL_GGUF, "float32") == (copy, True)
     (copy / gguf.COMPLETE).unlink()
-    assert gguf.cached_folder(folder / SMOL_GGUF, "float32") is None
+    assert gguf.lookup(folder / SMOL_GGUF, "float32") == (copy, False)
     assert gguf.tokenizer_source(str(folder), SMOL_GGUF) == (str(folder), {"gguf_file": SMOL_GGUF})

@@ -183,6 +183,11 @@ class BucketParams(Section):
     # buckets later stages train on: a problem with these is an error, with others a warning
     used: list[str] = Field(default_factory=lambda: ["easy", "hard"])
 
+    @property
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        """The pass-rate bounds of the buckets that have them (science §2), by name, hardest first."""
+        return {"hard": self.hard, "easy": self.easy, "very_easy": self.very_easy}
+
     @field_validator("easy", "hard", "very_easy")
     @classmethod
     def _bounds(cls, v: tuple[float, float]) -> tuple[float, float]:

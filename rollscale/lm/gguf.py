@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["COMPLETE", "cache_root", "cached_folder", "entry", "store", "tokenizer_source"]
+__all__ = ["COMPLETE", "cache_root", "entry", "lookup", "store", "tokenizer_source"]
 
 COMPLETE = "COMPLETE"  # written last into an entry: a folder without it is not one
 
@@ -60,20 +60,21 @@ def tokenizer_source(name_or_path: str, gguf_file: str | None) -> tuple[str, dic
     return (str(done[0]), {}) if done else (name_or_path, {"gguf_file": gguf_file})
 
 
-def cached_folder(gguf: Path, dtype: str) -> Path | None:
-    """The complete cache folder of ``gguf`` at ``dtype``, or None (not cached yet, or not readable)."""
+def lookup(gguf: Path, dtype: str) -> tuple[Path | None, bool]:
+    """(the cache folder of ``gguf`` at ``dtype``, whether it is a complete entry); (None, False) when the file
+    cannot be read (its load names it). The file is hashed here once a load: :func:`store` takes the folder."""
     try:
         folder = entry(gguf, dtype)
     except OSError:
-        return None
-    return folder if (folder / COMPLETE).is_file() else None
+        return None, False
+    return folder, (folder / COMPLETE).is_file()
 
 
-def store(model, tokenizer, gguf: Path, dtype: str) -> Path | None:
-    """Save a model just dequantised from ``gguf`` as its cache entry; None where the cache cannot be written
-    (the load goes on without it) or another process stored it first."""
+def store(model, tokenizer, folder: Path, gguf: Path) -> Path | None:
+    """Save a model just dequantised from ``gguf`` as its cache entry ``folder`` (:func:`entry`, computed once by
+    the caller: hashing a large GGUF twice per load costs seconds); None where the cache cannot be written (the
+    load goes on without it) or another process stored it first."""
     try:
-        folder = entry(gguf, dtype)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".writing.", dir=folder.parent))
     except OSError:

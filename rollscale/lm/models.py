@@ -211,9 +211,9 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
     if ref.name_or_path != "tiny" and (problem := model_path_problem(ref.name_or_path, ref.gguf_file)):
         raise ValueError(f"cannot load the model: {problem}")
     gguf = Path(ref.name_or_path) / ref.gguf_file if ref.gguf_file else None
-    cached = gguf_cache.cached_folder(gguf, ref.dtype) if gguf is not None else None
-    if cached is not None:  # dequantised by an earlier load on this machine (rollscale.lm.gguf)
-        ref, gguf = dataclasses.replace(ref, name_or_path=str(cached), gguf_file=None), None
+    entry, cached = gguf_cache.lookup(gguf, ref.dtype) if gguf is not None else (None, False)
+    if cached:  # dequantised by an earlier load on this machine (rollscale.lm.gguf): its folder, not the GGUF
+        ref, entry = dataclasses.replace(ref, name_or_path=str(entry), gguf_file=None), None
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
     # a saved folder loads in about a second, and the sweep loads one each time a run resumes at a rung: its
     # "Loading weights" bar was one more line per run and rung in the stage's output. A GGUF's dequantisation
@@ -248,8 +248,8 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-    if gguf is not None:
-        gguf_cache.store(model, tokenizer, gguf, ref.dtype)
+    if entry is not None:
+        gguf_cache.store(model, tokenizer, entry, gguf)
     model.to(device)
     model.eval()
     return model, tokenizer

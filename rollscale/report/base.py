@@ -21,8 +21,7 @@ from rollscale.tables import STUDY_TABLES, table_stage
 TABLE_NAMES: tuple[str, ...] = STUDY_TABLES
 
 # the bucket section's own defaults (config/study.BucketParams), for params that leave a bound out
-DEFAULT_BUCKET_BOUNDS: dict[str, tuple[float, float]] = {
-    name: tuple(getattr(BucketParams(), name)) for name in ("hard", "easy", "very_easy")}
+DEFAULT_BUCKET_BOUNDS: dict[str, tuple[float, float]] = BucketParams().bounds
 BUCKET_COLOURS = {"hard": "#d62728", "easy": "#2ca02c", "very_easy": "#1f77b4"}
 
 # K_sat above this many times the largest group size n is drawn at the cap:

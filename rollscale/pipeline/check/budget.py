@@ -100,7 +100,7 @@ def decision_half_width(p: StudyParams, val: int, seeds: int | None = None) -> t
     seeds = len(p.sweep.seeds) if seeds is None else seeds
     if val == 0 or seeds < 2:
         return None
-    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    bounds = p.bucket.bounds
     var = power.interval_pass_variance(*bounds[p.sweep.bucket]) if p.sweep.bucket in bounds else 0.25
     se = power.avg_at_k_se(val, p.sweep.eval_k, var)
     return power.Z95 * math.sqrt(2.0 / seeds) * se, se  # D of two keys' means over seeds (docs/benchmarks.md)

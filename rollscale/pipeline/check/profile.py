@@ -15,6 +15,7 @@ import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
+from rollscale.tables import TABLES
 
 __all__ = ["EXTREME_SHARE_WARN", "model_fit_findings", "noise_findings"]
 
@@ -56,10 +57,9 @@ def noise_findings(artifacts: str | Path | None, p: StudyParams | None = None
     from rollscale.report.reasons import noise_reason
 
     root = Path(artifacts or "")
-    if artifacts is None or not (root / "measure" / "noise_steps.parquet").is_file():
+    if artifacts is None or not (root / TABLES["noise_steps"]).is_file():
         return []
-    tables = {name: _read(root / stage / f"{name}.parquet") for stage, name in
-              (("measure", "noise_steps"), ("measure", "noise_prompts"), ("bucket", "bucket_counts"))}
+    tables = {name: _read(root / TABLES[name]) for name in ("noise_steps", "noise_prompts", "bucket_counts")}
     said = noise_reason(tables["noise_steps"], tables["noise_prompts"], tables["bucket_counts"],
                         None if p is None else p.measure)
     return [] if said is None else [("warning", ("measure.b_problem", "measure.steps"), *said)]

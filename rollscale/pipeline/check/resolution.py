@@ -40,7 +40,7 @@ def noise_findings_of_split(p: StudyParams, size: tuple[int, int] | None, val_id
     val = size[1] if size else p.bucket.val_size
     if val == 0:
         return
-    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    bounds = p.bucket.bounds
     if val_ids is not None and profile is not None:
         prof = profile[profile["problem_id"].isin(set(val_ids))]
         var, basis = power.pass_variance(prof["avg_at_k"], int(prof["k"].max())), "the profiled validation problems"
@@ -108,7 +108,7 @@ def _wider(p: StudyParams, profile: pd.DataFrame | None, need: int, k_max: int) 
     """Bounds of the sweep's bucket that hold ``need`` profiled problems, or: profile more (issue 43: "widen its
     bounds" named none)."""
     more = f"profile more ({p.data.more_problems})"
-    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    bounds = p.bucket.bounds
     if profile is None or "avg_at_k" not in profile or p.sweep.bucket not in bounds:
         return more + ", or widen its bounds"
     avg = pd.to_numeric(profile["avg_at_k"], errors="coerce").dropna()
@@ -124,7 +124,7 @@ def bucket_bounds_fix(p: StudyParams, profile: pd.DataFrame, bucket: str) -> str
     """Bounds of ``bucket`` that hold its validation split and a batch of training problems, from the profile's
     pass rates; or, where no bounds do, the one line that says why and what would (issue 43: "widen the
     bucket's bounds" named none)."""
-    bounds = {"easy": p.bucket.easy, "hard": p.bucket.hard, "very_easy": p.bucket.very_easy}
+    bounds = p.bucket.bounds
     if bucket not in bounds:
         return f"widen the bounds of the buckets {bucket!r} mixes, or profile more problems ({p.data.more_problems})"
     avg = pd.to_numeric(profile["avg_at_k"], errors="coerce").dropna()
