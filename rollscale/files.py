@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "cache_dir",
     "sha256_bytes",
     "sha256_file",
     "write_atomic",
@@ -30,6 +31,14 @@ __all__ = [
     "write_parquets_atomic",
     "write_text_atomic",
 ]
+
+
+def cache_dir(kind: str) -> Path:
+    """This machine's cache folder for ``kind`` (``$ROLLSCALE_CACHE``, else ``$XDG_CACHE_HOME/rollscale``, else
+    ``~/.cache/rollscale``): what is computed once per machine, never a result (a study's are its artifacts)."""
+    base = os.environ.get("ROLLSCALE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+        "rollscale"
+    return Path(base) / kind
 
 
 def _temp_beside(path: Path) -> Path:

@@ -726,3 +726,25 @@ def test_the_first_line_the_answer_chart_and_the_decision_table_read_the_same_nu
     rows = answer_rows(decision, forecast)
     assert rows.set_index("label").loc["n = 16", ["source", "status"]].tolist() == ["forecast", "forecast"]
     assert (rows["source"] == "trained").sum() == 3
+
+
+def test_the_inline_vega_script_is_built_once_per_machine_and_read_back(tmp_path, monkeypatch):
+    """The report's offline page inlines vega's scripts (~1 MB, ~1.9 s from vl-convert): built once into the cache
+    folder, read from it after; a cache that cannot be written leaves the page as before."""
+    import vl_convert
+
+    from rollscale.report import page
+
+    monkeypatch.setenv("ROLLSCALE_CACHE", str(tmp_path / "cache"))
+    page._vega_embed_bundle.cache_clear()
+    js = page._vega_embed_bundle()
+    [cached] = (tmp_path / "cache" / "vega").iterdir()
+    assert vl_convert.__version__ in cached.name and cached.read_text() == js and "vegaEmbed" in js
+    cached.write_text("// read back")  # what a second process finds is what it inlines
+    page._vega_embed_bundle.cache_clear()
+    assert page._vega_embed_bundle() == "// read back"
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("ROLLSCALE_CACHE", str(tmp_path / "file"))  # under a file: no folder can be made
+    page._vega_embed_bundle.cache_clear()
+    assert page._vega_embed_bundle() == js
+    page._vega_embed_bundle.cache_clear()

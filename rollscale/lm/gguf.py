@@ -13,10 +13,11 @@ A cache that cannot be written (a read-only home, a full disk) is skipped: the l
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from rollscale.files import cache_dir
 
 __all__ = ["COMPLETE", "cache_root", "entry", "lookup", "store", "tokenizer_source"]
 
@@ -25,9 +26,7 @@ COMPLETE = "COMPLETE"  # written last into an entry: a folder without it is not 
 
 def cache_root() -> Path:
     """Where dequantised GGUF files are kept (the module docstring)."""
-    base = os.environ.get("ROLLSCALE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
-        "rollscale"
-    return Path(base) / "gguf"
+    return cache_dir("gguf")
 
 
 def _stem(gguf: Path) -> str:
