@@ -131,7 +131,7 @@ def test_the_written_report_shows_the_search(tables, tmp_path):
     paths = write_report(tables, tmp_path)
     page, md = paths.html.read_text(encoding="utf-8"), paths.summary.read_text(encoding="utf-8")
     assert 'id="chart-search"' in page and "search" in paths.pngs and "search" not in paths.missing
-    assert "The search of science §9.4: every run" in page and "## The search's decisions" in md
+    assert "The search (science §9.4, §10.5): every run" in page and "## The search's decisions" in md
     assert paths.headline.endswith(SENTENCE) and "75% of the 102,400" in page
 
 
@@ -156,6 +156,6 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     leader_stop = search.assign(rule=search["rule"].where(search["action"] != "stop", "decided"))
     assert search_cost(dict(reused, search=leader_stop), validated)["stopped"] == ""
     chart = chart_search(reused, {})  # each run's curve to where it stopped, which key was settled at which rung
-    assert chart.title.startswith("The search of science §9.4") and "frontier" not in chart.caption
+    assert chart.title.startswith("The search (science §9.4, §10.5)") and "frontier" not in chart.caption
     assert "the search stopped n = 16 (seed 0, 1) at rung 1 (C = 12,800) by rule epsilon, settled" \
         in chart.caption

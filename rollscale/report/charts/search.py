@@ -123,11 +123,12 @@ def _stopped_points(runs: pd.DataFrame | None, ev: pd.DataFrame) -> pd.DataFrame
 
 def chart_search(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
     """Every run's validation curve against C with the search's rungs and where its stopped runs ended (§9.4)."""
-    name, title = "search", "The search of science §9.4: every run's curve to where it stopped, the rungs, and why"
+    name = "search"
+    title = "The search (science §9.4, §10.5): every run's curve to where it stopped, the rungs, and why"
     caption = (
         "Validation avg@k against compute C in rollouts (log scale) for every run coloured by n, with a dashed "
         "rule at each rung's budget and a marker (shaped by the stop rule) at the last evaluation of each run "
-        "the search stopped (science §9.4)"
+        "the search stopped (science §9.4; §10.5 where it reads the forecast)"
     )
     s = _search(t)
     if s is None:
