@@ -9,9 +9,9 @@ from pathlib import Path
 if os.environ.get("PYTEST_XDIST_WORKER") or "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="rollscale-prefect-")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# The cache of dequantised GGUF files (rollscale/lm/gguf.py) is one folder per test session, never the user's
-# ~/.cache: made by the controller (or a run without xdist), inherited by the workers and their stage processes,
-# which share it; removed when the session ends (SmolLM2's entry is ~0.5 GB).
+# The machine's cache (rollscale.files.cache_dir: dequantised GGUF files, the report's vega scripts) is one
+# folder per test session, never the user's ~/.cache: made by the controller (or a run without xdist), inherited by
+# the workers and their stage processes, which share it; removed when the session ends (SmolLM2's entry ~0.5 GB).
 OWN_CACHE = None
 if "ROLLSCALE_CACHE" not in os.environ:
     OWN_CACHE = os.environ["ROLLSCALE_CACHE"] = tempfile.mkdtemp(prefix="rollscale-cache-")

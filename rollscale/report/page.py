@@ -133,8 +133,7 @@ def _vega_embed_bundle() -> str:
     if "</script" in js.lower():  # would end the inline <script> early
         raise RuntimeError("the vl-convert JavaScript bundle contains '</script'; cannot inline it")
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(js, cached)  # whole or absent: a reader never gets half a script
+        write_text_atomic(js, cached)  # makes the folder; whole or absent: a reader never gets half a script
     except OSError:
         pass
     return js
