@@ -316,26 +316,51 @@ def study_with_a_long_sweep(clone, tmp_path: Path) -> tuple[Path, dict]:
     return root, env
 
 
-def test_ctrl_c_stops_the_study_in_one_line_and_the_next_study_resumes(clone, tmp_path):
-    """Ctrl-C to `rollscale study` while its sweep trains (the study's own Prefect server, which
-    the stage under `dvc repro` reports to): exit 130 within 10 s with the stage's one line, the
-    lock released, dvc.lock not claiming the sweep; the next study resumes and records it."""
+def test_ctrl_c_stops_a_study_started_from_scratch_in_one_line_keeps_its_work_and_the_next_study_resumes(
+        clone, tmp_path):
+    """Ctrl-C to `rollscale study` while its sweep trains from scratch (`rm -rf artifacts/sweep`; the study's own
+    Prefect server, which the stage under `dvc repro` reports to): exit 130 within 10 s with the stage's one line,
+    the lock released, dvc.lock not claiming the sweep. The sweep (persist: true, DVC never removed it) keeps its
+    checkpoints, and none of the earlier sweep's runs, nor its record of checksums, comes back from DVC's cache
+    (issue 42, part 2, case 2). The next study resumes and records it."""
+    from rollscale.pipeline.stages.status import study_status
     from tests.test_faults import check_complete_rows, committed_checkpoints, interrupt, said
 
     root, env = study_with_a_long_sweep(clone, tmp_path)
-    runs = root / "artifacts" / "sweep" / "runs"
-    shutil.rmtree(runs)  # so the first checkpoint waited for is one of this sweep
-    rc, seconds, after, _ = interrupt(["study", "--stages", "sweep"], signal.SIGINT,
-                                      lambda: committed_checkpoints(runs / "np4_nr2_uniform_s0"),
-                                      "a checkpoint of the new sweep", tmp_path / "study.log", env, root)
+    sweep = root / "artifacts" / "sweep"
+    runs = sweep / "runs"
+    shutil.rmtree(sweep)
+    first = runs / "np4_nr2_uniform_s0"  # the longest run trains first
+    seen: dict[Path, bytes] = {}
+
+    def checkpoints_committed():
+        kept = committed_checkpoints(first)[:-1]  # the newest may be replaced as the run goes on
+        seen.update({p / "MANIFEST.json": (p / "MANIFEST.json").read_bytes() for p in kept})
+        return len(kept) >= 1
+
+    rc, seconds, after, _ = interrupt(["study", "--stages", "sweep"], signal.SIGINT, checkpoints_committed,
+                                      "two checkpoints of the new sweep", tmp_path / "study.log", env, root)
     assert rc == 130 and seconds < 10, (rc, seconds, after)
     lines = said(after)
-    assert len(lines) == 1, after
+    assert len(lines) == 1, after  # nor "put back from DVC's cache"
     [line] = lines
     assert re.fullmatch(r"sweep: interrupted \(SIGINT\); 0 of 2 runs finished, 1 resumes from its last checkpoint, "
                         r"1 starts from the beginning: rerun `rollscale study` to go on", line), after
     assert not stage_running(root / "artifacts", "sweep")
     assert "sweep:" in run(["dvc", "status", "sweep"], root, env).stdout  # not recorded as done
+    # its finished steps are kept: each checkpoint seen is there unchanged, or the run has since committed two newer
+    # ones (the store keeps the newest 2: the step the signal let finish can push an old one out)
+    now = committed_checkpoints(first)
+    for manifest, data in seen.items():
+        if manifest.exists():
+            assert manifest.read_bytes() == data, manifest
+        else:
+            assert len([c for c in now if c.name > manifest.parent.name]) >= 2, (manifest, now)
+    assert not (sweep / "MANIFEST.json").exists()  # the earlier sweep's record did not come back ...
+    assert not list(sweep.glob("runs/*/done.json"))  # ... nor any of its ended runs
+    status = study_status(root, root / "artifacts")
+    assert {s.stage: s.state for s in status.stages}["sweep"] == "interrupted"
+    assert not [r for r in status.runs if r.status in ("finished", "stopped")]
 
     r = cli(root, clone[1], "study", "--stages", "sweep")  # the tests' Prefect server: no start-up to wait for
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -1,14 +1,13 @@
 """Results nobody can damage (issue 42, parts 1-4), on one small finished study built once: a stage that
 reads a run refuses damaged evidence in one line naming the run and the repair, and the repair gives the
 untouched answer; a stage publishes its tables all at once; a damaged `search` table is rebuilt from the
-runs' own records; an interrupted study keeps its own work (the DVC case: tests/test_dvc.py's study)."""
+runs' own records. (An interrupted study keeps its own work: the DVC case is tests/test_dvc.py's Ctrl-C test.)"""
 
 from __future__ import annotations
 
 import errno
 import json
 import shutil
-import signal
 from pathlib import Path
 
 import pandas as pd
@@ -201,45 +200,6 @@ def test_a_damaged_search_table_is_marked_and_rebuilt_from_the_runs_own_records(
     assert {p.relative_to(sweep): p.read_bytes() for p in (sweep / "runs").rglob("*")
             if p.is_file() and p.name != "attempts.jsonl"} == runs
     assert stage_problem(art, "sweep") is None
-
-
-def test_ctrl_c_on_a_sweep_started_from_scratch_keeps_its_work_and_brings_back_no_older_run(dvc_study, tmp_path):
-    """Issue 42, part 2 (case 2: the previous sweep's outputs were checked out over the new sweep's work):
-    `rm -rf artifacts/sweep`, `rollscale study`, Ctrl-C once the new sweep has committed checkpoints: the
-    sweep (persist: true, DVC never removed it) keeps them, and none of the earlier sweep's runs, nor its record
-    of checksums, comes back from DVC's cache."""
-    from rollscale.pipeline.stages.status import study_status
-    from tests.test_dvc import study_with_a_long_sweep
-    from tests.test_faults import committed_checkpoints, interrupt
-
-    root, env = study_with_a_long_sweep(dvc_study, tmp_path)
-    sweep = root / "artifacts" / "sweep"
-    shutil.rmtree(sweep)
-    first = sweep / "runs" / "np4_nr2_uniform_s0"  # the longest run trains first
-    seen: dict[Path, bytes] = {}
-
-    def checkpoints_committed():
-        kept = committed_checkpoints(first)[:-1]  # the newest may be replaced as the run goes on
-        seen.update({p / "MANIFEST.json": (p / "MANIFEST.json").read_bytes() for p in kept})
-        return len(kept) >= 1
-
-    rc, _, after, _ = interrupt(["study", "--stages", "sweep"], signal.SIGINT, checkpoints_committed,
-                                "two checkpoints of the new sweep", tmp_path / "study.log", env, root)
-    assert rc == 130, after[-3000:]
-    assert "put back from DVC's cache" not in after, after[-3000:]
-    # its finished steps are kept: each checkpoint seen is there unchanged, or the run has since committed two newer
-    # ones (the store keeps the newest 2: the step the signal let finish can push an old one out)
-    now = committed_checkpoints(first)
-    for manifest, data in seen.items():
-        if manifest.exists():
-            assert manifest.read_bytes() == data, manifest
-        else:
-            assert len([c for c in now if c.name > manifest.parent.name]) >= 2, (manifest, now)
-    assert not (sweep / "MANIFEST.json").exists()  # the earlier sweep's record did not come back ...
-    assert not list(sweep.glob("runs/*/done.json"))  # ... nor any of its ended runs
-    status = study_status(root, root / "artifacts")
-    assert {s.stage: s.state for s in status.stages}["sweep"] == "interrupted"
-    assert not [r for r in status.runs if r.status in ("finished", "stopped")]
 
 
 def test_a_rebuilt_search_replays_no_rung_from_the_runs_of_another_config(finished, tmp_path):

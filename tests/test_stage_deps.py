@@ -93,6 +93,18 @@ def test_a_module_that_names_plugin_packages_loads_them(tmp_path):
                                         "rollscale/rules"]
 
 
+def test_a_module_edited_after_a_reading_is_read_again(tmp_path):
+    """Each file's imports are parsed once per version (a process reading the seven stages parses a shared module
+    once): an edit in the same process is seen."""
+    root = _project(tmp_path, ["data"])
+    before = code_deps(root, "train")
+    assert "rollscale/registry.py" not in before
+    (root / "rollscale" / "registry.py").write_text("")
+    train = root / "flows" / "train.py"
+    train.write_text(train.read_text() + "from rollscale import registry\n")
+    assert code_deps(root, "train") == sorted([*before, "rollscale/registry.py"])
+
+
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_the_registries_plugin_packages_are_folder_deps(stage):
     """A new rule, loss or engine is a new module of its package: every stage that validates
