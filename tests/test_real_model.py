@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +233,33 @@ def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, monkeypatch
     (copy / gguf.COMPLETE).unlink()
     assert gguf.lookup(folder / SMOL_GGUF, "float32") == (copy, False)
     assert gguf.tokenizer_source(str(folder), SMOL_GGUF) == (str(folder), {"gguf_file": SMOL_GGUF})
+    # two loads of the same file at once take turns: the one that waited reads what the first stored, never
+    # dequantising the file a second time (the first here: a thread that holds the turn, then completes the entry)
+    import threading
+
+    holding, looked, done = threading.Event(), threading.Event(), threading.Event()
+    lookup = gguf.lookup
+
+    def lookup_then_say_so(*args):
+        found = lookup(*args)
+        looked.set()
+        return found
+
+    monkeypatch.setattr(gguf, "lookup", lookup_then_say_so)
+
+    def first_load():
+        with gguf.one_load_at_a_time(copy) as complete:
+            assert not complete
+            holding.set()
+            looked.wait(60)  # the other load found no entry and goes on to wait for its turn ...
+            time.sleep(0.5)
+            (copy / gguf.COMPLETE).write_text("stored")  # ... while this one completes it
+        done.set()
+
+    worker = threading.Thread(target=first_load)
+    worker.start()
+    assert holding.wait(30)
+    calls.clear()
+    load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
+    worker.join()
+    assert done.is_set() and calls == [(str(copy), None)]

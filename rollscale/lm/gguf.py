@@ -6,20 +6,24 @@ saves the dequantised model as a plain folder in a cache (``$ROLLSCALE_CACHE``, 
 ``$XDG_CACHE_HOME/rollscale``, else ``~/.cache/rollscale``, under ``gguf/``); a later load of the same file
 contents at the same dtype, with the same transformers, reads that folder (~1 s). The key is the file's SHA-256,
 so a new download of other contents never meets a stale entry; an entry is written to a temporary folder and
-renamed into place when complete, so an interrupted or concurrent write never leaves half a model to load.
-A cache that cannot be written (a read-only home, a full disk) is skipped: the load is then as before.
+renamed into place when complete, so an interrupted or concurrent write never leaves half a model to load;
+processes that load the same file at once take turns (a file lock beside the entry), so the file is dequantised
+once and the others read the entry. A cache that cannot be written (a read-only home, a full disk) is skipped:
+the load is then as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from rollscale.files import cache_dir
 
-__all__ = ["COMPLETE", "cache_root", "entry", "lookup", "store", "tokenizer_source"]
+__all__ = ["COMPLETE", "cache_root", "entry", "lookup", "one_load_at_a_time", "store", "tokenizer_source"]
 
 COMPLETE = "COMPLETE"  # written last into an entry: a folder without it is not one
 
@@ -67,6 +71,27 @@ def lookup(gguf: Path, dtype: str) -> tuple[Path | None, bool]:
     except OSError:
         return None, False
     return folder, (folder / COMPLETE).is_file()
+
+
+@contextlib.contextmanager
+def one_load_at_a_time(folder: Path) -> Iterator[bool]:
+    """Held while this process dequantises into ``folder``: another process loading the same file waits here
+    (two pytest workers, or a stage's two worker processes, each spent ~30 s of CPU on the same file). Yields
+    whether the entry is complete once the turn comes (another process stored it meanwhile). Without a writable
+    cache folder, no lock: the load goes on as without a cache."""
+    from filelock import FileLock
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder.parent / f".{folder.name}.lock"))
+        lock.acquire()
+    except OSError:
+        yield False
+        return
+    try:
+        yield (folder / COMPLETE).is_file()
+    finally:
+        lock.release()
 
 
 def store(model, tokenizer, folder: Path, gguf: Path) -> Path | None:

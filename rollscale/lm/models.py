@@ -212,6 +212,14 @@ def load_model(ref: ModelRef, device: str = "cpu") -> tuple[PreTrainedModel, Pre
         raise ValueError(f"cannot load the model: {problem}")
     gguf = Path(ref.name_or_path) / ref.gguf_file if ref.gguf_file else None
     entry, cached = gguf_cache.lookup(gguf, ref.dtype) if gguf is not None else (None, False)
+    if entry is None or cached:
+        return _load_model(ref, entry, cached, gguf, device)
+    with gguf_cache.one_load_at_a_time(entry) as stored_meanwhile:  # one process dequantises, the others wait
+        return _load_model(ref, entry, stored_meanwhile, gguf, device)
+
+
+def _load_model(ref: ModelRef, entry: Path | None, cached: bool, gguf: Path | None,
+                device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if cached:  # dequantised by an earlier load on this machine (rollscale.lm.gguf): its folder, not the GGUF
         ref, entry = dataclasses.replace(ref, name_or_path=str(entry), gguf_file=None), None
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
