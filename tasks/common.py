@@ -59,7 +59,7 @@ def read_model_ref(artifacts: Path = ARTIFACTS) -> ModelRef:
     path = model_ref_path(artifacts)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the 'base' stage first (dvc repro base)")
-    return ModelRef.from_json(path.read_text())
+    return ModelRef.read(path)
 
 
 def refresh_duckdb(artifacts: Path = ARTIFACTS) -> None:

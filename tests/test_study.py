@@ -286,3 +286,23 @@ def test_the_learning_rate_probe_on_a_warm_started_tiny_model(tmp_path_factory, 
     assert level == "warning" and fix.startswith("sweep.train.lr_base: ")
     assert lr_findings(at(p, float(fix.split()[1])), cal) == []
     assert calibrate(p, tmp_path / "fresh").probe_kl == ()
+
+
+def test_a_moved_artifacts_folder_still_loads_its_base_model(tmp_path_factory, tmp_path):
+    """`rollscale --artifacts <a moved folder> check` (or a stage): the base stage records its model folder by the
+    path it ran with; once the folder has moved, the model beside the record is the one loaded."""
+    import dataclasses
+
+    from rollscale.lm.models import ModelRef, load_model
+    from tasks.common import read_model_ref
+
+    art = copy_study(prepared_study(tmp_path_factory), tmp_path / "before", stages=("base",))
+    record = art / "base" / "model_ref.json"
+    ran_with = dataclasses.replace(ModelRef.from_json(record.read_text()), name_or_path=str(art / "base" / "model"))
+    record.write_text(ran_with.to_json())  # as the base stage writes it when it runs in this folder
+    shutil.move(tmp_path / "before", tmp_path / "after")
+    moved = tmp_path / "after" / "artifacts"
+    ref = read_model_ref(moved)
+    assert ref == dataclasses.replace(ran_with, name_or_path=str(moved / "base" / "model"))
+    model, _ = load_model(ref)
+    assert model.config.hidden_size == TINY["base"]["hidden_size"]

@@ -178,6 +178,18 @@ class ModelRef:
     def from_json(cls, text: str) -> "ModelRef":
         return cls(**json.loads(text))
 
+    @classmethod
+    def read(cls, path: str | Path) -> "ModelRef":
+        """The base stage's record (``<artifacts>/base/model_ref.json``). Its own model folder is recorded as the
+        path base ran with (``<artifacts>/base/model``); where the artifacts folder has moved since (or is named
+        otherwise, ``rollscale --artifacts``), that folder is the one beside the record."""
+        path = Path(path)
+        ref = cls.from_json(path.read_text())
+        recorded, beside = Path(ref.name_or_path), path.parent / "model"
+        if recorded.parts[-2:] == ("base", "model") and not recorded.is_dir() and beside.is_dir():
+            return dataclasses.replace(ref, name_or_path=str(beside))
+        return ref
+
 
 def fingerprint_files(folder: str | Path) -> str:
     """sha256 over the files of a local model folder (names and bytes)."""

@@ -152,7 +152,7 @@ def _model(p: StudyParams, artifacts: str | Path | None):
     t0 = time.process_time()  # CPU seconds, as every other figure: reading and dequantising are CPU work
     stored = Path(artifacts or "") / "base" / "model_ref.json"
     if artifacts is not None and stored.is_file():
-        ref = ModelRef.from_json(stored.read_text())
+        ref = ModelRef.read(stored)
         model, tokenizer = load_model(ref)
     elif p.model.kind == "tiny":
         b, tokenizer = p.base, char_tokenizer()
