@@ -111,8 +111,8 @@ def fit_groups(evals: pd.DataFrame, key_col: str, group_col: str, a_max: float |
     parts = []
     for g in dict.fromkeys(grp_of[s] for s, _ in runs):
         mine = [(s, e) for s, e in runs if grp_of[s] == g]
-        rows = np.concatenate([np.arange(s, e) for s, e in mine])
-        r0, r0_var, _ = shared_r0(c_all[rows], y_all[rows], run_of[rows])
+        lo, hi = mine[0][0], mine[-1][1]  # sorted by group first: a group's runs are one slice
+        r0, r0_var, _ = shared_r0(c_all[lo:hi], y_all[lo:hi], run_of[lo:hi])
         parts += [(g, r0, r0_var, s, e) for s, e in mine]
     pts = [(c_all[s:e][c_all[s:e] > 0], y_all[s:e][c_all[s:e] > 0]) for *_, s, e in parts]
     width = max([len(p[0]) for p in pts] + [1])
@@ -222,6 +222,11 @@ def paired_refits(curves: RunCurves, c: float, resamples: int, seed: int = 0) ->
     return keys, out
 
 
+DECISION_TABLE_COLUMNS = ["key", "reward", "reward_lo", "reward_hi", "seeds", "c_seen", "extrapolated", "unknown",
+                          "leader", "leader_share", "decided", "df", "d", "d_lo", "d_hi", "settled", "within_tolerance",
+                          "settled_by", "status"]
+
+
 def decide(curves: RunCurves, c_star: float, tolerance: float, eta: float, rollout_axis: bool = False,
            reward_max: float | None = 1.0, level: float = LEVEL, resamples: int = 200, seed: int = 0,
            leader: int | None = None) -> pd.DataFrame:
@@ -303,11 +308,6 @@ def decide(curves: RunCurves, c_star: float, tolerance: float, eta: float, rollo
                          "settled" if settled else "unknown" if row["unknown"] else "open") if known else "unknown"
         row.update(leader=lead, leader_share=share, decided=decided, df=est.df, settled=settled)
     return pd.DataFrame(rows, columns=DECISION_TABLE_COLUMNS)
-
-
-DECISION_TABLE_COLUMNS = ["key", "reward", "reward_lo", "reward_hi", "seeds", "c_seen", "extrapolated", "unknown",
-                          "leader", "leader_share", "decided", "df", "d", "d_lo", "d_hi", "settled", "within_tolerance",
-                          "settled_by", "status"]
 
 
 def _beaten_where_both_ran(curves: RunCurves, k: int, lead: int, c_seen: dict[int, float], q: float) -> bool:
