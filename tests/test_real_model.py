@@ -263,3 +263,15 @@ def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(smol, monkeypatch
     load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
     worker.join()
     assert done.is_set() and calls == [(str(copy), None)]
+
+
+def test_a_cache_folder_that_cannot_be_made_loads_without_taking_turns(tmp_path):
+    """rollscale.lm.gguf.one_load_at_a_time: where no lock can be made (the cache under a file, a read-only home)
+    the load goes on alone, as without a cache, instead of failing."""
+    from rollscale.lm import gguf
+
+    (tmp_path / "file").write_text("")
+    with gguf.one_load_at_a_time(tmp_path / "file" / "gguf" / "entry") as complete:
+        assert complete is False
+    with gguf.one_load_at_a_time(tmp_path / "cache" / "entry") as complete:  # a folder it can make: the turn
+        assert complete is False and (tmp_path / "cache" / ".entry.lock").exists()
