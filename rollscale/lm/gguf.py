@@ -9,7 +9,8 @@ so a new download of other contents never meets a stale entry; an entry is writt
 renamed into place when complete, so an interrupted or concurrent write never leaves half a model to load;
 processes that load the same file at once take turns (a file lock beside the entry), so the file is dequantised
 once and the others read the entry. A cache that cannot be written (a read-only home, a full disk) is skipped:
-the load is then as before.
+the load is then as before. While a GGUF is read, its parse is shared by the config's, the tokenizer's and the
+weights' reads (:func:`one_parse`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from rollscale.files import cache_dir
 
-__all__ = ["COMPLETE", "cache_root", "entry", "lookup", "one_load_at_a_time", "store", "tokenizer_source"]
+__all__ = ["COMPLETE", "cache_root", "entry", "lookup", "one_load_at_a_time", "one_parse", "store",
+           "tokenizer_source"]
 
 COMPLETE = "COMPLETE"  # written last into an entry: a folder without it is not one
 
@@ -92,6 +94,39 @@ def one_load_at_a_time(folder: Path) -> Iterator[bool]:
         yield (folder / COMPLETE).is_file()
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def one_parse() -> Iterator[None]:
+    """Within it, a GGUF file is parsed once: transformers reads the file three times per load (the config, the
+    tokenizer and the weights each build a ``gguf.GGUFReader``, which parses every metadata field, the 49k-token
+    vocabulary included) and builds gguf's tensor-name map once per module (397 times for SmolLM2); both are
+    read-only, so one of each serves the whole load. SmolLM2-135M's cold load: 3.8 s a parse and 5 s of name maps of
+    22.6 s under cProfile (2026-11-28). Where gguf lacks either name (another version), the load reads as before."""
+    import functools
+
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    names = [n for n in ("GGUFReader", "get_tensor_name_map") if callable(getattr(gguf, n, None))]
+    saved = {n: getattr(gguf, n) for n in names}
+    readers: dict[tuple[str, str], object] = {}
+
+    def reader(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = saved["GGUFReader"](path, mode)
+        return readers[key]
+
+    for name in names:
+        setattr(gguf, name, reader if name == "GGUFReader" else functools.lru_cache(maxsize=None)(saved[name]))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(gguf, name, value)
 
 
 def store(model, tokenizer, folder: Path, gguf: Path) -> Path | None:

@@ -242,8 +242,9 @@ def _load_model(ref: ModelRef, entry: Path | None, cached: bool, gguf: Path | No
     if not ref.gguf_file:
         hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(ref.name_or_path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(ref.name_or_path, dtype=_DTYPES[ref.dtype], **kwargs)
+        with gguf_cache.one_parse():
+            tokenizer = AutoTokenizer.from_pretrained(ref.name_or_path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(ref.name_or_path, dtype=_DTYPES[ref.dtype], **kwargs)
     except OSError as err:
         raise OSError(
             f"could not load model {ref.name_or_path!r}"

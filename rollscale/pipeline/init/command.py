@@ -19,10 +19,11 @@ def _token_counter(name_or_path: str, gguf_file: str | None):
     try:
         from transformers import AutoTokenizer
 
-        from rollscale.lm.gguf import tokenizer_source
+        from rollscale.lm.gguf import one_parse, tokenizer_source
 
         source, kwargs = tokenizer_source(name_or_path, gguf_file)  # a GGUF dequantised before: its saved tokenizer
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        with one_parse():  # else its config and its vocabulary each parse the GGUF
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError, ImportError):
         return None
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
