@@ -271,5 +271,5 @@ class VLLMEngine(SamplingEngine):
             # closes its engine after its last collective (tasks.sharded_run), and destroy_ranks is then a no-op
             destroy_distributed_environment()
         finally:
-            free_accelerator_memory()
+            free_accelerator_memory(collect=True)  # its engine core (and KV cache) may sit in reference cycles
             shutil.rmtree(self.workdir, ignore_errors=True)
