@@ -5,11 +5,9 @@ processes give exactly the tables of one worker, because every unit is seeded by
 from __future__ import annotations
 
 import os
-import sys
 
 import pandas as pd
 import pytest
-from prefect import task
 
 from flows.measure import measure_flow
 from flows.profile import profile_flow
@@ -76,23 +74,3 @@ def test_two_workers_are_two_processes_besides_this_one(stages):
     assert len(pids) == 2 and os.getpid() not in pids
     one = stages[1]["artifacts"] / "sweep" / "runs"
     assert {read_attempts(d)[0]["pid"] for d in one.iterdir() if d.is_dir()} == {os.getpid()}
-
-
-@task
-def where_am_i() -> tuple[int, int, str]:
-    return os.getpid(), os.getppid(), os.getcwd()
-
-
-def test_the_pool_forks_its_workers_from_a_server_in_this_processs_folder(tmp_path, monkeypatch):
-    """rollscale.pipeline.runtime.workers.ForkedProcessPool: the workers are children of multiprocessing's fork server
-    (which imported the task's module once), not spawned by this process, and start in this process's folder as it
-    is when the pool starts (the server may have been started elsewhere, by an earlier pool of this process)."""
-    from rollscale.pipeline.runtime.workers import ForkedProcessPool, init_worker
-
-    monkeypatch.chdir(tmp_path)
-    with ForkedProcessPool(max_workers=2, initializer=init_worker,
-                           initargs=(1, {}, os.getcwd(), list(sys.path))) as runner:
-        seen = [f.result() for f in [runner.submit(where_am_i, {}) for _ in range(4)]]
-    parents = {parent for _, parent, _ in seen}
-    assert len({pid for pid, _, _ in seen}) <= 2 and os.getpid() not in parents and len(parents) == 1
-    assert {folder for _, _, folder in seen} == {str(tmp_path)}

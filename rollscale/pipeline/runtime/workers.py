@@ -13,7 +13,6 @@ collect code either way.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import sys
@@ -59,20 +58,13 @@ def flow_api_url() -> str:
         return str(client.api_url)
 
 
-def init_worker(torch_threads: int, env: dict[str, str], folder: str | None = None,
-                path: list[str] | None = None) -> None:
+def init_worker(torch_threads: int, env: dict[str, str]) -> None:
     """Run once in every worker process, before its first task: the flow's Prefect API,
     the torch thread count, and Prefect's own failure tracebacks off (the stage prints one line).
     Ctrl-C is for the flow's process to act on: it ends the workers (:func:`stop_units`), so a
-    worker ignores SIGINT instead of printing a traceback and taking the next unit. A worker forked
-    from the pool's server (:class:`ForkedProcessPool`) takes the flow process's working folder and
-    import path as they are now, as a spawned one does (Prefect passes each task the environment)."""
+    worker ignores SIGINT instead of printing a traceback and taking the next unit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
-    if folder is not None:
-        os.chdir(folder)
-    if path is not None:
-        sys.path[:] = path
     quiet_prefect(debug_enabled())
     import torch
 
@@ -87,37 +79,8 @@ def local_runner(workers: int, torch_threads: int) -> TaskRunner:
     # after an interrupt the stage exits without closing the pool (stop_units), and the process
     # multiprocessing keeps to free its locks would warn that they were left: it frees them silently
     os.environ.setdefault("PYTHONWARNINGS", "ignore:resource_tracker:UserWarning")
-    return ForkedProcessPool(max_workers=workers, initializer=init_worker,
-                             initargs=(torch_threads, worker_env(flow_api_url()), os.getcwd(), list(sys.path)))
-
-
-class ForkedProcessPool(ProcessPoolTaskRunner):
-    """Prefect's process pool, its workers forked from multiprocessing's fork server instead of spawned: the server
-    imports the modules of the task first submitted (torch, transformers and Prefect with them) once, and each worker
-    starts from it. A spawned worker imported them again: 71 % of the spawned workers' CPU in the test suite, ~5 CPU-s
-    a worker on a 2-core VM (docs/benchmarks.md, "Test time", 2026-11-28). The server is a fresh process that never
-    touches CUDA, so a worker may use it as a spawned one does. Prefect starts its pool with the spawn method; where
-    its ``__enter__`` no longer asks ``multiprocessing.get_context`` for it, the workers are spawned as before."""
-
-    def submit(self, task, *args, **kwargs):
-        if self._executor is not None and not getattr(self, "_started", False):
-            self._started = True  # the server starts with the first worker: its preload is the first task's module
-            multiprocessing.get_context("forkserver").set_forkserver_preload([task.fn.__module__])
-        return super().submit(task, *args, **kwargs)
-
-    def __enter__(self):
-        import prefect.task_runners as prefect_runners
-
-        forkserver = multiprocessing.get_context("forkserver")
-
-        class _ForkServerOnly:  # what Prefect's __enter__ asks the multiprocessing module for
-            get_context = staticmethod(lambda method=None: forkserver)
-
-        spawn_only, prefect_runners.multiprocessing = prefect_runners.multiprocessing, _ForkServerOnly
-        try:
-            return super().__enter__()
-        finally:
-            prefect_runners.multiprocessing = spawn_only
+    return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker,
+                                 initargs=(torch_threads, worker_env(flow_api_url())))
 
 
 def submit_all(runner: TaskRunner, task, params: list[dict[str, Any]]) -> list[PrefectFuture]:
