@@ -134,7 +134,7 @@ def test_hf_paged_engine_on_cpu():
     engine = make_engine(model, tokenizer, EngineConfig(backend="hf-paged"))
     longest = max(len(ids) for ids in prompt_ids(tokenizer, prompts(tokenizer)))
     sized = engine.cache_size([[0] * longest] * 6, SAMPLED.max_new_tokens)
-    assert sized["num_blocks"] * ContinuousBatchingConfig().page_size >= 6 * (longest + SAMPLED.max_new_tokens)
+    assert sized["num_blocks"] * ContinuousBatchingConfig.page_size >= 6 * (longest + SAMPLED.max_new_tokens)
     assert sized["max_batch_tokens"] == 6 * (longest + 1)
     groups = engine.sample(prompts(tokenizer), 3, SAMPLED, seed=2)
     assert len({tuple(r.token_ids) for g in groups for r in g}) > 3

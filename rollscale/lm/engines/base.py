@@ -158,7 +158,8 @@ def free_accelerator_memory(collect: bool = False) -> None:
     in a test worker, after every run and rung; ``collect`` where the caller holds cycles (vLLM's engine)."""
     import gc
 
-    if collect or torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if collect or cuda:
         gc.collect()
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.empty_cache()

@@ -62,7 +62,7 @@ class HFPagedEngine(TrainingModelEngine):
         tiny model's 18 rollouts: 21 s, 2026-11-28). On a GPU its own sizing stands."""
         if self.model.device.type != "cpu":
             return {}
-        page = ContinuousBatchingConfig().page_size
+        page = ContinuousBatchingConfig.page_size  # its default
         longest = max(len(ids) for ids in flat) + max_new_tokens
         return {"num_blocks": len(flat) * -(-longest // page),
                 "max_batch_tokens": min(CPU_MAX_BATCH_TOKENS, sum(len(ids) for ids in flat) + len(flat))}
