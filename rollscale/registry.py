@@ -15,7 +15,8 @@ Two kinds of discovery:
 - lazy (engines, search methods): one entry per module, named after it (``hf_paged.py`` is "hf-paged"); the
   names are read from the package's folder without importing anything, and :meth:`Registry.get`
   imports only the module asked for (vLLM loads only when chosen; a search method's fits only when
-  the sweep searches).
+  the sweep searches). Checking a name (params validation) reads the folder, so a stage that only
+  validates params does not run, and does not depend on, any module of a lazy registry.
 """
 
 from __future__ import annotations
@@ -142,16 +143,22 @@ def _where(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
-# The plugin packages, by dotted name. A literal: rollscale.pipeline.stages.deps reads it to
-# make their folders deps of every stage that loads this module (params validation does).
-PLUGIN_PACKAGES = ("rollscale.core.grpo.rules", "rollscale.core.grpo.losses", "rollscale.lm.engines",
-                   "rollscale.core.search.methods")
-_RULES, _LOSSES, _ENGINES, _METHODS = PLUGIN_PACKAGES
+# The packages the eager registries import on their first lookup, by dotted name. A literal:
+# rollscale.pipeline.stages.deps reads it as imports of this module, so every stage that loads it
+# (params validation does, and builds the sweep.rules schema from every rule's Params) depends on
+# their folders. The lazy registries' packages are not here: their names are read from the folder
+# without importing it, and an entry is loaded by code that names its package (the package's own
+# ``__init__``, or a ``PLUGIN_PACKAGES`` literal of its own, as rollscale.core.search.decisions has),
+# so only the stages that run that code depend on the package (base, profile and bucket never load a
+# search method).
+PLUGIN_PACKAGES = ("rollscale.core.grpo.rules", "rollscale.core.grpo.losses")
+_RULES, _LOSSES = PLUGIN_PACKAGES
 
 # The registries of the study (science §3, §4, §9.4; docs/architecture.md).
 ALLOCATION_RULES: Registry = Registry("allocation rule", plugins=[_RULES])
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", plugins=[_LOSSES])
 POLICY_LOSSES: Registry = Registry("policy loss", plugins=[_LOSSES])
 LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", plugins=[_LOSSES])
-SAMPLING_ENGINES: Registry = Registry("sampling engine", plugins=[_ENGINES], lazy=True, skip=["base"])
-SEARCH_METHODS: Registry = Registry("search method", plugins=[_METHODS], lazy=True, skip=["base"])
+SAMPLING_ENGINES: Registry = Registry("sampling engine", plugins=["rollscale.lm.engines"], lazy=True, skip=["base"])
+SEARCH_METHODS: Registry = Registry("search method", plugins=["rollscale.core.search.methods"], lazy=True,
+                                    skip=["base"])

@@ -61,9 +61,35 @@ def build_study(root: Path) -> tuple[Path, dict]:
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "study"]):
         subprocess.run(cmd, cwd=root, check=True, env=env)
-    r = run(["dvc", "repro"], root, env)
+    r = run(["dvc", "repro"], root, traced(env, root / LOADED_MODULES))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return root, env
+
+
+# where the build's processes write the project modules each one loaded (tests/test_stage_deps.py compares them
+# with each stage's deps): under .dvc/tmp, which neither git nor DVC looks at
+LOADED_MODULES = Path(".dvc/tmp/loaded-modules")
+TRACER = """\
+import atexit, json, os, sys
+
+def _loaded():
+    files = sorted({m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)})
+    record = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(), "files": files}
+    with open(os.path.join(os.environ["ROLLSCALE_LOADED_MODULES"], f"{os.getpid()}.json"), "w") as f:
+        json.dump(record, f)
+
+atexit.register(_loaded)
+"""
+
+
+def traced(env: dict, folder: Path) -> dict:
+    """``env`` in which every Python process that exits normally writes the modules it loaded into ``folder``
+    (a ``sitecustomize`` first on the path: forked workers that end with ``os._exit`` write nothing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "site").mkdir(exist_ok=True)
+    (folder / "site" / "sitecustomize.py").write_text(TRACER)
+    path = os.pathsep.join(p for p in (str(folder / "site"), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path, "ROLLSCALE_LOADED_MODULES": str(folder)}
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from rollscale.core.search.state import (
     run_budgets,
     truncate,
 )
-from rollscale.registry import PLUGIN_PACKAGES, SEARCH_METHODS, RegistryError
+from rollscale.registry import SEARCH_METHODS, RegistryError
 from rollscale.train.search_groups import search_settings
 
 C_MAX = 40_000
@@ -105,7 +105,7 @@ def test_truncate_keeps_a_run_up_to_its_budget_and_the_step_that_crosses_it():
 
 
 def test_the_methods_are_registered_one_module_each_and_the_default_is_the_pydantic_fields():
-    assert "rollscale.core.search.methods" in PLUGIN_PACKAGES
+    assert SEARCH_METHODS.plugins == ("rollscale.core.search.methods",) and SEARCH_METHODS.lazy
     assert set(SEARCH_METHODS.names()) >= {"grid", "decision", "forecast"}
     default = SearchParams.model_fields["method"].default
     assert default == "forecast" == parse_params({}).sweep.search.method == SearchSettings().method

@@ -3,10 +3,13 @@ only judge of what reruns, so a code change it cannot see would leave a stale re
 
 One test imports every entry point in a fresh interpreter and checks that the project files in
 ``sys.modules`` are all among the files the source reading finds, so it misses nothing Python
-actually loads."""
+actually loads; another does so for each stage of a whole study as DVC ran it (tests/test_dvc.py's build).
+A stage depends on no plugin of a registry it never reads: an edit to the forecast or the report leaves
+``base``, ``profile``, ``bucket`` and ``measure`` current."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -15,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollscale.pipeline.stages.deps import code_deps, deps_diff, render_dvc_yaml, stage_files
-from rollscale.registry import PLUGIN_PACKAGES
+from rollscale.pipeline.stages.deps import CODE_ROOTS, code_deps, deps_diff, is_plugin_package, render_dvc_yaml, \
+    stage_files
+from rollscale.registry import PLUGIN_PACKAGES, SAMPLING_ENGINES, SEARCH_METHODS
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
@@ -136,3 +140,102 @@ def test_source_reading_finds_every_project_file_python_loads():
     loaded = {f for f in loaded if ".venv" not in f.parts}
     read = set().union(*(stage_files(REPO, s) for s in STAGES))
     assert loaded and not loaded - read, sorted(str(f) for f in loaded - read)
+
+
+# the stages before the sweep: none of them runs a search method, the forecast or the report
+BEFORE_SWEEP = ("base", "profile", "bucket", "measure")
+
+
+@pytest.mark.parametrize("stage", BEFORE_SWEEP)
+def test_the_stages_before_the_sweep_depend_on_no_search_method_forecast_or_report(stage):
+    deps = STAGES[stage]["deps"]
+    assert "rollscale/core/search/methods" not in deps
+    assert not [d for d in deps if d.startswith(("rollscale/core/search", "rollscale/report", "rollscale/train/rungs"))
+                or d == "rollscale/core/fit/forecast.py"], deps
+    assert "rollscale/core/search/methods" in STAGES["sweep"]["deps"]
+
+
+def _calls_on(tree: ast.AST, names: set[str]) -> set[str]:
+    """The registries of ``names`` whose ``get`` or ``items`` (what imports an entry) the module calls."""
+    return {node.func.value.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "items")
+            and isinstance(node.func.value, ast.Name) and node.func.value.id in names}
+
+
+def test_code_that_loads_a_lazy_registrys_entry_names_its_package():
+    """A lazy registry's name check imports nothing, so it makes no stage depend on the package; the code that
+    loads an entry (``get``, ``items``) is inside the package or names it in a ``PLUGIN_PACKAGES`` literal, which
+    makes its stages depend on the folder. Else an edited method would leave the sweep current."""
+    lazy = {"SAMPLING_ENGINES": SAMPLING_ENGINES, "SEARCH_METHODS": SEARCH_METHODS}
+    assert all(r.lazy for r in lazy.values()) and not set(PLUGIN_PACKAGES) & {p for r in lazy.values() for p in r.plugins}
+    unnamed, loaders = [], 0
+    for path in sorted(p for root in CODE_ROOTS for p in (REPO / root).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        named = [e.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "PLUGIN_PACKAGES" for t in node.targets)
+                 for e in node.value.elts]
+        for name in _calls_on(tree, set(lazy)):
+            loaders += 1
+            package = lazy[name].plugins[0]
+            inside = path.parent == REPO.joinpath(*package.split(".")) and is_plugin_package(path.parent)
+            if not inside and package not in named:
+                unnamed.append(f"{path.relative_to(REPO)} loads a {lazy[name].kind} without naming {package}")
+    assert loaders >= 2 and not unnamed, unnamed
+
+
+def _loaded_by_stage(root: Path) -> dict[str, set[str]]:
+    """The project files each stage's processes loaded in the traced build (tests/test_dvc.py), relative to it."""
+    from tests.test_dvc import LOADED_MODULES
+
+    procs = {r["pid"]: r for r in (json.loads(f.read_text()) for f in (root / LOADED_MODULES).glob("*.json"))}
+    loaded: dict[str, set[str]] = {}
+    for record in procs.values():
+        p, stage = record, None
+        while p is not None and stage is None:
+            argv = p["argv"]
+            if argv and str(argv[0]).endswith("flows/__main__.py") and len(argv) > 1:
+                stage = argv[1]
+            p = procs.get(p["ppid"])
+        if stage is None:
+            continue
+        cwd = Path(record["cwd"])
+        loaded.setdefault(stage, set()).update(
+            Path(f).relative_to(cwd).as_posix() for f in record["files"]
+            if Path(f).is_relative_to(cwd) and Path(f).relative_to(cwd).parts[0] in CODE_ROOTS)
+    return loaded
+
+
+@pytest.mark.slow
+def test_each_stage_run_by_dvc_loads_only_files_its_deps_cover_and_every_plugin_package_it_lists(dvc_study):
+    """The whole study as `dvc repro` ran it (tests/test_dvc.py's build, every process tracing the modules it
+    loaded): what each stage's processes loaded is covered by its deps in dvc.yaml, and each plugin package its
+    deps list is one the stage loaded a module of (no plugin of a registry the stage never reads)."""
+    root, _ = dvc_study
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    loaded = _loaded_by_stage(root)
+    assert set(loaded) == set(stages), sorted(loaded)
+    for stage, files in loaded.items():
+        deps = [d for d in stages[stage]["deps"] if Path(d).parts[0] in CODE_ROOTS]
+        uncovered = sorted(f for f in files if not any(f == d or f.startswith(d + "/") for d in deps))
+        assert not uncovered, f"stage {stage} loaded files its deps miss: {uncovered}"
+        unread = [d for d in deps if (root / d).is_dir() and not any(f.startswith(d + "/") for f in files)]
+        assert not unread, f"stage {stage} lists plugin packages it never loaded: {unread}"
+
+
+@pytest.mark.slow
+def test_editing_the_forecast_or_the_report_leaves_the_stages_before_the_sweep_current(dvc_study):
+    from tests.test_dvc import run
+
+    root, env = dvc_study
+    edited = [root / "rollscale" / "core" / "fit" / "forecast.py", root / "rollscale" / "report" / "base.py"]
+    originals = {f: f.read_text() for f in edited}
+    try:
+        for f in edited:
+            f.write_text(originals[f] + "\n# an edit\n")
+        r = run(["dvc", "status", "--json"], root, env)
+        assert r.returncode == 0, r.stderr
+        stale = set(json.loads(r.stdout))
+        assert {"sweep", "fit", "report"} <= stale and not stale & set(BEFORE_SWEEP), sorted(stale)
+    finally:
+        for f, text in originals.items():
+            f.write_text(text)

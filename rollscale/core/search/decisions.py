@@ -39,6 +39,10 @@ from rollscale.registry import SEARCH_METHODS
 
 __all__ = ["POINT_COLUMNS", "decide", "search_method"]
 
+# search_method loads a module of this package by name (SEARCH_METHODS is lazy): a literal that
+# rollscale.pipeline.stages.deps reads as an import, so the stages that run this module depend on the folder
+PLUGIN_PACKAGES = ("rollscale.core.search.methods",)
+
 POINT_COLUMNS = ("group", "key", "run_id", "seed", "c", "avg_at_k")  # a run's evaluations, as ``decide`` reads them
 
 

@@ -275,9 +275,11 @@ def search_table_damage(sweep_dir: Path) -> str | None:
     rebuilt as well, to the same rows (the decisions are a pure function of the runs' evaluations)."""
     import pandas as pd
 
-    from rollscale.train.rungs import SEARCH_TABLE
+    # the name from the leaf list of tables, not from rollscale.train.rungs: every stage runs this module, and
+    # rungs imports the search methods, which no stage but the sweep runs (their edits rerun the sweep alone)
+    from rollscale.tables import TABLES
 
-    table = sweep_dir / SEARCH_TABLE
+    table = sweep_dir / Path(TABLES["search"]).name
     if not table.exists():
         return None
     if problem := outputs_problem(sweep_dir.parent, sweep_dir.name, [table]):
