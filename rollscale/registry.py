@@ -21,11 +21,13 @@ Two kinds of discovery:
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
 import importlib.util
 import pkgutil
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -41,15 +43,33 @@ def closest_hint(name: object, valid: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def _module_paths(package: str) -> dict[str, Path]:
+    """Dotted name -> file of the modules in ``package`` (not private ``_x`` ones), found by walking the folders
+    from its top-level package: nothing is imported, not even the packages above it (a name check of a lazy
+    registry runs no project code)."""
+    top, *rest = package.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is not None and spec.submodule_search_locations is not None:
+        for location in spec.submodule_search_locations:
+            where = Path(location).joinpath(*rest)
+            if rest and where.with_suffix(".py").is_file():  # a plain module is a plugin of its own
+                return {package: where.with_suffix(".py")}
+            if (where / "__init__.py").is_file():
+                return {f"{package}.{m.name}": where / m.name / "__init__.py" if m.ispkg else where / f"{m.name}.py"
+                        for m in pkgutil.iter_modules([str(where)]) if not m.name.startswith("_")}
+    raise RegistryError(f"plugin package {package!r} not found")
+
+
 def _submodules(package: str) -> list[str]:
     """Dotted names of the modules in ``package`` (not private ``_x`` ones), without importing them."""
-    spec = importlib.util.find_spec(package)
-    if spec is None:
-        raise RegistryError(f"plugin package {package!r} not found")
-    if spec.submodule_search_locations is None:  # a plain module is a plugin of its own
-        return [package]
-    return [f"{package}.{m.name}" for m in pkgutil.iter_modules(spec.submodule_search_locations)
-            if not m.name.startswith("_")]
+    return list(_module_paths(package))
+
+
+def _registers(decorator: ast.expr, name: str) -> bool:
+    """Whether ``decorator`` is ``<REGISTRY>.register("name")``."""
+    return (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
+            and decorator.func.attr == "register" and len(decorator.args) == 1
+            and isinstance(decorator.args[0], ast.Constant) and decorator.args[0].value == name)
 
 
 class Registry(Generic[T]):
@@ -133,6 +153,27 @@ class Registry(Generic[T]):
         if not self.is_valid(name):
             self.get(name)  # raises, naming the closest
         return name
+
+    def declared(self, name: str, attribute: str, default: Any = None) -> Any:
+        """What the class a lazy registry registers as ``name`` states in its own body as ``attribute = <literal>``
+        (``default`` where it states nothing), read from its module's source without importing it: params
+        validation asks an entry this way, so it runs none of the entries' code, and a stage that only validates
+        params depends on none of them. Each entry states its declarations itself (one it inherits is not read
+        here; tests/test_registry.py checks they agree with the imported classes)."""
+        if not self.lazy:
+            raise RegistryError(f"{self.kind}: declarations are read only from a lazy registry's modules")
+        self.check(name)
+        module = self._lazy_modules()[name]
+        path = next(iter(_module_paths(module).values()))
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if isinstance(node, ast.ClassDef) and any(_registers(d, name) for d in node.decorator_list):
+                for stmt in node.body:
+                    target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else \
+                        stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value is not None else None
+                    if isinstance(target, ast.Name) and target.id == attribute:
+                        return ast.literal_eval(stmt.value)
+                return default
+        raise RegistryError(f"module {module} registers no {self.kind} {name!r} with a decorated class")
 
     def items(self) -> list[tuple[str, T]]:
         """(name, entry) of every entry (imports a lazy registry's every module)."""

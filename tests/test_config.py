@@ -83,3 +83,43 @@ def test_vllm_engine_needs_one_worker():
     with pytest.raises(ParamsError, match=r"workers: sampling.backend 'vllm' runs one engine per worker"):
         parse_params({"sampling": {"backend": "vllm"}})
     assert parse_params({"sampling": {"backend": "vllm"}, "workers": 1}).sampling.backend == "vllm"
+
+
+@pytest.mark.parametrize("method", ["forecast", "decision", "grid"])
+def test_seeds_min_above_the_seeds_is_refused_for_every_method_that_starts_keys_with_seeds_min(method):
+    """The method says how many seeds a key starts with (SearchMethod.starts_with), not a test of its name: the
+    default forecast and the decision start with seeds_min, the grid with every seed."""
+    from rollscale.registry import SEARCH_METHODS
+
+    params = {"sweep": {"seeds": [0, 1], "search": {"method": method, "seeds_min": 3}}}
+    if SEARCH_METHODS.declared(method, "starts_with") == "seeds_min":
+        with pytest.raises(ParamsError, match=rf"sweep.search.seeds_min \(3\) is more than the 2 seed\(s\) of "
+                                              rf"sweep.seeds: under method {method} each key starts"):
+            parse_params(params)
+    else:
+        assert parse_params(params).sweep.search.seeds_min == 3
+    if method == "forecast":  # the default method, named or not
+        with pytest.raises(ParamsError, match="under method forecast"):
+            parse_params({"sweep": {"seeds": [0, 1], "search": {"seeds_min": 3}}})
+    assert parse_params({"sweep": {"seeds": [0], "search": {"method": method}}}).sweep.search.seeds_min == 2
+
+
+def test_the_search_identity_holds_every_setting_a_new_one_included():
+    """A stored ``search`` table is reused only under the settings it was made with: the identity is every field
+    of sweep.search, study and the sweep's own settings, so a setting added to a section is in it unedited."""
+    import dataclasses
+
+    from pydantic import create_model
+
+    from rollscale.config import DecisionParams, SearchParams
+    from rollscale.core.search.state import SearchSettings
+
+    ident = SearchSettings(eval_every=4, sweep_seeds=3).identity()
+    assert set(SearchParams.model_fields) | set(DecisionParams.model_fields) <= set(ident)
+    assert {"eval_every", "eval_draws", "seeds_max"} <= set(ident) and ident["seeds_max"] == 3
+    assert {f.name for f in dataclasses.fields(SearchSettings)} - {"search", "study", "sweep_seeds"} <= set(ident)
+    Wider = create_model("Wider", __base__=SearchParams, rungs_to_skip=(int, 0))
+    wider = SearchSettings(search=Wider(rungs_to_skip=1)).identity()
+    assert wider["rungs_to_skip"] == 1 and wider != SearchSettings(search=Wider()).identity()
+    for name in ("seeds_min", "key_max"):  # settings the hand-kept list had missed
+        assert SearchSettings(SearchParams(**{name: 5})).identity() != SearchSettings().identity()

@@ -19,6 +19,7 @@ from rollscale.registry import (
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
     SAMPLING_ENGINES,
+    SEARCH_METHODS,
     Registry,
     RegistryError,
 )
@@ -211,13 +212,34 @@ def test_run_config_rule_arguments():
         RunConfig(n=8, b_problem=4, c_max=100, rule="uniform", rule_args={"seed": 1})
 
 
-def test_validating_params_loads_no_torch_and_no_engine():
+def test_validating_params_loads_no_torch_no_engine_and_no_search_method():
     """params.yaml is validated before a stage's process starts (`rollscale run`): the plugin
-    modules it imports for names stay light, and no engine module loads."""
+    modules it imports for names stay light, and no engine or search method module loads (nor the packages that
+    hold them: a lazy registry's names and declarations are read from the folder), so a stage that only validates
+    params depends on none of them."""
     probe = ("import sys, json; from rollscale.config import load_params; load_params('params.yaml'); "
              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm') "
-             "or m.startswith('rollscale.lm.engines.'))))")
+             "or m.startswith(('rollscale.lm.engines', 'rollscale.core.search', 'rollscale.core.fit.forecast')))))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == []
+
+
+def test_a_lazy_registrys_declarations_read_from_source_agree_with_the_imported_classes():
+    """Params validation asks a search method what it needs (``starts_with``) without importing it: what each
+    method's own class body states is what the imported class says (one it only inherited would read as the
+    default here: each method states its own)."""
+    from rollscale.core.search.methods.base import SearchMethod
+
+    for name in SEARCH_METHODS.names():
+        method = SEARCH_METHODS.get(name)
+        for attribute in ("starts_with", "words"):
+            assert SEARCH_METHODS.declared(name, attribute, getattr(SearchMethod, attribute)) \
+                == getattr(method, attribute), (name, attribute)
+    assert SEARCH_METHODS.declared("grid", "starts_with") is None
+    assert SEARCH_METHODS.declared("forecast", "starts_with") == "seeds_min"
+    with pytest.raises(RegistryError, match="did you mean 'grid'"):
+        SEARCH_METHODS.declared("grd", "starts_with")
+    with pytest.raises(RegistryError, match="lazy"):
+        ALLOCATION_RULES.declared("uniform", "name")

@@ -16,7 +16,7 @@ from rollscale.report.charts.search import chart_search, search_cost, table_sear
 
 GROUP = "n:bucket=easy/rule=uniform/b_problem=4"
 C_MAX = 25600.0
-SENTENCE = ("The search that stops when the decision is made (science §9.4) spent 76,800 rollouts, 75% of the "
+SENTENCE = ("The search with forecasts to the decision at C* (science §10.5) spent 76,800 rollouts, 75% of the "
             "102,400 of a grid of every key it tried with seeds_max seeds to C_max; it settled n = 16.")
 
 
@@ -85,7 +85,7 @@ def test_chart_marks_the_stopped_runs_and_the_rungs(tables):
 def test_search_cost_against_the_grid(tables):
     cost = search_cost(tables)
     assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "stopped": "n = 16", "added": "",
-                    "method": None}  # no params: the sentence names §9.4's search
+                    "method": None}  # no params: the sentence names the default method's search
     added = pd.concat([tables["search"], pd.DataFrame([_decision(1, 12800.0, 4, 0, "add", "bracket", "edge")])])
     assert search_cost(dict(tables, search=added))["added"] == "n = 4"
     assert study_answer(dict(tables, search=added)).headline.endswith("it settled n = 16 and added n = 4.")
@@ -147,10 +147,12 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     # the report stage passes the validated params tree, not a mapping
     validated = parse_params({"sweep": {"seeds": [0, 1, 2], "search": {"seeds_max": 4}}})
     assert search_cost(reused, validated)["grid"] == 2 * 4 * C_MAX
-    headline = study_answer(reused, {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3}}}).headline
-    assert "The search that stops when the decision is made (science §9.4) spent 76,800 rollouts, 50% of" in headline
-    forecast = {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3, "method": "forecast"}}}
-    assert "The search with forecasts (science §10.5) spent 76,800 rollouts" in study_answer(reused, forecast).headline
+    decision = {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3, "method": "decision"}}}
+    headline = study_answer(reused, decision).headline
+    assert "The search to the decision at C* (science §9.4) spent 76,800 rollouts, 50% of" in headline
+    forecast = {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3}}}  # the default method
+    assert "The search with forecasts to the decision at C* (science §10.5) spent 76,800 rollouts" \
+        in study_answer(reused, forecast).headline
     assert "frontier search" not in headline and headline.endswith("it settled n = 16.")
     # the leader's own stop when the decision is made is no settlement
     leader_stop = search.assign(rule=search["rule"].where(search["action"] != "stop", "decided"))

@@ -136,8 +136,9 @@ class SearchParams(Section):
     first_rung: float = Field(0.0625, gt=0)
     # seeds beyond sweep.seeds a key may get where the decision hangs (seeds_max null); 0 = none
     extra_seeds: int = Field(0, ge=0)
-    # method decision: each key starts with the first seeds_min of sweep.seeds; seeds are added (at C_max, to the
-    # leader and the closest unsettled key) up to seeds_max where the decision hangs; null = len(sweep.seeds).
+    # methods decision and forecast: each key starts with the first seeds_min of sweep.seeds (no more than they
+    # list); seeds are added (at C_max, to the leader and the closest unsettled key) up to seeds_max where the
+    # decision hangs; null = len(sweep.seeds).
     # With 1 (the embedded default) no key is settled before those seeds give a spread (science §9.3)
     seeds_min: int = Field(2, ge=1)
     seeds_max: int | None = Field(None, ge=1)
@@ -270,14 +271,15 @@ class SweepParams(Section, RunRecordParams):
 
     @model_validator(mode="after")
     def _seeds_to_start_with(self) -> "SweepParams":
-        # method decision: each key starts with the first seeds_min of sweep.seeds (train/search_groups.py);
-        # fewer seeds there would start every key with fewer than seeds_min, silently
-        # (only a seeds_min the params set: the schema's default starts a one-seed list with its one seed)
+        # a method that starts each key with the first <setting> of sweep.seeds says so (SearchMethod.starts_with,
+        # read from its module without importing it); fewer seeds there would start every key with fewer, silently
+        # (only a setting the params set: the schema's default starts a one-seed list with its one seed)
         have, s = len(set(self.seeds)), self.search
-        if s.method == "decision" and "seeds_min" in s.model_fields_set and s.seeds_min > have:
-            raise ValueError(f"sweep.search.seeds_min ({s.seeds_min}) is more than the {have} seed(s) of sweep.seeds: "
-                             "under method decision each key starts with the first seeds_min of them; list more "
-                             "seeds or lower seeds_min")
+        start = SEARCH_METHODS.declared(s.method, "starts_with")
+        if start is not None and start in s.model_fields_set and getattr(s, start) > have:
+            raise ValueError(f"sweep.search.{start} ({getattr(s, start)}) is more than the {have} seed(s) of "
+                             f"sweep.seeds: under method {s.method} each key starts with the first {start} of them; "
+                             f"list more seeds or lower {start}")
         return self
 
     @field_validator("n", "b_problem")

@@ -14,7 +14,7 @@ by the method (:mod:`rollscale.core.search.methods`) through
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -97,10 +97,11 @@ class SearchSettings:
         return self.search.seeds_max if self.search.seeds_max is not None else self.sweep_seeds
 
     def identity(self) -> dict[str, Any]:
-        """Every value the decisions depend on, flat (what a stored ``search`` table was made with)."""
-        names = ("eta", "alpha", "first_rung", "extra_seeds", "resamples", "bootstrap_seed", "bin_width", "eval_every",
-                 "method", "target_budget", "tolerance", "seeds_max", "eval_draws")
-        return {name: getattr(self, name) for name in names}
+        """Every value the decisions depend on, flat (what a stored ``search`` table was made with): every field of
+        the two sections and of these settings, so a new setting is in it with no edit here; ``sweep_seeds`` counts
+        through ``seeds_max``, the cap it sets."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("search", "study", "sweep_seeds")}
+        return {**self.search.model_dump(), **self.study.model_dump(), **own, "seeds_max": self.seeds_max}
 
 
 @dataclass(frozen=True)

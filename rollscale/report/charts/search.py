@@ -15,6 +15,8 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
+from rollscale.config import SearchParams
+from rollscale.core.search.decisions import search_method
 from rollscale.report.base import (
     CHART_HEIGHT,
     CHART_WIDTH,
@@ -212,9 +214,9 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
 
 def search_sentence(cost: Mapping[str, Any]) -> str:
     """The headline's sentence on the search's cost, from :func:`search_cost`."""
-    which = ("The search with forecasts (science §10.5)" if cost.get("method") == "forecast"
-             else "The search that stops when the decision is made (science §9.4)")
-    text = (f"{which} spent {cost['spent']:,.0f} "
+    # the method's own words; no method in the params: the schema's default
+    method = search_method(cost.get("method") or SearchParams.model_fields["method"].default)
+    text = (f"The {method.words} spent {cost['spent']:,.0f} "
             f"rollouts, {cost['share']:.0%} of the {cost['grid']:,.0f} of a grid of every key it tried with "
             f"seeds_max seeds to C_max; it settled {cost['stopped'] or 'no key'}")
     return text + (f" and added {cost['added']}." if cost["added"] else ".")

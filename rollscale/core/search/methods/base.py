@@ -27,17 +27,23 @@ class SearchMethod:
     ``searches``: False for a method that trains every run to C_max with no rungs (then nothing below is
     asked); ``adds_seeds``: keys start with ``sweep.search.seeds_min`` seeds and gain seeds up to ``seeds_max``
     where the decision hangs (what ``rollscale check`` and ``init --hours`` count); ``words``: how the sweep's
-    log names it ("search to the decision at C*").
+    log and the report name it ("search to the decision at C* (science §9.4)").
+
+    ``starts_with``: the ``sweep.search`` setting that says how many of the sweep's seeds each key starts with
+    (None: all of them). Params validation asks it of the method's module without importing it
+    (:meth:`rollscale.registry.Registry.declared`), so each method states it in its own class body.
     """
 
     name: ClassVar[str] = ""
     searches: ClassVar[bool] = True
     adds_seeds: ClassVar[bool] = False
     words: ClassVar[str] = ""
+    starts_with: ClassVar[str | None] = None
 
     def start_seeds(self, seeds: tuple[int, ...], search: SearchParams) -> tuple[int, ...]:
-        """The seeds each key of a group starts with, of the sweep's ``seeds`` (sorted): all of them."""
-        return seeds
+        """The seeds each key of a group starts with, of the sweep's ``seeds`` (sorted): the first ``starts_with``
+        of them, or all."""
+        return seeds[:getattr(search, self.starts_with)] if self.starts_with else seeds
 
     def decide(self, points: pd.DataFrame, groups: list[SearchGroup], states: list[GroupState],
                settings: SearchSettings) -> list[dict]:

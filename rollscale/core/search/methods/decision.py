@@ -376,11 +376,8 @@ class Decision(SearchMethod):
 
     name = "decision"
     adds_seeds = True
-    words = "search to the decision at C*"
-
-    def start_seeds(self, seeds: tuple[int, ...], search: SearchParams) -> tuple[int, ...]:
-        """Each key starts with the first ``seeds_min`` seeds; more come where the decision hangs."""
-        return seeds[:search.seeds_min]
+    words = "search to the decision at C* (science §9.4)"
+    starts_with = "seeds_min"  # each key starts with the first seeds_min seeds; more come where the decision hangs
 
     def decide(self, points: pd.DataFrame, groups: list[SearchGroup], states: list[GroupState],
                settings: SearchSettings) -> list[dict]:

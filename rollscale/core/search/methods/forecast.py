@@ -186,7 +186,8 @@ class Forecast(Decision):
     """The search with forecasts (module docstring; science §10.5)."""
 
     name = "forecast"
-    words = "search with forecasts to the decision at C*"
+    words = "search with forecasts to the decision at C* (science §10.5)"
+    starts_with = "seeds_min"  # as the decision's search
 
     def reach(self, search: SearchParams) -> float:
         return FORECAST_REACH
