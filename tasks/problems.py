@@ -48,8 +48,8 @@ def watched_paths() -> tuple[Path, list[Path]]:
 
 
 def unwatched_files(data: DataParams) -> list[str]:
-    """Local data files that no dvc.yaml dep holds: read all the same, but DVC cannot see them change (issue 43:
-    the warning said so of a file outside data/ that the study folder's dvc.yaml lists, and DVC reran on it)."""
+    """Local data files that no dvc.yaml dep holds: read all the same, but DVC cannot see them change (the
+    warning once said so of a file outside data/ that the study folder's dvc.yaml lists, and DVC reran on it)."""
     paths = ([data.path] if data.path else []) + [t.path for t in data.tables if t.path is not None]
     try:
         _, deps = watched_paths()

@@ -44,7 +44,7 @@ def ended_result(store: RunStore, config: RunConfig, train_problems: list[Proble
     """The result of a run that needs no training, read from its folder: finished (``done.json``,
     intact) or already paused at ``budget`` (its newest checkpoint at budget <= C < C_max); else
     None. Without it, a resumed sweep loaded the model and built an engine (vLLM: minutes) for
-    each finished run only to find it finished (issue 32)."""
+    each finished run only to find it finished."""
     done = store.done()
     if done is not None and done.get("status") == "finished":
         store.check_same_run(done, config.run_id, config_hash(config), data_hash(train_problems))
@@ -233,7 +233,7 @@ def reopen_damaged_runs(artifacts: Path, run_dirs: list[Path]) -> set[str]:
 
 
 def mark_interrupted(artifacts: Path, runs: list) -> None:
-    """The ``runs`` rows of an interrupted sweep agree with ``rollscale status`` (issue 32: the table said
+    """The ``runs`` rows of an interrupted sweep agree with ``rollscale status`` (the table said
     "running", 0 steps): a run the interrupt ended mid-way is "interrupted" at its last committed step and
     C; one whose ``done.json`` was written before its row (the interrupt fell between) gets its ended
     status. A later sweep marks the interrupted ones running again as it resumes them."""

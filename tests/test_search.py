@@ -125,8 +125,8 @@ def test_the_settings_hold_the_sections_so_each_default_is_in_one_place():
 
 
 @pytest.mark.parametrize("search, says", [
-    ({"method": "frontier"}, "sweep.search.method: Value error, the frontier search (science §8) was retired on "
-                             "2026-11-27: use sweep.search.method: decision"),
+    ({"method": "frontier"}, "sweep.search.method: Value error, the frontier search (science §8) is retired: use "
+                             "sweep.search.method: decision"),
     ({"grid_points": 50}, "sweep.search.grid_points was the retired frontier search's budget grid"),
     ({"method": "nope"}, "unknown search method 'nope'"),
 ])

@@ -122,7 +122,7 @@ class DataParams(Section):
     @property
     def more_problems(self) -> str:
         """How to profile more problems with this source, for an error's fix: a table or a file takes
-        ``limit`` (reasoning-gym's ``size`` is ignored there; issue 32)."""
+        ``limit`` (reasoning-gym's ``size`` is ignored there)."""
         if self.source == "reasoning_gym":
             return "data.size"
         return "data.limit, or a larger table" if self.source == "table" else "data.limit"

@@ -107,11 +107,11 @@ class TrainParams(Section):
         return self.model_copy(update={"recipe": "off", "kl_coef": 0.0, "entropy_coef": 0.0})
 
 
-# retired keys of sweep.search -> what to do instead (science §8's search was retired on 2026-11-27)
-RETIRED_SEARCH = {"method: frontier": "the frontier search (science §8) was retired on 2026-11-27: use "
+# retired keys of sweep.search -> what to do instead (science §8's search is retired)
+RETIRED_SEARCH = {"method: frontier": "the frontier search (science §8) is retired: use "
                                       "sweep.search.method: decision (science §9.4) or grid",
                   "grid_points": "sweep.search.grid_points was the retired frontier search's budget grid "
-                                 "(science §8, retired on 2026-11-27): delete the key"}
+                                 "(science §8, retired): delete the key"}
 
 
 class SearchParams(Section):

@@ -102,7 +102,7 @@ def one_parse() -> Iterator[None]:
     tokenizer and the weights each build a ``gguf.GGUFReader``, which parses every metadata field, the 49k-token
     vocabulary included) and builds gguf's tensor-name map once per module (397 times for SmolLM2); both are
     read-only, so one of each serves the whole load. SmolLM2-135M's cold load: 3.8 s a parse and 5 s of name maps of
-    22.6 s under cProfile (2026-11-28). Where gguf lacks either name (another version), the load reads as before."""
+    22.6 s under cProfile. Where gguf lacks either name (another version), the load reads as before."""
     import functools
 
     try:

@@ -144,7 +144,7 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
         headline, answered, to_decide = decision_headline(decision, _eval_k(t.get("evals")))
         # what ran comes first (its reasons make the decision's own moot), then what the decision needs
         fixes = fixes[:len(blocking)] + to_decide + fixes[len(blocking):]
-        if blocking:  # issue 43: a decision among runs none of which learned (or ended) answers nothing; its
+        if blocking:  # a decision among runs none of which learned (or ended) answers nothing; its
             # table stays below. The SmolLM2 hour study said "n = 2 ... 0.47 [0.00, 1.00]; n = 4 is within 0.02"
             headline, answered = f"No answer yet: {blocking[0]}.", False
         table = decision_spec(decision)

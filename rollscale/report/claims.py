@@ -32,7 +32,7 @@ NEAR_C_STAR = 0.25  # best-n claims within 2^0.25 of C* are left to the decision
 DECIDED, OVERLAP, UNDECIDED, CAVEAT, WARNING = "decided", "intervals overlap", "undecided", "caveat", "warning"
 COLUMNS = ["claim", "where", "at", "finding"]
 # a row resting on an input with no finite estimate (an infinite CRS: the measured signal |G|^2 <= 0) is no claim,
-# however many seed resamples agree on the rest (issue 43); listed with the observations, as one seed's rows are
+# however many seed resamples agree on the rest; listed with the observations, as one seed's rows are
 NO_FINITE = "no finite estimate"
 NOT_CLAIMS = (ONE_SEED, NO_FINITE)
 
@@ -196,7 +196,7 @@ def _crs_claims(cp: pd.DataFrame, decision: pd.DataFrame | None, why_infinite: s
         at = f"{r.get('basis')}, C = {fmt_budget(lead['c_star'])}"
         observed = f"the decision's best n = {int(lead['key'])}"
         mine = g[g["key"] == pred]
-        if not math.isfinite(crs):  # no claim rests on an estimate that is not finite (issue 43)
+        if not math.isfinite(crs):  # no claim rests on an estimate that is not finite
             finding, basis = f"{predicted}; {observed}", NO_FINITE
         elif int(g["df"].iloc[0]) == 0:
             finding, basis = f"{predicted}; {observed} ({ONE_SEED})", ONE_SEED

@@ -130,7 +130,7 @@ def _vega_lite_specs(charts: list[ChartSpec]) -> dict[str, dict]:
 @functools.cache
 def _vega_embed_bundle() -> str:
     """vega + vega-lite + vega-embed as one script, from vl-convert (what altair's inline=True uses). Built once per
-    machine and vl-convert version (~1.9 s of a report stage's ~7 s on a 2-core VM, 2026-11-27), then read from the
+    machine and vl-convert version (~1.9 s of a report stage's ~7 s on a 2-core VM), then read from the
     cache folder; a cache that cannot be written is skipped."""
     import vl_convert
 

@@ -1,4 +1,4 @@
-"""Why a study has no answer when the cause is what ran, not the fit (issue 32).
+"""Why a study has no answer when the cause is what ran, not the fit.
 
 Before the fit's reasons (too few evaluations, overlapping intervals: :mod:`rollscale.report.answer`)
 come the causes that make them moot, each with the fix that applies to it: runs that did not
@@ -88,7 +88,7 @@ KL_LAST_STEPS = 3  # a run's KL to its start, read at its end over this many mea
 
 def _sweep_value(params: Mapping[str, Any] | Any | None, *keys: str) -> float | None:
     """``sweep.<keys>`` as params.yaml sets it, a positive finite number, else None; ``params`` the parsed tree or
-    the validated StudyParams the report stage passes (issue 43: read as a mapping only, the stage's own report
+    the validated StudyParams the report stage passes (read as a mapping only, the stage's own report
     never named lr_base)."""
     try:
         node = params_dict(params)["sweep"]
@@ -103,7 +103,7 @@ def _sweep_value(params: Mapping[str, Any] | Any | None, *keys: str) -> float | 
 def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None, steps: pd.DataFrame | None = None,
                   params: Mapping[str, Any] | None = None) -> str | None:
     """No run's validation avg@k rose above its step-0 value by more than LEARN_SE standard errors; the fix names
-    ``lr_base`` as params.yaml has it and the rate the runs' own KL to their start suggests (issue 43)."""
+    ``lr_base`` as params.yaml has it and the rate the runs' own KL to their start suggests."""
     if evals is None or not {"run_id", "step", "avg_at_k"} <= set(evals.columns) or evals.empty:
         return None
     e = evals.assign(run_id=evals["run_id"].astype(str), step=as_numeric(evals["step"]),
@@ -147,7 +147,7 @@ def _not_learning(runs: pd.DataFrame, evals: pd.DataFrame | None, steps: pd.Data
 
 def _run_kl(steps: pd.DataFrame | None) -> tuple[float, float] | None:
     """(least, most) over the runs of each run's KL to its start at its end: the median of its last
-    :data:`KL_LAST_STEPS` measured steps (one step's estimate on a few rollouts is noisy: issue 43's SmolLM2 runs
+    :data:`KL_LAST_STEPS` measured steps (one step's estimate on a few rollouts is noisy: SmolLM2 runs of an hour study
     ended at 1.6e-4 to 2.0e-3 with single steps up to 8e-3); None when no run measured one."""
     if steps is None or not {"run_id", "step", "kl"} <= set(steps.columns) or steps.empty:
         return None
@@ -194,7 +194,7 @@ def noise_reason(noise: pd.DataFrame | None, prompts: pd.DataFrame | None = None
 def measure_fix(measure: MeasureParams, prompts: pd.DataFrame | None, counts: pd.DataFrame | None) -> str:
     """``measure.b_problem`` and ``measure.steps`` that would resolve |G|^2, sized from the measured prompts
     (:func:`rollscale.core.noise.pooled.prompts_to_resolve`): a step holds at most the measure bucket's training
-    problems (``counts``), the rest goes to steps. Issue 43: a fix printed without values could not be applied."""
+    problems (``counts``), the rest goes to steps: a fix printed without values could not be applied."""
     default = MeasureParams()
     row = counts[counts["bucket"].astype(str) == measure.bucket] if counts is not None and "train" in counts else None
     cap = int(as_numeric(row["train"]).iloc[0]) if row is not None and len(row) else None
@@ -254,7 +254,7 @@ def _small_buckets(runs: pd.DataFrame, counts: pd.DataFrame | None, profile: pd.
 def _bounds_holding(bucket: str, need: int, profile: pd.DataFrame | None,
                     params: Mapping[str, Any] | Any | None) -> str | None:
     """Bounds of ``bucket`` that hold ``need`` profiled problems (its validation split and one batch), from the
-    profile's pass rates (issue 43: "widen the bucket" named none); None where the profile or bounds are unknown
+    profile's pass rates ("widen the bucket" named none); None where the profile or bounds are unknown
     or no bounds hold them."""
     if profile is None or "avg_at_k" not in profile:
         return None

@@ -136,8 +136,8 @@ def readable_run_id(config: RunConfig) -> str:
     return "_".join([f"np{config.b_problem}", f"nr{config.n}", config.rule, *rule.run_id_parts(), f"s{config.seed}"])
 
 
-# The layout config hashes were computed over before rules and losses were registries
-# (issue 21). The sweep resumes a stored run by its hash, so the layout stays: a rule's
+# The layout config hashes were computed over before rules and losses were registries.
+# The sweep resumes a stored run by its hash, so the layout stays: a rule's
 # arguments at the top level beside the four arguments of the first rules (None when
 # unused), and a setting added since hashed only when it is not its default (the value
 # every older run had implicitly). Fixed: a new rule or setting adds nothing here.

@@ -25,7 +25,7 @@ by refit; the leader is the key with the largest median refit (science §9.4).
 
 For 0/1 rewards (``reward_max`` set) a key's interval is clipped to [0, reward_max]: the t interval of a
 reward near 0 or 1 would reach past what a reward can be; D's to [-reward_max, reward_max], what a difference
-of two rewards can be (issue 43: "D = 0.27 [-1.13, 1.67]"). settled and within tolerance read the same
+of two rewards can be ("D = 0.27 [-1.13, 1.67]"). settled and within tolerance read the same
 bounds: a tolerance below reward_max gives the same verdicts clipped or not.
 
 Status of a key at C* (science §9.3, A3 of §8): ``within data`` when every

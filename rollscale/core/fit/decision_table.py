@@ -105,7 +105,7 @@ def with_search(rows: pd.DataFrame, verdict: SearchVerdict | None, tolerance: fl
         rows.loc[pos, ["settled", "settled_by", "settled_at"]] = True, f"search: {rule}", c
         d = float(rows.at[pos, "d"])
         # the search's bounds stand beside this table's D only where they hold it: from another estimator (the
-        # forecast at a rung) they can exclude it (issue 43: D = 0.27 shown as [0.00, 0.00]); then this table's
+        # forecast at a rung) they can exclude it (D = 0.27 shown as [0.00, 0.00]); then this table's
         # own bounds are shown, and the search's verdict stays in settled_by
         if math.isfinite(hi) and (not math.isfinite(d) or lo - 1e-9 <= d <= hi + 1e-9):
             rows.loc[pos, ["d_lo", "d_hi"]] = lo, hi

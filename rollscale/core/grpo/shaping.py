@@ -84,8 +84,8 @@ def round_up(x: float) -> float:
 
 def kl_after(probe_kl: Sequence[float], probe_lr: float, lr: float, steps: int, warmup_steps: int = 0) -> float:
     """The per-token KL to the start a run of ``steps`` GRPO steps at ``lr`` (after a linear warm-up of
-    ``warmup_steps``) reaches, from a probe's KL after each of its first steps at ``probe_lr`` without warm-up
-    (issue 43). For small updates the weights move in proportion to each step's rate, and KL grows with the square
+    ``warmup_steps``) reaches, from a probe's KL after each of its first steps at ``probe_lr`` without warm-up.
+    For small updates the weights move in proportion to each step's rate, and KL grows with the square
     of the move: with lr^2, and with the steps to a power alpha, 2 for steps that all point one way, 1 for a random
     walk; the probe's own growth (a line in log-log) sets alpha, held in [1, 2] (1 when it has one usable point).
     A warm-up's steps count by their share of the rate (the issue-43 SmolLM2 runs, warm-up 10 of 12-25 steps,

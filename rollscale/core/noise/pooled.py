@@ -95,7 +95,8 @@ def pooled_noise(prompts: pd.DataFrame, n: int, resamples: int = 1000, level: fl
     :data:`PIECES`; one run's steps) and bootstrap prompts within steps (module docstring)."""
     missing = [c for c in ("step", *PIECES) if c not in prompts.columns]
     if missing:
-        raise ValueError(f"noise_prompts: missing columns {missing} (the measure stage writes them since issue 41)")
+        raise ValueError(f"noise_prompts: missing columns {missing} (the measure stage of this version writes them: "
+                         "run it again)")
     rows = prompts.dropna(subset=list(PIECES))
     steps = [g for _, g in rows.groupby("step", sort=True) if len(g) >= 3]  # pseudo-values need P >= 3
     if not steps:

@@ -1,7 +1,7 @@
 """The decision at C* (science §9) on part of a grid's runs against the grid's own: the replays' comparison.
 
-Issue 28, part 6 cuts every run of a stored grid at a smaller budget
-(:func:`truncated`) and decides at C* from what is left; issue 29, part 3
+One replay cuts every run of a stored grid at a smaller budget
+(:func:`truncated`) and decides at C* from what is left; the other
 decides from what a search replayed on the grid would have kept
 (:attr:`rollscale.core.search.replay.ReplayResult.evals`). Both are read by
 :func:`decision_agreement` with the fit stage's own

@@ -154,7 +154,7 @@ def free_accelerator_memory(collect: bool = False) -> None:
     """Give an ended run's or a closed engine's memory back now. With CUDA: a full garbage collection (a tensor
     held in a reference cycle is not freed before one) and the allocator's cached blocks released. Without, the last
     reference frees a tensor (a sweep run of the tiny model, with LoRA and the hf engine: no tensor left in a cycle
-    after it, 2026-11-28), and a full collection scans every object of the process: 0.3 s in a stage process, more
+    after it), and a full collection scans every object of the process: 0.3 s in a stage process, more
     in a test worker, after every run and rung; ``collect`` where the caller holds cycles (vLLM's engine)."""
     import gc
 

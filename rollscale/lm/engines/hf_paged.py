@@ -59,7 +59,7 @@ class HFPagedEngine(TrainingModelEngine):
     def cache_size(self, flat: Sequence[Sequence[int]], max_new_tokens: int) -> dict[str, int]:
         """On CPU, a cache for this call's requests at full length: transformers sizes it from the free memory
         (meant for a GPU's), and on a 24 GiB host zero-filled its attention-mask buffers for ~17 s per call (the
-        tiny model's 18 rollouts: 21 s, 2026-11-28). On a GPU its own sizing stands."""
+        tiny model's 18 rollouts: 21 s). On a GPU its own sizing stands."""
         if self.model.device.type != "cpu":
             return {}
         page = ContinuousBatchingConfig.page_size  # its default

@@ -61,7 +61,7 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool:
         return
     more_seeds = math.ceil(2.0 * (power.Z95 * se / eps) ** 2 - 1e-9)
     more_val = math.ceil(val * (half / eps) ** 2 - 1e-9)
-    # only values that can be applied (issue 43: "seeds_max: 301 seeds, or bucket.val_size: 601" beside a bucket
+    # only values that can be applied ("seeds_max: 301 seeds, or bucket.val_size: 601" beside a bucket
     # of 3): seeds up to SEEDS_FIX_MAX, a validation split the sweep bucket holds with a batch left to train
     held = size[0] + size[1] if size else pool
     room = held - max(p.sweep.b_problem) if held is not None else None

@@ -1,4 +1,4 @@
-"""A short measured calibration of this machine: the model's generate and train throughput (issue 32).
+"""A short measured calibration of this machine: the model's generate and train throughput.
 
 ``rollscale check`` turns it into each stage's wall time (:mod:`rollscale.pipeline.check.timing`) and
 ``rollscale init --hours`` sizes a study to it. A few seconds for the tiny model; for a real one,
@@ -13,7 +13,7 @@ worker of a stage runs):
   are not zero (a fresh model's own rollouts all score 0 and would train nothing);
 * the measure stage's Gram pass of per-rollout gradients (:func:`rollscale.train.online_noise.batch_gram`)
   on two such batches;
-* a learning-rate probe (issue 43): :data:`PROBE_STEPS` real GRPO steps (the sweep's trainer, its loss and
+* a learning-rate probe: :data:`PROBE_STEPS` real GRPO steps (the sweep's trainer, its loss and
   verifier) at ``lr_base`` on the pool's first problems, :data:`PROBE_N` rollouts of :data:`PROBE_B_PROBLEM`
   prompts a step (fewer, and shorter, for a real model), and the KL to the start after each
   (:mod:`rollscale.pipeline.check.lr` reads the planned runs' move from it); last, since it changes the

@@ -1,4 +1,4 @@
-"""Can the planned steps move the policy at this learning rate? For ``rollscale check`` and ``init`` (issues 32, 43).
+"""Can the planned steps move the policy at this learning rate? For ``rollscale check`` and ``init``.
 
 The issue-43 SmolLM2 study trained at an effective lr of 3.5e-7 to 7e-7 for 12-25 steps and no run learned; a
 one-step bound (every step pointing one way) said it would. The calibration's learning-rate probe
@@ -87,7 +87,7 @@ def lr_findings(p: StudyParams, cal: Calibration) -> list[LrFinding]:
 
 def _c_max_to_move(p: StudyParams, cal: Calibration) -> str:
     """The smallest ``sweep.c_max`` (a few x the study's, up to :data:`C_MAX_FACTOR_MAX`) at which every planned run
-    is expected to move the policy at the current rate: more steps, where the rate is kept (issue 43: "a larger
+    is expected to move the policy at the current rate: more steps, where the rate is kept ("a larger
     sweep.c_max" named none)."""
     for factor in (1.5, 2, 3, 4, 6, 8, 12, 16, 24, C_MAX_FACTOR_MAX):
         c_max = int(round_up(p.sweep.c_max * factor))

@@ -19,7 +19,7 @@ __all__ = ["MICRO_BATCH_BYTES_PER_TOKEN_VOCAB", "full_finetune_gb", "lora_gb", "
 
 # What one micro-batch of the update holds, in bytes per padded token (``micro_batch_tokens``) and
 # vocabulary entry: the model's logits, their float32 log-softmax slice, the gradients of both, and
-# (lumped in, under 4 % at these shapes) the checkpointed hidden states. Measured 2026-11-26 on an
+# (lumped in, under 4 % at these shapes) the checkpointed hidden states. Measured on an
 # NVIDIA H100 80GB (benchmarks/gpu_check.py, torch.cuda.max_memory_allocated; bf16 weights,
 # autocast_bf16, gradient_checkpointing, random-initialised Qwen3-0.6B / 1.7B, vocabulary 151,936,
 # 256-token completions, i.e. one 256-position float32 slice per row): 21.1-21.5 B, from update

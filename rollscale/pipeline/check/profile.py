@@ -1,4 +1,4 @@
-"""What the profile says of the model against the problem set, for ``rollscale check`` (issue 32).
+"""What the profile says of the model against the problem set, for ``rollscale check``.
 
 A model that solves none of most problems' k samples (avg@k = 0) or all of them (avg@k = 1) leaves
 the buckets between thin: GRPO learns only from groups whose rewards differ (science §2), so the
@@ -51,7 +51,7 @@ def model_fit_findings(p: StudyParams, profile: pd.DataFrame | None) -> list[tup
 def noise_findings(artifacts: str | Path | None, p: StudyParams | None = None
                    ) -> list[tuple[str, tuple[str, ...], str, str]]:
     """After the measure stage, before the sweep: a warning when every measured B_simple (or K_crit) is
-    infinite or undefined (issue 32: the measure stage printed `b_simple inf` and the report used it),
+    infinite or undefined (the measure stage printed `b_simple inf` and the report used it),
     in the words the report uses (:func:`rollscale.report.reasons.noise_reason`), with the measure
     settings that would resolve the signal (:func:`rollscale.report.reasons.measure_fix`)."""
     from rollscale.report.reasons import noise_reason

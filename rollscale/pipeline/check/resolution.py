@@ -1,4 +1,4 @@
-"""What the validation split resolves, and fixes a user can apply as printed, for ``rollscale check`` (issue 43).
+"""What the validation split resolves, and fixes a user can apply as printed, for ``rollscale check``.
 
 The validation noise (science §5: the standard error of avg@k over the fixed validation problems) against
 :data:`DETECTABLE_WARN`, and its fix: a validation size the bucket holds (its training problems keep one
@@ -62,7 +62,7 @@ def noise_findings_of_split(p: StudyParams, size: tuple[int, int] | None, val_id
 def _val_room(p: StudyParams, size: tuple[int, int] | None, pool: tuple[int | None, bool]) -> tuple[int | None, str]:
     """(the most validation problems, where that bound comes from): the bucket's problems (after the profile) or,
     before it, the share of the pool it is expected to hold (``bucket.expected_share``, init's pilot's, else
-    :data:`EASY_SHARE`; issue 43: `bucket.val_size: 193` was proposed from a pool of 246 whose bucket then held
+    :data:`EASY_SHARE`; `bucket.val_size: 193` was proposed from a pool of 246 whose bucket then held
     45), less one batch of ``b_problem`` kept to train; None when neither is known."""
     b = max(p.sweep.b_problem)
     if size is not None:
@@ -79,7 +79,7 @@ def _val_room(p: StudyParams, size: tuple[int, int] | None, pool: tuple[int | No
 def precision_fix(p: StudyParams, val: int, d: float, size: tuple[int, int] | None,
                   pool: tuple[int | None, bool], profile: pd.DataFrame | None = None) -> str:
     """The validation size or samples that resolve DETECTABLE_WARN / 2, each as far as the bucket and the profile's
-    k allow (issue 32: `bucket.val_size: 193` was proposed for a bucket of 60 problems; issue 43: `sweep.eval_k:
+    k allow (`bucket.val_size: 193` was proposed for a bucket of 60 problems, and `sweep.eval_k:
     193`). The standard error depends on val_size x eval_k (power.avg_at_k_se); where no applicable value resolves
     the target, the fix says so, what the most resolves, and how many problems the bucket would need."""
     target = DETECTABLE_WARN / 2
@@ -105,7 +105,7 @@ def precision_fix(p: StudyParams, val: int, d: float, size: tuple[int, int] | No
 
 
 def _wider(p: StudyParams, profile: pd.DataFrame | None, need: int, k_max: int) -> str:
-    """Bounds of the sweep's bucket that hold ``need`` profiled problems, or: profile more (issue 43: "widen its
+    """Bounds of the sweep's bucket that hold ``need`` profiled problems, or: profile more ("widen its
     bounds" named none)."""
     more = f"profile more ({p.data.more_problems})"
     bounds = p.bucket.bounds
@@ -122,7 +122,7 @@ def _wider(p: StudyParams, profile: pd.DataFrame | None, need: int, k_max: int) 
 
 def bucket_bounds_fix(p: StudyParams, profile: pd.DataFrame, bucket: str) -> str:
     """Bounds of ``bucket`` that hold its validation split and a batch of training problems, from the profile's
-    pass rates; or, where no bounds do, the one line that says why and what would (issue 43: "widen the
+    pass rates; or, where no bounds do, the one line that says why and what would ("widen the
     bucket's bounds" named none)."""
     bounds = p.bucket.bounds
     if bucket not in bounds:

@@ -1,4 +1,4 @@
-"""Each stage's wall time on this machine, from the measured calibration (issue 32), for ``rollscale check``
+"""Each stage's wall time on this machine, from the measured calibration, for ``rollscale check``
 and ``rollscale init --hours``.
 
 The work each stage does is counted from the params (and the profile, once it has run): rollouts
@@ -188,7 +188,7 @@ def _clock(seconds: float) -> str:
 def time_finding(p: StudyParams, times: StageTimes, cal: Calibration,
                  done: frozenset[str] = frozenset()) -> tuple[str, tuple[str, ...], str, str]:
     """The estimate as a check finding (a warning past 12 hours), naming what it rests on; the stages in ``done``
-    (up to date with dvc.lock) are not counted (issue 43: the check counted the profile's minutes after it ran)."""
+    (up to date with dvc.lock) are not counted (the check counted the profile's minutes after it ran)."""
     left = {stage: t for stage, t in times.seconds.items() if stage not in done}
     per = ", ".join(f"{stage} {_clock(t)}" for stage, t in left.items()) or "nothing"
     total = sum(left.values())

@@ -79,7 +79,7 @@ def budget_values(values: dict, why: dict, budget: int, eta: float) -> None:
                               f"extrapolation of eta (science §9.3); {budget:,} would see C* itself")
 
 
-# a study estimated past TIME_MARGIN x the time asked is an error (`--force` writes it anyway; issue 43:
+# a study estimated past TIME_MARGIN x the time asked is an error (`--force` writes it anyway; once
 # `init --budget 20000` wrote a study of about 318 h on this machine and the check said it "can run")
 TIME_MARGIN = 10
 # the time asked of `init --budget` without --hours: the check's own limit (a warning past 12 h)
@@ -140,7 +140,7 @@ LR_MAX_FACTOR = 50
 
 
 def lr_values(values: dict, why: dict, artifacts: Path) -> str:
-    """The learning-rate probe's word on ``sweep.train.lr_base`` (issue 43, part 2): where the slowest planned run
+    """The learning-rate probe's word on ``sweep.train.lr_base``: where the slowest planned run
     would not move the policy, the rate that does (at most LR_MAX_FACTOR x the suggested one) is written, with
     why. Called where ``--hours`` or ``--budget`` measured the calibration (stored in ``artifacts``); the line to
     print ("" when the probe measured nothing or saw no gradient: the check's warning then says what would help)."""

@@ -1,4 +1,4 @@
-"""``rollscale init --hours H``: size a study to H hours on this machine (issue 32, "time first").
+"""``rollscale init --hours H``: size a study to H hours on this machine ("time first").
 
 From the measured calibration (:mod:`rollscale.pipeline.check.calibration`) and the stage-time model
 (:mod:`rollscale.pipeline.check.timing`), :func:`fit_hours` shrinks what ``init`` suggested, one

@@ -1,4 +1,4 @@
-"""Buckets foreseen before any stage runs: a pilot profile of a few dozen problems (issue 43, part 1).
+"""Buckets foreseen before any stage runs: a pilot profile of a few dozen problems.
 
 The issue's first study died at the bucket stage: the profile of 60 problems found 3 in Easy [0.3, 0.6]
 (43 % never solved), while init had assumed the default study's 20 %. ``init`` now profiles

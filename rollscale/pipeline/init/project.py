@@ -90,7 +90,7 @@ def _with_data_dep(template: str, dep: str | None, model_only_base: bool = False
     """The template's ``data`` deps (the repository's data folder) as the study's data file, or
     dropped; its ``data`` params section is kept. ``model_only_base``: the ``base`` stage of a real
     model reads no data (it loads, or dequantises, the model), so it watches only the settings that
-    change the model: neither the data file nor the ``data`` section (issue 32: base reran when a
+    change the model: neither the data file nor the ``data`` section (base reran when a
     data setting changed)."""
     out, in_deps, in_params, stage = [], False, False, ""
     for line in template.splitlines(keepends=True):

@@ -295,7 +295,7 @@ def bucket_values(v: dict[str, Any], why: dict[str, str], pool: int, easy: EasyS
     ``pool`` problems of which ``easy.share`` fall in the used bucket: a third of them validate, the rest train,
     two batches of them a step at most, and at most ``b_cap`` (16 on a GPU, 8 on CPU; a batch already chosen when
     rerun). Rerun when the pool
-    shrinks (``init --hours``), so that the comments say the values' own numbers (issue 43: a val_size comment
+    shrinks (``init --hours``), so that the comments say the values' own numbers (a val_size comment
     of 300 problems beside ``limit: 60``)."""
     expected = easy.share * pool
     val = int(min(100, max(4, expected // 3)))
@@ -343,7 +343,7 @@ def _lines(tree: dict[str, Any], why: dict[str, str], prefix: str, indent: int) 
     return out
 
 
-# settings a study of a table and a real model never reads (issue 32: init wrote chain_sum's): the
+# settings a study of a table and a real model never reads (init wrote chain_sum's): the
 # reasoning-gym generator's and the gsm8k / math file's
 _NOT_FOR_TABLES = ("name", "config", "size", "prompt_style", "path", "hub_id", "split", "skip_malformed")
 UNUSED_BASE = ("the tiny model's warm start, unused for a real model: empty, as dvc.yaml's base stage "

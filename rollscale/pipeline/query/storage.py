@@ -37,7 +37,7 @@ from rollscale.train.manifest import committed_parts
 
 DB_NAME = "rollscale.duckdb"
 # a run resuming from an earlier checkpoint deletes its later parts (RunStore.rollback_to): a reader that listed
-# them just before sees them vanish, and lists the table again (CI, 2026-11-27: "Cannot open file steps-000010")
+# them just before sees them vanish, and lists the table again (CI: "Cannot open file steps-000010")
 RELIST_TRIES = 5
 
 T = TypeVar("T")

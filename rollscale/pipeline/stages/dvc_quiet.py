@@ -2,7 +2,7 @@
 adds when a stage it runs was stopped by a signal ("ERROR: failed to reproduce 'sweep': failed to run: python -m
 flows sweep, exited with 130"): the stage has said in its own line what it kept, and Ctrl-C to ``rollscale study``
 is that one line (tests/test_dvc.py). Whether DVC printed it raced with ``rollscale study`` ending DVC after the
-signal (CI, 2026-11-27); a filter on DVC's command-line logger drops it whatever the timing. Any other error is
+signal (CI); a filter on DVC's command-line logger drops it whatever the timing. Any other error is
 DVC's own, unchanged."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 __all__ = ["SIGNALLED", "drops", "main"]
 
 # a stage's exit status after SIGINT or SIGTERM, as DVC's StageCmdFailedError words it: 128 + 2 / 128 + 15 where the
-# stage's shell reports it, -2 / -15 where DVC sees the stage's process killed by the signal itself (CI, 2026-11-27)
+# stage's shell reports it, -2 / -15 where DVC sees the stage's process killed by the signal itself (CI)
 SIGNALLED = re.compile(r"exited with (130|143|-2|-15)$")
 
 

@@ -44,10 +44,10 @@ STAGE_EXIT = ".stage.exit.json"
 # command takes no flags, so the consent to archive ended sweep runs reaches the stage this way
 ARCHIVE_STALE_ENV = "ROLLSCALE_ARCHIVE_STALE"
 # a lock held this long is a running stage's: a look by stage_running (`status`, another study) holds it for
-# microseconds, and a stage starting then must not refuse because of it (issue 42: two studies started together)
+# microseconds, and a stage starting then must not refuse because of it (two studies started together)
 PROBE_S = 0.5
 # tried this often within PROBE_S: filelock's default 50 ms gives 10 tries, and a look in each of them (a status
-# polled in a loop on a loaded machine) refused a stage starting then (CI-like run, 2026-11-27)
+# polled in a loop on a loaded machine) refused a stage starting then (CI-like run)
 PROBE_POLL_S = 0.005
 # a stage writes who it is right after taking its lock: a refusal waits this long to name it
 HOLDER_WAIT_S = 3.0

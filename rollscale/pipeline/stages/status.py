@@ -175,7 +175,7 @@ def read_attempts(run_dir: str | os.PathLike[str]) -> list[dict]:
 def restarts(attempts: list[dict]) -> int:
     """Starts that repeated a leg of the run: a start whose target (the search rung's ``budget`` it pauses at,
     or C_max) an earlier start already had, after a failure or an interrupt. A start for the next rung of a
-    search is not one (issue 43: "attempts 9" for runs that only paused at rungs); a row written before the
+    search is not one ("attempts 9" for runs that only paused at rungs); a row written before the
     target was recorded counts as a leg of its own."""
     seen: set = set()
     count = 0

@@ -18,7 +18,7 @@ from rollscale.report.charts.targets import chart_crs_prediction, chart_steps_to
 
 
 # the answer first (the page draws it right under the first line), the learning curves next, then what they
-# rest on: difficulty and gradient noise (issue 41)
+# rest on: difficulty and gradient noise
 _CHART_BUILDERS = (
     chart_answer,
     chart_more_compute,
