@@ -32,7 +32,7 @@ from rollscale.pipeline.runtime.workers import local_runner, raise_first_error, 
 from rollscale.train.rungs import SweepSearch
 from tasks.models import sampling_config
 from tasks.sweep import (archive_stale_runs, mark_interrupted, refuse_stale_runs, reopen_damaged_runs, run_identity,
-                         train_run_in_worker)
+                         train_run)
 
 
 def kept_work(artifacts: Path) -> str:
@@ -105,7 +105,7 @@ def sweep_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)
         side = params.workers // sweep.devices_per_run  # a run of N processes takes N slots
         print(f"sweep: {len(units)} runs to train now, {min(side, max(len(units), 1))} side by side "
               f"({sweep.devices_per_run} process(es) each, {params.torch_threads} torch thread each)")
-        _, errors = run_all(local_runner(side, params.torch_threads), train_run_in_worker, units, labels, decide)
+        _, errors = run_all(local_runner(side, params.torch_threads), train_run, units, labels, decide)
 
     configs = search.configs()  # the keys and seeds the search added are runs of the sweep too
     refresh_duckdb(root)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from rollscale.config import SweepParams
 from rollscale.train.run_config import RunResult
 from rollscale.pipeline.runtime.workers import flow_api_url, run_all, worker_env
-from tasks.sweep import train_run_in_worker
+from tasks.sweep import train_run
 
 # Ray re-runs a task whose worker process died this many times (system failures only)
 WORKER_RETRIES = 3
@@ -50,7 +50,7 @@ def train_runs_on_ray(
     on_result: Callable[[int, RunResult], list[tuple[dict[str, Any], str]] | None] | None = None,
     device: str = "auto",
 ) -> tuple[dict[int, RunResult], list[str]]:
-    """Train every run (the parameters of :func:`tasks.sweep.train_run_in_worker`) as a Ray
+    """Train every run (the parameters of :func:`tasks.sweep.train_run`, in a worker) as a Ray
     task, inside the calling sweep flow; returns {index: result} and one "run_id: error" line
     per run that raised. ``on_result`` may return new units (a search's next rung), run the same way."""
     import ray
@@ -78,4 +78,4 @@ def train_runs_on_ray(
           f"({cpus:g} CPU, {gpus:g} GPU per run)")
     with remote_options(num_cpus=cpus, num_gpus=gpus,
                         max_retries=WORKER_RETRIES, runtime_env={"env_vars": worker_env(api_url)}):
-        return run_all(runner, train_run_in_worker, units, labels, on_result)
+        return run_all(runner, train_run, units, labels, on_result)

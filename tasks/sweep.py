@@ -76,13 +76,19 @@ def train_run(
     sampling: SamplingParams | None = None,
     budget: float | None = None,
     devices: int = 1,
+    torch_threads: int | None = None,
 ) -> RunResult:
     """Train (or resume, or skip when finished) one GRPO run into ``run_dir``, sampling with
     the ``sampling.backend`` engine (default: HF ``generate`` on the training model); with
     ``trackers``, each checkpoint's committed rows are copied to TensorBoard / MLflow.
     ``budget``: pause there (a search's rung, science §9.4) instead of at C_max.
     ``devices`` > 1: one FSDP2 run over that many processes (:mod:`tasks.sharded_run`); its
-    rows go to the trackers when it ends."""
+    rows go to the trackers when it ends. ``torch_threads``: given where the run trains in a worker (a local
+    process or a Ray task, as the sweep starts every run): the worker's torch threads, its progress lines on its
+    stderr, and the attempt (pid, host, the checkpoint step it resumes from) recorded in the run's
+    ``attempts.jsonl``."""
+    if torch_threads is not None:
+        _start_in_worker(config, run_dir, torch_threads, budget)
     run_dir_path = Path(run_dir)
     if (ended := ended_result(RunStore(run_dir_path), config, train_problems, budget)) is not None:
         log.info("%s: %s at C = %d, kept (no model loaded)", config.run_id, ended.status, ended.c)
@@ -114,6 +120,22 @@ def train_run(
     return result
 
 
+def _start_in_worker(config: RunConfig, run_dir: str, torch_threads: int, budget: float | None) -> None:
+    """A worker's set-up before a run: its threads, a log handler, the attempt recorded."""
+    torch.set_num_threads(torch_threads)
+    ours = logging.getLogger("rollscale")
+    if not ours.handlers:  # a fresh worker: send progress lines to its stderr, which the driver shows
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+    attempt = record_attempt(run_dir, budget=budget)  # the leg's target: a start for the next rung is no restart
+    if attempt["resume_step"]:
+        log.info("%s: worker %s:%d resumes from checkpoint step %d",
+                 config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
+
+
 def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers: TrackerTargets | None,
            budget: float | None = None) -> RunResult:
     """The run loop with its progress bar; each checkpoint's rows go to the trackers."""
@@ -140,40 +162,6 @@ def _train(trainer: GRPOTrainer, config: RunConfig, run_dir_path: Path, trackers
     if exporter:  # a paused run's rows go out, its MLflow run stays open
         exporter.export(None if result.status == "paused" else result.status)
     return result
-
-
-@task(name="train-run-worker", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
-def train_run_in_worker(
-    ref: ModelRef,
-    config: RunConfig,
-    bucket: str,
-    train_problems: list[Problem],
-    val_problems: list[Problem],
-    run_dir: str,
-    lora: LoraParams | None,
-    torch_threads: int,
-    device: str = "auto",
-    trackers: TrackerTargets | None = None,
-    sampling: SamplingParams | None = None,
-    budget: float | None = None,
-    devices: int = 1,
-) -> RunResult:
-    """:func:`train_run` in a worker (a local process or a Ray task), after recording the attempt
-    (pid, host, the checkpoint step it resumes from) in the run's ``attempts.jsonl``."""
-    torch.set_num_threads(torch_threads)
-    ours = logging.getLogger("rollscale")
-    if not ours.handlers:  # a fresh worker: send progress lines to its stderr, which the driver shows
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
-        ours.propagate = False
-    attempt = record_attempt(run_dir, budget=budget)  # the leg's target: a start for the next rung is no restart
-    if attempt["resume_step"]:
-        log.info("%s: worker %s:%d resumes from checkpoint step %d",
-                 config.run_id, attempt["host"], attempt["pid"], attempt["resume_step"])
-    return train_run.fn(ref, config, bucket, train_problems, val_problems, run_dir, lora, device, trackers, sampling,
-                        budget, devices)
 
 
 def run_identity(config: RunConfig, bucket: str, train: list[Problem]) -> dict:
