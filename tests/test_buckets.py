@@ -63,3 +63,12 @@ def test_used_bucket_too_small_is_an_error_unused_is_a_warning(caplog):
         make_splits(m, 2, seed=0, used=["very_easy"])
     splits = make_splits(m, 2, seed=0, used=["hard"])
     assert splits["easy"].val == [] and "easy" in caplog.text
+
+
+def test_bounds_holding_a_pool_no_problem_of_which_is_between_0_and_1_is_none():
+    """A model that solves every problem always or never (a pilot of a random model): no bounds hold any, and the
+    answer is None, not an error."""
+    from rollscale.core.problems.buckets import bounds_holding
+
+    assert bounds_holding([0.0, 0.0, 1.0], 1, (0.3, 0.6)) is None
+    assert bounds_holding([0.0, 0.5, 1.0], 1, (0.3, 0.6)) == (0.3, 0.6)
