@@ -1,0 +1,188 @@
+"""The rise per doubling that can only decay (science §11.2): the ``decay`` and ``linear`` forms.
+
+Per key k, past its early regime, ``R_k(C) = L_k + s_k h(log2 C - u_k)`` with ``h(t) = (1 - e^(-lambda t)) /
+lambda`` (``t`` as lambda -> 0): ``u_k`` is log2 of the largest budget k was evaluated at, ``L_k`` its level
+there, ``s_k >= 0`` its rise per doubling there, and the rise per doubling falls by the factor ``e^(-lambda)``
+each doubling, ``lambda >= 0`` pooled over the group's keys (one decay rate: the keys' curves bend alike, and
+one key's few doublings do not pin its own). So a curve still rising where its data end keeps rising at its own
+rate, slowed only as far as the group's data show rises falling from doubling to doubling; a ceiling is never
+read from where the data stop. ``linear`` holds lambda at 0 (the rise per doubling continued unchanged), the
+form's limit and a yardstick. Every prediction is capped at the settings' ceiling (the base's pass@k on the
+validation problems where known, science §11.2).
+
+The early regime: a key's evaluations before its reward leaves its step-0 band (R0 plus two standard errors of
+a window's mean, the window one doubling from each budget) carry no shape (ScaleRL fits after it) and are left
+out; a key keeps at least its last :data:`MIN_SHAPE_POINTS` evaluations.
+
+A key not trained: per refit, the reward of the trained keys at C interpolated linearly in log2 of the key
+(beyond them, continued from the nearest two).
+
+Refits: seed slots resampled paired across keys (science §9.3), evaluation noise redrawn at the fitted values
+(``Binomial(eval_draws, p) / eval_draws - p``), the model refitted from the point fit.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from rollscale.core.fit.forms import FormSettings, register
+from rollscale.core.fit.surface import SurfaceData
+
+__all__ = ["DecayForm", "MIN_SHAPE_POINTS", "fit_decay", "fit_linear", "shape_points"]
+
+MIN_SHAPE_POINTS = 3
+_LAMBDA_MAX = 2.0  # a rise per doubling falling by e^-2 (to 14 %) each doubling: a curve all but flat
+_BAND_Z = 2.0
+
+
+def shape_points(data: SurfaceData, eval_draws: int | None) -> np.ndarray:
+    """(P,) bool: the evaluations past each key's early regime (module docstring)."""
+    r0 = float(np.nanmean(data.step0)) if np.isfinite(data.step0).any() else math.nan
+    keep = np.ones(data.y.size, bool)
+    if not math.isfinite(r0):
+        return keep
+    if eval_draws:
+        se = math.sqrt(max(r0 * (1 - r0), 1e-4) / eval_draws)
+    else:
+        s0 = data.step0[np.isfinite(data.step0)]
+        se = float(np.std(s0, ddof=1)) if s0.size > 1 else 0.02
+    x2 = data.log10_c * math.log2(10.0)
+    for i in range(len(data.keys)):
+        on = np.flatnonzero(data.point_key == i)
+        if on.size == 0:
+            continue
+        order = on[np.argsort(x2[on], kind="stable")]
+        start = None
+        for j in order:
+            window = order[(x2[order] >= x2[j]) & (x2[order] <= x2[j] + 1.0 + 1e-9)]
+            if data.y[window].mean() > r0 + _BAND_Z * se / math.sqrt(window.size):
+                start = x2[j]
+                break
+        early = order[x2[order] < start] if start is not None else order
+        early = early[:max(order.size - MIN_SHAPE_POINTS, 0)]  # the last few always stay
+        keep[early] = False
+    return keep
+
+
+def _h(t: np.ndarray, lam: float) -> np.ndarray:
+    return t if lam < 1e-9 else -np.expm1(-lam * t) / lam
+
+
+@dataclass(frozen=True)
+class DecayForm:
+    keys: np.ndarray  # (K,) trained keys
+    u: np.ndarray  # (K,) log2 of each key's largest evaluated budget
+    theta: np.ndarray  # (2K + 1,): L, s, lambda
+    thetas: np.ndarray  # (resamples, 2K + 1)
+    ceiling: float
+
+    def _trained(self, theta: np.ndarray, log2c: np.ndarray) -> np.ndarray:
+        """(K, len(log2c)) every trained key's reward at each budget."""
+        k = self.keys.size
+        lam = float(theta[-1])
+        t = log2c[None, :] - self.u[:, None]
+        return theta[:k, None] + theta[k:2 * k, None] * _h(t, lam)
+
+    def _at(self, theta: np.ndarray, keys: np.ndarray, log2c: np.ndarray) -> np.ndarray:
+        grid = self._trained(theta, log2c)  # (K, n)
+        x = np.log2(self.keys.astype(float))
+        out = np.empty(keys.size)
+        for j, key in enumerate(keys):
+            xk = math.log2(float(key))
+            hit = np.flatnonzero(self.keys == key)
+            if hit.size:
+                out[j] = grid[hit[0], j]
+            elif x.size == 1:
+                out[j] = grid[0, j]
+            else:
+                i = int(np.clip(np.searchsorted(x, xk) - 1, 0, x.size - 2))
+                w = (xk - x[i]) / (x[i + 1] - x[i])
+                out[j] = (1 - w) * grid[i, j] + w * grid[i + 1, j]
+        return np.clip(out, 0.0, self.ceiling)
+
+    def predict(self, keys: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keys, log2c = np.asarray(keys), np.log2(np.asarray(c, float))
+        point = self._at(self.theta, keys, log2c)
+        refits = np.stack([self._at(t, keys, log2c) for t in self.thetas]) if len(self.thetas) else \
+            np.empty((0, keys.size))
+        return point, refits
+
+
+def _solve(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray, start: np.ndarray,
+           lam_max: float) -> np.ndarray:
+    k = len(data.keys)
+    pk = data.point_key[on]
+    x2 = data.log10_c[on] * math.log2(10.0)
+    t = x2 - u[pk]
+    sw = np.sqrt(w[on])
+    yy = y[on]
+
+    def fun(th: np.ndarray) -> np.ndarray:
+        return sw * (th[pk] + th[k + pk] * _h(t, float(th[-1])) - yy)
+
+    lo = np.concatenate([np.full(k, -1.0), np.zeros(k), [0.0]])
+    hi = np.concatenate([np.full(k, 2.0), np.ones(k), [max(lam_max, 1e-12)]])
+    x0 = np.clip(start, lo + 1e-12, hi - 1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return least_squares(fun, x0, bounds=(lo, hi), method="trf", xtol=1e-8, ftol=1e-8, max_nfev=200).x
+
+
+def _start(data: SurfaceData, u: np.ndarray, on: np.ndarray) -> np.ndarray:
+    """Each key's own straight line in log2 C over its shape points (its level at u and slope), lambda small."""
+    k = len(data.keys)
+    level, slope = np.zeros(k), np.zeros(k)
+    x2 = data.log10_c * math.log2(10.0)
+    for i in range(k):
+        sel = on & (data.point_key == i)
+        if sel.sum() >= 2 and np.ptp(x2[sel]) > 0:
+            b, a = np.polyfit(x2[sel] - u[i], data.y[sel], 1)
+            level[i], slope[i] = a, max(b, 0.0)
+        elif sel.any():
+            level[i] = data.y[sel].mean()
+    return np.concatenate([level, np.clip(slope, 0, 1), [0.05]])
+
+
+def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm:
+    k = len(data.keys)
+    x2 = data.log10_c * math.log2(10.0)
+    u = np.array([x2[data.point_key == i].max() if (data.point_key == i).any() else 0.0 for i in range(k)])
+    on = shape_points(data, settings.eval_draws)
+    ones = np.ones(data.y.size)
+    theta = _solve(data, u, on, data.y, ones, _start(data, u, on), lam_max)
+    form = DecayForm(data.keys, u, theta, np.empty((0, theta.size)), settings.ceiling)
+    rng = np.random.default_rng([settings.seed, 7])
+    runs_per_key = np.bincount(data.run_key, minlength=k)
+    slots = [idx[np.argsort(data.slot[idx])] for idx in (np.flatnonzero(data.run_key == i) for i in range(k))]
+    fitted = np.clip(theta[data.point_key] + theta[k + data.point_key] * _h(x2 - u[data.point_key], theta[-1]),
+                     0.0, 1.0)
+    thetas = np.empty((settings.resamples, theta.size))
+    for b in range(settings.resamples):
+        counts = np.ones(data.run_key.size)
+        if settings.resample_runs:
+            counts = np.zeros(data.run_key.size)
+            draw = rng.random(int(runs_per_key.max()))
+            for order in slots:
+                np.add.at(counts, order[np.floor(draw[:order.size] * order.size).astype(int)], 1.0)
+        y = data.y
+        if settings.eval_draws:
+            y = y + rng.binomial(settings.eval_draws, fitted) / settings.eval_draws - fitted
+        thetas[b] = _solve(data, u, on, y, counts[data.point_run], theta, lam_max)
+    return DecayForm(data.keys, u, theta, thetas, settings.ceiling)
+
+
+@register("decay")
+def fit_decay(data: SurfaceData, settings: FormSettings) -> DecayForm:
+    """The ``decay`` form (module docstring)."""
+    return _fit(data, settings, _LAMBDA_MAX)
+
+
+@register("linear")
+def fit_linear(data: SurfaceData, settings: FormSettings) -> DecayForm:
+    """The ``linear`` form: the rise per doubling at the data's end, continued (lambda = 0)."""
+    return _fit(data, settings, 0.0)
