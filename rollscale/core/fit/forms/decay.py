@@ -18,7 +18,8 @@ A key not trained: per refit, the reward of the trained keys at C interpolated l
 (beyond them, continued from the nearest two).
 
 Refits: seed slots resampled paired across keys (science §9.3), evaluation noise redrawn at the fitted values
-(``Binomial(eval_draws, p) / eval_draws - p``), the model refitted from the point fit.
+(``Binomial(eval_draws, p) / eval_draws - p``) and the rest of the residuals' scatter as a normal draw, the model
+refitted from the point fit.
 """
 
 from __future__ import annotations
@@ -161,6 +162,13 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
     slots = [idx[np.argsort(data.slot[idx])] for idx in (np.flatnonzero(data.run_key == i) for i in range(k))]
     fitted = np.clip(theta[data.point_key] + theta[k + data.point_key] * _h(x2 - u[data.point_key], theta[-1]),
                      0.0, 1.0)
+    # the points' scatter about the fit beyond evaluation noise (a run's curve wiggles): redrawn too, so that a
+    # slope read from two seeds spreads as much as its residuals say
+    resid = (data.y - fitted)[on]
+    dof = max(int(on.sum()) - theta.size, 1)
+    s2 = float(resid @ resid) / dof
+    noise2 = float(np.mean(fitted[on] * (1 - fitted[on]))) / settings.eval_draws if settings.eval_draws else 0.0
+    extra = math.sqrt(max(s2 - noise2, 0.0))
     thetas = np.empty((settings.resamples, theta.size))
     for b in range(settings.resamples):
         counts = np.ones(data.run_key.size)
@@ -172,6 +180,8 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
         y = data.y
         if settings.eval_draws:
             y = y + rng.binomial(settings.eval_draws, fitted) / settings.eval_draws - fitted
+        if extra > 0:
+            y = y + rng.normal(0.0, extra, y.size)
         thetas[b] = _solve(data, u, on, y, counts[data.point_run], theta, lam_max)
     return DecayForm(data.keys, u, theta, thetas, settings.ceiling)
 
