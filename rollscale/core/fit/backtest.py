@@ -45,8 +45,8 @@ from scipy.stats import t as student_t
 from rollscale.core.fit.decision import fit_runs, key_rewards
 from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, interval, predict, same_runs, spread
 
-__all__ = ["BACKTEST_COLUMNS", "Backtest", "MIN_CUT_BUDGETS", "backtest", "calibration", "cut_runs",
-           "testable_multiple"]
+__all__ = ["BACKTEST_COLUMNS", "Backtest", "DEFAULT_MULTIPLE", "MIN_CUT_BUDGETS", "backtest", "calibration", "cut_runs",
+           "cuttable_multiple"]
 
 BACKTEST_COLUMNS = ["key", "c_cut", "c_end", "forecast", "forecast_lo", "forecast_hi", "reached", "reached_lo",
                     "reached_hi", "covered", "error", "z", "off_surface"]
@@ -86,7 +86,7 @@ def _cut_budgets(evals: pd.DataFrame, key_col: str, fraction: float) -> int:
     return int(per_key.min()) if len(per_key) else 0
 
 
-def testable_multiple(evals: pd.DataFrame, key_col: str, multiple: float) -> float:
+def cuttable_multiple(evals: pd.DataFrame, key_col: str, multiple: float) -> float:
     """``multiple`` when every key keeps :data:`MIN_CUT_BUDGETS` budgets cut at ``1 / multiple``, else the largest
     quarter-doubling below it that does (NaN: not even a cut at 1.19)."""
     m = float(multiple)
@@ -116,7 +116,7 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
     wanted = multiple if multiple is not None else (1.0 / fraction if fraction is not None else DEFAULT_MULTIPLE)
     if not wanted > 1:
         raise ValueError(f"backtest multiple: expected > 1, got {wanted}")
-    m = testable_multiple(evals, key_col, wanted)
+    m = cuttable_multiple(evals, key_col, wanted)
     empty = pd.DataFrame(columns=BACKTEST_COLUMNS)
     if not math.isfinite(m):
         return Backtest(empty, math.nan, math.nan, math.nan, False, True,

@@ -149,7 +149,7 @@ def bootstrap_surface(evals: pd.DataFrame, key_col: str, settings: ForecastSetti
         form = fit_form(settings.form, data, FormSettings(settings.resamples, settings.eval_draws, settings.seed,
                                                           settings.top))
         return SurfaceBootstrap(data, surface, empty, np.empty(0), seeds, settings, form=form)
-    surface = fit_surface(data, a_max=settings.a_max)
+    surface = fit_surface(data, a_max=settings.top if math.isfinite(settings.top) else None)
     taus = tau_draws(surface, settings.resamples, settings.seed) if settings.tau_spread else None
     thetas, r0s = surface_refits(data, surface, settings.resamples, settings.eval_draws, settings.seed,
                                  settings.perturb, taus)

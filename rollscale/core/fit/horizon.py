@@ -4,20 +4,20 @@ Per design group with an ordered key (the n design, and B_problem at each fixed 
 §9's per-key decision; an iso-batch group is read against steps, not C, and is left to §9 too): one surface over
 the keys (:mod:`rollscale.core.fit.surface`), its bootstrap refits once, and every key's reward read at each
 budget of ``budgets`` (the target C* and the multiples of the runs' budget the report's "with more compute"
-section shows). Beside it the group's backtest (§10.3): its runs cut at half their budget, forecast where they
-end. A group whose surface cannot be fitted (too few keys or points) is a ``backtest`` row saying why, never an
+section shows). Beside it the group's backtest (§11.4): its runs cut at 1 / m of their budget, m = C* / c_max
+(at least 2), forecast where they end; its errors widen the forecast's interval (split-conformal). A group whose surface cannot be fitted (too few keys or points) is a ``backtest`` row saying why, never an
 error.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from rollscale.core.fit.backtest import BACKTEST_COLUMNS, backtest
+from rollscale.core.fit.backtest import BACKTEST_COLUMNS, DEFAULT_MULTIPLE, backtest
 from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, bootstrap_surface, forecast_group
 from rollscale.core.fit.tables import design_groups
 
@@ -56,14 +56,17 @@ def _group_label(design: str, g: object) -> dict[str, str]:
     return {"design": design, "bucket": str(g.bucket), "rule": str(g.rule), "fixed": str(g.fixed)}  # type: ignore
 
 
-def _backtest_rows(label: dict[str, str], evals: pd.DataFrame, key_col: str, settings: ForecastSettings
-                   ) -> pd.DataFrame:
+def _backtest_rows(label: dict[str, str], evals: pd.DataFrame, key_col: str, settings: ForecastSettings,
+                   multiple: float) -> tuple[pd.DataFrame, float]:
+    """The group's backtest at the answer's ``multiple`` (science §11.4) and its widening of the interval."""
     try:
-        bt = backtest(evals, key_col, settings)
+        bt = backtest(evals, key_col, settings, multiple=multiple)
     except (ValueError, RuntimeError, np.linalg.LinAlgError) as err:
         return pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan, "failed": True,
-                              "note": f"no backtest: {err}"}])
-    return bt.keys.assign(**label, coverage=bt.coverage, mean_error=bt.mean_error, failed=bt.failed, note=bt.note)
+                              "note": f"no backtest: {err}"}]), 1.0
+    rows = bt.keys if len(bt.keys) else pd.DataFrame([{}])
+    return rows.assign(**label, coverage=bt.coverage, mean_error=bt.mean_error, failed=bt.failed,
+                       note=bt.note), bt.widen
 
 
 def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
@@ -86,11 +89,14 @@ def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
                 backtests.append(pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan,
                                                 "failed": True, "note": f"no forecast: {err}"}]))
                 continue
+            multiple = max(c_star / float(rows["c"].max()), DEFAULT_MULTIPLE)
+            back, widen = _backtest_rows(label, rows, g.key_col, settings, multiple)
+            backtests.append(back)
+            boot = replace(boot, settings=replace(settings, widen=widen))
             for c in budgets:
-                part = forecast_group(rows, g.key_col, c, settings=settings, boot=boot)
+                part = forecast_group(rows, g.key_col, c, settings=boot.settings, boot=boot)
                 forecasts.append(part.drop(columns=["group"], errors="ignore").assign(
                     **label, target=bool(math.isclose(c, c_star))))
-            backtests.append(_backtest_rows(label, rows, g.key_col, settings))
     forecast = (pd.concat(forecasts, ignore_index=True)[FORECAST_TABLE_COLUMNS] if forecasts
                 else pd.DataFrame(columns=FORECAST_TABLE_COLUMNS))
     if len(forecast):

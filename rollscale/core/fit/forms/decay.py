@@ -4,7 +4,8 @@ Per key k, past its early regime, ``R_k(C) = L_k + s_k h(log2 C - u_k)`` with ``
 lambda`` (``t`` as lambda -> 0): ``u_k`` is log2 of the largest budget k was evaluated at, ``L_k`` its level
 there, ``s_k >= 0`` its rise per doubling there, and the rise per doubling falls by the factor ``e^(-lambda)``
 each doubling, ``lambda >= 0`` pooled over the group's keys (one decay rate: the keys' curves bend alike, and
-one key's few doublings do not pin its own). So a curve still rising where its data end keeps rising at its own
+one key's few doublings do not pin its own), and 0 unless the data show the bend beyond noise (an F test at
+:data:`BEND_LEVEL` of the fit with lambda against the one without, in the point fit and in every refit). So a curve still rising where its data end keeps rising at its own
 rate, slowed only as far as the group's data show rises falling from doubling to doubling; a ceiling is never
 read from where the data stop. ``linear`` holds lambda at 0 (the rise per doubling continued unchanged), the
 form's limit and a yardstick. Every prediction is capped at the settings' ceiling (the base's pass@k on the
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares
+from scipy.stats import f as f_dist
 
 from rollscale.core.fit.forms import FormSettings, register
 from rollscale.core.fit.surface import SurfaceData
@@ -37,6 +39,7 @@ from rollscale.core.fit.surface import SurfaceData
 __all__ = ["DecayForm", "MIN_SHAPE_POINTS", "fit_decay", "fit_linear", "shape_points"]
 
 MIN_SHAPE_POINTS = 3
+BEND_LEVEL = 0.95  # a bend is read only where the data show it beyond noise (an F test of lambda against 0)
 _LAMBDA_MAX = 2.0  # a rise per doubling falling by e^-2 (to 14 %) each doubling: a curve all but flat
 _BAND_Z = 2.0
 
@@ -134,6 +137,32 @@ def _solve(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: n
         return least_squares(fun, x0, bounds=(lo, hi), method="trf", xtol=1e-8, ftol=1e-8, max_nfev=200).x
 
 
+def _solve_bent(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray,
+                start: np.ndarray, lam_max: float) -> np.ndarray:
+    """The fit with lambda free where the data show a bend beyond noise, else with lambda 0 (module docstring):
+    lambda is bounded below, so left free it would be above 0 in every fit to noise, and the forecast low."""
+    flat = _solve(data, u, on, y, w, np.r_[start[:-1], 0.0], 0.0)
+    if lam_max <= 0:
+        return flat
+    bent = _solve(data, u, on, y, w, start, lam_max)
+    if bent[-1] <= 1e-9:
+        return bent
+    dof = int(on.sum()) - bent.size
+    if dof < 1:
+        return flat
+    rss0, rss1 = _rss(data, u, on, y, w, flat), _rss(data, u, on, y, w, bent)
+    f = (rss0 - rss1) / max(rss1 / dof, 1e-300)
+    return bent if f > float(f_dist.ppf(BEND_LEVEL, 1, dof)) else flat
+
+
+def _rss(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray, th: np.ndarray) -> float:
+    k = len(data.keys)
+    pk = data.point_key[on]
+    t = data.log10_c[on] * math.log2(10.0) - u[pk]
+    r = th[pk] + th[k + pk] * _h(t, float(th[-1])) - y[on]
+    return float((w[on] * r * r).sum())
+
+
 def _start(data: SurfaceData, u: np.ndarray, on: np.ndarray) -> np.ndarray:
     """Each key's own straight line in log2 C over its shape points (its level at u and slope), lambda small."""
     k = len(data.keys)
@@ -155,7 +184,7 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
     u = np.array([x2[data.point_key == i].max() if (data.point_key == i).any() else 0.0 for i in range(k)])
     on = shape_points(data, settings.eval_draws)
     ones = np.ones(data.y.size)
-    theta = _solve(data, u, on, data.y, ones, _start(data, u, on), lam_max)
+    theta = _solve_bent(data, u, on, data.y, ones, _start(data, u, on), lam_max)
     form = DecayForm(data.keys, u, theta, np.empty((0, theta.size)), settings.ceiling)
     rng = np.random.default_rng([settings.seed, 7])
     runs_per_key = np.bincount(data.run_key, minlength=k)
@@ -182,7 +211,8 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
             y = y + rng.binomial(settings.eval_draws, fitted) / settings.eval_draws - fitted
         if extra > 0:
             y = y + rng.normal(0.0, extra, y.size)
-        thetas[b] = _solve(data, u, on, y, counts[data.point_run], theta, lam_max)
+        thetas[b] = _solve_bent(data, u, on, y, counts[data.point_run], np.r_[theta[:-1], max(theta[-1], 0.05)],
+                                lam_max)
     return DecayForm(data.keys, u, theta, thetas, settings.ceiling)
 
 
