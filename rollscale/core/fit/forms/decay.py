@@ -26,11 +26,10 @@ refitted from the point fit.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import minimize_scalar
 from scipy.stats import f as f_dist
 
 from rollscale.core.fit.forms import FormSettings, register
@@ -117,65 +116,44 @@ class DecayForm:
         return point, refits
 
 
-def _solve(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray, start: np.ndarray,
-           lam_max: float) -> np.ndarray:
-    k = len(data.keys)
-    pk = data.point_key[on]
-    x2 = data.log10_c[on] * math.log2(10.0)
-    t = x2 - u[pk]
-    sw = np.sqrt(w[on])
-    yy = y[on]
-
-    def fun(th: np.ndarray) -> np.ndarray:
-        return sw * (th[pk] + th[k + pk] * _h(t, float(th[-1])) - yy)
-
-    lo = np.concatenate([np.full(k, -1.0), np.zeros(k), [0.0]])
-    hi = np.concatenate([np.full(k, 2.0), np.ones(k), [max(lam_max, 1e-12)]])
-    x0 = np.clip(start, lo + 1e-12, hi - 1e-12)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return least_squares(fun, x0, bounds=(lo, hi), method="trf", xtol=1e-8, ftol=1e-8, max_nfev=200).x
+def _given_lambda(pk: np.ndarray, t: np.ndarray, y: np.ndarray, w: np.ndarray, k: int,
+                  lam: float) -> tuple[np.ndarray, float]:
+    """``(theta (2K + 1,), weighted RSS)``: given lambda the model is linear in each key's (L, s): weighted least
+    squares per key in closed form, s held at 0 where its estimate is negative (a key never forecast to fall)."""
+    h = _h(t, lam)
+    sw, swh, swhh = (np.bincount(pk, weights=v, minlength=k) for v in (w, w * h, w * h * h))
+    swy, swhy = np.bincount(pk, weights=w * y, minlength=k), np.bincount(pk, weights=w * h * y, minlength=k)
+    det = sw * swhh - swh**2
+    ok = (det > 1e-12 * np.maximum(sw * swhh, 1e-300)) & (sw > 0)
+    safe = np.where(ok, det, 1.0)
+    slope = np.where(ok, (sw * swhy - swh * swy) / safe, 0.0)
+    slope = np.clip(slope, 0.0, None)
+    level = np.where(sw > 0, (swy - slope * swh) / np.where(sw > 0, sw, 1.0), 0.0)
+    resid = level[pk] + slope[pk] * h - y
+    return np.concatenate([level, slope, [lam]]), float((w * resid * resid).sum())
 
 
 def _solve_bent(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray,
-                start: np.ndarray, lam_max: float) -> np.ndarray:
+                lam_max: float) -> np.ndarray:
     """The fit with lambda free where the data show a bend beyond noise, else with lambda 0 (module docstring):
-    lambda is bounded below, so left free it would be above 0 in every fit to noise, and the forecast low."""
-    flat = _solve(data, u, on, y, w, np.r_[start[:-1], 0.0], 0.0)
+    lambda is bounded below, so left free it would be above 0 in every fit to noise, and the forecast low.
+    Lambda is profiled out: a bounded one-dimensional search over the closed-form fits given lambda."""
+    k = len(data.keys)
+    keep = on & (w > 0)
+    pk = data.point_key[keep]
+    t = data.log10_c[keep] * math.log2(10.0) - u[pk]
+    yy, ww = y[keep], w[keep]
+    flat, rss0 = _given_lambda(pk, t, yy, ww, k, 0.0)
     if lam_max <= 0:
         return flat
-    bent = _solve(data, u, on, y, w, start, lam_max)
-    if bent[-1] <= 1e-9:
-        return bent
-    dof = int(on.sum()) - bent.size
-    if dof < 1:
+    best = minimize_scalar(lambda lam: _given_lambda(pk, t, yy, ww, k, lam)[1], bounds=(0.0, lam_max),
+                           method="bounded", options={"xatol": 1e-4})
+    bent, rss1 = _given_lambda(pk, t, yy, ww, k, float(best.x))
+    dof = int(keep.sum()) - bent.size
+    if dof < 1 or rss1 >= rss0:
         return flat
-    rss0, rss1 = _rss(data, u, on, y, w, flat), _rss(data, u, on, y, w, bent)
     f = (rss0 - rss1) / max(rss1 / dof, 1e-300)
     return bent if f > float(f_dist.ppf(BEND_LEVEL, 1, dof)) else flat
-
-
-def _rss(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray, th: np.ndarray) -> float:
-    k = len(data.keys)
-    pk = data.point_key[on]
-    t = data.log10_c[on] * math.log2(10.0) - u[pk]
-    r = th[pk] + th[k + pk] * _h(t, float(th[-1])) - y[on]
-    return float((w[on] * r * r).sum())
-
-
-def _start(data: SurfaceData, u: np.ndarray, on: np.ndarray) -> np.ndarray:
-    """Each key's own straight line in log2 C over its shape points (its level at u and slope), lambda small."""
-    k = len(data.keys)
-    level, slope = np.zeros(k), np.zeros(k)
-    x2 = data.log10_c * math.log2(10.0)
-    for i in range(k):
-        sel = on & (data.point_key == i)
-        if sel.sum() >= 2 and np.ptp(x2[sel]) > 0:
-            b, a = np.polyfit(x2[sel] - u[i], data.y[sel], 1)
-            level[i], slope[i] = a, max(b, 0.0)
-        elif sel.any():
-            level[i] = data.y[sel].mean()
-    return np.concatenate([level, np.clip(slope, 0, 1), [0.05]])
 
 
 def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm:
@@ -184,7 +162,7 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
     u = np.array([x2[data.point_key == i].max() if (data.point_key == i).any() else 0.0 for i in range(k)])
     on = shape_points(data, settings.eval_draws)
     ones = np.ones(data.y.size)
-    theta = _solve_bent(data, u, on, data.y, ones, _start(data, u, on), lam_max)
+    theta = _solve_bent(data, u, on, data.y, ones, lam_max)
     form = DecayForm(data.keys, u, theta, np.empty((0, theta.size)), settings.ceiling)
     rng = np.random.default_rng([settings.seed, 7])
     runs_per_key = np.bincount(data.run_key, minlength=k)
@@ -211,8 +189,7 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
             y = y + rng.binomial(settings.eval_draws, fitted) / settings.eval_draws - fitted
         if extra > 0:
             y = y + rng.normal(0.0, extra, y.size)
-        thetas[b] = _solve_bent(data, u, on, y, counts[data.point_run], np.r_[theta[:-1], max(theta[-1], 0.05)],
-                                lam_max)
+        thetas[b] = _solve_bent(data, u, on, y, counts[data.point_run], lam_max)
     return DecayForm(data.keys, u, theta, thetas, settings.ceiling)
 
 
