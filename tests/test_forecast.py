@@ -262,5 +262,5 @@ def test_the_report_shows_the_backtest_and_the_forecast_with_more_compute():
         values = [float(v) for v in re.findall(r"-?\d+\.\d+", text)]
         assert values and all(0 <= v <= 1 for v in values), text
     sentence = backtest_sentence({"backtest": out.backtest})
-    assert sentence.startswith("Forecast past the data (science §10): forecast from 50% of the data covered ")
+    assert sentence.startswith("Forecast past the data (science §10): forecast 2x past 1/2 of the data covered ")
     assert table_more_compute({"forecast": None}).missing and backtest_sentence({"backtest": None}) is None

@@ -35,7 +35,7 @@ note says why, never an error.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -43,9 +43,18 @@ from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from rollscale.core.fit.decision import fit_runs, key_rewards
-from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, interval, predict, same_runs, spread
+from rollscale.core.fit.forecast import (
+    ForecastSettings,
+    SurfaceBootstrap,
+    bootstrap_surface,
+    interval,
+    predict,
+    same_runs,
+    spread,
+)
 
-__all__ = ["BACKTEST_COLUMNS", "Backtest", "DEFAULT_MULTIPLE", "MIN_CUT_BUDGETS", "backtest", "calibration", "cut_runs",
+__all__ = ["BACKTEST_COLUMNS", "Backtest", "DEFAULT_MULTIPLE", "MIN_CUT_BUDGETS", "answer_multiple", "backtest",
+           "calibrated", "calibration", "cut_runs",
            "cuttable_multiple"]
 
 BACKTEST_COLUMNS = ["key", "c_cut", "c_end", "forecast", "forecast_lo", "forecast_hi", "reached", "reached_lo",
@@ -173,6 +182,21 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
                 for k, v in zip(keys[off], z[off], strict=True)]
         note += "; not to be trusted past the data (" + "; ".join(why) + ")"
     return Backtest(table, coverage, mean_error, mae, a4, failed, note, rmse, m, widen)
+
+
+def answer_multiple(evals: pd.DataFrame, c_star: float) -> float:
+    """``C* / c_max`` with c_max the largest budget the group's runs reached: the multiple the answer is read
+    past the data (at least :data:`DEFAULT_MULTIPLE`, the backtest's smallest)."""
+    return max(float(c_star) / float(evals["c"].max()), DEFAULT_MULTIPLE)
+
+
+def calibrated(boot: SurfaceBootstrap, evals: pd.DataFrame, key_col: str, c_star: float
+               ) -> tuple[SurfaceBootstrap, Backtest]:
+    """``boot`` with its interval widened by the group's backtest at the answer's multiple (science §11.4), and
+    that backtest: every reader of the forecast at C* (the fit stage, the search, track) calls this, so that all
+    read one interval."""
+    bt = backtest(evals, key_col, replace(boot.settings, widen=1.0), multiple=answer_multiple(evals, c_star))
+    return replace(boot, settings=replace(boot.settings, widen=bt.widen)), bt
 
 
 def _reached(evals: pd.DataFrame, key_col: str, keys: np.ndarray, c_end: np.ndarray,

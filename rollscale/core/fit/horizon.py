@@ -12,13 +12,14 @@ error.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from rollscale.core.fit.backtest import BACKTEST_COLUMNS, DEFAULT_MULTIPLE, backtest
+from rollscale.core.fit.backtest import BACKTEST_COLUMNS, Backtest, calibrated
 from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, bootstrap_surface, forecast_group
+from rollscale.core.fit.forms import DEFAULT_FORM
 from rollscale.core.fit.tables import design_groups
 
 __all__ = ["COMPUTE_MULTIPLES", "FORECAST_TABLE_COLUMNS", "BACKTEST_TABLE_COLUMNS", "HorizonTables",
@@ -38,11 +39,13 @@ class HorizonTables:
     backtest: pd.DataFrame  # BACKTEST_TABLE_COLUMNS
 
 
-def study_settings(resamples: int, seed: int, eval_draws: int | None) -> ForecastSettings:
-    """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one surface):
+def study_settings(resamples: int, seed: int, eval_draws: int | None, form: str | None = None) -> ForecastSettings:
+    """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one forecast):
     the fit's bootstrap ``resamples`` (at least 2) and ``seed``; ``eval_draws``, the 0/1 samples behind one
-    evaluation (validation problems x k of avg@k), redrawn in each refit."""
-    return ForecastSettings(resamples=max(resamples, 2), eval_draws=eval_draws, seed=seed)
+    evaluation (validation problems x k of avg@k), redrawn in each refit; ``form`` the forecast's shape (None:
+    :data:`DEFAULT_FORM`, the one the test bed chose)."""
+    return ForecastSettings(resamples=max(resamples, 2), eval_draws=eval_draws, seed=seed,
+                            form=form if form is not None else DEFAULT_FORM)
 
 
 def forecast_budgets(c_star: float, c_max: float, multiples: tuple[int, ...] = COMPUTE_MULTIPLES) -> list[float]:
@@ -56,17 +59,9 @@ def _group_label(design: str, g: object) -> dict[str, str]:
     return {"design": design, "bucket": str(g.bucket), "rule": str(g.rule), "fixed": str(g.fixed)}  # type: ignore
 
 
-def _backtest_rows(label: dict[str, str], evals: pd.DataFrame, key_col: str, settings: ForecastSettings,
-                   multiple: float) -> tuple[pd.DataFrame, float]:
-    """The group's backtest at the answer's ``multiple`` (science §11.4) and its widening of the interval."""
-    try:
-        bt = backtest(evals, key_col, settings, multiple=multiple)
-    except (ValueError, RuntimeError, np.linalg.LinAlgError) as err:
-        return pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan, "failed": True,
-                              "note": f"no backtest: {err}"}]), 1.0
+def _backtest_rows(label: dict[str, str], bt: Backtest) -> pd.DataFrame:
     rows = bt.keys if len(bt.keys) else pd.DataFrame([{}])
-    return rows.assign(**label, coverage=bt.coverage, mean_error=bt.mean_error, failed=bt.failed,
-                       note=bt.note), bt.widen
+    return rows.assign(**label, coverage=bt.coverage, mean_error=bt.mean_error, failed=bt.failed, note=bt.note)
 
 
 def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
@@ -89,10 +84,12 @@ def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
                 backtests.append(pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan,
                                                 "failed": True, "note": f"no forecast: {err}"}]))
                 continue
-            multiple = max(c_star / float(rows["c"].max()), DEFAULT_MULTIPLE)
-            back, widen = _backtest_rows(label, rows, g.key_col, settings, multiple)
-            backtests.append(back)
-            boot = replace(boot, settings=replace(settings, widen=widen))
+            try:
+                boot, bt = calibrated(boot, rows, g.key_col, c_star)
+                backtests.append(_backtest_rows(label, bt))
+            except (ValueError, RuntimeError, np.linalg.LinAlgError) as err:
+                backtests.append(pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan,
+                                                "failed": True, "note": f"no backtest: {err}"}]))
             for c in budgets:
                 part = forecast_group(rows, g.key_col, c, settings=boot.settings, boot=boot)
                 forecasts.append(part.drop(columns=["group"], errors="ignore").assign(
