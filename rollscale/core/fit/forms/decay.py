@@ -35,7 +35,7 @@ from scipy.stats import f as f_dist
 from rollscale.core.fit.forms import FormSettings, register
 from rollscale.core.fit.surface import SurfaceData
 
-__all__ = ["DecayForm", "MIN_SHAPE_POINTS", "fit_decay", "fit_linear", "shape_points"]
+__all__ = ["DecayForm", "MIN_SHAPE_POINTS", "fit_decay", "fit_decay_key", "fit_linear", "shape_points"]
 
 MIN_SHAPE_POINTS = 3
 BEND_LEVEL = 0.95  # a bend is read only where the data show it beyond noise (an F test of lambda against 0)
@@ -84,12 +84,26 @@ class DecayForm:
     thetas: np.ndarray  # (resamples, 2K + 1)
     ceiling: float
 
+    def _lambdas(self, theta: np.ndarray) -> np.ndarray:
+        k = self.keys.size
+        return theta[2 * k:3 * k] if theta.size == 3 * k else np.full(k, float(theta[-1]))
+
     def _trained(self, theta: np.ndarray, log2c: np.ndarray) -> np.ndarray:
         """(K, len(log2c)) every trained key's reward at each budget."""
         k = self.keys.size
-        lam = float(theta[-1])
         t = log2c[None, :] - self.u[:, None]
-        return theta[:k, None] + theta[k:2 * k, None] * _h(t, lam)
+        lam = self._lambdas(theta)
+        return np.stack([theta[i] + theta[k + i] * _h(t[i], float(lam[i])) for i in range(k)])
+
+    def _points(self, theta: np.ndarray, point_key: np.ndarray, log2c: np.ndarray) -> np.ndarray:
+        k = self.keys.size
+        lam = self._lambdas(theta)
+        t = log2c - self.u[point_key]
+        out = np.empty(log2c.size)
+        for i in range(k):
+            on = point_key == i
+            out[on] = theta[i] + theta[k + i] * _h(t[on], float(lam[i]))
+        return out
 
     def _at(self, theta: np.ndarray, keys: np.ndarray, log2c: np.ndarray) -> np.ndarray:
         grid = self._trained(theta, log2c)  # (K, n)
@@ -156,19 +170,41 @@ def _solve_bent(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray,
     return bent if f > float(f_dist.ppf(BEND_LEVEL, 1, dof)) else flat
 
 
-def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm:
+def _solve_each(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray,
+                lam_max: float) -> np.ndarray:
+    """:func:`_solve_bent` key by key: each key its own lambda (its own F test); theta's lambda slot unused."""
+    k = len(data.keys)
+    theta = np.zeros(3 * k)
+    for i in range(k):
+        sel = on & (data.point_key == i)
+        one = _solve_bent(_one_key(data, i), u[[i]], sel[data.point_key == i], y[data.point_key == i],
+                          w[data.point_key == i], lam_max)
+        theta[i], theta[k + i], theta[2 * k + i] = one
+    return theta
+
+
+def _one_key(data: SurfaceData, i: int) -> SurfaceData:
+    mine = data.point_key == i
+    runs = np.flatnonzero(data.run_key == i)
+    remap = np.full(data.run_key.size, -1)
+    remap[runs] = np.arange(runs.size)
+    return SurfaceData(data.keys[[i]], np.zeros(runs.size, int), data.slot[runs], data.reach[runs],
+                       data.step0[runs], remap[data.point_run[mine]], data.log10_c[mine], data.y[mine])
+
+
+def _fit(data: SurfaceData, settings: FormSettings, lam_max: float, per_key: bool = False) -> DecayForm:
     k = len(data.keys)
     x2 = data.log10_c * math.log2(10.0)
     u = np.array([x2[data.point_key == i].max() if (data.point_key == i).any() else 0.0 for i in range(k)])
     on = shape_points(data, settings.eval_draws)
     ones = np.ones(data.y.size)
-    theta = _solve_bent(data, u, on, data.y, ones, lam_max)
+    solve = _solve_each if per_key else _solve_bent
+    theta = solve(data, u, on, data.y, ones, lam_max)
     form = DecayForm(data.keys, u, theta, np.empty((0, theta.size)), settings.ceiling)
     rng = np.random.default_rng([settings.seed, 7])
     runs_per_key = np.bincount(data.run_key, minlength=k)
     slots = [idx[np.argsort(data.slot[idx])] for idx in (np.flatnonzero(data.run_key == i) for i in range(k))]
-    fitted = np.clip(theta[data.point_key] + theta[k + data.point_key] * _h(x2 - u[data.point_key], theta[-1]),
-                     0.0, 1.0)
+    fitted = np.clip(form._points(theta, data.point_key, x2), 0.0, 1.0)
     # the points' scatter about the fit beyond evaluation noise (a run's curve wiggles): redrawn too, so that a
     # slope read from two seeds spreads as much as its residuals say
     resid = (data.y - fitted)[on]
@@ -189,7 +225,7 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
             y = y + rng.binomial(settings.eval_draws, fitted) / settings.eval_draws - fitted
         if extra > 0:
             y = y + rng.normal(0.0, extra, y.size)
-        thetas[b] = _solve_bent(data, u, on, y, counts[data.point_run], lam_max)
+        thetas[b] = solve(data, u, on, y, counts[data.point_run], lam_max)
     return DecayForm(data.keys, u, theta, thetas, settings.ceiling)
 
 
@@ -197,6 +233,13 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float) -> DecayForm
 def fit_decay(data: SurfaceData, settings: FormSettings) -> DecayForm:
     """The ``decay`` form (module docstring)."""
     return _fit(data, settings, _LAMBDA_MAX)
+
+
+@register("decay_key")
+def fit_decay_key(data: SurfaceData, settings: FormSettings) -> DecayForm:
+    """The ``decay`` form with each key's own decay rate (its own F test): keys at different phases of their
+    curves (one bending, one still accelerating) do not share one."""
+    return _fit(data, settings, _LAMBDA_MAX, per_key=True)
 
 
 @register("linear")
