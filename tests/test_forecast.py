@@ -21,7 +21,8 @@ from rollscale.core.search.forecast_sim import forecast_studies, judge_study, st
 from rollscale.core.fit.surface import fit_surface, key_parameters, prepare
 
 R0 = 0.35
-FAST = ForecastSettings(resamples=60, eval_draws=1600)
+# science §10.1's surface: these tests pin its machinery (the default form is tested in test_forecast_forms.py)
+FAST = ForecastSettings(resamples=60, eval_draws=1600, form="surface")
 
 
 def _on_surface(keys=(2, 4, 8, 16), seeds=2, noise=0.0, seed=0) -> tuple[pd.DataFrame, dict]:
@@ -134,10 +135,11 @@ def test_forecast_table_columns_bounds_leader_and_untrained_keys():
 def test_a_forecast_too_wide_is_unknown_and_still_names_its_leader():
     evals, _ = _on_surface(seeds=2, noise=0.015, seed=4)
     wide = forecast_group(evals, "n", 160_000, None, ForecastSettings(resamples=20, eval_draws=1600,
-                                                                      max_width=1e-4))
+                                                                      max_width=1e-4, form="surface"))
     assert wide["unknown"].all()
     # the leader is read as ever (the group then has no answer at C*: its row is unknown)
-    narrow = forecast_group(evals, "n", 160_000, None, ForecastSettings(resamples=20, eval_draws=1600))
+    narrow = forecast_group(evals, "n", 160_000, None, ForecastSettings(resamples=20, eval_draws=1600,
+                                                                        form="surface"))
     assert wide["leader"].iloc[0] == narrow["leader"].iloc[0] == 16
     assert not narrow.set_index("key").loc[4, "unknown"]
 
@@ -146,8 +148,9 @@ def test_bad_input_names_what_is_wrong():
     evals, _ = _on_surface(seeds=1)
     with pytest.raises(ValueError, match="missing columns"):
         forecast_group(evals.drop(columns="avg_at_k"), "n", 1e5, settings=FAST)
-    with pytest.raises(ValueError, match="step-0"):
-        forecast_group(evals[evals["c"] > 0], "n", 1e5, settings=FAST)
+    # no step 0: a reason on every row, never an error (the search and the fit stage show it)
+    rows = forecast_group(evals[evals["c"] > 0], "n", 1e5, settings=FAST)
+    assert rows["reason"].str.contains("step-0").all() and rows["reward"].isna().all()
     with pytest.raises(ValueError, match="group column"):
         forecast_table(evals, "n", "bucket", 1e5, settings=FAST)
     with pytest.raises(ValueError, match="c_star"):
@@ -173,7 +176,7 @@ def test_backtest_passes_on_the_surface_and_fails_where_a_key_stops_rising():
     evals, _ = _on_surface(seeds=2, noise=0.01, seed=6)
     good = backtest(evals, "n", FAST)
     assert not good.failed and good.coverage >= 0.75, good.note
-    assert good.note.startswith("forecast from 50% of the data covered")
+    assert good.note.startswith("forecast 2x past 1/2 of the data covered") and good.multiple == 2.0
     bent = evals.copy()
     # n = 16 stops rising past C_max / 2 (science §10.3: A4 contradicted by one key)
     late = (bent["n"] == 16) & (bent["c"] > 20_000)
@@ -231,7 +234,7 @@ def test_the_fit_stage_tables_read_every_ordered_group_at_c_star_and_past_it():
     assert (~fc["trained"]).any() and fc["trained"].any()
     assert fc[["reward", "reward_lo", "reward_hi"]].stack().between(0, 1).all()
     assert (fc["reward_lo"] <= fc["reward"]).all() and (fc["reward"] <= fc["reward_hi"]).all()
-    assert set(bt["bucket"]) == {s.name for s in studies} and bt["note"].str.contains("forecast from 50%").all()
+    assert set(bt["bucket"]) == {s.name for s in studies} and bt["note"].str.contains("forecast 2x past 1/2 of the data").all()
     one_key = ev[ev["n"] == ev["n"].min()]
     alone = horizon_tables(one_key, c_max, budgets, ForecastSettings(resamples=5))
     assert alone.forecast.empty and alone.backtest["note"].str.startswith("no forecast").all()
@@ -259,5 +262,5 @@ def test_the_report_shows_the_backtest_and_the_forecast_with_more_compute():
         values = [float(v) for v in re.findall(r"-?\d+\.\d+", text)]
         assert values and all(0 <= v <= 1 for v in values), text
     sentence = backtest_sentence({"backtest": out.backtest})
-    assert sentence.startswith("Forecast past the data (science §10): forecast from 50% of the data covered ")
+    assert sentence.startswith("Forecast past the data (science §10): forecast 2x past 1/2 of the data covered ")
     assert table_more_compute({"forecast": None}).missing and backtest_sentence({"backtest": None}) is None

@@ -1,32 +1,41 @@
-"""The study's own backtest of its forecast (science §10.3).
+"""The study's own backtest of its forecast, at the answer's multiple (science §10.3, §11.4).
 
-Every run of a group is cut at ``fraction`` (a half) of the budget it reached; the surface and its refits
-(:func:`rollscale.core.fit.forecast.bootstrap_surface`) are fitted on what is left, and each trained key's reward
-is forecast at ``c_end``, the budget all its runs reached. What the key reached there is its per-run §9.3 value
-(:func:`rollscale.core.fit.decision.key_rewards` on the whole runs: each run's own sigmoid at the group's R0, no
-A4) with its t interval. A key is covered when that value lies in the forecast's interval.
+With ``m = C* / c_max`` (the multiple the answer is read past the data), every run of a group is cut at ``1 / m``
+of the budget it reached; the forecast (:func:`rollscale.core.fit.forecast.bootstrap_surface`, the settings'
+form) is fitted on what is left, and each trained key's reward is forecast at ``c_end``, the budget all its runs
+reached. What the key reached there is its per-run §9.3 value (:func:`rollscale.core.fit.decision.key_rewards`
+on the whole runs: each run's own sigmoid at the group's R0) with its t interval. A key is covered when that
+value lies in the forecast's interval. Where ``m`` is more than the runs can cut (a key left with fewer than
+:data:`MIN_CUT_BUDGETS` budgets past step 0), the backtest says so and tests the largest multiple it can
+(``multiple`` is the one tested).
+
+Reported: the signed mean error, RMSE and coverage, and ``widen``: the factor by which the forecast's half
+widths must grow to have covered the backtest's errors (split-conformal, science §11.4: the errors over the
+half width on the side of each miss, their ``ceil((n + 1) level) / n`` quantile, the largest with few keys;
+never below 1). The answer's interval is read with it (``ForecastSettings.widen``).
 
 The backtest fails, and the study's forecast is not to be trusted past its data, when
 
 * the intervals cover fewer than 2/3 of the keys, or
-* **A4 is contradicted**: some key's reached value lies off its forecast by more than the surface allows for
+* **A4 is contradicted**: some key's reached value lies off its forecast by more than the forecast allows for
   *these runs*: ``z = (reached - forecast) / se``, ``se`` the half width (on the side of the miss) over the
   normal quantile of the forecast's interval from refits that keep every run once
-  (:func:`rollscale.core.fit.forecast.same_runs`: evaluation noise, R0 and the deviations' prior redrawn, the
-  seeds not resampled), outside the family-wise ``level`` interval over the K keys (Bonferroni:
-  ``|z| > z_{1 - (1 - level) / (2 K)}``). The reached value is read on the same runs as the forecast, so the
-  seeds' spread, which the forecast's own interval holds to cover the key's true reward, is no part of a miss:
-  measured with it (the forecast's interval as ``se``), the bent key of the simulated ``bend`` family (it stops
-  rising past the cut) lay at |z| 0.9-1.8 and no study was flagged; without it at z -3.1 +- 1.3 (docs/benchmarks.md
-  has the rates per family). A familywise bound, not each key's 95 %: at 1.96, 8-50 % of the studies of
-  families where A4 holds were flagged. Coverage is read on the forecast's own interval, the one the study
-  reports.
+  (:func:`rollscale.core.fit.forecast.same_runs`: evaluation noise redrawn, the seeds not resampled), outside
+  the family-wise ``level`` interval over the K keys (Bonferroni: ``|z| > z_{1 - (1 - level) / (2 K)}``). The
+  reached value is read on the same runs as the forecast, so the seeds' spread, which the forecast's own
+  interval holds to cover the key's true reward, is no part of a miss: measured with it (the forecast's interval
+  as ``se``), the bent key of the simulated ``bend`` family (it stops rising past the cut) lay at |z| 0.9-1.8
+  and no study was flagged. A familywise bound, not each key's 95 %: at 1.96, 8-50 % of the studies of families
+  where A4 holds were flagged. Coverage is read on the forecast's own interval, the one the study reports.
+
+Degenerate data (too few evaluations, a flat curve, validation solved at step 0) give a failed backtest whose
+note says why, never an error.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -34,13 +43,25 @@ from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from rollscale.core.fit.decision import fit_runs, key_rewards
-from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, interval, predict, same_runs, spread
+from rollscale.core.fit.forecast import (
+    ForecastSettings,
+    SurfaceBootstrap,
+    bootstrap_surface,
+    interval,
+    predict,
+    same_runs,
+    spread,
+)
 
-__all__ = ["BACKTEST_COLUMNS", "Backtest", "backtest", "cut_runs"]
+__all__ = ["BACKTEST_COLUMNS", "Backtest", "DEFAULT_MULTIPLE", "MIN_CUT_BUDGETS", "answer_multiple", "backtest",
+           "calibrated", "calibration", "cut_runs",
+           "cuttable_multiple"]
 
 BACKTEST_COLUMNS = ["key", "c_cut", "c_end", "forecast", "forecast_lo", "forecast_hi", "reached", "reached_lo",
                     "reached_hi", "covered", "error", "z", "off_surface"]
 COVERAGE_MIN = 2.0 / 3.0  # science §10.3
+MIN_CUT_BUDGETS = 3  # budgets past step 0 a key keeps after the cut: fewer carry no rise per doubling
+DEFAULT_MULTIPLE = 2.0  # without C*: §10.3's half
 
 
 @dataclass(frozen=True)
@@ -54,6 +75,9 @@ class Backtest:
     a4_contradicted: bool
     failed: bool
     note: str
+    rmse: float = math.nan
+    multiple: float = math.nan  # the multiple tested (the answer's, or the largest the runs can cut)
+    widen: float = 1.0  # the interval's calibration (module docstring)
 
 
 def cut_runs(evals: pd.DataFrame, fraction: float = 0.5) -> pd.DataFrame:
@@ -64,27 +88,70 @@ def cut_runs(evals: pd.DataFrame, fraction: float = 0.5) -> pd.DataFrame:
     return evals[evals["c"] <= fraction * reach * (1 + 1e-9)]
 
 
-def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = ForecastSettings(),
-             fraction: float = 0.5) -> Backtest:
-    """The backtest of one group (module docstring)."""
+def _cut_budgets(evals: pd.DataFrame, key_col: str, fraction: float) -> int:
+    """The fewest distinct budgets past step 0 any key keeps after the cut."""
     cut = cut_runs(evals, fraction)
+    per_key = cut[cut["c"] > 0].groupby(key_col)["c"].nunique().reindex(evals[key_col].unique()).fillna(0)
+    return int(per_key.min()) if len(per_key) else 0
+
+
+def cuttable_multiple(evals: pd.DataFrame, key_col: str, multiple: float) -> float:
+    """``multiple`` when every key keeps :data:`MIN_CUT_BUDGETS` budgets cut at ``1 / multiple``, else the largest
+    quarter-doubling below it that does (NaN: not even a cut at 1.19)."""
+    m = float(multiple)
+    while m > 2 ** 0.25 - 1e-9:
+        if _cut_budgets(evals, key_col, 1.0 / m) >= MIN_CUT_BUDGETS:
+            return m
+        m /= 2 ** 0.25
+    return math.nan
+
+
+def calibration(errors: np.ndarray, half_widths: np.ndarray, level: float) -> float:
+    """The split-conformal widening (module docstring): >= 1, 1 without errors to read."""
+    ok = np.isfinite(errors) & np.isfinite(half_widths)
+    if not ok.any():
+        return 1.0
+    ratio = np.abs(errors[ok]) / np.maximum(half_widths[ok], 1e-9)
+    n = ratio.size
+    rank = math.ceil((n + 1) * level)
+    q = float(np.sort(ratio)[min(rank, n) - 1])
+    return max(1.0, q)
+
+
+def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = ForecastSettings(),
+             fraction: float | None = None, multiple: float | None = None) -> Backtest:
+    """The backtest of one group (module docstring) at the answer's ``multiple`` (C* / c_max), or cut at
+    ``fraction`` (§10.3's half when neither is given)."""
+    wanted = multiple if multiple is not None else (1.0 / fraction if fraction is not None else DEFAULT_MULTIPLE)
+    if not wanted > 1:
+        raise ValueError(f"backtest multiple: expected > 1, got {wanted}")
+    m = cuttable_multiple(evals, key_col, wanted)
+    empty = pd.DataFrame(columns=BACKTEST_COLUMNS)
+    if not math.isfinite(m):
+        return Backtest(empty, math.nan, math.nan, math.nan, False, True,
+                        f"no backtest: not enough evaluations to cut (fewer than {MIN_CUT_BUDGETS} budgets a key "
+                        "past step 0 even at the smallest cut): not to be trusted past the data")
+    cut = cut_runs(evals, 1.0 / m)
     boot = bootstrap_surface(cut, key_col, settings)
+    if boot.reason:
+        return Backtest(empty, math.nan, math.nan, math.nan, False, True, f"no backtest: {boot.reason}",
+                        multiple=m)
     keys = boot.data.keys
     reach = evals.groupby("run_id")["c"].max()
     run_key = evals.drop_duplicates("run_id").set_index("run_id")[key_col]
     c_end = np.array([float(reach[run_key.index[run_key == k]].min()) for k in keys])
     c_cut = np.array([float(cut.loc[cut[key_col] == k, "c"].max()) for k in keys])
     point, refits = predict(boot, keys, c_end)
-    top = settings.a_max if settings.a_max is not None else math.inf
+    top = settings.top
     lo, hi = interval(point, refits, spread(boot), settings.level, (0.0, top))
     reached, r_lo, r_hi = _reached(evals, key_col, keys, c_end, settings)
     own_point, own_refits = predict(same_runs(boot), keys, c_end)
     own_lo, own_hi = interval(own_point, own_refits, 1.0, settings.level, (0.0, top))
     z_half = norm.ppf(0.5 + settings.level / 2)
     with np.errstate(invalid="ignore", divide="ignore"):
-        z = z_half * np.where(reached >= own_point, (reached - own_point) / (own_hi - own_point),
-                              (reached - own_point) / (own_point - own_lo))
-    known = np.isfinite(reached)
+        side = np.where(reached >= own_point, own_hi - own_point, own_point - own_lo)
+        z = np.where(side > 1e-9, z_half * (reached - own_point) / side, math.nan)
+    known = np.isfinite(reached) & np.isfinite(point)
     bound = norm.ppf(1 - (1 - settings.level) / (2 * max(int(known.sum()), 1)))
     off = known & (np.abs(z) > bound)
     covered = known & (reached >= lo) & (reached <= hi)
@@ -92,22 +159,44 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
                           "forecast_hi": hi, "reached": reached, "reached_lo": r_lo, "reached_hi": r_hi,
                           "covered": covered, "error": point - reached, "z": z, "off_surface": off})
     n = int(known.sum())
-    coverage = float(covered[known].mean()) if n else math.nan
     err = (point - reached)[known]
+    coverage = float(covered[known].mean()) if n else math.nan
     mean_error = float(err.mean()) if n else math.nan
     mae = float(np.abs(err).mean()) if n else math.nan
+    rmse = float(np.sqrt(np.mean(err**2))) if n else math.nan
+    half = np.where(reached >= point, hi - point, point - lo)[known]
+    widen = calibration(err, half, settings.level)
     a4 = bool(off.any())
     failed = bool(n == 0 or coverage < COVERAGE_MIN - 1e-12 or a4)
-    note = (f"forecast from {fraction:.0%} of the data covered {int(covered.sum())} of {n} keys' final rewards; "
-            f"mean error {mean_error:+.3f}")
+    note = (f"forecast {m:.2g}x past 1/{m:.2g} of the data covered {int(covered.sum())} of {n} keys' final "
+            f"rewards; mean error {mean_error:+.3f}, RMSE {rmse:.3f}")
+    if m < wanted - 1e-9:
+        note = f"the runs cannot be cut at 1/{wanted:.2g} (too few evaluations before); tested at {m:.2g}x: " + note
+    if widen > 1.0 + 1e-9:
+        note += f"; the interval widened {widen:.2f}x to cover these errors"
     if n == 0:
         note = "no key's runs could be fitted to compare the forecast with: not to be trusted past the data"
     elif failed:
         why = [f"coverage below {COVERAGE_MIN:.2f}"] if coverage < COVERAGE_MIN - 1e-12 else []
-        why += [f"A4 contradicted: key {int(k)} off the surface (z = {v:+.1f})"
+        why += [f"A4 contradicted: key {int(k)} off the forecast (z = {v:+.1f})"
                 for k, v in zip(keys[off], z[off], strict=True)]
         note += "; not to be trusted past the data (" + "; ".join(why) + ")"
-    return Backtest(table, coverage, mean_error, mae, a4, failed, note)
+    return Backtest(table, coverage, mean_error, mae, a4, failed, note, rmse, m, widen)
+
+
+def answer_multiple(evals: pd.DataFrame, c_star: float) -> float:
+    """``C* / c_max`` with c_max the largest budget the group's runs reached: the multiple the answer is read
+    past the data (at least :data:`DEFAULT_MULTIPLE`, the backtest's smallest)."""
+    return max(float(c_star) / float(evals["c"].max()), DEFAULT_MULTIPLE)
+
+
+def calibrated(boot: SurfaceBootstrap, evals: pd.DataFrame, key_col: str, c_star: float
+               ) -> tuple[SurfaceBootstrap, Backtest]:
+    """``boot`` with its interval widened by the group's backtest at the answer's multiple (science §11.4), and
+    that backtest: every reader of the forecast at C* (the fit stage, the search, track) calls this, so that all
+    read one interval."""
+    bt = backtest(evals, key_col, replace(boot.settings, widen=1.0), multiple=answer_multiple(evals, c_star))
+    return replace(boot, settings=replace(boot.settings, widen=bt.widen)), bt
 
 
 def _reached(evals: pd.DataFrame, key_col: str, keys: np.ndarray, c_end: np.ndarray,

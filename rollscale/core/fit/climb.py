@@ -34,8 +34,10 @@ WINDOW_POINTS = 3
 CAP_COLUMNS = ["key", "c", "reward_lo", "reward_hi", "s_max", "cap", "best_floor", "cannot_catch_up"]
 
 
-def steepest_rise(evals: pd.DataFrame, key_col: str) -> float:
-    """``s_max`` of the module docstring (NaN when no window holds enough evaluations)."""
+def steepest_rise(evals: pd.DataFrame, key_col: str, beyond: float | None = None) -> float:
+    """``s_max`` of the module docstring (NaN when no window holds enough evaluations). ``beyond``: only windows
+    that reach a quarter doubling or more past that budget (a key's continuation past its own data, science
+    §11.3)."""
     pts = evals[evals["c"] > 0]
     best = math.nan
     for _, rows in pts.groupby(key_col):
@@ -43,7 +45,7 @@ def steepest_rise(evals: pd.DataFrame, key_col: str) -> float:
         x, y = np.log2(mean.index.to_numpy(float)), mean.to_numpy(float)
         for i in range(x.size):
             on = (x >= x[i]) & (x <= x[i] + 1.0 + 1e-9)
-            if on.sum() < WINDOW_POINTS:
+            if on.sum() < WINDOW_POINTS or (beyond is not None and x[on].max() < math.log2(beyond) + 0.25):
                 continue
             slope = float(np.polyfit(x[on], y[on], 1)[0])
             best = slope if not math.isfinite(best) else max(best, slope)

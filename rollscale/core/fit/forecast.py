@@ -42,7 +42,9 @@ import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
+from rollscale.core.fit.climb import steepest_rise
 from rollscale.core.fit.decision import RunCurves, fit_runs, key_rewards
+from rollscale.core.fit.forms import DEFAULT_FORM, FittedForm, FormSettings, fit_form
 from rollscale.core.fit.surface import (
     Surface,
     SurfaceData,
@@ -56,12 +58,12 @@ from rollscale.core.fit.surface import (
 )
 
 __all__ = ["FORECAST_COLUMNS", "ForecastSettings", "SurfaceBootstrap", "bootstrap_surface", "default_keys",
-           "forecast_group", "forecast_table", "interval", "predict", "same_runs", "spread"]
+           "forecast_group", "forecast_table", "interval", "predict", "same_runs", "spread", "unfit_reason"]
 
 FORECAST_COLUMNS = [
     "group", "key", "trained", "c_star", "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "leader",
     "unknown", "width", "extrapolated", "seeds", "c_seen", "per_run", "per_run_lo", "per_run_hi", "a", "c_mid",
-    "beta",
+    "beta", "form", "continued_hi", "reason",
 ]
 
 
@@ -78,12 +80,23 @@ class ForecastSettings:
     a_max: float | None = 1.0
     perturb: bool = True  # the refits' perturbed prior (rollscale.core.fit.surface.surface_refits)
     tau_spread: bool = True  # tau drawn per refit (rollscale.core.fit.surface.tau_draws); False: held
+    form: str = DEFAULT_FORM  # the shape (rollscale.core.fit.forms; "surface": science §10.1's)
+    ceiling: float | None = None  # the base's pass@k on the validation problems (science §11.2); None: a_max
+    widen: float = 1.0  # the backtest's calibration of the interval (rollscale.core.fit.backtest.calibration)
 
     def __post_init__(self) -> None:
         if self.resamples < 2:
             raise ValueError(f"forecast resamples: expected >= 2, got {self.resamples}")
         if not 0 < self.level < 1:
             raise ValueError(f"forecast level: expected in (0, 1), got {self.level}")
+        if not self.widen >= 1.0:
+            raise ValueError(f"forecast widen: expected >= 1, got {self.widen}")
+
+    @property
+    def top(self) -> float:
+        """The largest reward a key can reach: the pass@k ceiling where given, else ``a_max``."""
+        caps = [v for v in (self.a_max, self.ceiling) if v is not None]
+        return min(caps) if caps else math.inf
 
 
 @dataclass(frozen=True)
@@ -91,22 +104,55 @@ class SurfaceBootstrap:
     """A group's surface, its refits and what a prediction needs."""
 
     data: SurfaceData
-    surface: Surface
-    thetas: np.ndarray  # (resamples, 3K + 6)
+    surface: Surface | None  # the §10.1 surface (its a, c_mid, beta columns); None where it could not be fitted
+    thetas: np.ndarray  # (resamples, 3K + 6): the surface's refits (form "surface"), else empty
     r0s: np.ndarray  # (resamples,)
     seeds: int  # median runs per trained key
     settings: ForecastSettings
     taus: np.ndarray | None = None  # (resamples, 3): each refit's tau; None: the surface's
+    form: FittedForm | None = None  # another form's fit (settings.form), with its refits
+    reason: str = ""  # why the group has no forecast (degenerate data); "" when it has one
+
+
+def unfit_reason(data: SurfaceData, top: float) -> str:
+    """Why a group's evaluations carry no forecast, in words a report can show; "" when they do."""
+    if not np.isfinite(data.step0).any():
+        return "no step-0 (C = 0) evaluation: the forecast needs the group's R0 (science §9.2)"
+    r0 = float(np.nanmean(data.step0))
+    if r0 >= top - 1e-9:
+        return "validation solved at step 0: nothing to learn on this bucket"
+    budgets = [np.unique(data.log10_c[data.point_key == i]).size for i in range(len(data.keys))]
+    if not budgets or max(budgets) < 2:
+        return (f"not enough evaluations to fit: {max(budgets, default=0)} budget(s) past step 0 a key "
+                "(at least 2 needed)")
+    values = np.concatenate([data.y, data.step0[np.isfinite(data.step0)]])
+    if np.ptp(values) < 1e-12:
+        return (f"every evaluation reads {values[0]:.3f}: a flat curve"
+                + (": no run learned on this bucket" if values[0] <= 0 else "") + ", nothing to extrapolate")
+    return ""
 
 
 def bootstrap_surface(evals: pd.DataFrame, key_col: str, settings: ForecastSettings) -> SurfaceBootstrap:
-    """Fit one group's surface and its ``settings.resamples`` refits (science §10.1-10.2)."""
+    """Fit one group's form (``settings.form``; the §10.1 surface beside it for its parameters) and its
+    ``settings.resamples`` refits (science §10.2, §11.2). Degenerate data give ``reason``, never an error."""
     data = prepare(evals, key_col)
-    surface = fit_surface(data, a_max=settings.a_max)
+    seeds = int(np.median(np.bincount(data.run_key))) if data.run_key.size else 0
+    empty = np.empty((0, 3 * len(data.keys) + 6))
+    reason = unfit_reason(data, settings.top)
+    if reason:
+        return SurfaceBootstrap(data, None, empty, np.empty(0), seeds, settings, reason=reason)
+    if settings.form != "surface":
+        try:
+            surface = fit_surface(data, a_max=settings.a_max)
+        except (ValueError, np.linalg.LinAlgError):
+            surface = None
+        form = fit_form(settings.form, data, FormSettings(settings.resamples, settings.eval_draws, settings.seed,
+                                                          settings.top))
+        return SurfaceBootstrap(data, surface, empty, np.empty(0), seeds, settings, form=form)
+    surface = fit_surface(data, a_max=settings.top if math.isfinite(settings.top) else None)
     taus = tau_draws(surface, settings.resamples, settings.seed) if settings.tau_spread else None
     thetas, r0s = surface_refits(data, surface, settings.resamples, settings.eval_draws, settings.seed,
                                  settings.perturb, taus)
-    seeds = int(np.median(np.bincount(data.run_key)))
     return SurfaceBootstrap(data, surface, thetas, r0s, seeds, settings, taus)
 
 
@@ -116,6 +162,12 @@ def same_runs(boot: SurfaceBootstrap) -> SurfaceBootstrap:
     effect is the seeds' spread about the key's curve, which these runs' mean does not have); evaluation noise,
     R0 and the deviations' prior still redrawn. The point surface is refitted at that weight first."""
     s, surface = boot.settings, boot.surface
+    if boot.reason:
+        return boot
+    if boot.form is not None:
+        form = fit_form(s.form, boot.data, FormSettings(s.resamples, s.eval_draws, s.seed, s.top, False))
+        return replace(boot, form=form, seeds=1)
+    assert surface is not None
     if surface.s_points is not None:
         surface = replace(surface, s_eff=surface.s_points)
         point, _ = surface_refits(boot.data, surface, 1, None, s.seed, False, None, resample_runs=False)
@@ -129,6 +181,11 @@ def predict(boot: SurfaceBootstrap, keys: np.ndarray, c: np.ndarray) -> tuple[np
     """``(point (n,), refits (resamples, n))``: the reward of ``keys[i]`` at ``c[i]``. An untrained key takes a
     deviation from N(0, tau^2) per refit, the same for a key at every C (seeded by the key)."""
     keys, c = np.asarray(keys), np.asarray(c, float)
+    if boot.reason:
+        return np.full(keys.size, math.nan), np.full((max(boot.settings.resamples, 1), keys.size), math.nan)
+    if boot.form is not None:
+        return boot.form.predict(keys, c)
+    assert boot.surface is not None
     point = reward(boot.surface.r0, key_parameters(boot.surface, keys), c)
     out = np.empty((len(boot.r0s), keys.size))
     tau = boot.surface.tau[None, :] if boot.taus is None else boot.taus
@@ -152,8 +209,10 @@ def interval(point: np.ndarray, refits: np.ndarray, spread: float, level: float,
 
 def spread(boot: SurfaceBootstrap) -> float:
     """How far the refits' percentiles are moved out (module docstring): ``sqrt(S / (S - 1))``, S the median runs
-    per trained key (1 with one run a key: no seed spread to correct)."""
-    return math.sqrt(boot.seeds / (boot.seeds - 1)) if boot.seeds > 1 else 1.0
+    per trained key (1 with one run a key: no seed spread to correct), times the backtest's calibration
+    (``settings.widen``, science §11.4)."""
+    seeds = math.sqrt(boot.seeds / (boot.seeds - 1)) if boot.seeds > 1 else 1.0
+    return seeds * boot.settings.widen
 
 
 def default_keys(trained: np.ndarray) -> np.ndarray:
@@ -174,27 +233,34 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
     data, s = boot.data, boot.surface
     keys = default_keys(data.keys) if keys is None else np.asarray(sorted(set(int(k) for k in keys)))
     if (keys <= 0).any():
-        raise ValueError(f"forecast keys: expected positive keys (the surface is in log2 {key_col}), "
+        raise ValueError(f"forecast keys: expected positive keys (the forecast is in log2 {key_col}), "
                          f"got {keys.tolist()}")
     point, refits = predict(boot, keys, np.full(keys.size, float(c_star)))
-    top = settings.a_max if settings.a_max is not None else math.inf
+    top = settings.top
     lo, hi = interval(point, refits, spread(boot), settings.level, (0.0, top))
     trained = np.isin(keys, data.keys)
-    width = hi - lo
-    unknown = width > settings.max_width
     c_seen = {int(k): float(data.reach[data.run_key == i].min()) for i, k in enumerate(data.keys)}
-    out = pd.DataFrame({"key": keys, "trained": trained, "c_star": float(c_star), "reward": point,
-                        "reward_lo": lo, "reward_hi": hi, "unknown": unknown, "width": width})
+    out = pd.DataFrame({"key": keys, "trained": trained, "c_star": float(c_star), "reward": point})
     out["seeds"] = [int((data.run_key == np.searchsorted(data.keys, k)).sum()) if t else 0
                     for k, t in zip(keys, trained, strict=True)]
     out["c_seen"] = [c_seen.get(int(k), math.nan) for k in keys]
     out["extrapolated"] = ~(out["c_seen"] >= c_star * (1 - 1e-9))
-    params = key_parameters(s, keys)
-    out["a"], out["c_mid"], out["beta"] = params[:, 0], 10.0 ** params[:, 1], np.exp(params[:, 2])
+    continued = _continuation(boot, evals, key_col, keys, out["c_seen"].to_numpy(float), c_star)
+    hi = np.fmax(hi, continued)
+    lo, hi = _around(point, lo, hi, boot, (0.0, top))
+    out["reward_lo"], out["reward_hi"], out["continued_hi"] = lo, hi, continued
+    out["width"] = hi - lo
+    out["unknown"] = ~(out["width"] <= settings.max_width)
+    if s is not None:
+        params = key_parameters(s, keys)
+        out["a"], out["c_mid"], out["beta"] = params[:, 0], 10.0 ** params[:, 1], np.exp(params[:, 2])
+    else:
+        out["a"], out["c_mid"], out["beta"] = math.nan, math.nan, math.nan
+    out["form"], out["reason"] = settings.form, boot.reason
     # every trained key may lead, an unknown one too: leading among the known keys only would answer with the
     # best key whose interval is narrow, which past the data is often not the best (measured: right fell to
     # 36 % in `cross` at 8 x C_max, where the wide key was the best)
-    candidates = np.flatnonzero(trained)
+    candidates = np.flatnonzero(trained & np.isfinite(point))
     out["leader"] = None
     for col in ("d", "d_lo", "d_hi"):
         out[col] = math.nan
@@ -202,9 +268,41 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
         lead = candidates[int(np.argmax(np.nanmedian(refits[:, candidates], axis=0)))]
         d_point, d_refits = point - point[lead], refits - refits[:, [lead]]
         d_lo, d_hi = interval(d_point, d_refits, spread(boot), settings.level, (-top, top))
+        # a key's continuation (science §11.3) bounds its D too: against the leader's lower bound
+        d_hi = np.fmax(d_hi, continued - lo[lead])
+        d_lo, d_hi = _around(d_point, d_lo, d_hi, boot, (-top, top))
         out["leader"], out["d"], out["d_lo"], out["d_hi"] = int(keys[lead]), d_point, d_lo, d_hi
         out.loc[lead, ["d", "d_lo", "d_hi"]] = 0.0
     return _with_per_run(out, evals, key_col, c_star, settings, curves)
+
+
+def _continuation(boot: SurfaceBootstrap, evals: pd.DataFrame, key_col: str, keys: np.ndarray, c_seen: np.ndarray,
+                  c_star: float) -> np.ndarray:
+    """Per key, its own level where its runs end continued to C* at the group's steepest rise per doubling seen
+    beyond its data (science §11.3, §10.4's cap): NaN for a key whose data reach C* or that no window passes."""
+    out = np.full(keys.size, math.nan)
+    short = np.isfinite(c_seen) & (c_seen < c_star * (1 - 1e-9))
+    if boot.reason or not short.any():
+        return out
+    level, _ = predict(boot, keys[short], c_seen[short])
+    for j, i in enumerate(np.flatnonzero(short)):
+        rise = steepest_rise(evals, key_col, beyond=float(c_seen[i]))
+        if math.isfinite(rise):
+            out[i] = min(level[j] + max(rise, 0.0) * math.log2(c_star / c_seen[i]), boot.settings.top)
+    return out
+
+
+def _around(point: np.ndarray, lo: np.ndarray, hi: np.ndarray, boot: SurfaceBootstrap,
+            bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """``[lo, hi]`` made to hold ``point`` and never a single value: a refit-less spread (all refits on one value,
+    e.g. at the ceiling) takes one evaluation's standard error on each side, clipped to ``bounds``."""
+    lo, hi = np.fmin(lo, point), np.fmax(hi, point)
+    draws = boot.settings.eval_draws or 100
+    se = np.sqrt(np.clip(point * (1 - point), 0.0025, None) / draws)
+    flat = np.isfinite(point) & (hi - lo < 1e-6)
+    lo = np.where(flat, np.clip(point - se, *bounds), lo)
+    hi = np.where(flat, np.clip(point + se, *bounds), hi)
+    return lo, hi
 
 
 def _with_per_run(out: pd.DataFrame, evals: pd.DataFrame, key_col: str, c_star: float,
@@ -212,7 +310,7 @@ def _with_per_run(out: pd.DataFrame, evals: pd.DataFrame, key_col: str, c_star: 
     """Beside each key whose runs all reached C*, the per-run §9.3 value and its t interval (science §10.2)."""
     out["per_run"], out["per_run_lo"], out["per_run_hi"] = math.nan, math.nan, math.nan
     within = out.loc[~out["extrapolated"], "key"]
-    if within.empty:
+    if within.empty or (out["reason"] != "").any():
         return out
     est = key_rewards(curves if curves is not None else fit_runs(evals, key_col, settings.a_max), c_star)
     q = float(student_t.ppf(0.5 + settings.level / 2, est.df)) if est.df else math.nan

@@ -4,8 +4,8 @@ Per design group with an ordered key (the n design, and B_problem at each fixed 
 §9's per-key decision; an iso-batch group is read against steps, not C, and is left to §9 too): one surface over
 the keys (:mod:`rollscale.core.fit.surface`), its bootstrap refits once, and every key's reward read at each
 budget of ``budgets`` (the target C* and the multiples of the runs' budget the report's "with more compute"
-section shows). Beside it the group's backtest (§10.3): its runs cut at half their budget, forecast where they
-end. A group whose surface cannot be fitted (too few keys or points) is a ``backtest`` row saying why, never an
+section shows). Beside it the group's backtest (§11.4): its runs cut at 1 / m of their budget, m = C* / c_max
+(at least 2), forecast where they end; its errors widen the forecast's interval (split-conformal). A group whose surface cannot be fitted (too few keys or points) is a ``backtest`` row saying why, never an
 error.
 """
 
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rollscale.core.fit.backtest import BACKTEST_COLUMNS, backtest
+from rollscale.core.fit.backtest import BACKTEST_COLUMNS, Backtest, calibrated
 from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, bootstrap_surface, forecast_group
+from rollscale.core.fit.forms import DEFAULT_FORM
 from rollscale.core.fit.tables import design_groups
 
 __all__ = ["COMPUTE_MULTIPLES", "FORECAST_TABLE_COLUMNS", "BACKTEST_TABLE_COLUMNS", "HorizonTables",
@@ -38,11 +39,13 @@ class HorizonTables:
     backtest: pd.DataFrame  # BACKTEST_TABLE_COLUMNS
 
 
-def study_settings(resamples: int, seed: int, eval_draws: int | None) -> ForecastSettings:
-    """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one surface):
+def study_settings(resamples: int, seed: int, eval_draws: int | None, form: str | None = None) -> ForecastSettings:
+    """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one forecast):
     the fit's bootstrap ``resamples`` (at least 2) and ``seed``; ``eval_draws``, the 0/1 samples behind one
-    evaluation (validation problems x k of avg@k), redrawn in each refit."""
-    return ForecastSettings(resamples=max(resamples, 2), eval_draws=eval_draws, seed=seed)
+    evaluation (validation problems x k of avg@k), redrawn in each refit; ``form`` the forecast's shape (None:
+    :data:`DEFAULT_FORM`, the one the test bed chose)."""
+    return ForecastSettings(resamples=max(resamples, 2), eval_draws=eval_draws, seed=seed,
+                            form=form if form is not None else DEFAULT_FORM)
 
 
 def forecast_budgets(c_star: float, c_max: float, multiples: tuple[int, ...] = COMPUTE_MULTIPLES) -> list[float]:
@@ -56,14 +59,9 @@ def _group_label(design: str, g: object) -> dict[str, str]:
     return {"design": design, "bucket": str(g.bucket), "rule": str(g.rule), "fixed": str(g.fixed)}  # type: ignore
 
 
-def _backtest_rows(label: dict[str, str], evals: pd.DataFrame, key_col: str, settings: ForecastSettings
-                   ) -> pd.DataFrame:
-    try:
-        bt = backtest(evals, key_col, settings)
-    except (ValueError, RuntimeError, np.linalg.LinAlgError) as err:
-        return pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan, "failed": True,
-                              "note": f"no backtest: {err}"}])
-    return bt.keys.assign(**label, coverage=bt.coverage, mean_error=bt.mean_error, failed=bt.failed, note=bt.note)
+def _backtest_rows(label: dict[str, str], bt: Backtest) -> pd.DataFrame:
+    rows = bt.keys if len(bt.keys) else pd.DataFrame([{}])
+    return rows.assign(**label, coverage=bt.coverage, mean_error=bt.mean_error, failed=bt.failed, note=bt.note)
 
 
 def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
@@ -86,11 +84,16 @@ def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
                 backtests.append(pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan,
                                                 "failed": True, "note": f"no forecast: {err}"}]))
                 continue
+            try:
+                boot, bt = calibrated(boot, rows, g.key_col, c_star)
+                backtests.append(_backtest_rows(label, bt))
+            except (ValueError, RuntimeError, np.linalg.LinAlgError) as err:
+                backtests.append(pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan,
+                                                "failed": True, "note": f"no backtest: {err}"}]))
             for c in budgets:
-                part = forecast_group(rows, g.key_col, c, settings=settings, boot=boot)
+                part = forecast_group(rows, g.key_col, c, settings=boot.settings, boot=boot)
                 forecasts.append(part.drop(columns=["group"], errors="ignore").assign(
                     **label, target=bool(math.isclose(c, c_star))))
-            backtests.append(_backtest_rows(label, rows, g.key_col, settings))
     forecast = (pd.concat(forecasts, ignore_index=True)[FORECAST_TABLE_COLUMNS] if forecasts
                 else pd.DataFrame(columns=FORECAST_TABLE_COLUMNS))
     if len(forecast):

@@ -33,6 +33,7 @@ from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, for
 from rollscale.core.search.simulate import (
     FAMILIES,
     MORE_FAMILIES,
+    RISING_FAMILIES,
     UNIVERSE,
     SimStudy,
     grid_tables,
@@ -47,7 +48,7 @@ __all__ = ["A4_BREAKING", "ALL_FAMILIES", "BEND_AT", "BENT_KEY", "forecast_studi
 A4_BREAKING = ("tie_top", "bend")
 BEND_AT = 0.5  # the bend family's key stops rising past this fraction of C_max
 BENT_KEY = max(UNIVERSE)
-ALL_FAMILIES = (*FAMILIES, *MORE_FAMILIES, *A4_BREAKING)
+ALL_FAMILIES = (*FAMILIES, *MORE_FAMILIES, *RISING_FAMILIES, *A4_BREAKING)
 
 
 def _broken(study: SimStudy, family: str, i: int) -> SimStudy:
@@ -66,7 +67,7 @@ def forecast_studies(families: tuple[str, ...], per_family: int, seed: int = 0, 
         if family in A4_BREAKING:
             base = make_studies(per_family, seed + 1000 * (j + 1), ("cross",), seeds, schedule, eval_draws)
             out += [_broken(s, family, i) for i, s in enumerate(base)]
-        elif family in FAMILIES or family in MORE_FAMILIES:
+        elif family in FAMILIES or family in MORE_FAMILIES or family in RISING_FAMILIES:
             out += make_studies(per_family, seed + 1000 * (j + 1), (family,), seeds, schedule, eval_draws)
         else:
             raise ValueError(f"forecast simulation: unknown family {family!r} (one of {', '.join(ALL_FAMILIES)})")

@@ -33,7 +33,7 @@ import pandas as pd
 
 from rollscale.core.search.state import SearchGroup
 
-__all__ = ["FAMILIES", "MORE_FAMILIES", "UNIVERSE", "Runs", "SimStudy", "grid_tables", "make_studies", "seed_curve"]
+__all__ = ["FAMILIES", "MORE_FAMILIES", "RISING_FAMILIES", "UNIVERSE", "Runs", "SimStudy", "grid_tables", "make_studies", "seed_curve"]
 
 R0 = 0.37
 # family -> (grid keys, gains A - R0 for n = 2, 4, 8, 16, C_mid for n = 2, 4, 8, 16)
@@ -52,6 +52,14 @@ MORE_FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, 
     "close": ((2, 4, 8, 16), (0.13, 0.19, 0.20, 0.14), (3000, 5000, 7000, 20000)),
     # curves unbent at C_max: every C_mid at or past 25,000, still rising steeply at 40,000
     "unbent": ((2, 4, 8, 16), (0.22, 0.28, 0.34, 0.40), (25000, 40000, 60000, 100000)),
+}
+# curves still rising at C_max (science §11.1): the forecast must follow them past the data, and the search must
+# not stop the key that wins late
+RISING_FAMILIES: dict[str, tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]] = {
+    # every C_mid past C_max (50,000-200,000): n = 2 leads at C_max, n = 8 at 4 x C_max
+    "rising": ((2, 4, 8, 16), (0.22, 0.30, 0.38, 0.44), (50000, 70000, 100000, 200000)),
+    # n = 16 rises last and overtakes n = 8 at about 0.8 C_max (32,000 at beta 1.6), still rising steeply there
+    "late_flip": ((2, 4, 8, 16), (0.14, 0.17, 0.20, 0.34), (2500, 4000, 8000, 30000)),
 }
 UNIVERSE = (2, 4, 8, 16)  # every key a study may train: the bracket's limits
 SEED_SD = (0.015, 0.05, 0.1)  # a seed's shift of A, log10 C_mid, log beta
@@ -83,12 +91,12 @@ class SimStudy:
 def make_studies(per_family: int, seed: int = 0, families: tuple[str, ...] = tuple(FAMILIES),
                  seeds: tuple[int, ...] = (0, 1, 2), schedule: tuple[float, int] | None = None,
                  eval_draws: int = 400) -> list[SimStudy]:
-    """``per_family`` studies of each family (:data:`FAMILIES` or :data:`MORE_FAMILIES`); each study jitters
+    """``per_family`` studies of each family (:data:`FAMILIES`, :data:`MORE_FAMILIES` or :data:`RISING_FAMILIES`); each study jitters
     its family's curves (gain sd 0.01, log10 C_mid sd 0.08, beta in [1.2, 2]); ``seeds`` each key starts with;
     ``eval_draws`` the samples behind one evaluation (400: avg@4 over 100 problems; 1,600: avg@16)."""
     rng = np.random.default_rng(seed)
     out = []
-    shapes = {**FAMILIES, **MORE_FAMILIES}
+    shapes = {**FAMILIES, **MORE_FAMILIES, **RISING_FAMILIES}
     for family in families:
         keys, gains, mids = shapes[family]
         for i in range(per_family):

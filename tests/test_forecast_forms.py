@@ -1,0 +1,165 @@
+"""The forecast's forms, degenerate data and the intervals' invariants (science §11.2-11.4; issue 56 part 3).
+
+No fit in the forecast (its forms, the surface, the backtest, the per-key fits, the cap) raises on degenerate
+data: 1-3 evaluations a run, constant rewards, rewards all 0 or all 1, a flat curve, validation solved at step 0.
+Each gives a reason a caller can show. Every forecast row's estimate lies in its interval, never a single value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rollscale.core.fit.analysis import run_evals
+from rollscale.core.fit.backtest import backtest, calibration, cuttable_multiple
+from rollscale.core.fit.climb import climb_caps
+from rollscale.core.fit.decision import fit_runs
+from rollscale.core.fit.forecast import ForecastSettings, forecast_group, forecast_table
+from rollscale.core.fit.forms import DEFAULT_FORM, FORMS
+from rollscale.core.fit.horizon import horizon_tables
+from rollscale.core.fit.passk import pass_at_k
+
+QUICK = ForecastSettings(resamples=8, eval_draws=1600)
+
+
+def _evals(points: int, reward, keys=(2, 4), seeds=2) -> pd.DataFrame:
+    """Runs of ``keys`` x ``seeds`` evaluated at step 0 and ``points`` budgets a quarter doubling apart from
+    2,000; ``reward(n, seed, i)`` the i-th evaluation's value (i = 0: step 0)."""
+    rows = []
+    for n in keys:
+        for s in range(seeds):
+            for i, c in enumerate([0.0, *(2000 * 2 ** (j / 4) for j in range(points))]):
+                rows.append({"run_id": f"n{n}_s{s}", "n": n, "seed": s, "c": c, "avg_at_k": reward(n, s, i),
+                             "group": "g"})
+    return pd.DataFrame(rows)
+
+
+DEGENERATE = {
+    "one evaluation a run": (_evals(1, lambda n, s, i: 0.3 + 0.05 * i), "not enough evaluations"),
+    "constant rewards": (_evals(8, lambda n, s, i: 0.4), "flat curve"),
+    "rewards all 0": (_evals(8, lambda n, s, i: 0.0), "no run learned"),
+    "rewards all 1": (_evals(8, lambda n, s, i: 1.0), "validation solved at step 0"),
+    "solved at step 0": (_evals(8, lambda n, s, i: 1.0 if i == 0 else 0.96 + 0.01 * s), "solved at step 0"),
+}
+
+
+@pytest.mark.parametrize("name", list(DEGENERATE))
+def test_degenerate_data_give_a_reason_never_an_error(name):
+    evals, why = DEGENERATE[name]
+    table = forecast_table(evals, "n", "group", 160_000, settings=QUICK)
+    assert table["reason"].str.contains(why).all(), table["reason"].unique()
+    assert table["reward"].isna().all() and table["leader"].isna().all()
+    bt = backtest(evals, "n", QUICK, multiple=4.0)
+    assert bt.failed and bt.note.startswith("no backtest"), bt.note
+    fit_runs(evals, "n")  # the per-key fits: NaN where nothing fits, no error
+    climb_caps(evals, "n", 160_000, 0.02)
+    runs = evals.drop_duplicates("run_id")[["run_id", "n", "seed"]].assign(b_problem=16)
+    steps = evals.assign(step=(evals["c"] / (16 * evals["n"])).round().astype(int))
+    out = horizon_tables(run_evals(runs, steps[["run_id", "step", "c", "avg_at_k"]], None), 160_000,
+                         [160_000.0], QUICK)
+    assert out.backtest["failed"].all() and out.backtest["note"].str.contains(why).all(), out.backtest["note"]
+
+
+@pytest.mark.parametrize("points", [2, 3])
+def test_two_or_three_evaluations_a_run_forecast_or_say_why(points):
+    evals = _evals(points, lambda n, s, i: 0.3 + 0.04 * i + 0.005 * s + 0.01 * math.log2(n))
+    for form in (DEFAULT_FORM, "surface"):
+        table = forecast_table(evals, "n", "group", 160_000, settings=ForecastSettings(resamples=8,
+                                                                                       eval_draws=1600, form=form))
+        trained = table[table["trained"]]
+        assert (trained["reason"] == "").all() and trained["reward"].notna().all()
+    bt = backtest(evals, "n", QUICK, multiple=4.0)
+    assert bt.failed and "not enough evaluations to cut" in bt.note
+
+
+def _slope(n: int) -> float:
+    return 0.05 + 0.005 * math.log2(n)
+
+
+def _rising(keys=(2, 4, 8, 16), seeds=2, stop: dict | None = None, seed=0) -> pd.DataFrame:
+    """Curves flat at R0 = 0.35 to 4,000, then rising 0.05 + 0.005 log2 n a doubling, avg@16 noise; ``stop``:
+    key -> the budget its runs end at (else 40,000)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    cs = [0.0, *(1000 * 2 ** (j / 4) for j in range(22))]
+    for n in keys:
+        for s in range(seeds):
+            for c in cs:
+                if c > (stop or {}).get(n, 40_000) * (1 + 1e-9):
+                    continue
+                p = 0.35 + (_slope(n) * max(math.log2(c / 4000), 0) if c else 0.0)
+                rows.append({"run_id": f"n{n}_s{s}", "n": n, "seed": s, "c": c,
+                             "avg_at_k": rng.binomial(1600, p) / 1600, "group": "g"})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("form", sorted({DEFAULT_FORM, "surface", *FORMS}))
+def test_every_row_holds_its_estimate_inside_a_proper_interval(form):
+    evals = _rising(stop={8: 20_000})
+    table = forecast_table(evals, "n", "group", 160_000,
+                           settings=ForecastSettings(resamples=20, eval_draws=1600, form=form))
+    assert (table["reward_lo"] <= table["reward"]).all() and (table["reward"] <= table["reward_hi"]).all()
+    assert (table["reward_hi"] - table["reward_lo"] > 1e-6).all()
+    assert (table["d_lo"] <= table["d"]).all() and (table["d"] <= table["d_hi"]).all()
+    others = table[table["key"] != table["leader"]]
+    assert (others["d_hi"] - others["d_lo"] > 1e-6).all()
+
+
+def test_a_stopped_key_keeps_its_future():
+    # n = 8 stopped at 20,000: its upper bound at C* holds its own level continued at the group's steepest rise
+    # past 20,000 (0.05 a doubling here), never its stopping value
+    evals = _rising(stop={8: 20_000}, seed=1)
+    rows = forecast_group(evals, "n", 160_000, settings=QUICK).set_index("key")
+    at_stop = 0.35 + _slope(8) * math.log2(20_000 / 4000)
+    assert rows.loc[8, "continued_hi"] >= at_stop + 0.8 * _slope(8) * 3
+    assert rows.loc[8, "reward_hi"] >= rows.loc[8, "continued_hi"] - 1e-12
+    assert rows.loc[8, "reward_hi"] >= 0.35 + _slope(8) * math.log2(160_000 / 4000)
+    assert rows.loc[8, "d_hi"] >= rows.loc[8, "continued_hi"] - rows.loc[rows["leader"].iloc[0], "reward_lo"] - 1e-9
+    assert math.isnan(rows.loc[16, "continued_hi"])  # a key trained furthest has nothing beyond its data
+
+
+def test_the_default_form_follows_a_curve_still_rising_past_its_data():
+    evals = _rising(seed=2)
+    rows = forecast_group(evals, "n", 160_000, settings=ForecastSettings(resamples=40, eval_draws=1600))
+    rows = rows[rows["trained"]].set_index("key")
+    truth = pd.Series({n: 0.35 + _slope(n) * math.log2(40) for n in rows.index})
+    assert (rows["reward"] - truth).abs().max() < 0.03, (rows["reward"] - truth).to_dict()
+    assert ((rows["reward_lo"] <= truth) & (truth <= rows["reward_hi"])).mean() >= 0.75
+    assert int(rows["leader"].iloc[0]) == 16
+
+
+def test_the_ceiling_bounds_every_forecast():
+    evals = _rising(seed=3)
+    rows = forecast_group(evals, "n", 160_000, settings=ForecastSettings(resamples=10, eval_draws=1600,
+                                                                         ceiling=0.55))
+    assert (rows["reward_hi"] <= 0.55 + 1e-12).all() and (rows["reward"] <= 0.55 + 1e-12).all()
+
+
+def test_the_backtest_reads_the_answers_multiple_or_the_largest_it_can():
+    evals = _rising(seed=4)  # evaluations from 1,000 to 40,000: 5.3 doublings
+    assert cuttable_multiple(evals, "n", 4.0) == 4.0
+    assert cuttable_multiple(evals, "n", 64.0) < 64.0
+    bt = backtest(evals, "n", QUICK, multiple=64.0)
+    assert bt.multiple < 64.0 and "cannot be cut at 1/64" in bt.note
+    bt4 = backtest(evals, "n", QUICK, multiple=4.0)
+    assert bt4.multiple == 4.0 and (bt4.keys["c_cut"] <= 10_000 * (1 + 1e-9)).all()
+    assert math.isfinite(bt4.rmse) and bt4.widen >= 1.0
+
+
+def test_calibration_widens_until_the_backtests_errors_are_covered():
+    assert calibration(np.array([0.01, -0.02]), np.array([0.05, 0.05]), 0.95) == 1.0  # covered: never narrows
+    # five keys: the conformal rank ceil(6 x 0.95) = 6 > 5 takes the largest ratio
+    assert calibration(np.array([0.01, 0.02, -0.03, 0.1, 0.0]), np.full(5, 0.05), 0.95) == pytest.approx(2.0)
+    assert calibration(np.array([math.nan]), np.array([0.05]), 0.95) == 1.0
+
+
+def test_pass_at_k_is_chen_et_als_unbiased_estimator():
+    # one problem, 4 samples, 1 correct: pass@1 = 1/4, pass@2 = 1 - C(3,2)/C(4,2) = 1/2, pass@4 = 1
+    assert pass_at_k(np.array([4]), np.array([1]), 1) == pytest.approx(0.25)
+    assert pass_at_k(np.array([4]), np.array([1]), 2) == pytest.approx(0.5)
+    assert pass_at_k(np.array([4, 4]), np.array([1, 0]), 4) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="pass@k"):
+        pass_at_k(np.array([4]), np.array([1]), 5)
