@@ -33,6 +33,7 @@ from rollscale.core.grpo.losses.advantages import nonzero_variance_mask
 from rollscale.core.grpo.losses.aggregation import LossNormalizers, loss_normalizers
 from rollscale.core.rollouts import Rollout
 from rollscale.core.grpo.shaping import overlong_filter_mask, overlong_penalty
+from rollscale.core.noise.along import HALF_COLUMNS  # the steps row's two-halves columns (science §6.4)
 from rollscale.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:
@@ -43,9 +44,6 @@ if TYPE_CHECKING:
 # the loss columns of a ``steps`` row (NaN on a step that trains nothing)
 LOSS_COLUMNS = ("loss", "policy_loss", "kl", "entropy", "clip_frac", "grad_norm", "logp_mismatch", "sampler_kl",
                 "tis_frac", "zero_var_frac_trained")
-
-# the two-halves noise columns of a ``steps`` row (science §6.4; NaN / 0 when off or fewer than two prompts)
-HALF_COLUMNS = ("half_dot", "half_diff2", "half_prompts_a", "half_prompts_b", "half_rollouts_a", "half_rollouts_b")
 
 RefLogprobs = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -335,11 +333,9 @@ def half_columns(halves: Halves | None, values: tuple[float, float] | None = Non
     """The ``steps`` row's :data:`HALF_COLUMNS` (science §6.4): ``<g_a, g_b>``, ``|g_a - g_b|^2`` and each
     half's prompts and rollouts; NaN and 0 where there is no split."""
     if halves is None or values is None:
-        return {"half_dot": math.nan, "half_diff2": math.nan, "half_prompts_a": 0, "half_prompts_b": 0,
-                "half_rollouts_a": 0, "half_rollouts_b": 0}
-    return {"half_dot": values[0], "half_diff2": values[1], "half_prompts_a": halves.prompts[0],
-            "half_prompts_b": halves.prompts[1], "half_rollouts_a": int(np.sum(halves.rows == 0)),
-            "half_rollouts_b": int(np.sum(halves.rows == 1))}
+        return dict(zip(HALF_COLUMNS, (math.nan, math.nan, 0, 0, 0, 0)))
+    return dict(zip(HALF_COLUMNS, (*values, *halves.prompts, int(np.sum(halves.rows == 0)),
+                                   int(np.sum(halves.rows == 1)))))
 
 
 def policy_update(
