@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rollscale.core.noise.pooled import RESOLVED, RHO_S, UNRESOLVED
+from rollscale.core.noise.pooled import PIECES, RESOLVED, RHO_S, UNRESOLVED, pooled_noise
 
-__all__ = ["HALF_COLUMNS", "NOISE_ALONG_COLUMNS", "WindowNoise", "compute_windows", "noise_along_table",
-           "window_noise"]
+__all__ = ["HALF_COLUMNS", "NOISE_ALONG_COLUMNS", "WindowNoise", "compute_windows", "measured_rho",
+           "noise_along_table", "window_noise"]
 
 HALF_COLUMNS = ("half_dot", "half_diff2", "half_prompts_a", "half_prompts_b", "half_rollouts_a", "half_rollouts_b")
 _QUANTITIES = ("g2", "noise", "s_prompt", "b_simple", "b_simple_rollouts", "k_crit", "crs")
@@ -207,3 +207,19 @@ def _rho(frames: Sequence[pd.DataFrame], measured: tuple[float, str]) -> tuple[f
     if len(own):
         return float(own.mean()), "steps (noise_every)"
     return measured
+
+
+def measured_rho(noise_prompts: pd.DataFrame | None) -> dict[str, tuple[float, str]]:
+    """Per bucket, the measure stage's rho_icc pooled over its steps at its largest n (science §6.3,
+    :func:`~rollscale.core.noise.pooled.pooled_noise`) and where it comes from; {} without the table."""
+    if noise_prompts is None or noise_prompts.empty or not {"bucket", "n", "step", *PIECES} <= set(noise_prompts.columns):
+        return {}
+    out = {}
+    for bucket, g in noise_prompts.groupby("bucket"):
+        n = int(pd.to_numeric(g["n"], errors="coerce").max())
+        try:
+            pooled = pooled_noise(g[pd.to_numeric(g["n"], errors="coerce") == n], n, resamples=100)  # its point estimate
+        except ValueError:
+            continue
+        out[str(bucket)] = (pooled.values["rho_icc"][0], f"measure stage (n = {n})")
+    return out
