@@ -192,3 +192,63 @@ def test_noise_along_table_per_run_and_key_window():
     assert per_key[per_key["c_lo"] == 16].iloc[0]["interval"] == "2 steps, no interval"
     off = steps.assign(half_dot=math.nan)
     assert noise_along_table(runs, off).empty and noise_along_table(runs, steps.drop(columns="half_dot")).empty
+
+
+# --------------------------------------------------------------------------- the report's figure and claims
+
+
+def _along_study() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A noise_along table of two keys (n = 2 and 4, 2 seeds each) on synthetic steps, and a decision whose
+    leader at C* is n = 4."""
+    rng = np.random.default_rng(11)
+    parts, runs = [], []
+    for n in (2, 4):
+        for seed, f in enumerate(_steps(rng, 2, 600, 8)):
+            run_id = f"n{n}_s{seed}"
+            parts.append(f.assign(run_id=run_id, c=f["step"] * 8 * n))
+            runs.append({"run_id": run_id, "bucket": "easy", "rule": "uniform", "n": n, "b_problem": 8})
+    table = noise_along_table(pd.DataFrame(runs), pd.concat(parts, ignore_index=True),
+                              {"easy": (TB / (TB + MSW), "measure")}, resamples=200)
+    decision = pd.DataFrame({"design": "n", "bucket": "easy", "rule": "uniform", "fixed": "all", "c_star": 160000.0,
+                             "key": [2, 4], "status": ["within tolerance", "leader"], "unknown": False, "df": 4})
+    return table, decision
+
+
+def test_the_crs_claim_has_an_interval_and_is_a_claim_only_where_it_excludes_the_decisions_n():
+    from rollscale.report.noise_along import along_claims, key_rows, resolved_share
+
+    table, decision = _along_study()
+    keys = key_rows(table)
+    assert set(keys["run_id"].isna()) == {True} and sorted(keys["n"].unique()) == [2, 4]
+    for _, g in keys.groupby("n"):
+        resolved, windows = resolved_share(g, past=2000)
+        assert windows >= 2 and resolved == windows  # |G|^2 = 1 resolved in every window past 2,000 rollouts
+    rows = along_claims(table, decision, "decided", "overlap", "undecided", "no finite")
+    (crs,) = [r for r in rows if r["claim"] == "CRS along training vs the decision's n"]
+    # the true CRS is MSW / (1 - TB) = 11.4 rollouts a prompt: its interval excludes the decision's n = 4
+    assert crs["basis"] == "decided" and "above it" in crs["finding"] and "[" in crs["finding"]
+    assert "n = 2:" in crs["finding"]
+    near = decision.assign(key=[2, 11])
+    (crs,) = [r for r in along_claims(table.assign(n=table["n"].replace(4, 11)), near, "decided", "overlap",
+                                       "undecided", "no finite") if r["claim"].startswith("CRS")]
+    assert crs["basis"] == "overlap"
+    flat = table.assign(g2_lo=-1.0, reading=UNRESOLVED, steps_to_resolve=5000.0)
+    rows = along_claims(flat, decision, "decided", "overlap", "undecided", "no finite")
+    assert {r["basis"] for r in rows} == {"undecided"} and all("signal not resolved" in r["finding"] for r in rows)
+    assert any("5,000 steps" in r["finding"] or "5000 steps" in r["finding"] for r in rows)
+    assert along_claims(None, decision, "d", "o", "u", "n") == []
+
+
+def test_the_noise_figure_draws_noise_against_c_for_every_key():
+    import io
+
+    from rollscale.report.charts import build_charts
+
+    table, _ = _along_study()
+    (chart,) = [c for c in build_charts({"noise_along": table}) if c.name == "noise_along"]
+    assert chart.chart is not None and "windows past 5,000 rollouts" in chart.caption
+    buf = io.StringIO()
+    chart.chart.save(buf, format="svg")
+    assert buf.getvalue().startswith("<svg")
+    (missing,) = [c for c in build_charts({}) if c.name == "noise_along"]
+    assert missing.chart is None and "fit" in missing.missing

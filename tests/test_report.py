@@ -32,6 +32,7 @@ CHART_NAMES = [  # the answer and its forecast first, the learning curves next, 
     "crs_prediction",
     "difficulty",
     "k_sat",
+    "noise_along",
     "noise_steps",
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
