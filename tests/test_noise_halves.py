@@ -15,7 +15,7 @@ from rollscale.core.noise.along import compute_windows, noise_along_table, windo
 from rollscale.core.noise.pooled import RESOLVED, UNRESOLVED
 from rollscale.train.step import (Halves, batch_normalizers, half_weights, micro_batch, micro_batch_loss,
                                   policy_update, split_halves)
-from tests.test_step import AGG_MODES, _batch, _model, _ref_fn, _settings
+from tests.test_step import AGG_MODES, _batch, _model, _ref_fn, _settings, _with_sampler_logprobs
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +46,19 @@ def _halves(n_prompts: int, n: int, seed: int = 0) -> Halves:
     return split_halves([n] * n_prompts, np.random.default_rng(seed))
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("lora, sampler", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum-norm"])
-def test_halves_leave_the_update_unchanged(mode, lora):
+def test_halves_leave_the_update_unchanged(mode, lora, sampler):
     """The optimizer sees the same total gradient: two AdamW steps (two PPO epochs) with and without the
-    halves end at the same weights, and the loss columns agree."""
+    halves end at the same weights, and the loss columns agree; full fine-tuning and LoRA, and rollouts from a
+    separate sampler (vLLM's path: its log-probs enter the truncated importance weight)."""
     batch = _batch(12, seed=2)
+    if sampler:  # a sampler a little off the policy, as a separate engine is
+        scorer = _model(False)
+        with torch.no_grad():
+            for p in scorer.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        batch = _with_sampler_logprobs(batch, scorer)
     out = {}
     for on in (False, True):
         model = _model(lora)
@@ -252,3 +259,6 @@ def test_the_noise_figure_draws_noise_against_c_for_every_key():
     assert buf.getvalue().startswith("<svg")
     (missing,) = [c for c in build_charts({}) if c.name == "noise_along"]
     assert missing.chart is None and "fit" in missing.missing
+    steps = pd.DataFrame({"run_id": ["a", "a", "b"], "half_dot": [0.1, 0.2, np.nan]})
+    (chart,) = [c for c in build_charts({"noise_along": table, "steps": steps}) if c.name == "noise_along"]
+    assert "off (sweep.noise_halves: false) in 1 runs" in chart.caption

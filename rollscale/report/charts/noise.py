@@ -301,9 +301,11 @@ def chart_noise_along(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
         "rollouts per prompt (bottom; rho_icc from the measure stage). The measure stage's pre-sweep CRS, where "
         "finite, is the dashed line"
     )
+    off = _runs_without_halves(t.get("steps"))
     na = t.get("noise_along")
     if na is None:
-        return ChartSpec(name, title, caption + ".", missing=absent(t, "noise_along", "noise along training"))
+        why = absent(t, "noise_along", "noise along training")
+        return ChartSpec(name, title, caption + ".", missing=why + (f" Off in {off} runs." if off else ""))
     require_columns(na, "noise_along", ["run_id", "n", "b_problem", "c_lo", "c_hi", "g2", "g2_lo", "g2_hi",
                                         "b_simple_rollouts", "crs", "crs_lo", "crs_hi", "steps"])
     rows = key_rows(na)
@@ -358,6 +360,8 @@ def chart_noise_along(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
         resolved, past = resolved + r, past + w
     caption += (f"; |G|²'s lower bound is above 0 in {resolved} of {past} windows past {PAST:,} rollouts"
                 if past else "")
+    if off:
+        caption += f"; the halves were off (sweep.noise_halves: false) in {off} runs, which have no rows"
     if inf_b or inf_crs:
         caption += (f"; infinite or undefined values (signal not above 0, or no rho) leave gaps: {inf_b} B_simple, "
                     f"{inf_crs} CRS")
@@ -369,3 +373,14 @@ def _measured_crs(noise_steps: pd.DataFrame | None) -> float:
     if noise_steps is None or not {"n", "crs"} <= set(noise_steps.columns):
         return math.nan
     return measured_crs(noise_steps)[0]
+
+
+def _runs_without_halves(steps: pd.DataFrame | None) -> int:
+    """Runs whose steps never split their prompts into halves (``sweep.noise_halves: false``, or a study from
+    before it): the report says the noise along training was off for them."""
+    if steps is None or "run_id" not in steps.columns:
+        return 0
+    if "half_dot" not in steps.columns:
+        return int(steps["run_id"].nunique())
+    split = np.isfinite(as_numeric(steps["half_dot"]).to_numpy(float))
+    return int(steps["run_id"].nunique() - steps.loc[split, "run_id"].nunique())
