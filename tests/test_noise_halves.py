@@ -175,16 +175,17 @@ def test_window_estimates_are_unbiased_on_synthetic_truth():
 
 def test_a_window_without_signal_is_not_resolved_and_says_how_many_steps_would():
     rng = np.random.default_rng(3)
-    (frame,) = _steps(rng, 1, 12, 6)
+    (frame,) = _steps(rng, 1, 20, 6)
     frame["half_dot"] -= 1.0  # a zero-signal window: <g_a, g_b> centred on 0
     est = window_noise([frame], 0.05, resamples=300)
-    assert est.reading == UNRESOLVED and est.values["g2"][1] <= 0 and est.steps_to_resolve > 12
+    assert est.reading == UNRESOLVED and est.values["g2"][1] <= 0 and est.steps_to_resolve > 20
 
 
 def test_noise_along_table_per_run_and_key_window():
     rng = np.random.default_rng(5)
     frames = _steps(rng, 2, 64, 4)
-    steps = pd.concat([f.assign(run_id=f"r{i}") for i, f in enumerate(frames)], ignore_index=True)
+    # as the trainer writes them: the steps repeat n and b_problem
+    steps = pd.concat([f.assign(run_id=f"r{i}", n=M, b_problem=4) for i, f in enumerate(frames)], ignore_index=True)
     runs = pd.DataFrame({"run_id": ["r0", "r1"], "bucket": "easy", "rule": "uniform", "n": M, "b_problem": 4})
     table = noise_along_table(runs, steps, {"easy": (TB / (TB + MSW), "measure")}, resamples=100)
     # C = 16 per step: steps 1-64 fall in windows [16, 32) ... [512, 1024), plus C = 1024 itself
@@ -197,6 +198,9 @@ def test_noise_along_table_per_run_and_key_window():
     wide = per_key[per_key["c_lo"] == 512].iloc[0]
     assert wide["steps"] == 64 and wide["g2_lo"] < 1.0 < wide["g2_hi"]
     assert per_key[per_key["c_lo"] == 16].iloc[0]["interval"] == "2 steps, no interval"
+    # where K_crit >= K_sat the CRS is 1 / rho, held at its estimate: no interval from the steps
+    capped = noise_along_table(runs, steps, {"easy": (0.5, "measure")}, resamples=100)
+    assert capped["crs_lo"].isna().all() and (capped["crs"] <= 2.0).all()
     off = steps.assign(half_dot=math.nan)
     assert noise_along_table(runs, off).empty and noise_along_table(runs, steps.drop(columns="half_dot")).empty
 

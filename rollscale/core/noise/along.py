@@ -22,7 +22,9 @@ power is ``s = S / ((1 - rho) / m + rho)`` (S is a mean of m equicorrelated roll
 Intervals: a moving-block bootstrap over the window's steps (blocks of about T^(1/3) consecutive steps, so a
 drift within the window stays in each resample), each ratio taken per resample, 95 % percentiles; a group of
 several runs (a key's seeds) resamples blocks within each run. rho is held at its estimate (its own interval is
-the measure stage's). What an infinite K_crit says is :mod:`rollscale.core.noise.pooled`'s reading.
+the measure stage's), so where the CRS is K_sat (K_crit >= 1 / rho) it has no interval from here. A window of
+fewer than :data:`MIN_STEPS` steps has no interval. What an infinite K_crit says is
+:mod:`rollscale.core.noise.pooled`'s reading.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ NOISE_ALONG_COLUMNS = [
     *(f"{q}{s}" for q in _QUANTITIES for s in ("", "_lo", "_hi")),
     "rho_icc", "rho_source", "k_sat", "reading", "steps_to_resolve", "interval",
 ]
-MIN_STEPS = 4  # a window with fewer steps has no interval (a block bootstrap of 1-3 steps says nothing)
+# a window with fewer steps has no interval: a percentile bootstrap of a handful of steps is far too narrow
+# (measured on the embedded model: 4-step windows gave intervals excluding 0 on either side)
+MIN_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,9 @@ def window_noise(runs: Sequence[pd.DataFrame], rho: float = math.nan, resamples:
                 continue
             lo, hi = r[int(math.floor(tail * (resamples - 1)))], r[int(math.ceil((1 - tail) * (resamples - 1)))]
             values[name] = (values[name][0], float(lo), float(hi))
+        if math.isfinite(rho) and rho > 0 and not values["k_crit"][0] < 1 / rho:
+            # the CRS is K_sat = 1 / rho, held at its estimate here: no interval from the steps
+            values["crs"] = (values["crs"][0], math.nan, math.nan)
     g2, lo, hi = values["g2"]
     resolved = lo > 0
     reading = UNRESOLVED if not resolved else RHO_S if math.isinf(values["k_crit"][0]) else RESOLVED
@@ -181,7 +188,8 @@ def noise_along_table(runs: pd.DataFrame, steps: pd.DataFrame | None, rho: dict[
     st = st[np.isfinite(pd.to_numeric(st["half_dot"], errors="coerce").to_numpy(float))]
     if st.empty:
         return pd.DataFrame(columns=NOISE_ALONG_COLUMNS)
-    st = st.sort_values(["run_id", "step"]).join(info, on="run_id")
+    # the runs table's config wins (the steps table repeats n and b_problem)
+    st = st.drop(columns=[c for c in _CONFIG if c in st.columns]).sort_values(["run_id", "step"]).join(info, on="run_id")
     st["window"] = compute_windows(st["c"].to_numpy(float))
     rows = []
     for key, cfg in st.groupby(_CONFIG, sort=True, dropna=False):
