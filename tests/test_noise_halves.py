@@ -16,14 +16,7 @@ from rollscale.core.noise.pooled import RESOLVED, UNRESOLVED
 from rollscale.train.step import (Halves, batch_normalizers, half_weights, micro_batch, micro_batch_loss,
                                   policy_update, split_halves)
 from tests.test_step import AGG_MODES, _batch, _model, _ref_fn, _settings, _with_sampler_logprobs
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.test_step import one_thread  # noqa: F401  (its autouse fixture: one torch thread)
 
 
 def test_split_halves_by_prompt():
