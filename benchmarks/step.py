@@ -15,6 +15,11 @@ high-water mark, ``ru_maxrss``) is that configuration's alone. Rows:
 * equivalence rows: the largest relative difference between the micro-batched
   and the full-batch gradient (``grad_max_rel_err``) over the four aggregation
   modes with KL and entropy on;
+* ``halves`` (science §6.4): the cost of every step's two random halves of prompts (``sweep.noise_halves``),
+  on and off alternated in one process (shared-machine load hits both alike), the median of each: the
+  embedded default (tiny, full ``train_step`` at n = 8, B_problem = 16) and SmolLM2-135M LoRA (the update on
+  synthetic rollouts, 4 prompts x 4 rollouts, so its share of a whole step is smaller still); memory as the extra
+  gradient buffer's size and the peak RSS of a process with the halves on against one with them off;
 * on a CUDA machine only: random-initialised Qwen3-0.6B / 1.7B shapes (from a
   config, no weights), B = 256 prompts x 8 rollouts x 1,024 new tokens, bf16,
   gradient checkpointing: one full step, decode throughput and its fraction of
@@ -22,6 +27,7 @@ high-water mark, ``ru_maxrss``) is that configuration's alone. Rows:
 
     python benchmarks/step.py --quick --json OUT.json   # CPU rows, about 5 minutes on an idle 2-core machine
     python benchmarks/step.py --rows tiny               # one family
+    python benchmarks/step.py --rows halves             # the two halves' overhead (science §6.4)
 
 The per-rule breakdown of a step (generate / score / train) is ``benchmarks/step_rules.py``.
 """
@@ -172,6 +178,77 @@ def run_smol(folder: str, b: int, micro_batch_tokens: int, equivalence: bool) ->
     return {"step_s": step_s, "micro_batches": out["micro_batches"], "train_tokens_per_s": out["n_tokens"] / step_s}
 
 
+def _tiny_trainer(noise_halves: bool):
+    from tokenizers import decoders
+
+    from rollscale.core.problems.sets import reasoning_gym_problems
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.train.run_config import RunConfig
+    from rollscale.train.trainer import GRPOTrainer
+
+    torch.manual_seed(0)
+    tok = char_tokenizer()
+    tok.backend_tokenizer.decoder = decoders.Fuse()
+    problems = reasoning_gym_problems("chain_sum", 400, 0, dict(min_terms=2, max_terms=4, min_digits=1, max_digits=2),
+                                      prompt_style="expression")
+    cfg = RunConfig(n=8, b_problem=16, c_max=10**9, noise_halves=noise_halves,
+                    sampling=SamplingConfig(temperature=1.0, max_new_tokens=8),
+                    train=dict(micro_batch_tokens=1024, kl_coef=0.001, entropy_coef=0.001))
+    return GRPOTrainer(tiny_llama(len(tok), **TINY_ARCH), tok, problems[:300], problems[300:], cfg,
+                       use_chat_template=False, sample_batch_size=64, reward=lambda text, gold: float(len(text) % 2))
+
+
+def _smol_update(folder: str):
+    """A closure running one LoRA update on 4 prompts x 4 synthetic rollouts, with or without the halves."""
+    from rollscale.train.step import split_halves
+
+    model, tok = load_model(ModelRef(folder))
+    model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    batch = _synthetic_batch(16, 16, 16, len(tok))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    settings = StepSettings(TrainParams(kl_coef=0.001, entropy_coef=0.001, zero_var_filter=False,
+                                        micro_batch_tokens=128), 1.0)
+    rng = np.random.default_rng(0)
+
+    def update(on: bool) -> None:
+        policy_update(model, opt, params, batch, settings, tok.pad_token_id, _lora_ref(model),
+                      halves=split_halves([4] * 4, rng) if on else None)
+    return update, params
+
+
+def run_halves(model: str, reps: int, mode: str, folder: str | None = None) -> dict:
+    """``mode`` "time": on and off alternated, medians; "on" / "off": ``reps`` steps that way (peak RSS)."""
+    if model == "tiny":
+        trainer = _tiny_trainer(mode != "off")
+        params = list(trainer.trainable.values())
+
+        def step(on: bool) -> None:
+            trainer.config = trainer.config.model_copy(update={"noise_halves": on})
+            trainer.train_step()
+    else:
+        step, params = _smol_update(folder)
+    step(mode != "off")  # one-off allocations
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(reps):
+        for on in ((True, False) if i % 2 == 0 else (False, True)) if mode == "time" else (mode == "on",):
+            t0 = time.perf_counter()
+            step(on)
+            times[on].append(time.perf_counter() - t0)
+    out = {"buffer_mb": sum(p.numel() * p.element_size() for p in params) / 2**20}
+    if mode == "time":
+        on_s, off_s = float(np.median(times[True])), float(np.median(times[False]))
+        out |= {"on_s": on_s, "off_s": off_s, "overhead": on_s / off_s - 1,
+                # the paired differences' spread: on-off of neighbouring steps
+                "overhead_iqr": [float(q) for q in np.percentile(
+                    np.array(times[True]) / np.array(times[False]) - 1, [25, 75])]}
+    return out
+
+
 def run_qwen_gpu(shape: str, b_problem: int, n: int, new_tokens: int, micro_batch_tokens: int) -> dict:
     """One full GRPO step of a random-initialised Qwen3 shape on CUDA (no weights needed)."""
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
@@ -227,6 +304,15 @@ def configurations(quick: bool, families: set[str]) -> list[dict]:
         if not quick:
             rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=16, micro_batch_tokens=10**9))
         rows.append(dict(model="SmolLM2-135M LoRA", engine="none", B=4, micro_batch_tokens=32, equivalence=True))
+    if "halves" in families:
+        smol = ["SmolLM2-135M LoRA"] if _smol_folder() is not None else []
+        for model in ["tiny", *smol]:
+            reps = 20 if model == "tiny" else 15
+            rows.append(dict(model=model, engine="halves", B=128 if model == "tiny" else 16, micro_batch_tokens=1024
+                             if model == "tiny" else 128, halves="time", reps=reps))
+            for mode in ("off", "on"):
+                rows.append(dict(model=model, engine="halves", B=128 if model == "tiny" else 16,
+                                 micro_batch_tokens=1024 if model == "tiny" else 128, halves=mode, reps=4))
     if "gpu" in families and torch.cuda.is_available():
         for shape in QWEN3_SHAPES:
             rows.append(dict(model=f"{shape} (random init)", engine="hf", B=256 * 8, b_problem=256, n=8,
@@ -236,7 +322,10 @@ def configurations(quick: bool, families: set[str]) -> list[dict]:
 
 def run_one(spec: dict) -> dict:
     torch.set_num_threads(spec.get("threads", 1))
-    if spec.get("gpu"):
+    if spec.get("halves"):
+        out = run_halves("tiny" if spec["model"] == "tiny" else "smol", spec["reps"], spec["halves"],
+                         spec.get("folder"))
+    elif spec.get("gpu"):
         out = run_qwen_gpu(spec["model"].split()[0], spec["b_problem"], spec["n"], spec["new_tokens"],
                            spec["micro_batch_tokens"])
     elif spec["model"] == "tiny":
@@ -250,7 +339,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tiny-model batch sizes (64 and 1024)")
     parser.add_argument("--json", type=Path, help="write the rows as a JSON list here")
-    parser.add_argument("--rows", nargs="*", default=["tiny", "smol", "gpu"], help="families: tiny smol gpu")
+    parser.add_argument("--rows", nargs="*", default=["tiny", "smol", "gpu"], help="families: tiny smol gpu halves")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one configuration, JSON in and out
     parser.add_argument("--convert-smol", type=Path, help=argparse.SUPPRESS)  # internal: GGUF -> safetensors
     args = parser.parse_args()
@@ -262,7 +351,7 @@ def main() -> None:
         return
     specs = configurations(args.quick, set(args.rows))
     scratch = tempfile.TemporaryDirectory(prefix="rollscale-bench-")
-    if any(s["model"].startswith("SmolLM2") for s in specs):
+    if any(s["model"].startswith("SmolLM2") for s in specs):  # the halves rows' too
         folder = Path(scratch.name) / "smollm2-135m"
         t0 = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--convert-smol", str(folder)], check=True, capture_output=True)
@@ -281,9 +370,16 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row))
     print()
+    for r in rows:
+        if r.get("halves") == "time":
+            print(f"halves {r['model']}: on {r['on_s']:.3f} s, off {r['off_s']:.3f} s, overhead "
+                  f"{100 * r['overhead']:+.1f} % (paired IQR {100 * r['overhead_iqr'][0]:+.1f} to "
+                  f"{100 * r['overhead_iqr'][1]:+.1f} %), extra buffer {r['buffer_mb']:.2f} MB")
+        elif r.get("halves"):
+            print(f"halves {r['model']} {r['halves']}: peak RSS {r['peak_rss_mb']:.0f} MB")
     print("| model | engine | B | micro_batch_tokens | peak RSS MB | step s | train tokens/s | grad max rel err |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
+    for r in (r for r in rows if not r.get("halves")):
         mbt = "all" if r["micro_batch_tokens"] >= 10**9 else r["micro_batch_tokens"]
         print(f"| {r['model']} | {r['engine']} | {r['B']} | {mbt} | {r['peak_rss_mb']:.0f} | "
               f"{r.get('step_s', float('nan')):.2f} | {r.get('train_tokens_per_s', float('nan')):.0f} | "

@@ -25,7 +25,9 @@ measured by the measure stage (median over steps at its largest n) is put
 beside the best n observed under a fixed total batch; and every allocation
 rule's rollouts to a common target reward, and its training steps' wall
 seconds to it (a rule that trains on fewer rollouts makes cheaper steps), are
-set against uniform GRPO's.
+set against uniform GRPO's. Along training, every step's two random halves of prompts give |G|^2, the
+step's noise, B_simple, K_crit and the CRS per run, key and doubling of C (science §6.4), with block-bootstrap
+intervals over steps.
 
 Every fitted number gets a 95 % interval from refits on runs resampled with
 replacement within each config (its seeds; ``fit.bootstrap_resamples``); a
@@ -70,6 +72,7 @@ from tasks.fit import (
     evaluations,
     forecast,
     frontier,
+    noise_along,
     read_tables,
     record_points,
     rule_comparison,
@@ -86,7 +89,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) -> dict[str, pd.DataFrame]:
     params = read_params(params_path)
     root = Path(artifacts)
-    study = read_tables(root, ["runs", "evals", "noise_steps", "steps", "search"])
+    study = read_tables(root, ["runs", "evals", "noise_steps", "noise_prompts", "steps", "search"])
     if study["runs"] is None or study["evals"] is None:
         raise FileNotFoundError(f"{root / 'sweep' / 'runs'} has no runs with evaluations: "
                                 "run the 'sweep' stage first (dvc repro sweep)")
@@ -101,6 +104,8 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     stepped = steps_to_target(evals, params.fit)
     rules = rule_comparison(evals, study["steps"], params.fit)
     crs = crs_prediction(evals, study["noise_steps"], params.fit)
+    # the noise along training (science §6.4): each step's two halves of prompts, pooled per doubling of C
+    along = noise_along(study["runs"], study["steps"], study["noise_prompts"], params.fit)
     # the search's verdicts join the decision: a key it settled at a rung stays settled (science §9.4)
     decided = decision(evals, params.target_budget, params.study.tolerance, params.sweep.search.eta, params.fit,
                        study["search"])
@@ -119,6 +124,7 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
         "epoch_transitions": _concat([f.transitions for f in fronts.values()]),
         "steps_to_target": stepped.steps_to_target,
         "crs_prediction": crs,
+        "noise_along": along,
         "decision": decided,
         "forecast": ahead.forecast,
         "backtest": ahead.backtest,

@@ -25,6 +25,7 @@ TABLES: dict[str, str] = {
     "frontier": "fit/frontier.parquet",
     "steps_to_target": "fit/steps_to_target.parquet",
     "crs_prediction": "fit/crs_prediction.parquet",
+    "noise_along": "fit/noise_along.parquet",
     "epoch_transitions": "fit/epoch_transitions.parquet",
     "record_points": "fit/record_points.parquet",
     "decision": "fit/decision.parquet",

@@ -16,6 +16,7 @@ from rollscale.core.fit.bootstrap import Bootstrap
 from rollscale.core.fit.decision_table import decision_table, with_forecast
 from rollscale.core.fit.forecast import ForecastSettings
 from rollscale.core.fit.horizon import HorizonTables, forecast_budgets, horizon_tables, study_settings
+from rollscale.core.noise.along import measured_rho, noise_along_table
 from rollscale.pipeline.query.storage import available_tables, query
 from rollscale.tables import TABLES
 from tasks.common import retried_task
@@ -66,6 +67,14 @@ def rule_comparison(evals: pd.DataFrame, steps: pd.DataFrame | None, fit_params:
 @retried_task(name="crs-prediction")
 def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None, fit_params: FitParams) -> pd.DataFrame:
     return analysis.crs_prediction(evals, noise_steps, _boot(fit_params))
+
+
+@retried_task(name="noise-along")
+def noise_along(runs: pd.DataFrame, steps: pd.DataFrame | None, noise_prompts: pd.DataFrame | None,
+                fit_params: FitParams) -> pd.DataFrame:
+    # science §6.4: every run's and key's steps pooled per doubling of C, rho_icc from the measure stage
+    return noise_along_table(runs, steps, measured_rho(noise_prompts), fit_params.bootstrap_resamples,
+                             fit_params.bootstrap_seed)
 
 
 @retried_task(name="decision")

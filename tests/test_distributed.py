@@ -215,6 +215,21 @@ def test_two_process_gram_equals_one_process_gram(both_runs):
     np.testing.assert_allclose(b[noise].to_numpy(float), a[noise].to_numpy(float), rtol=1e-5, equal_nan=True)
 
 
+def test_two_process_halves_equal_one_process_halves(both_runs):
+    """The noise along training (science §6.4) in a sharded run: the two halves' inner products over the
+    ranks' shards equal the one-process ones, full fine-tuning and LoRA."""
+    root, one, two, _ = both_runs
+    a, b = RunStore(root / "one" / "run").rows("steps"), RunStore(root / "sharded" / "run").rows("steps")
+    halves = ["half_dot", "half_diff2"]
+    assert np.isfinite(a[halves].to_numpy(float)).all() and (a["half_diff2"] > 0).all()
+    np.testing.assert_allclose(b[halves].to_numpy(float), a[halves].to_numpy(float), rtol=1e-4,
+                               atol=1e-5 * float(a["half_diff2"].max()))
+    sizes = ["half_prompts_a", "half_prompts_b", "half_rollouts_a", "half_rollouts_b"]
+    assert (a[sizes].to_numpy() == [2, 2, 8, 8]).all() and (b[sizes].to_numpy() == a[sizes].to_numpy()).all()
+    for column in halves:
+        np.testing.assert_allclose(two["lora_row"][column], one["lora_row"][column], rtol=1e-4, err_msg=column)
+
+
 def test_two_process_lora_step_equals_one_process_step(both_runs):
     """LoRA over 2 processes (the frozen base sharded too): the adapters after one step and the
     step's row equal the one-process step's."""

@@ -44,7 +44,12 @@ def _write_sweep(root, rng, seeds=(0,)):
         step_rows = pd.DataFrame({"run_id": run_id, "step": train_steps, "c": train_steps * n * B_PROBLEM,
                                   "c_tokens": train_steps * n * B_PROBLEM * 6, "epochs": train_steps * B_PROBLEM / D,
                                   "reward_mean": 0.3, "zero_var_frac": 0.2, "t_generate": 0.1, "t_score": 0.01,
-                                  "t_train": 0.05})
+                                  "t_train": 0.05, "n": n, "b_problem": B_PROBLEM,
+                                  # the two halves of prompts (science §6.4): |G|^2 = 1 with noise
+                                  "half_dot": rng.normal(1.0, 0.3, len(train_steps)),
+                                  "half_diff2": rng.gamma(4.0, 1.0, len(train_steps)), "half_prompts_a": B_PROBLEM // 2,
+                                  "half_prompts_b": B_PROBLEM // 2, "half_rollouts_a": n * B_PROBLEM // 2,
+                                  "half_rollouts_b": n * B_PROBLEM // 2})
         run_dir = root / "sweep" / "runs" / run_id
         half = len(evals) // 2
         store = RunStore(run_dir)  # committed by checkpoint manifests, as the sweep commits them
@@ -76,8 +81,10 @@ def study(tmp_path_factory):
 def test_fit_flow_writes_every_fit_table_and_duckdb_views(study):
     artifacts, tables, _ = study
     for name in ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points",
-                 "decision"):
+                 "decision", "noise_along"):
         assert (artifacts / "fit" / f"{name}.parquet").exists(), name
+    along = query("SELECT * FROM noise_along", artifacts)
+    assert len(along) and set(along["n"]) == set(CURVES) and (along["g2"] > 0).all()
     assert (artifacts / "rollscale.duckdb").exists()
     fits = query("SELECT kind, key, status FROM fits ORDER BY kind, key", artifacts)
     ok = fits[fits["status"] == "ok"]

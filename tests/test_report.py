@@ -11,6 +11,7 @@ import pytest
 
 from rollscale.core.fit import curves as fit
 from rollscale.core.fit import frontier
+from rollscale.core.noise.along import noise_along_table
 from rollscale.report import (
     TABLE_NAMES,
     ChartSpec,
@@ -32,6 +33,7 @@ CHART_NAMES = [  # the answer and its forecast first, the learning curves next, 
     "crs_prediction",
     "difficulty",
     "k_sat",
+    "noise_along",
     "noise_steps",
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -163,6 +165,11 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
         crs_rows.append({"b": b, **fit.predicted_vs_observed_best_n(crs_value, rewards).to_dict()})
     transitions = frontier.epochs_at_transitions(fr, lambda key, c: c / (key * 8 * 200 / 8))
     transitions.insert(0, "design", "n")
+    # the noise along training (science §6.4): one key's 64 steps of two halves of 8 prompts
+    along_steps = pd.DataFrame({"run_id": "along", "step": np.arange(1, 65), "c": np.arange(1, 65) * 64,
+                                "half_dot": rng.normal(1.0, 0.5, 64), "half_diff2": rng.gamma(4.0, 1.0, 64),
+                                "half_prompts_a": 8, "half_prompts_b": 8, "half_rollouts_a": 32, "half_rollouts_b": 32})
+    along_runs = pd.DataFrame([{"run_id": "along", "bucket": "easy", "rule": "uniform", "n": 4, "b_problem": 16}])
     return {
         "profile": profile,
         "buckets": buckets,
@@ -176,6 +183,7 @@ def _study_tables(seed: int = 0) -> dict[str, pd.DataFrame]:
         "frontier": fr,
         "steps_to_target": pd.DataFrame(st_rows),
         "crs_prediction": pd.DataFrame(crs_rows),
+        "noise_along": noise_along_table(along_runs, along_steps, {"easy": (0.05, "measure")}, resamples=50),
         "epoch_transitions": transitions,
     }
 

@@ -212,6 +212,9 @@ class RunRecordParams(BaseModel):
     eval_temperature: float = Field(0.6, ge=0)
     checkpoint_every: int = Field(20, ge=1)  # and at the end
     noise_every: int = Field(0, ge=0)  # online gradient-noise measurement every k steps; 0 = off
+    # every step's two random halves of prompts, for the noise along training (science §6.4): one extra gradient
+    # buffer (a sharded run: its shard); false where memory is tight (the report then says it was off)
+    noise_halves: bool = True
 
     def run_record(self) -> dict[str, Any]:
         """These settings by name, as a run's config takes them."""

@@ -108,6 +108,8 @@ EMPTY_WHY: dict[str, str] = {
                 "had too few)",
     "steps_to_target": "no run reached the target reward R*",
     "crs_prediction": "no group of runs to compare at a fixed batch, or no CRS measured",
+    "noise_along": "no sweep step split its prompts into two halves (sweep.noise_halves: false, or one prompt a "
+                   "step)",
     "epoch_transitions": "the frontier's best key never changed within the budget: there is no transition",
     "record_points": "no run has an evaluation to take record points from",
     "search": "the sweep's method makes no decisions (grid), or no rung has ended yet",

@@ -25,6 +25,7 @@ from rollscale.core.fit.decision_table import decisions_at
 from rollscale.core.noise.pooled import PIECES, RHO_S, UNRESOLVED, pooled_noise
 from rollscale.report.base import TableSpec, absent, as_numeric, fmt_interval, fmt_value
 from rollscale.report.decision_text import fmt_budget, key_label
+from rollscale.report.noise_along import along_claims
 
 BUDGETS_SHOWN = 4  # budgets per frontier, spread over its grid in log C
 NEAR_C_STAR = 0.25  # best-n claims within 2^0.25 of C* are left to the decision at C*
@@ -268,6 +269,8 @@ def claim_rows(t: Mapping[str, pd.DataFrame | None], tolerance: float | None = N
         rows += _rule_claims(t["fits"]) + _unbent_curve_claims(t["fits"]) + _a2_claims(t["fits"])
     if t.get("crs_prediction") is not None and "predicted_n" in t["crs_prediction"].columns:
         rows += _crs_claims(t["crs_prediction"], decision, infinite_k_crit(t.get("noise_prompts")))
+    # the CRS along training (science §6.4) against the decision's n, and windows whose signal is not resolved
+    rows += along_claims(t.get("noise_along"), decision, DECIDED, OVERLAP, UNDECIDED, NO_FINITE)
     return pd.DataFrame(rows, columns=[*COLUMNS, "basis", "best_n", "c", "share"])
 
 

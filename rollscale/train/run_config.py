@@ -45,11 +45,12 @@ class RunConfig(RunRecordParams):
         train: the GRPO step's settings (loss, optimizer, micro-batching, science §3).
         sampling: how training rollouts are sampled (temperature > 0, since the
             loss needs the log-probs of the sampling distribution).
-        eval_per_doubling, eval_every, eval_k, eval_temperature, checkpoint_every, noise_every:
+        eval_per_doubling, eval_every, eval_k, eval_temperature, checkpoint_every, noise_every, noise_halves:
             :class:`~rollscale.config.RunRecordParams` (evaluations at step 0, on the shared budget
             schedule of science §9.1, :func:`rollscale.core.fit.schedule.budget_schedule`, or every
             ``eval_every`` steps when ``eval_per_doubling`` is 0, and at the end; the noise every
-            ``noise_every`` steps from the per-rollout gradient Gram matrix, science §6; 0 = off).
+            ``noise_every`` steps from the per-rollout gradient Gram matrix, science §6; 0 = off; every
+            step's two random halves of prompts, science §6.4, unless ``noise_halves`` is false).
         noise_ema: EMA decay of the B_simple numerator and denominator (science §6.2).
     """
 

@@ -33,6 +33,7 @@ from rollscale.core.grpo.losses.advantages import nonzero_variance_mask
 from rollscale.core.grpo.losses.aggregation import LossNormalizers, loss_normalizers
 from rollscale.core.rollouts import Rollout
 from rollscale.core.grpo.shaping import overlong_filter_mask, overlong_penalty
+from rollscale.core.noise.along import HALF_COLUMNS  # the steps row's two-halves columns (science §6.4)
 from rollscale.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:
@@ -270,6 +271,73 @@ def _all_ranks(ranks: Ranks | None, sums: list[float], weighted: list[list[tuple
                        else [] for i in range(len(weighted))]
 
 
+@dataclass(frozen=True)
+class Halves:
+    """A step's prompts split in two at random (science §6.4): ``rows`` is each batch row's half (0 = a,
+    1 = b), ``prompts`` the halves' prompt counts."""
+
+    rows: np.ndarray
+    prompts: tuple[int, int]
+
+
+def split_halves(group_sizes: Sequence[int], rng: np.random.Generator) -> Halves | None:
+    """A random split of the step's prompts into halves of floor(P / 2) and ceil(P / 2) prompts (science
+    §6.4): by prompt, never by rollout, since rollouts of one prompt are correlated (§6.2). None with fewer
+    than two prompts (no split)."""
+    p = len(group_sizes)
+    if p < 2:
+        return None
+    in_b = np.zeros(p, dtype=np.int8)
+    in_b[rng.permutation(p)[p // 2:]] = 1
+    return Halves(np.repeat(in_b, np.asarray(group_sizes, dtype=np.int64)), (p // 2, p - p // 2))
+
+
+def half_weights(batch: TrainBatch, halves: Halves, agg_mode: str) -> tuple[float, float]:
+    """Each half's share of the batch loss's normaliser (science §3): the full-batch gradient is
+    ``w_a g_a + w_b g_b`` with ``g_a`` half a's mean gradient in the aggregation's own unit (masked-in
+    tokens for ``token-mean``, rollouts with a masked-in token for the ``seq-mean-*`` modes)."""
+    tokens = np.array([len(c) for c in batch.completion_ids], dtype=np.float64) * np.asarray(batch.keep, dtype=np.float64)
+    unit = tokens if agg_mode == "token-mean" else (tokens > 0).astype(np.float64)
+    total = unit.sum()
+    if total <= 0:
+        return 0.0, 0.0
+    return float(unit[halves.rows == 0].sum() / total), float(unit[halves.rows == 1].sum() / total)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) gradient's local shard; a plain tensor as is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def half_products(params: Sequence[torch.nn.Parameter], snapshot: Sequence[torch.Tensor | None],
+                  weights: tuple[float, float], ranks: Ranks | None = None) -> tuple[float, float]:
+    """``<g_a, g_b>`` and ``|g_a - g_b|^2`` of the halves' mean gradients ``g_a = G_a / w_a``, ``G_a`` the
+    gradient snapshot taken after half a's passes and ``G_b`` the accumulated gradient minus it; a sharded
+    run sums its ranks' shards (the inner products over the whole parameter vector)."""
+    wa, wb = weights
+    dot = diff2 = 0.0
+    for p, a in zip(params, snapshot):
+        if p.grad is None and a is None:
+            continue
+        total = _local(p.grad).detach() if p.grad is not None else torch.zeros_like(_local(a))
+        ga = (_local(a) if a is not None else torch.zeros_like(total)) / wa
+        gb = (total - ga * wa) / wb
+        dot += float(torch.sum(ga * gb, dtype=torch.float64))
+        diff2 += float(torch.sum((ga - gb) ** 2, dtype=torch.float64))
+    if ranks is not None:
+        dot, diff2 = ranks.sum([dot, diff2])
+    return dot, diff2
+
+
+def half_columns(halves: Halves | None, values: tuple[float, float] | None = None) -> dict:
+    """The ``steps`` row's :data:`HALF_COLUMNS` (science §6.4): ``<g_a, g_b>``, ``|g_a - g_b|^2`` and each
+    half's prompts and rollouts; NaN and 0 where there is no split."""
+    if halves is None or values is None:
+        return dict(zip(HALF_COLUMNS, (math.nan, math.nan, 0, 0, 0, 0)))
+    return dict(zip(HALF_COLUMNS, (*values, *halves.prompts, int(np.sum(halves.rows == 0)),
+                                   int(np.sum(halves.rows == 1)))))
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -280,6 +348,7 @@ def policy_update(
     ref_logprobs: RefLogprobs | None = None,
     rows: np.ndarray | None = None,
     ranks: Ranks | None = None,
+    halves: Halves | None = None,
 ) -> dict:
     """``ppo_epochs`` optimizer steps on ``batch``, each accumulated over micro-batches (science §3).
 
@@ -295,6 +364,10 @@ def policy_update(
     runs as many micro-batches (the extra ones weigh 0: FSDP's passes are collective), and the
     row's figures are over every rank's tokens, as in one process.
 
+    ``halves`` (science §6.4): the micro-batches of half a's rows run first, the gradient is copied
+    after them (one extra buffer; a sharded run its shards), and half b's follow, so the optimizer sees
+    the same total gradient; the row gains :data:`HALF_COLUMNS` from the two halves' mean gradients.
+
     Raises :class:`NonFiniteLossError` before an optimizer step whose loss or
     gradient norm is not finite (earlier epochs' steps stay applied).
     """
@@ -303,11 +376,22 @@ def policy_update(
     norm = batch_normalizers(batch, settings.max_new_tokens)
     mine = np.arange(len(batch)) if rows is None else np.asarray(rows, dtype=np.int64)
     prompt_w, completion_w = batch.widths()
-    micro = [mine[m] for m in pack_micro_batches([prompt_w[i] for i in mine], [completion_w[i] for i in mine],
-                                                  t.micro_batch_tokens)]
-    n_real = len(micro)
-    if ranks is not None:  # padding passes on row 0 with weight 0, so every rank runs as many
-        micro += [np.zeros(1, dtype=np.int64)] * (ranks.max(n_real) - n_real)
+    # half a's rows, then half b's, each packed on its own (one part without halves)
+    parts = [mine] if halves is None else [mine[halves.rows[mine] == h] for h in (0, 1)]
+    micro: list[np.ndarray] = []
+    real: list[bool] = []
+    for part in parts:
+        packed = [part[m] for m in pack_micro_batches([prompt_w[i] for i in part], [completion_w[i] for i in part],
+                                                      t.micro_batch_tokens)] if len(part) else []
+        # padding passes on row 0 with weight 0, so every rank runs as many (and ends half a at the same pass)
+        n_pad = 0 if ranks is None else ranks.max(len(packed)) - len(packed)
+        micro += packed + [np.zeros(1, dtype=np.int64)] * n_pad
+        real += [True] * len(packed) + [False] * n_pad
+        if halves is not None and part is parts[0]:
+            snap_after = len(micro) - 1  # the last pass of half a
+    n_real = sum(real)
+    snapshot: list[torch.Tensor | None] = []
+    halves_out = half_columns(None) if halves is not None else {}
     scale = 1.0 if ranks is None else ranks.loss_scale
     logp_old: list[torch.Tensor] = []
     logp_ref: list[torch.Tensor | None] = []
@@ -327,9 +411,11 @@ def policy_update(
             else:
                 out, _, _ = micro_batch_loss(model, mb, settings, norm, logp_old=logp_old[i], logp_ref=logp_ref[i],
                                              autocast=t.autocast_bf16)
-            weight = scale if i < n_real else 0.0
+            weight = scale if real[i] else 0.0
             (out.loss if weight == 1.0 else out.loss * weight).backward()
-            if i >= n_real:
+            if halves is not None and epoch == 0 and i == snap_after:
+                snapshot = [None if p.grad is None else p.grad.detach().clone() for p in params]
+            if not real[i]:
                 continue
             loss_sum += float(out.loss.detach())
             policy_sum += out.policy_loss
@@ -339,6 +425,11 @@ def policy_update(
                 acc.append((value, out.n_tokens))
         (loss_sum, policy_sum), (kl, ent, mismatch, skl, tis) = _all_ranks(
             ranks, [loss_sum, policy_sum], [kl, ent, mismatch, skl, tis])
+        if halves is not None and epoch == 0:  # before clipping: the halves' gradients as the loss gives them
+            weights = half_weights(batch, halves, t.agg_mode)
+            if min(weights) > 0:
+                halves_out = half_columns(halves, half_products(params, snapshot, weights, ranks))
+            snapshot = []
         max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
         grad_norm = _norm_value(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
         if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
@@ -356,7 +447,7 @@ def policy_update(
                 "sampler_kl": _weighted(skl), "tis_frac": _weighted(tis),
             }
     [n_micro], [clip] = _all_ranks(ranks, [n_real], [clip])
-    return {**first, "clip_frac": _weighted(clip), "micro_batches": int(n_micro)}
+    return {**first, "clip_frac": _weighted(clip), "micro_batches": int(n_micro), **halves_out}
 
 
 def _nanmean(values: Sequence[float]) -> float:

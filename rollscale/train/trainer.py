@@ -50,10 +50,11 @@ from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_h
 from rollscale.train.data_order import DataOrder
 from rollscale.train.distributed import Ranks, rank_rows, shard_run
 from rollscale.train.sharded_checkpoint import checkpoint_state, rank_store, restore_state
-from rollscale.train.step import LOSS_COLUMNS, allocation_columns, NonFiniteLossError, StepSettings, TrainBatch, policy_update, train_batch
+from rollscale.train.step import (LOSS_COLUMNS, allocation_columns, half_columns, NonFiniteLossError, StepSettings,
+                                  TrainBatch, policy_update, split_halves, train_batch)
 
 # Purposes that keep the seed streams of data order, training and evaluation apart.
-_DATA, _TRAIN, _EVAL, _NOISE = 0, 1, 2, 3
+_DATA, _TRAIN, _EVAL, _NOISE, _HALVES = 0, 1, 2, 3, 4
 
 RewardFn = Callable[[str, str], float]
 
@@ -228,7 +229,7 @@ class GRPOTrainer:
         t_start_train = time.perf_counter()
         self.last_noise_prompts = []
         lr = self.optimizer.param_groups[0]["lr"]  # this step's scheduled rate (warm-up, science §3)
-        row_loss = dict.fromkeys(LOSS_COLUMNS, math.nan) | {"n_tokens": 0, "micro_batches": 0}
+        row_loss = dict.fromkeys(LOSS_COLUMNS, math.nan) | {"n_tokens": 0, "micro_batches": 0} | half_columns(None)
         row_noise: dict = {}
         if alloc.groups:  # dynamic sampling can end a step with no group; then C grows and nothing trains
             groups = [g.rollouts for g in alloc.groups]
@@ -239,10 +240,14 @@ class GRPOTrainer:
             if cfg.noise_every and step % cfg.noise_every == 0:
                 row_noise = self._measure_noise(step, alloc, rewards, batch)
 
-            # 4. loss over micro-batches and the optimizer step(s) (science §3)
+            # 4. loss over micro-batches and the optimizer step(s) (science §3), the step's prompts split in two
+            #    random halves whose mean gradients give the noise along training (science §6.4)
+            halves = split_halves([len(g) for g in groups], np.random.default_rng(self._seed(_HALVES, step, 0))
+                                  ) if cfg.noise_halves else None
             try:
                 update = policy_update(self.model, self.optimizer, list(self.trainable.values()), batch,
-                                       self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs, **rank_rows(self.ranks, groups))
+                                       self.step_settings, self.tokenizer.pad_token_id, self._ref_logprobs,
+                                       halves=halves, **rank_rows(self.ranks, groups))
             except NonFiniteLossError as err:
                 raise NonFiniteLossError(f"run {cfg.run_id}: step {step}: {err}") from None
             row_loss = {**update, "zero_var_frac_trained": float(np.mean([np.ptp(r) == 0 for r in rewards]))}

@@ -11,7 +11,7 @@ import pandas as pd
 from rollscale.report.base import ChartSpec, bucket_bounds, check_tables, params_dict
 from rollscale.report.charts.answer import chart_answer
 from rollscale.report.charts.horizon import chart_more_compute
-from rollscale.report.charts.noise import chart_difficulty, chart_k_sat, chart_noise_steps
+from rollscale.report.charts.noise import chart_difficulty, chart_k_sat, chart_noise_along, chart_noise_steps
 from rollscale.report.charts.curves import chart_best_worst, chart_frontier, chart_reward_vs_compute
 from rollscale.report.charts.search import chart_search
 from rollscale.report.charts.targets import chart_crs_prediction, chart_steps_to_target
@@ -30,12 +30,13 @@ _CHART_BUILDERS = (
     chart_crs_prediction,
     chart_difficulty,
     chart_k_sat,
+    chart_noise_along,
     chart_noise_steps,
 )
 
 
 def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> list[ChartSpec]:
-    """The report's eleven figures, in order (science §9.4, §10, §7, §2, §6.2, §6.3).
+    """The report's twelve figures, in order (science §9.4, §10, §7, §2, §6.2, §6.3, §6.4).
 
     1. ``answer``: each key's reward at C* with its interval, the leader and the ε band (the page draws it right
        under the first line; a forecast's keys, science §10, told apart from the trained ones).
@@ -54,7 +55,9 @@ def build_charts(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
     10. ``k_sat``: split-half K_sat against pass rate with the null |R| + 1;
         K_sat above ``params["report"]["k_sat_cap"]`` (default 4 × the largest
         n) or infinite is drawn at the cap as a distinct marker.
-    11. ``noise_steps``: B_simple, K_crit, K_sat_icc (log) and rho_icc over steps.
+    11. ``noise_along``: |G|², B_simple and the CRS against C per key and doubling of C, with intervals, from every
+        step's two halves of prompts (science §6.4), the measure stage's CRS beside it.
+    12. ``noise_steps``: B_simple, K_crit, K_sat_icc (log) and rho_icc over the measure stage's steps (pre-sweep).
 
     A table that is missing (None, absent or empty) or too small gives a
     ChartSpec with ``missing`` naming the stage to run; a present table

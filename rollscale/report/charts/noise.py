@@ -1,7 +1,8 @@
-"""Charts of the difficulty profile and the gradient noise (science §2, §6.2, §6.3)."""
+"""Charts of the difficulty profile and the gradient noise (science §2, §6.2, §6.3, §6.4)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,6 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from rollscale.core.fit.targets import measured_crs
 from rollscale.core.noise.correlation import k_sat_null
 from rollscale.core.noise.summary import quintile_table
 from rollscale.report.base import (
@@ -27,6 +29,7 @@ from rollscale.report.base import (
     inline_records,
     require_columns,
 )
+from rollscale.report.noise_along import PAST, key_rows, resolved_share, window_mid
 
 
 def k_sat_null_by_n(noise_prompts: pd.DataFrame) -> dict[int, float]:
@@ -287,3 +290,97 @@ def chart_noise_steps(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     if n_inf:
         caption += f"; infinite values (signal below the noise floor; {n_inf} here) leave gaps in the lines"
     return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))
+
+
+def chart_noise_along(t: dict[str, pd.DataFrame | None], params: Mapping[str, Any]) -> ChartSpec:
+    name, title = "noise_along", "Gradient noise along training: |G|², B_simple and the CRS against C, every key"
+    caption = (
+        "From every training step's two random halves of prompts (science §6.4), pooled per doubling of C (a key's "
+        "seeds together), with 95 % block-bootstrap intervals over steps: the signal |G|² (top; a window whose "
+        "interval reaches 0 has not resolved it), B_simple in rollouts (middle) and the CRS = min(K_sat, K_crit) in "
+        "rollouts per prompt (bottom; rho_icc from the measure stage). The measure stage's pre-sweep CRS, where "
+        "finite, is the dashed line"
+    )
+    off = _runs_without_halves(t.get("steps"))
+    na = t.get("noise_along")
+    if na is None:
+        why = absent(t, "noise_along", "noise along training")
+        return ChartSpec(name, title, caption + ".", missing=why + (f" Off in {off} runs." if off else ""))
+    require_columns(na, "noise_along", ["run_id", "n", "b_problem", "c_lo", "c_hi", "g2", "g2_lo", "g2_hi",
+                                        "b_simple_rollouts", "crs", "crs_lo", "crs_hi", "steps"])
+    rows = key_rows(na)
+    rows = rows[rows["steps"] >= 1].copy()
+    rows["c_mid"] = window_mid(rows)
+    several_b = rows["b_problem"].nunique() > 1
+    rows["key"] = [f"n = {int(n)}" + (f", B_problem = {int(b)}" if several_b else "")
+                   for n, b in zip(rows["n"], rows["b_problem"])]
+    keys = list(dict.fromkeys(rows.sort_values(["b_problem", "n"])["key"]))
+    colour = alt.Color("key:N", title="key", sort=keys, scale=alt.Scale(scheme="viridis"))
+    x = alt.X("c_mid:Q", title="C, the window's middle [rollouts]", scale=log_scale(), axis=log_axis())
+
+    def panel(value: str, lo: str, hi: str, y_title: str, log: bool) -> tuple[alt.Chart, int]:
+        d = rows[["key", "c_mid", "c_lo", "c_hi", "steps", value, lo, hi]].rename(
+            columns={value: "v", lo: "lo", hi: "hi"})
+        finite = np.isfinite(d["v"]) & ((d["v"] > 0) if log else True)
+        dropped = int((~finite).sum())
+        d = d[finite].copy()
+        if d.empty:
+            return alt.Chart(inline_records(d)).mark_point(), dropped
+        cap = float(d["v"].abs().max()) * 10 if log else float(np.nanmax(np.abs(d[["v", "hi"]].replace(np.inf, np.nan))
+                                                                      .to_numpy(float))) * 1.2
+        d["hi"] = np.where(np.isfinite(d["hi"]), d["hi"], cap)  # an unbounded interval drawn to the cap
+        d["lo"] = np.where(np.isfinite(d["lo"]), d["lo"], np.nan)
+        if log:
+            d["lo"] = np.maximum(d["lo"], float(d["v"].min()) / 10)
+        y = alt.Y("v:Q", title=y_title, scale=log_scale() if log else alt.Scale(zero=True),
+                  axis=log_axis() if log else alt.Axis())
+        tip = ["key:N", alt.Tooltip("c_lo:Q", format=",.0f"), alt.Tooltip("c_hi:Q", format=",.0f"), "steps:Q",
+               alt.Tooltip("v:Q", format=".4g", title=y_title), alt.Tooltip("lo:Q", format=".4g"),
+               alt.Tooltip("hi:Q", format=".4g")]
+        base = alt.Chart(inline_records(d))
+        layer = alt.layer(base.mark_line(point=True).encode(x=x, y=y, color=colour, tooltip=tip),
+                          base.mark_rule().encode(x=x, y="lo:Q", y2="hi:Q", color=colour))
+        return layer, dropped
+
+    top, _ = panel("g2", "g2_lo", "g2_hi", "|G|² [squared gradient norm]", log=False)
+    zero = alt.Chart(inline_records(pd.DataFrame({"y": [0.0]}))).mark_rule(color="#333", strokeDash=[4, 3]).encode(y="y:Q")
+    middle, inf_b = panel("b_simple_rollouts", "b_simple_rollouts_lo", "b_simple_rollouts_hi",
+                          "B_simple [rollouts]", log=True)
+    bottom, inf_crs = panel("crs", "crs_lo", "crs_hi", "CRS [rollouts per prompt]", log=True)
+    crs_measured = _measured_crs(t.get("noise_steps"))
+    if math.isfinite(crs_measured):
+        line = pd.DataFrame({"y": [crs_measured], "line": [f"measure stage (pre-sweep): CRS {crs_measured:.3g}"]})
+        bottom = alt.layer(bottom, alt.Chart(inline_records(line)).mark_rule(strokeDash=[6, 3], color="#333")
+                           .encode(y="y:Q", tooltip=["line:N"]))
+    size = dict(width=CHART_WIDTH + 120, height=CHART_HEIGHT - 80)
+    chart = alt.vconcat(alt.layer(zero, top).properties(**size), middle.properties(**size), bottom.properties(**size))
+    past, resolved = 0, 0
+    for _, g in rows.groupby("key"):
+        r, w = resolved_share(g)
+        resolved, past = resolved + r, past + w
+    caption += (f"; |G|²'s lower bound is above 0 in {resolved} of {past} windows past {PAST:,} rollouts"
+                if past else "")
+    if off:
+        caption += f"; the halves were off (sweep.noise_halves: false) in {off} runs, which have no rows"
+    if inf_b or inf_crs:
+        caption += (f"; infinite or undefined values (signal not above 0, or no rho) leave gaps: {inf_b} B_simple, "
+                    f"{inf_crs} CRS")
+    return ChartSpec(name, title, caption + ".", chart=finish_chart(chart, title))
+
+
+def _measured_crs(noise_steps: pd.DataFrame | None) -> float:
+    """The measure stage's CRS (median over its steps at its largest n), the pre-sweep estimate; NaN if none."""
+    if noise_steps is None or not {"n", "crs"} <= set(noise_steps.columns):
+        return math.nan
+    return measured_crs(noise_steps)[0]
+
+
+def _runs_without_halves(steps: pd.DataFrame | None) -> int:
+    """Runs whose steps never split their prompts into halves (``sweep.noise_halves: false``, or a study from
+    before it): the report says the noise along training was off for them."""
+    if steps is None or "run_id" not in steps.columns:
+        return 0
+    if "half_dot" not in steps.columns:
+        return int(steps["run_id"].nunique())
+    split = np.isfinite(as_numeric(steps["half_dot"]).to_numpy(float))
+    return int(steps["run_id"].nunique() - steps.loc[split, "run_id"].nunique())
