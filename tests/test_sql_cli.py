@@ -178,3 +178,18 @@ def test_output_writes_every_row_to_parquet_within_the_time_limit(study):
     assert not big.exists() and not list(study.glob(".big.parquet*"))  # nothing half-written left
     r = sql(study, "--output", str(study / "pairs.csv"), "select 1")
     assert r.returncode == 2 and "--output: expected a .parquet file" in one_line(r)
+
+
+def test_output_never_writes_into_the_study_outputs(study):
+    """Issue 55, part 2 (case 3: `sql --output artifacts/fit/decision.parquet "select 42"` replaced a study
+    table): a path under the artifacts folder, given relative, absolute or through a symlink, is refused in
+    one line, exit 2, and nothing of the study changes."""
+    (study / "elsewhere").symlink_to(study / "artifacts" / "bucket")
+    before = hashes(study / "artifacts")
+    for target in ("artifacts/bucket/buckets.parquet", str(study / "artifacts" / "fit" / "decision.parquet"),
+                   "artifacts/new.parquet", "elsewhere/buckets.parquet"):
+        r = sql(study, "--output", target, "select 42 as answer")
+        assert r.returncode == 2 and "inside the study's outputs" in one_line(r) and target in r.stderr, r.stderr
+    assert hashes(study / "artifacts") == before
+    r = sql(study, "--output", "answer.parquet", "select 42 as answer")
+    assert r.returncode == 0 and pd.read_parquet(study / "answer.parquet")["answer"].tolist() == [42]
