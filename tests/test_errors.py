@@ -215,6 +215,16 @@ def test_a_dvc_lock_that_is_not_yaml_is_named_with_the_fix(tmp_path):
     assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
 
 
+def test_a_dvc_lock_that_is_not_utf8_is_named_with_the_fix(tmp_path):
+    """Issue 55, case 7: "internal error EncodingError" (exit 3)."""
+    folder = _dvc_study(tmp_path / "study")
+    (folder / "dvc.lock").write_bytes(b'schema: "2.0"\nstages: {\xff\xfe}\n')
+    r = _status(folder)
+    message = short(r.stderr)
+    assert r.returncode == 1 and "dvc.lock is not UTF-8 text" in message, message
+    assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
+
+
 def test_dvcs_line_for_a_stage_stopped_by_a_signal_is_dropped_and_no_other():
     """Ctrl-C to `rollscale study` is the stage's one line: DVC's "failed to reproduce ... exited with 130" after it
     raced with the study ending DVC (CI, 2026-11-27). The launcher's filter drops that record, from DVC's own

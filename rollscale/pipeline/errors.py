@@ -43,15 +43,16 @@ def _is_dvc(err: BaseException, name: str) -> bool:
 
 
 def _dvc_yaml_error(err: BaseException) -> tuple[str, int]:
-    """A YAML file DVC reads that does not parse: which, where, and how to get it back."""
+    """A YAML file DVC reads that does not parse (or is not UTF-8 text): which, where, and how to get it back."""
     path = str(getattr(err, "path", "") or "a YAML file")
     mark = getattr(err.__cause__, "problem_mark", None)
     where = f" (line {mark.line + 1})" if mark is not None else ""
     name = os.path.basename(path)
+    what = "UTF-8 text" if _is_dvc(err, "EncodingError") else "valid YAML"
     if name == "dvc.lock":  # written by the tool, never by hand: restoring it or starting it over both work
-        return (f"{name} is not valid YAML{where}: it is DVC's record of what produced the results; restore it "
+        return (f"{name} is not {what}{where}: it is DVC's record of what produced the results; restore it "
                 "(`git checkout dvc.lock` in a clone) or delete it (DVC then runs every stage again)"), 1
-    return f"{name} is not valid YAML{where}: fix it, or restore it (`git checkout {name}`)", 2
+    return f"{name} is not {what}{where}: fix it, or restore it (`git checkout {name}`)", 2
 
 
 def explain(err: BaseException) -> tuple[str, int]:
@@ -75,7 +76,7 @@ def explain(err: BaseException) -> tuple[str, int]:
     if _is_dvc(err, "SCMError"):  # a clone's DVC works through git: the folder lost its .git
         return (f"{_first_lines(err, 1)}: this study's DVC uses git and the folder has no .git; restore it (clone "
                 "the study again), or `git init` there, or let DVC work without git: `dvc config core.no_scm true`"), 1
-    if _is_dvc(err, "YAMLFileCorruptedError"):
+    if _is_dvc(err, "YAMLFileCorruptedError") or _is_dvc(err, "EncodingError"):
         return _dvc_yaml_error(err)
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
