@@ -225,6 +225,17 @@ def test_a_dvc_lock_that_is_not_utf8_is_named_with_the_fix(tmp_path):
     assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
 
 
+def test_status_refuses_a_yaml_bomb_in_params_before_dvc_reads_it(tmp_path):
+    """Issue 55, case 6: a YAML bomb in params.yaml hung `status` (2.2 GB, killed at 60-120 s)."""
+    from tests.test_bad_settings import YAML_BOMB
+
+    folder = _dvc_study(tmp_path / "study")
+    (folder / "params.yaml").write_text(YAML_BOMB)
+    r = _status(folder)
+    message = short(r.stderr)
+    assert r.returncode == 2 and message.startswith("rollscale: params.yaml: its aliases (*name) expand to"), message
+
+
 def test_dvcs_line_for_a_stage_stopped_by_a_signal_is_dropped_and_no_other():
     """Ctrl-C to `rollscale study` is the stage's one line: DVC's "failed to reproduce ... exited with 130" after it
     raced with the study ending DVC (CI, 2026-11-27). The launcher's filter drops that record, from DVC's own

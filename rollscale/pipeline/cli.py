@@ -53,9 +53,24 @@ def print_status(artifacts: str, as_json: bool) -> None:
     from rollscale.pipeline.stages.specs import project_root
     from rollscale.pipeline.stages.status import format_status, study_status
 
-    refresh_code_stamps(project_root())  # "stale" after an upgrade of rollscale, as `study` will find it
+    root = project_root()
+    refuse_params_bomb(root / "params.yaml")  # DVC's status would expand its aliases for minutes
+    refresh_code_stamps(root)  # "stale" after an upgrade of rollscale, as `study` will find it
     status = study_status(artifacts=artifacts)
     print(status.to_json() if as_json else format_status(status))
+
+
+def refuse_params_bomb(path: Path) -> None:
+    """ValueError naming ``path`` when its aliases expand past what a params file may hold
+    (:func:`rollscale.config.checks.alias_problem`); nothing when it is fine, or cannot be read (its readers say)."""
+    from rollscale.config.checks import alias_problem
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return
+    if problem := alias_problem(text):
+        raise ValueError(f"{path.name}: {problem}")
 
 
 def query_timeout(timeout: float | None, params: str) -> float:
