@@ -107,6 +107,26 @@ def test_lock_races_and_refused_stages_are_one_line_not_internal_errors():
     assert (message, code) == ("stage 'fit' stopped: bucket: bucket 'easy' is empty", 2)
 
 
+def test_a_missing_engine_or_memory_is_one_line_of_the_environment_not_an_internal_error():
+    """Issue 55, case 7: `sampling.backend: vllm` where vLLM is not installed ended `run profile` with "internal
+    error ImportError" (exit 3): one line naming what to install, exit 1 (a pool stops at the first such unit:
+    rollscale.pipeline.runtime.workers.run_all). A MemoryError is the machine's too."""
+    from rollscale.lm.engines.vllm import VLLMEngine
+    from rollscale.pipeline.errors import explain
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError) as missing:
+            VLLMEngine.from_config(None, None, None)
+        message, code = explain(missing.value)
+        assert code == 1 and message.startswith("sampling.backend 'vllm' needs vLLM: `pip install vllm`"), message
+    message, code = explain(ModuleNotFoundError("No module named 'vllm'"))
+    assert code == 1 and "\n" not in message and "install it here, or change the setting" in message, message
+    message, code = explain(MemoryError("Unable to allocate 233. GiB for an array"))
+    assert code == 1 and message.startswith("out of memory (Unable to allocate 233. GiB") and "internal" not in message
+
+
 def test_a_worker_killed_mid_stage_is_one_line_saying_the_work_is_kept():
     """A pool worker that dies (killed, or the OOM killer) broke the sweep with "internal error BrokenProcessPool"
     (2026-11-27): one line, exit 1, saying that a rerun resumes."""

@@ -91,6 +91,14 @@ def explain(err: BaseException) -> tuple[str, int]:
         return ("a worker process ended abruptly (killed, or out of memory): finished work is kept and every "
                 "unfinished run keeps its last checkpoint; run the stage again to resume (fewer `workers` if it "
                 "was memory)"), 1
+    if isinstance(err, ImportError):  # a module the settings need is not installed here (vLLM, a plugin's)
+        text = _first_lines(err, 1)
+        if text.startswith("No module named"):
+            text += ": install it here, or change the setting in params.yaml that needs it (`rollscale check` names it)"
+        return text, 1
+    if isinstance(err, MemoryError):  # sizes that pass the check but not this machine's memory
+        return (f"out of memory ({_first_lines(err, 1) or 'MemoryError'}): lower the sizes in params.yaml (workers, "
+                "sampling.max_new_tokens, sweep.b_max) or free memory, and run again (finished work is kept)"), 1
     if isinstance(err, ValueError):
         return _first_lines(err), 2
     return f"internal error {type(err).__name__}: {_first_lines(err, 1)} (run with --debug for the traceback)", 3
