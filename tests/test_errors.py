@@ -245,6 +245,16 @@ def test_a_dvc_lock_that_is_not_utf8_is_named_with_the_fix(tmp_path):
     assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
 
 
+def test_a_dvc_yaml_that_is_not_yaml_is_named_with_the_line(tmp_path):
+    """Issue 55, part 6: PyYAML's own errors (rollscale reads dvc.yaml itself) were "internal error ParserError"."""
+    folder = _dvc_study(tmp_path / "study")
+    (folder / "dvc.yaml").write_text("stages:\n  base: [unclosed\n   : :\n")
+    r = _status(folder)
+    message = short(r.stderr)
+    assert r.returncode == 2 and message.startswith("rollscale: dvc.yaml is not valid YAML (line 3): "), message
+    assert "restore it (`git checkout dvc.yaml`)" in message
+
+
 def test_status_refuses_a_yaml_bomb_in_params_before_dvc_reads_it(tmp_path):
     """Issue 55, case 6: a YAML bomb in params.yaml hung `status` (2.2 GB, killed at 60-120 s)."""
     from tests.test_bad_settings import YAML_BOMB

@@ -55,6 +55,16 @@ def _dvc_yaml_error(err: BaseException) -> tuple[str, int]:
     return f"{name} is not {what}{where}: fix it, or restore it (`git checkout {name}`)", 2
 
 
+def _yaml_error(err: BaseException) -> tuple[str, int]:
+    """A YAML file of the study (dvc.yaml, as rollscale reads it) that does not parse: which, where, the fix."""
+    mark = getattr(err, "problem_mark", None)
+    name = str(getattr(mark, "name", "") or "")
+    name = os.path.basename(name) if name and not name.startswith("<") else "a YAML file of the study (dvc.yaml?)"
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    return (f"{name} is not valid YAML{where}: {getattr(err, 'problem', None) or _first_lines(err, 1)}; fix it, or "
+            f"restore it (`git checkout {name if '(' not in name else 'dvc.yaml'}`)"), 2
+
+
 def explain(err: BaseException) -> tuple[str, int]:
     """The message to print for ``err`` and the exit status."""
     if _is(err, "ParamsError"):  # one line per bad key, each naming its key path
@@ -78,6 +88,8 @@ def explain(err: BaseException) -> tuple[str, int]:
                 "the study again), or `git init` there, or let DVC work without git: `dvc config core.no_scm true`"), 1
     if _is_dvc(err, "YAMLFileCorruptedError") or _is_dvc(err, "EncodingError"):
         return _dvc_yaml_error(err)
+    if any(cls.__module__.startswith("yaml") and cls.__name__ == "YAMLError" for cls in type(err).__mro__):
+        return _yaml_error(err)
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
         text = _first_lines(err.strerror or err) + where

@@ -124,7 +124,8 @@ def _entry_names(entries: Any, what: str, stage: str) -> tuple[str, ...]:
 def load_stage_specs(root: str | os.PathLike[str] | None = None) -> dict[str, StageSpec]:
     """The stages of the project's ``dvc.yaml`` in file order (the study's order), name -> spec."""
     path = project_root(root) / "dvc.yaml"
-    raw = yaml.safe_load(path.read_text())
+    with path.open(encoding="utf-8") as stream:  # the file's name goes with a parse error (rollscale.pipeline.errors)
+        raw = yaml.safe_load(stream)
     stages = (raw or {}).get("stages")
     if not isinstance(stages, dict) or not stages:
         raise ValueError(f"{path}: expected a non-empty 'stages' mapping")
