@@ -193,3 +193,16 @@ def test_output_never_writes_into_the_study_outputs(study):
     assert hashes(study / "artifacts") == before
     r = sql(study, "--output", "answer.parquet", "select 42 as answer")
     assert r.returncode == 0 and pd.read_parquet(study / "answer.parquet")["answer"].tolist() == [42]
+
+
+def test_a_result_too_large_for_memory_is_refused_in_one_line(study):
+    """Issue 55, part 5 (case 6: `sql --timeout 2 "select repeat('x', 100000000) as s from range(40)"` ran 22.4 s
+    and took 4.3 GB before its time-limit message): the result counts against query.memory_gb (here 0.5), so it
+    stops at once, one line, exit 2; a query within it still answers."""
+    (study / "params.yaml").write_text("query: {memory_gb: 0.5}\n")
+    t0 = time.monotonic()
+    r = sql(study, "--timeout", "50", "select repeat('x', 100000000) as s from range(40)")
+    assert r.returncode == 2 and "needs more memory than a query may take" in one_line(r), r.stderr
+    assert "query.memory_gb" in r.stderr and time.monotonic() - t0 < 60
+    r = sql(study, "select count(*) as n from profile")
+    assert r.returncode == 0 and "3000" in r.stdout, r.stderr

@@ -377,6 +377,9 @@ class QueryParams(Section):
 
     # a query still running after this many seconds is stopped (`rollscale sql --timeout` overrides it)
     timeout_s: float = Field(60.0, gt=0)
+    # memory `rollscale sql` may take beyond what it holds when the query starts (its result included: DuckDB's own
+    # memory_limit does not count a result's strings; one query of 40 strings of 100 MB took 4.3 GB)
+    memory_gb: float = Field(4.0, gt=0)
 
 
 # the reward a production run logs, by the names its framework gives it: TRL's TensorBoard (eval/reward when it

@@ -73,15 +73,20 @@ def refuse_params_bomb(path: Path) -> None:
         raise ValueError(f"{path.name}: {problem}")
 
 
-def query_timeout(timeout: float | None, params: str) -> float:
-    """``--timeout``, else params.yaml's ``query.timeout_s`` when the file exists, else its default."""
+def query_settings(params: str):
+    """params.yaml's ``query`` section when the file exists, else its defaults."""
     from rollscale.config import QueryParams, load_params
 
+    return load_params(params).query if Path(params).exists() else QueryParams()
+
+
+def query_timeout(timeout: float | None, params: str) -> float:
+    """``--timeout``, else params.yaml's ``query.timeout_s`` when the file exists, else its default."""
     if timeout is not None:
         if not timeout > 0:
             raise ValueError(f"--timeout: expected seconds > 0, got {timeout:g}")
         return timeout
-    return (load_params(params).query if Path(params).exists() else QueryParams()).timeout_s
+    return query_settings(params).timeout_s
 
 
 SQL_LIMIT = 1000  # rows `rollscale sql` prints unless --limit says otherwise (--output writes them all)
@@ -92,16 +97,19 @@ def print_query(sql: str, artifacts: str, timeout: float | None = None, params: 
                 limit: int = SQL_LIMIT, output: str | None = None) -> None:
     """The first ``limit`` rows on stdout and, past them, a note on stderr of how many were cut; with
     ``output`` every row goes to that Parquet file instead. The time limit covers reading the rows."""
-    from rollscale.pipeline.query.sql import first_rows, rows_to_parquet
+    from rollscale.pipeline.query.sql import first_rows, memory_bounded, rows_to_parquet
     from rollscale.pipeline.query.storage import query
 
     seconds = query_timeout(timeout, params)
+    memory = memory_bounded(query_settings(params).memory_gb)  # the result's size is bounded too
     if output is not None:
         refuse_study_output(output, artifacts)
-        written = query(sql, artifacts, seconds, rows_to_parquet(output))
+        with memory:
+            written = query(sql, artifacts, seconds, rows_to_parquet(output))
         print(f"rollscale sql: wrote {written:,} rows to {output}", file=sys.stderr)
         return
-    rows = query(sql, artifacts, seconds, first_rows(limit))
+    with memory:
+        rows = query(sql, artifacts, seconds, first_rows(limit))
     df = rows.head
     print(df.to_string(index=False, max_colwidth=CELL_CHARS) if len(df)
           else f"(no rows; columns: {', '.join(df.columns)})")

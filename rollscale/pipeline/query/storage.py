@@ -190,6 +190,9 @@ def query(sql: str, artifacts: str | Path, timeout_s: float | None = None, read:
             raise DamagedResultError(bad) from None
         raise QueryError(f"refused: queries are read-only and see only the study's tables "
                          f"({str(err).splitlines()[0]})") from None
+    except (duckdb.OutOfMemoryException, MemoryError) as err:
+        raise QueryError(f"the query needs more memory than a query may take ({str(err).splitlines()[0][:120]}): "
+                         "select fewer or shorter values, or raise query.memory_gb in params.yaml") from None
     except duckdb.Error as err:
         raise QueryError(str(err).splitlines()[0]) from None
     except (QueryError, KeyboardInterrupt, OutputWriteError):
