@@ -225,34 +225,29 @@ def test_a_study_folder_without_its_git_is_one_line_with_the_fix(tmp_path):
     assert "dvc config core.no_scm true" in message
 
 
-def test_a_dvc_lock_that_is_not_yaml_is_named_with_the_fix(tmp_path):
-    """Issue 42, case 6: "internal error YAMLSyntaxError" (exit 3)."""
+# a study file DVC or rollscale reads, broken: (file, its bytes, exit status, the message's start, its fix)
+BROKEN_STUDY_FILES = {
+    # issue 42, case 6: "internal error YAMLSyntaxError" (exit 3)
+    "dvc.lock not YAML": ("dvc.lock", b'schema: "2.0"\nstages:\n  base: [unclosed\n   : :\n', 1,
+                          "rollscale: dvc.lock is not valid YAML (line 4)",
+                          "restore it (`git checkout dvc.lock` in a clone) or delete it"),
+    # issue 55, case 7: "internal error EncodingError" (exit 3)
+    "dvc.lock not UTF-8": ("dvc.lock", b'schema: "2.0"\nstages: {\xff\xfe}\n', 1, "rollscale: dvc.lock is not UTF-8 text",
+                           "restore it (`git checkout dvc.lock` in a clone) or delete it"),
+    # issue 55, part 6: PyYAML's own errors (rollscale reads dvc.yaml itself) were "internal error ParserError"
+    "dvc.yaml not YAML": ("dvc.yaml", b"stages:\n  base: [unclosed\n   : :\n", 2,
+                          "rollscale: dvc.yaml is not valid YAML (line 3): ", "restore it (`git checkout dvc.yaml`)"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_STUDY_FILES)
+def test_a_broken_study_file_is_named_with_the_fix(tmp_path, case):
+    name, data, code, starts, fix = BROKEN_STUDY_FILES[case]
     folder = _dvc_study(tmp_path / "study")
-    (folder / "dvc.lock").write_text('schema: "2.0"\nstages:\n  base: [unclosed\n   : :\n')
+    (folder / name).write_bytes(data)
     r = _status(folder)
     message = short(r.stderr)
-    assert r.returncode == 1 and "dvc.lock is not valid YAML (line 4)" in message, message
-    assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
-
-
-def test_a_dvc_lock_that_is_not_utf8_is_named_with_the_fix(tmp_path):
-    """Issue 55, case 7: "internal error EncodingError" (exit 3)."""
-    folder = _dvc_study(tmp_path / "study")
-    (folder / "dvc.lock").write_bytes(b'schema: "2.0"\nstages: {\xff\xfe}\n')
-    r = _status(folder)
-    message = short(r.stderr)
-    assert r.returncode == 1 and "dvc.lock is not UTF-8 text" in message, message
-    assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
-
-
-def test_a_dvc_yaml_that_is_not_yaml_is_named_with_the_line(tmp_path):
-    """Issue 55, part 6: PyYAML's own errors (rollscale reads dvc.yaml itself) were "internal error ParserError"."""
-    folder = _dvc_study(tmp_path / "study")
-    (folder / "dvc.yaml").write_text("stages:\n  base: [unclosed\n   : :\n")
-    r = _status(folder)
-    message = short(r.stderr)
-    assert r.returncode == 2 and message.startswith("rollscale: dvc.yaml is not valid YAML (line 3): "), message
-    assert "restore it (`git checkout dvc.yaml`)" in message
+    assert r.returncode == code and message.startswith(starts) and fix in message, message
 
 
 def test_status_refuses_a_yaml_bomb_in_params_before_dvc_reads_it(tmp_path):
