@@ -123,6 +123,9 @@ def test_a_missing_engine_or_memory_is_one_line_of_the_environment_not_an_intern
         assert code == 1 and message.startswith("sampling.backend 'vllm' needs vLLM: `pip install vllm`"), message
     message, code = explain(ModuleNotFoundError("No module named 'vllm'"))
     assert code == 1 and "\n" not in message and "install it here, or change the setting" in message, message
+    # a bare KeyError names its key alone ("rollscale: bucket", exit 2, for a foreign decision table): no
+    # code of the project raises one, so it is shown as the bug it is, with its class
+    assert explain(KeyError("bucket")) == ("internal error KeyError: 'bucket' (run with --debug for the traceback)", 3)
     message, code = explain(MemoryError("Unable to allocate 233. GiB for an array"))
     assert code == 1 and message.startswith("out of memory (Unable to allocate 233. GiB") and "internal" not in message
 

@@ -73,7 +73,9 @@ def explain(err: BaseException) -> tuple[str, int]:
         return f"bad data row at {err.where}: {_first_lines(err.reason, 1)}; fix or remove that row", 2
     if _is(err, "BucketError"):
         return f"bucket: {_first_lines(err, 1)} (params.yaml, section bucket)", 2
-    if _is(err, "QueryError") or isinstance(err, LookupError):
+    # a LookupError the project raises says what is missing and the fix; a bare KeyError (a one-word message, the
+    # key) is raised by no code of the project: a bug, or a file read unchecked, shown as internal error below
+    if _is(err, "QueryError") or (isinstance(err, LookupError) and not isinstance(err, KeyError)):
         return _first_lines(err.args[0] if err.args else err), 2
     if _is(err, "DamagedResultError") or _is(err, "StageBusyError"):
         return _first_lines(err), 1
