@@ -164,7 +164,16 @@ def outputs_problem(artifacts: str | os.PathLike[str], stage: str, files: Iterab
     return next((why for _, why in _problems(artifacts, stage, files, quick, unfinished_ok)), None)
 
 
-def table_problem(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Path]) -> str | None:
+def _table_files(artifacts: str | os.PathLike[str], stage: str) -> list[Path]:
+    """The files of the study tables ``stage`` writes (rollscale.tables), there now."""
+    from rollscale.tables import TABLES, table_stage
+
+    return sorted(f for name, pattern in TABLES.items() if table_stage(name) == stage
+                  for f in Path(artifacts).glob(pattern))
+
+
+def table_problem(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Path],
+                  quick: bool = False) -> str | None:
     """The one rule for trusting a table (every reader: ``rollscale sql``, ``export``, ``track``, the report and the
     next stage): its ``files`` are read only as the stage's last finished run recorded them (size and sha256).
     While the stage runs, or after a run of it that did not finish, a file that run changed (or a file changed by
@@ -173,15 +182,15 @@ def table_problem(artifacts: str | os.PathLike[str], stage: str, files: Iterable
     is not judged. Returns the first problem, in one line naming the file (the caller adds the repair), or None."""
     folder = Path(artifacts) / stage
     if stage in RESUMED_STAGES:
-        return outputs_problem(artifacts, stage, files, unfinished_ok=True)
+        return outputs_problem(artifacts, stage, files, quick, unfinished_ok=True)
     files = list(files)
     if not _unfinished(folder, stage):
-        return outputs_problem(artifacts, stage, files)
+        return outputs_problem(artifacts, stage, files, quick)
     why = "runs now" if _running(folder, stage) else "did not finish"
     if _read(folder) is None:
         return next((f"{f} is no result: the {stage} stage's run {why} and none finished before it"
                      for f in files), None)
-    problem = outputs_problem(artifacts, stage, files)
+    problem = outputs_problem(artifacts, stage, files, quick)
     return problem and f"{problem} (the {stage} stage's last run {why}: only a finished run's tables are read)"
 
 
@@ -293,15 +302,16 @@ def input_damage(artifacts: str | os.PathLike[str], stages: Iterable[str]) -> st
             for run_id, why in runs_damage(artifacts, quick=True, unfinished_ok=True).items():
                 return (f"sweep run {run_id} is damaged ({why}): `rollscale study` retrains it from its last "
                         "good checkpoint (or `rollscale run sweep`), then run this stage again")
-        for rel, why in _problems(artifacts, stage, None, True, stage in RESUMED_STAGES):
+        for rel, why in _problems(artifacts, stage, None, True, True):
             if stage == "sweep" and rel.parts[:1] == ("runs",) and len(rel.parts) > 2:
                 return (f"sweep run {rel.parts[1]} is damaged ({why}): `rollscale study` retrains it from its "
                         "last good checkpoint (or `rollscale run sweep`), then run this stage again")
             return f"its input {stage} is damaged ({why}): `rollscale study` runs {stage} again, then this stage"
-        if (stage not in RESUMED_STAGES and _read(Path(artifacts) / stage) is None
-                and _unfinished(Path(artifacts) / stage, stage) and (left := stage_output_files(artifacts, stage))):
-            return (f"its input {stage} never finished ({Path(artifacts) / stage / left[0]} is a run's that did not): "
-                    f"`rollscale study` runs {stage} again, then this stage")
+        # its tables by the readers' one rule (an unfinished run's other files, e.g. the profile's chunks, are
+        # its resumable work, judged above as such)
+        if stage not in RESUMED_STAGES and (why := table_problem(artifacts, stage, _table_files(artifacts, stage),
+                                                                  quick=True)):
+            return f"its input {stage} cannot be read ({why}): `rollscale study` runs {stage} again, then this stage"
     return None
 
 
