@@ -155,6 +155,10 @@ def restore_outputs(stage: str, root: str, env: dict[str, str], recorded: bool) 
 
     if not recorded or (folder / OUTPUTS_MANIFEST).exists() or not lock.exists() or persistent(root, stage):
         return
+    if stage_running(folder.parent, stage):  # another process owns the stage now: its folder is its work
+        print(f"study: {stage}: not put back from DVC's cache: another process runs the stage now", file=sys.stderr,
+              flush=True)
+        return
     if stage not in ((yaml.safe_load(lock.read_text()) or {}).get("stages") or {}):
         return  # never recorded: nothing to put back
     r = subprocess.run([sys.executable, "-m", "dvc", "checkout", "--force", stage], cwd=root, env=env,

@@ -7,7 +7,7 @@ tables, the report reads them, and both take the list from here.
 
 from __future__ import annotations
 
-__all__ = ["RUN_PART_TABLES", "STUDY_TABLES", "TABLES", "TRACKED_TABLES", "table_stage"]
+__all__ = ["RUN_PART_TABLES", "SEARCH_COLUMNS", "STUDY_TABLES", "TABLES", "TRACKED_TABLES", "table_stage"]
 
 # table name -> Parquet glob relative to the artifacts folder.
 # The first path component is the stage that writes the table.
@@ -33,6 +33,10 @@ TABLES: dict[str, str] = {
     "backtest": "fit/backtest.parquet",
     "production": "production/production.parquet",
 }
+# the ``search`` table's columns (rollscale.core.search.state makes its rows): here, so that every stage's check
+# of a damaged search table reads them without importing the search
+SEARCH_COLUMNS = ("group", "decision", "rung", "c", "key", "seed", "action", "rule", "c_train", "leader",
+                  "leader_lo", "key_hi", "best_share", "at_c", "n_points", "note", "c_star", "r_star", "d_lo", "d_hi")
 # tables whose rows are committed by a run's checkpoints (rollscale.train.checkpoint)
 RUN_PART_TABLES = ("steps", "evals")
 # tables no stage writes: a command outside the study (name -> the command). Their folder under artifacts/ is

@@ -43,6 +43,10 @@ def _not_a_model(root: Path) -> str:
     return f"model: {{kind: hf, name_or_path: {root / 'weights'}}}\n"
 
 
+# nine levels of nine aliases: a few hundred bytes that expand to billions of values
+YAML_BOMB = "".join(["a0: &a0 [x, x, x, x, x, x, x, x, x]\n"] + [
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)]) + "sweep: {c_max: 100}\n"
+
 # (params text or a function of the folder that writes it, what the one message must name)
 BAD = {
     "empty seeds": ("sweep: {seeds: []}\n", "sweep.seeds"),
@@ -71,6 +75,14 @@ BAD = {
                                          "sweep.search.seeds_min (3) is more than the 2 seed(s) of sweep.seeds"),
     "key_min above key_max": ("sweep: {search: {key_min: 16, key_max: 4}}\n",
                               "sweep.search.key_min (16) is above sweep.search.key_max (4)"),
+    # issue 55, cases 6-8: nonsense accepted, sizes that cannot fit (a MemoryError in check), a YAML bomb (a hang)
+    "infinite lr": ("base: {lr: .inf}\n", "base.lr: Input should be a finite number"),
+    "nan temperature": ("sampling: {temperature: .nan}\n", "sampling.temperature: Input should be a finite number"),
+    "base steps past memory": ("base: {steps: 1000000000}\n", "base.steps: Input should be less than or equal to "
+                               "10000000"),
+    "c_max past memory": ("sweep: {c_max: 1000000000000}\n", "sweep.c_max at most 640,000,000"),
+    "yaml bomb": (YAML_BOMB, "its aliases (*name) expand to 4,412,961,520 values"),
+    "alias into itself": ("sweep: &s {n: [4, *s]}\n", "an alias (*name) refers to the value it is in"),
 }
 
 

@@ -107,6 +107,29 @@ def test_lock_races_and_refused_stages_are_one_line_not_internal_errors():
     assert (message, code) == ("stage 'fit' stopped: bucket: bucket 'easy' is empty", 2)
 
 
+def test_a_missing_engine_or_memory_is_one_line_of_the_environment_not_an_internal_error():
+    """Issue 55, case 7: `sampling.backend: vllm` where vLLM is not installed ended `run profile` with "internal
+    error ImportError" (exit 3): one line naming what to install, exit 1 (a pool stops at the first such unit:
+    rollscale.pipeline.runtime.workers.run_all). A MemoryError is the machine's too."""
+    from rollscale.lm.engines.vllm import VLLMEngine
+    from rollscale.pipeline.errors import explain
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError) as missing:
+            VLLMEngine.from_config(None, None, None)
+        message, code = explain(missing.value)
+        assert code == 1 and message.startswith("sampling.backend 'vllm' needs vLLM: `pip install vllm`"), message
+    message, code = explain(ModuleNotFoundError("No module named 'vllm'"))
+    assert code == 1 and "\n" not in message and "install it here, or change the setting" in message, message
+    # a bare KeyError names its key alone ("rollscale: bucket", exit 2, for a foreign decision table): no
+    # code of the project raises one, so it is shown as the bug it is, with its class
+    assert explain(KeyError("bucket")) == ("internal error KeyError: 'bucket' (run with --debug for the traceback)", 3)
+    message, code = explain(MemoryError("Unable to allocate 233. GiB for an array"))
+    assert code == 1 and message.startswith("out of memory (Unable to allocate 233. GiB") and "internal" not in message
+
+
 def test_a_worker_killed_mid_stage_is_one_line_saying_the_work_is_kept():
     """A pool worker that dies (killed, or the OOM killer) broke the sweep with "internal error BrokenProcessPool"
     (2026-11-27): one line, exit 1, saying that a rerun resumes."""
@@ -205,14 +228,40 @@ def test_a_study_folder_without_its_git_is_one_line_with_the_fix(tmp_path):
     assert "dvc config core.no_scm true" in message
 
 
-def test_a_dvc_lock_that_is_not_yaml_is_named_with_the_fix(tmp_path):
-    """Issue 42, case 6: "internal error YAMLSyntaxError" (exit 3)."""
+# a study file DVC or rollscale reads, broken: (file, its bytes, exit status, the message's start, its fix)
+BROKEN_STUDY_FILES = {
+    # issue 42, case 6: "internal error YAMLSyntaxError" (exit 3)
+    "dvc.lock not YAML": ("dvc.lock", b'schema: "2.0"\nstages:\n  base: [unclosed\n   : :\n', 1,
+                          "rollscale: dvc.lock is not valid YAML (line 4)",
+                          "restore it (`git checkout dvc.lock` in a clone) or delete it"),
+    # issue 55, case 7: "internal error EncodingError" (exit 3)
+    "dvc.lock not UTF-8": ("dvc.lock", b'schema: "2.0"\nstages: {\xff\xfe}\n', 1, "rollscale: dvc.lock is not UTF-8 text",
+                           "restore it (`git checkout dvc.lock` in a clone) or delete it"),
+    # issue 55, part 6: PyYAML's own errors (rollscale reads dvc.yaml itself) were "internal error ParserError"
+    "dvc.yaml not YAML": ("dvc.yaml", b"stages:\n  base: [unclosed\n   : :\n", 2,
+                          "rollscale: dvc.yaml is not valid YAML (line 3): ", "restore it (`git checkout dvc.yaml`)"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_STUDY_FILES)
+def test_a_broken_study_file_is_named_with_the_fix(tmp_path, case):
+    name, data, code, starts, fix = BROKEN_STUDY_FILES[case]
     folder = _dvc_study(tmp_path / "study")
-    (folder / "dvc.lock").write_text('schema: "2.0"\nstages:\n  base: [unclosed\n   : :\n')
+    (folder / name).write_bytes(data)
     r = _status(folder)
     message = short(r.stderr)
-    assert r.returncode == 1 and "dvc.lock is not valid YAML (line 4)" in message, message
-    assert "restore it (`git checkout dvc.lock` in a clone) or delete it" in message
+    assert r.returncode == code and message.startswith(starts) and fix in message, message
+
+
+def test_status_refuses_a_yaml_bomb_in_params_before_dvc_reads_it(tmp_path):
+    """Issue 55, case 6: a YAML bomb in params.yaml hung `status` (2.2 GB, killed at 60-120 s)."""
+    from tests.test_bad_settings import YAML_BOMB
+
+    folder = _dvc_study(tmp_path / "study")
+    (folder / "params.yaml").write_text(YAML_BOMB)
+    r = _status(folder)
+    message = short(r.stderr)
+    assert r.returncode == 2 and message.startswith("rollscale: params.yaml: its aliases (*name) expand to"), message
 
 
 def test_dvcs_line_for_a_stage_stopped_by_a_signal_is_dropped_and_no_other():

@@ -102,6 +102,13 @@ def test_bad_input_is_one_line(study, capsys):
     (study / "params.yaml").write_text(yaml.safe_dump(dict(PARAMS, sweep={**PARAMS["sweep"], "rules": ["pods"]})))
     assert main(["export", "--to", "trl", "--rule", "uniform"]) == 2
     assert "rule uniform is not in sweep.rules of params.yaml" in capsys.readouterr().err
+    # issue 55, case 2: a foreign one-row table (no record of the fit to check it against) said "rollscale: bucket"
+    pd.DataFrame({"answer": [42]}).to_parquet(study / "artifacts/fit/decision.parquet")
+    assert main(["export", "--to", "trl"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("rollscale: artifacts/fit/decision.parquet: not a decision table of this rollscale (no "
+                           "column design, bucket, rule,") and "run the fit stage again" in line, line
+    assert not (study / "export").exists()
     (study / "artifacts/fit/decision.parquet").unlink()
     assert main(["export", "--to", "verl"]) == 2
     err = capsys.readouterr().err.strip()

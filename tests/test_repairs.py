@@ -170,7 +170,14 @@ def test_a_fit_that_fails_midway_keeps_the_earlier_tables_whole_and_consistent(f
     pd.testing.assert_frame_equal(query("select * from record_points", art), points)
 
 
-@pytest.mark.parametrize("how", ["altered", "removed"])
+def garbage_inside(path: Path) -> None:
+    """14 bytes of garbage in the middle, the footer intact (issue 55, case 5: "Couldn't deserialize thrift")."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3: len(data) // 3 + 14] = b"\xde\xad\xbe\xef garbage!"
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["altered", "removed", "garbage inside", "foreign"])
 def test_a_damaged_search_table_is_marked_and_rebuilt_from_the_runs_own_records(finished, tmp_path, how):
     """Issue 42, part 4 (case 4: a damaged search.parquet stopped the study with "restore or delete that file",
     and deleting it asked to archive ended runs; `status` printed the tampered table): `status` says the table
@@ -188,7 +195,8 @@ def test_a_damaged_search_table_is_marked_and_rebuilt_from_the_runs_own_records(
     if how == "removed":
         table.unlink()
     else:
-        retabled(table, c=lambda df: df["c"] * 2)
+        {"altered": lambda p: retabled(p, c=lambda df: df["c"] * 2), "garbage inside": garbage_inside,
+         "foreign": lambda p: pd.DataFrame({"answer": [42]}).to_parquet(p)}[how](table)
         [line] = search_progress(art)
         assert line.startswith("search: damaged, not shown: ") and "search.parquet" in line, line
         assert "`rollscale study` rebuilds it" in line, line
@@ -218,3 +226,60 @@ def test_a_rebuilt_search_replays_no_rung_from_the_runs_of_another_config(finish
     longer = load_params(write_params(params.parent, sweep={**SWEEP, "c_max": 128}))
     search = SweepSearch(longer, art / "sweep", sampling_config(longer.sampling), damage="damaged (test)")
     assert not search.rebuilt and search.decisions.empty
+
+
+FIT_TABLES = ("fits", "frontier", "steps_to_target", "crs_prediction", "epoch_transitions", "record_points",
+              "decision", "forecast", "backtest")
+
+
+def every_reader_refuses(art: Path, params: Path, table: str) -> list[str]:
+    """The one line each reader of ``table`` says: `rollscale sql`, the report's and `track`'s reader (the next
+    stage's table reader, tasks.fit.read_tables), the report stage's own check of its inputs and, for the
+    decision, `rollscale export`: each must refuse. Returns those lines."""
+    from rollscale.pipeline.errors import explain
+    from rollscale.pipeline.query.storage import query
+    from tasks.fit import read_tables
+
+    lines = []
+    for read in (lambda: query(f"select * from {table}", art), lambda: read_tables(art, [table]),
+                 lambda: run_stage("report", str(params), str(art), False)):
+        with pytest.raises(DamagedResultError) as refused:
+            read()
+        lines.append(str(refused.value))
+    if table == "decision":
+        from rollscale.integrations.export.command import export_run
+
+        tmp = art.parent / "exports"  # nothing may be written there
+        with pytest.raises(DamagedResultError) as refused:
+            export_run("trl", str(params), str(art), output=str(tmp / "trl.yaml"))
+        assert not list(tmp.iterdir())
+        lines.append(explain(refused.value)[0])
+    return lines
+
+
+@pytest.mark.parametrize("how", ["finished", "interrupted", "failed"])
+def test_a_changed_fit_table_is_refused_by_every_reader_after_any_fit(finished, tmp_path, how):
+    """Issue 55, part 1 (cases 1, 2: after a fit that did not finish a rewritten decision was printed by `sql`,
+    reported and exported; after a finished one `export` read it unchecked): each fit table, rewritten with
+    other values, is refused by every reader in one line naming the file and the command that repairs it,
+    whether the fit's last run finished, was interrupted or failed; the untouched tables stay readable."""
+    from rollscale.pipeline.query.storage import query
+    from rollscale.pipeline.stages.specs import FAILED, RUN_INFO
+
+    art, params = study_copy(finished, tmp_path)
+    (art.parent / "exports").mkdir()
+    if how == "interrupted":  # as stage_lock leaves a run stopped by Ctrl-C
+        (art / "fit" / RUN_INFO).write_text(json.dumps({"stage": "fit", "pid": 1, "interrupted_at": "now"}))
+    elif how == "failed":
+        (art / "fit" / FAILED).write_text(json.dumps({"stage": "fit", "error": "RuntimeError: boom"}))
+    for table in FIT_TABLES:
+        path = art / "fit" / f"{table}.parquet"
+        good = path.read_bytes()
+        df = pd.read_parquet(path)
+        df.iloc[:1].assign(tampered=1).to_parquet(path, index=False)  # readable Parquet, another checksum
+        for line in every_reader_refuses(art, params, table):
+            assert len(line.splitlines()) == 1 and str(path) in line, line
+            assert "does not match" in line or "the manifest says" in line, line
+            assert "rollscale run fit" in line or "`rollscale study` runs fit again" in line, line
+        path.write_bytes(good)
+        assert len(query(f"select * from {table}", art)) == len(df)

@@ -178,3 +178,31 @@ def test_output_writes_every_row_to_parquet_within_the_time_limit(study):
     assert not big.exists() and not list(study.glob(".big.parquet*"))  # nothing half-written left
     r = sql(study, "--output", str(study / "pairs.csv"), "select 1")
     assert r.returncode == 2 and "--output: expected a .parquet file" in one_line(r)
+
+
+def test_output_never_writes_into_the_study_outputs(study):
+    """Issue 55, part 2 (case 3: `sql --output artifacts/fit/decision.parquet "select 42"` replaced a study
+    table): a path under the artifacts folder, given relative, absolute or through a symlink, is refused in
+    one line, exit 2, and nothing of the study changes."""
+    (study / "elsewhere").symlink_to(study / "artifacts" / "bucket")
+    before = hashes(study / "artifacts")
+    for target in ("artifacts/bucket/buckets.parquet", str(study / "artifacts" / "fit" / "decision.parquet"),
+                   "artifacts/new.parquet", "elsewhere/buckets.parquet"):
+        r = sql(study, "--output", target, "select 42 as answer")
+        assert r.returncode == 2 and "inside the study's outputs" in one_line(r) and target in r.stderr, r.stderr
+    assert hashes(study / "artifacts") == before
+    r = sql(study, "--output", "answer.parquet", "select 42 as answer")
+    assert r.returncode == 0 and pd.read_parquet(study / "answer.parquet")["answer"].tolist() == [42]
+
+
+def test_a_result_too_large_for_memory_is_refused_in_one_line(study):
+    """Issue 55, part 5 (case 6: `sql --timeout 2 "select repeat('x', 100000000) as s from range(40)"` ran 22.4 s
+    and took 4.3 GB before its time-limit message): the result counts against query.memory_gb (here 0.5), so it
+    stops at once, one line, exit 2; a query within it still answers."""
+    (study / "params.yaml").write_text("query: {memory_gb: 0.5}\n")
+    t0 = time.monotonic()
+    r = sql(study, "--timeout", "50", "select repeat('x', 100000000) as s from range(40)")
+    assert r.returncode == 2 and "needs more memory than a query may take" in one_line(r), r.stderr
+    assert "query.memory_gb" in r.stderr and time.monotonic() - t0 < 60
+    r = sql(study, "select count(*) as n from profile")
+    assert r.returncode == 0 and "3000" in r.stdout, r.stderr

@@ -271,10 +271,34 @@ def test_a_stage_file_named_from_a_relative_artifacts_folder_is_checked_as_recor
     monkeypatch.chdir(tmp_path)
     table = Path("artifacts/sweep/search.parquet")
     table.parent.mkdir(parents=True)
-    write_parquet_atomic(pd.DataFrame({"group": ["g"], "key": [2]}), table)
+    from rollscale.train.rungs import empty_decisions
+
+    write_parquet_atomic(empty_decisions(), table)  # a search table's columns (a foreign table is damage)
     write_outputs_manifest("artifacts", "sweep")
     assert outputs_problem("artifacts", "sweep", [table]) is None
     assert outputs_problem("artifacts", "sweep", [Path("search.parquet")]) is None
     assert search_table_damage(Path("artifacts/sweep")) is None
-    write_parquet_atomic(pd.DataFrame({"group": ["g"], "key": [4]}), table)
-    assert "search.parquet does not match its sha256" in search_table_damage(Path("artifacts/sweep"))
+    write_parquet_atomic(empty_decisions().assign(note=pd.Series(["changed"])), table)
+    assert "artifacts/sweep/search.parquet has " in search_table_damage(Path("artifacts/sweep"))  # another size
+
+
+def test_an_unfinished_stage_keeps_its_work_but_its_tables_are_read_only_as_recorded(tmp_path):
+    """Issue 55, part 1: after a profile run that did not finish, its chunks (resumable work, written after the
+    record) do not stop the next stage, but a profile table changed since its last finished run does, and
+    without any finished run its table is no result."""
+    from rollscale.pipeline.stages.outputs import input_damage, table_problem, write_outputs_manifest
+    from rollscale.pipeline.stages.specs import RUN_INFO
+
+    folder = tmp_path / "profile"
+    write_parquet_atomic(pd.DataFrame({"x": [1, 2]}), folder / "profile.parquet")
+    (folder / RUN_INFO).write_text("{}")  # a first run that did not finish
+    assert "is no result: the profile stage's run did not finish" in input_damage(tmp_path, ["profile"])
+    write_outputs_manifest(tmp_path, "profile")
+    future = time.time() + 5
+    write_parquet_atomic(pd.DataFrame({"x": [3]}), folder / "work" / "chunk-00000.parquet")
+    os.utime(folder / "work" / "chunk-00000.parquet", (future, future))
+    assert input_damage(tmp_path, ["profile"]) is None
+    write_parquet_atomic(pd.DataFrame({"x": [9, 9, 9]}), folder / "profile.parquet")
+    os.utime(folder / "profile.parquet", (future, future))
+    assert "only a finished run's tables are read" in table_problem(tmp_path, "profile", [folder / "profile.parquet"])
+    assert "its input profile cannot be read" in input_damage(tmp_path, ["profile"])

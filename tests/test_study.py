@@ -306,3 +306,56 @@ def test_a_moved_artifacts_folder_still_loads_its_base_model(tmp_path_factory, t
     assert ref == dataclasses.replace(ran_with, name_or_path=str(moved / "base" / "model"))
     model, _ = load_model(ref)
     assert model.config.hidden_size == TINY["base"]["hidden_size"]
+
+
+HOLD_STUDY = """
+import sys, time
+from rollscale.pipeline.stages.specs import study_lock
+with study_lock(sys.argv[1], "rollscale study"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_study_or_run_in_one_folder_is_refused_up_front(tmp_path):
+    """Issue 55, part 3 (case 4: a second `rollscale study` printed DVC's "'artifacts/fit' is busy" and then put
+    the stage back from DVC's cache into the folder the first study was writing): while one `rollscale study`
+    holds the folder, a second `study` and a `run` are refused in one line naming its pid, exit 1, before any
+    stage or DVC starts; nothing is written. Once it ends, the folder is free again."""
+    shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    write_params(tmp_path)
+    art = tmp_path / "artifacts"
+    art.mkdir()
+    env = {"PYTHONPATH": str(REPO), "PATH": ""}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_STUDY, str(art)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for words in (["study"], ["run", "bucket"]):
+            r = subprocess.run([sys.executable, "-m", "rollscale.pipeline.cli", *words], capture_output=True,
+                               text=True, timeout=300, cwd=tmp_path, env=env)
+            [line] = r.stderr.strip().splitlines()
+            assert r.returncode == 1 and f"(pid {holder.pid}, rollscale study, since " in line, r.stderr
+            assert "one study per folder" in line and not r.stdout, r.stdout
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in art.iterdir()) == [".study.lock"]
+
+
+def test_no_put_back_from_dvc_cache_while_another_process_runs_the_stage(tmp_path, capsys):
+    """Issue 55, part 3: after a stage this study started failed, its outputs are put back from DVC's cache only
+    while no other process owns the stage: else the folder is that process's work."""
+    from flows.study import restore_outputs
+
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"bucket": {"cmd": "x", "outs": ["artifacts/bucket"]}}}))
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"bucket": {"cmd": "x"}}}))
+    art = tmp_path / "artifacts"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(art)], stdout=subprocess.PIPE, text=True,
+                              env={"PYTHONPATH": str(REPO), "PATH": ""})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        restore_outputs("bucket", str(tmp_path), {"PATH": ""}, recorded=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "not put back from DVC's cache: another process runs the stage now" in capsys.readouterr().err

@@ -181,6 +181,18 @@ def test_bad_input_is_one_line_and_leaves_the_study(study, capsys):
     out = capsys.readouterr().out
     assert "track: waiting for the run's logs:" in out and "out/runs does not exist yet" in out
     assert not (root / "artifacts/production").exists()
+    # issue 55, case 9: a verl JSONL opened and not yet written waits as an empty folder does
+    (root / "verl.jsonl").write_text("")
+    assert run_track("--logs", "verl.jsonl", "--format", "verl-jsonl") == 0
+    out = capsys.readouterr().out
+    assert "track: waiting for the run's logs:" in out and "verl.jsonl has no metric yet" in out
+    # ... and a TensorBoard event file of garbage is named as damaged (it read as "no metric yet", exit 1)
+    (root / "tb").mkdir()
+    (root / "tb" / "events.out.tfevents.1.host").write_bytes(np.random.default_rng(0).bytes(5000))
+    assert run_track("--logs", "tb") == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"rollscale track: {root / 'tb' / 'events.out.tfevents.1.host'}: damaged"), line
+    assert not (root / "artifacts/production").exists()
     # a metric the log lacks: one line naming the ones it has
     verl_log(root / "verl.jsonl", range(1, 6))
     assert run_track("--logs", "verl.jsonl", "--format", "verl-jsonl", "--metric", "val/score") == 2

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 import yaml
 from pydantic import AfterValidator
 
-__all__ = ["bool_for_number", "model_path_problem", "read_params_yaml"]
+__all__ = ["alias_problem", "bool_for_number", "model_path_problem", "read_params_yaml"]
 
 # a Hugging Face hub repo id: "org/name" of letters, digits, '-', '_', '.' (huggingface_hub's rule)
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -60,9 +60,47 @@ def _duplicate_key(node: yaml.Node, path: str = "") -> str | None:
     return None
 
 
+# values a params file may hold once its aliases (*name) are expanded: a few hundred in a real one; nine levels
+# of nine aliases (a "YAML bomb") expand to 387 million, which every reader of the values would walk for minutes
+MAX_YAML_VALUES = 100_000
+
+
+def _expanded_values(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` holds with every alias expanded (each shared node counted once per use, sizes
+    kept by node: linear in the file); ValueError for an alias inside its own anchor."""
+    if id(node) in sizes:
+        if sizes[id(node)] < 0:
+            raise ValueError("an alias (*name) refers to the value it is in: write the values out")
+        return sizes[id(node)]
+    sizes[id(node)] = -1
+    children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                else node.value if isinstance(node, yaml.SequenceNode) else [])
+    sizes[id(node)] = 1 + sum(_expanded_values(n, sizes) for n in children)
+    return sizes[id(node)]
+
+
+def alias_problem(text: str) -> str | None:
+    """What is wrong with the aliases of the YAML ``text`` (expanding past :data:`MAX_YAML_VALUES`, or into
+    themselves), or None; the file is composed only (aliases are not expanded)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None  # the reader says what is wrong with the YAML
+    try:
+        values = _expanded_values(node, {}) if node is not None else 0
+    except (ValueError, RecursionError) as err:
+        return str(err) if isinstance(err, ValueError) else "its values nest too deep: write them out"
+    if values > MAX_YAML_VALUES:
+        return (f"its aliases (*name) expand to {values:,} values, more than the {MAX_YAML_VALUES:,} a params file "
+                "may hold (a YAML bomb?): write the values out, or use fewer aliases")
+    return None
+
+
 def read_params_yaml(text: str) -> dict[str, Any]:
     """The mapping in a params file's ``text``; ValueError saying what is wrong (not YAML,
-    empty, not a mapping, a key given twice)."""
+    empty, not a mapping, a key given twice, aliases that expand past :data:`MAX_YAML_VALUES`)."""
+    if problem := alias_problem(text):
+        raise ValueError(problem)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         raw = yaml.safe_load(text)

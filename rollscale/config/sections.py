@@ -36,7 +36,8 @@ from rollscale.registry import (
 class Section(BaseModel):
     """Base of every params.yaml section: an unknown key is an error, and so is a bad value set later."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # a number is finite: `.inf` or `.nan` (YAML reads both) is no learning rate, bound or share
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -48,6 +49,10 @@ class Section(BaseModel):
             raise ValueError(f"expected a number, got a boolean{at} (YAML reads true/false/yes/no/on/off as booleans)")
         return value
 
+
+# steps one run may have: a run's step table and its evaluation schedule are held in memory (a step's row and
+# an int64 per step), so a c_max or base.steps past this cannot fit the machine (1e12 rollouts asked 233 GiB)
+MAX_RUN_STEPS = 10_000_000
 
 # buckets where the healthy recipe (science §3) turns KL and entropy on
 _RECIPE_ON = frozenset({"easy", "very_easy"})
@@ -285,6 +290,16 @@ class SweepParams(Section, RunRecordParams):
                              f"list more seeds or lower {start}")
         return self
 
+    @model_validator(mode="after")
+    def _steps_fit(self) -> "SweepParams":
+        # the run of the fewest rollouts a step has the most steps: c_max / B of it must fit MAX_RUN_STEPS
+        b = self.b_total if self.design == "iso_batch" else min(self.n) * min(self.b_problem)
+        if self.c_max > MAX_RUN_STEPS * b:
+            raise ValueError(f"sweep.c_max ({self.c_max:,}) gives the run of B = {b} rollouts a step "
+                             f"{-(-self.c_max // b):,} steps; at most {MAX_RUN_STEPS:,} steps a run fit in memory: "
+                             f"sweep.c_max at most {MAX_RUN_STEPS * b:,}")
+        return self
+
     @field_validator("n", "b_problem")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
@@ -367,6 +382,9 @@ class QueryParams(Section):
 
     # a query still running after this many seconds is stopped (`rollscale sql --timeout` overrides it)
     timeout_s: float = Field(60.0, gt=0)
+    # memory `rollscale sql` may take beyond what it holds when the query starts (its result included: DuckDB's own
+    # memory_limit does not count a result's strings; one query of 40 strings of 100 MB took 4.3 GB)
+    memory_gb: float = Field(4.0, gt=0)
 
 
 # the reward a production run logs, by the names its framework gives it: TRL's TensorBoard (eval/reward when it

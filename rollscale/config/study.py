@@ -23,6 +23,7 @@ from rollscale.config.checks import CronSchedule, DeploymentName, model_path_pro
 from rollscale.config.data import DataParams, TableParams
 from rollscale.config.keys import model_at
 from rollscale.config.sections import (
+    MAX_RUN_STEPS,
     DecisionParams,
     FitParams,
     MeasureParams,
@@ -93,7 +94,7 @@ class BaseParams(Section):
     max_positions: int = Field(64, ge=16)
     train_size: int = Field(20000, ge=100)
     train_seed: int = 12345
-    steps: int = Field(800, ge=1)
+    steps: int = Field(800, ge=1, le=MAX_RUN_STEPS)  # more cannot fit in memory (sections.MAX_RUN_STEPS)
     batch_size: int = Field(128, ge=1)
     lr: float = Field(2e-3, gt=0)
     # torch threads of this one training. A base setting, not `workers`: the thread count changes the float

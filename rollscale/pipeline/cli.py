@@ -8,6 +8,7 @@ lines; ``--debug`` (or ``ROLLSCALE_DEBUG=1``) shows the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -52,20 +53,40 @@ def print_status(artifacts: str, as_json: bool) -> None:
     from rollscale.pipeline.stages.specs import project_root
     from rollscale.pipeline.stages.status import format_status, study_status
 
-    refresh_code_stamps(project_root())  # "stale" after an upgrade of rollscale, as `study` will find it
+    root = project_root()
+    refuse_params_bomb(root / "params.yaml")  # DVC's status would expand its aliases for minutes
+    refresh_code_stamps(root)  # "stale" after an upgrade of rollscale, as `study` will find it
     status = study_status(artifacts=artifacts)
     print(status.to_json() if as_json else format_status(status))
 
 
-def query_timeout(timeout: float | None, params: str) -> float:
-    """``--timeout``, else params.yaml's ``query.timeout_s`` when the file exists, else its default."""
+def refuse_params_bomb(path: Path) -> None:
+    """ValueError naming ``path`` when its aliases expand past what a params file may hold
+    (:func:`rollscale.config.checks.alias_problem`); nothing when it is fine, or cannot be read (its readers say)."""
+    from rollscale.config.checks import alias_problem
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return
+    if problem := alias_problem(text):
+        raise ValueError(f"{path.name}: {problem}")
+
+
+def query_settings(params: str):
+    """params.yaml's ``query`` section when the file exists, else its defaults."""
     from rollscale.config import QueryParams, load_params
 
+    return load_params(params).query if Path(params).exists() else QueryParams()
+
+
+def query_timeout(timeout: float | None, params: str) -> float:
+    """``--timeout``, else params.yaml's ``query.timeout_s`` when the file exists, else its default."""
     if timeout is not None:
         if not timeout > 0:
             raise ValueError(f"--timeout: expected seconds > 0, got {timeout:g}")
         return timeout
-    return (load_params(params).query if Path(params).exists() else QueryParams()).timeout_s
+    return query_settings(params).timeout_s
 
 
 SQL_LIMIT = 1000  # rows `rollscale sql` prints unless --limit says otherwise (--output writes them all)
@@ -76,15 +97,19 @@ def print_query(sql: str, artifacts: str, timeout: float | None = None, params: 
                 limit: int = SQL_LIMIT, output: str | None = None) -> None:
     """The first ``limit`` rows on stdout and, past them, a note on stderr of how many were cut; with
     ``output`` every row goes to that Parquet file instead. The time limit covers reading the rows."""
-    from rollscale.pipeline.query.sql import first_rows, rows_to_parquet
+    from rollscale.pipeline.query.sql import first_rows, memory_bounded, rows_to_parquet
     from rollscale.pipeline.query.storage import query
 
     seconds = query_timeout(timeout, params)
+    memory = memory_bounded(query_settings(params).memory_gb)  # the result's size is bounded too
     if output is not None:
-        written = query(sql, artifacts, seconds, rows_to_parquet(output))
+        refuse_study_output(output, artifacts)
+        with memory:
+            written = query(sql, artifacts, seconds, rows_to_parquet(output))
         print(f"rollscale sql: wrote {written:,} rows to {output}", file=sys.stderr)
         return
-    rows = query(sql, artifacts, seconds, first_rows(limit))
+    with memory:
+        rows = query(sql, artifacts, seconds, first_rows(limit))
     df = rows.head
     print(df.to_string(index=False, max_colwidth=CELL_CHARS) if len(df)
           else f"(no rows; columns: {', '.join(df.columns)})")
@@ -93,6 +118,43 @@ def print_query(sql: str, artifacts: str, timeout: float | None = None, params: 
               else f"more than {rows.counted:,} (counting stopped at the {seconds:g} s time limit)")
         print(f"rollscale sql: the first {len(df):,} rows of {of}; --limit N prints more, --output FILE.parquet "
               "writes them all", file=sys.stderr)
+
+
+def study_output_folders(artifacts: str) -> list[Path]:
+    """The folders a study writes, resolved: ``artifacts`` and, in a study folder, its artifacts/ and every
+    ``outs`` path of its dvc.yaml."""
+    import yaml
+
+    from rollscale.pipeline.stages.specs import project_root
+
+    folders = [Path(artifacts).resolve()]
+    try:
+        root = project_root()
+    except FileNotFoundError:
+        return folders
+    folders.append((root / "artifacts").resolve())
+    try:
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {}
+    except (OSError, ValueError, yaml.YAMLError):  # the stages that read it say what is wrong with it
+        stages = {}
+    for spec in stages.values() if isinstance(stages, dict) else ():
+        for out in (spec or {}).get("outs") or [] if isinstance(spec, dict) else []:
+            name = next(iter(out), None) if isinstance(out, dict) else out
+            if isinstance(name, str):
+                folders.append((root / name).resolve())
+    return folders
+
+
+def refuse_study_output(output: str, artifacts: str) -> None:
+    """``sql --output`` writes only outside the study's outputs: a query is read-only, and a file of its rows in
+    artifacts/ would replace (or sit among) the tables the stages recorded."""
+    from rollscale.pipeline.query.sql import QueryError
+
+    target = Path(output).resolve()
+    for folder in study_output_folders(artifacts):
+        if target == folder or target.is_relative_to(folder):
+            raise QueryError(f"--output {output}: inside the study's outputs ({folder}), which only its stages "
+                             "write; give a file outside them, e.g. --output result.parquet")
 
 
 def print_tables(artifacts: str) -> None:
@@ -315,6 +377,37 @@ def track(rest: list[str], artifacts: str, debug: bool) -> int:
                            *(["--debug"] if debug else [])], env=env)
 
 
+def hold_study(held: contextlib.ExitStack, artifacts: str, command: str, debug: bool) -> int:
+    """Take the study folder's lock into ``held`` (:func:`rollscale.pipeline.stages.specs.study_lock`); the exit
+    status of its one-line refusal when another `rollscale study` or `run` holds it, else 0. Outside a study
+    folder with no artifacts folder yet nothing is made (the command's own error comes first)."""
+    from rollscale.pipeline.stages.specs import study_lock
+
+    if not Path(artifacts).is_dir() and not Path("dvc.yaml").is_file():
+        return 0
+    return run_guarded(lambda: held.enter_context(study_lock(artifacts, command)), debug)
+
+
+def study(args: argparse.Namespace, debug: bool, flags: list[str]) -> int:
+    """`rollscale study` under the folder's lock: the running stages and the check first, then the stages."""
+    # a running stage refuses in one line before the check's report (flows/study.py refuses again per stage)
+    if code := run_guarded(lambda: refuse_running_stages(args.artifacts, args.stages, args.params), debug):
+        return code
+    # the check first: a study that cannot work stops before its first stage spends anything
+    ok: list[bool] = []
+    # the time estimate from a stored calibration only (`rollscale check` measures one)
+    if code := run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, False, True, False)), debug):
+        return code
+    if not ok[0] and not args.no_check:
+        print("rollscale study: stopped before any stage (run it anyway with --no-check)", file=sys.stderr)
+        return 2
+    if code := run_guarded(project_root_or_init, debug):
+        return code
+    stages = ["--stages", args.stages] if args.stages else []
+    return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
+                       debug, "flows.study", archive_stale=args.archive_stale, command=typed(args, "study"))
+
+
 def command(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     if rest and args.command != "track":
@@ -329,29 +422,20 @@ def command(argv: list[str] | None = None) -> int:
         if code := run_guarded(lambda: (no_study_no_params(args.params), load_params(args.params),
                                         check_stage(args.stage)), debug):
             return code
-        return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
-                           archive_stale=args.archive_stale, command=typed(args, "run", args.stage))
+        with contextlib.ExitStack() as held:
+            if code := hold_study(held, args.artifacts, typed(args, "run", args.stage), debug):
+                return code
+            return spawn_flows([args.stage, "--params", args.params, "--artifacts", args.artifacts, *flags], debug,
+                               archive_stale=args.archive_stale, command=typed(args, "run", args.stage))
     if args.command == "study":
         if Path(args.artifacts).resolve() != Path("artifacts").resolve():
             print("rollscale study: runs the stages through DVC, whose outputs are the project's artifacts/ "
                   "(use `rollscale run <stage> --artifacts ...` for another folder)", file=sys.stderr)
             return 2
-        # a running stage refuses in one line before the check's report (flows/study.py refuses again per stage)
-        if code := run_guarded(lambda: refuse_running_stages(args.artifacts, args.stages, args.params), debug):
-            return code
-        # the check first: a study that cannot work stops before its first stage spends anything
-        ok: list[bool] = []
-        # the time estimate from a stored calibration only (`rollscale check` measures one)
-        if code := run_guarded(lambda: ok.append(print_check(args.params, args.artifacts, False, True, False)), debug):
-            return code
-        if not ok[0] and not args.no_check:
-            print("rollscale study: stopped before any stage (run it anyway with --no-check)", file=sys.stderr)
-            return 2
-        if code := run_guarded(project_root_or_init, debug):
-            return code
-        stages = ["--stages", args.stages] if args.stages else []
-        return spawn_flows(["study", "--params", args.params, *stages, *(["--force"] if args.force else []), *flags],
-                           debug, "flows.study", archive_stale=args.archive_stale, command=typed(args, "study"))
+        with contextlib.ExitStack() as held:
+            if code := hold_study(held, args.artifacts, typed(args, "study"), debug):
+                return code
+            return study(args, debug, flags)
     if args.command == "serve":
         return spawn_flows(["serve", "--params", args.params, *flags], debug, "flows.study", command=typed(args, "serve"))
     if args.command == "track":

@@ -43,15 +43,26 @@ def _is_dvc(err: BaseException, name: str) -> bool:
 
 
 def _dvc_yaml_error(err: BaseException) -> tuple[str, int]:
-    """A YAML file DVC reads that does not parse: which, where, and how to get it back."""
+    """A YAML file DVC reads that does not parse (or is not UTF-8 text): which, where, and how to get it back."""
     path = str(getattr(err, "path", "") or "a YAML file")
     mark = getattr(err.__cause__, "problem_mark", None)
     where = f" (line {mark.line + 1})" if mark is not None else ""
     name = os.path.basename(path)
+    what = "UTF-8 text" if _is_dvc(err, "EncodingError") else "valid YAML"
     if name == "dvc.lock":  # written by the tool, never by hand: restoring it or starting it over both work
-        return (f"{name} is not valid YAML{where}: it is DVC's record of what produced the results; restore it "
+        return (f"{name} is not {what}{where}: it is DVC's record of what produced the results; restore it "
                 "(`git checkout dvc.lock` in a clone) or delete it (DVC then runs every stage again)"), 1
-    return f"{name} is not valid YAML{where}: fix it, or restore it (`git checkout {name}`)", 2
+    return f"{name} is not {what}{where}: fix it, or restore it (`git checkout {name}`)", 2
+
+
+def _yaml_error(err: BaseException) -> tuple[str, int]:
+    """A YAML file of the study (dvc.yaml, as rollscale reads it) that does not parse: which, where, the fix."""
+    mark = getattr(err, "problem_mark", None)
+    name = str(getattr(mark, "name", "") or "")
+    name = os.path.basename(name) if name and not name.startswith("<") else "a YAML file of the study (dvc.yaml?)"
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    return (f"{name} is not valid YAML{where}: {getattr(err, 'problem', None) or _first_lines(err, 1)}; fix it, or "
+            f"restore it (`git checkout {name if '(' not in name else 'dvc.yaml'}`)"), 2
 
 
 def explain(err: BaseException) -> tuple[str, int]:
@@ -62,7 +73,9 @@ def explain(err: BaseException) -> tuple[str, int]:
         return f"bad data row at {err.where}: {_first_lines(err.reason, 1)}; fix or remove that row", 2
     if _is(err, "BucketError"):
         return f"bucket: {_first_lines(err, 1)} (params.yaml, section bucket)", 2
-    if _is(err, "QueryError") or isinstance(err, LookupError):
+    # a LookupError the project raises says what is missing and the fix; a bare KeyError (a one-word message, the
+    # key) is raised by no code of the project: a bug, or a file read unchecked, shown as internal error below
+    if _is(err, "QueryError") or (isinstance(err, LookupError) and not isinstance(err, KeyError)):
         return _first_lines(err.args[0] if err.args else err), 2
     if _is(err, "DamagedResultError") or _is(err, "StageBusyError"):
         return _first_lines(err), 1
@@ -75,8 +88,10 @@ def explain(err: BaseException) -> tuple[str, int]:
     if _is_dvc(err, "SCMError"):  # a clone's DVC works through git: the folder lost its .git
         return (f"{_first_lines(err, 1)}: this study's DVC uses git and the folder has no .git; restore it (clone "
                 "the study again), or `git init` there, or let DVC work without git: `dvc config core.no_scm true`"), 1
-    if _is_dvc(err, "YAMLFileCorruptedError"):
+    if _is_dvc(err, "YAMLFileCorruptedError") or _is_dvc(err, "EncodingError"):
         return _dvc_yaml_error(err)
+    if any(cls.__module__.startswith("yaml") and cls.__name__ == "YAMLError" for cls in type(err).__mro__):
+        return _yaml_error(err)
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename and str(err.filename) not in str(err.strerror) else ""
         text = _first_lines(err.strerror or err) + where
@@ -90,6 +105,14 @@ def explain(err: BaseException) -> tuple[str, int]:
         return ("a worker process ended abruptly (killed, or out of memory): finished work is kept and every "
                 "unfinished run keeps its last checkpoint; run the stage again to resume (fewer `workers` if it "
                 "was memory)"), 1
+    if isinstance(err, ImportError):  # a module the settings need is not installed here (vLLM, a plugin's)
+        text = _first_lines(err, 1)
+        if text.startswith("No module named"):
+            text += ": install it here, or change the setting in params.yaml that needs it (`rollscale check` names it)"
+        return text, 1
+    if isinstance(err, MemoryError):  # sizes that pass the check but not this machine's memory
+        return (f"out of memory ({_first_lines(err, 1) or 'MemoryError'}): lower the sizes in params.yaml (workers, "
+                "sampling.max_new_tokens, sweep.b_max) or free memory, and run again (finished work is kept)"), 1
     if isinstance(err, ValueError):
         return _first_lines(err), 2
     return f"internal error {type(err).__name__}: {_first_lines(err, 1)} (run with --debug for the traceback)", 3

@@ -97,10 +97,13 @@ def save_decisions(sweep_dir: Path, decisions: pd.DataFrame, identity: dict[str,
     write_json_atomic(identity, sweep_dir / SEARCH_IDENTITY)
 
 
-def no_search(sweep_dir: Path) -> None:
-    """A grid sweep: an empty ``search`` table (earlier decisions archived: a grid trains every run on)."""
+def no_search(sweep_dir: Path, damage: str | None = None) -> None:
+    """A grid sweep: an empty ``search`` table (earlier decisions archived: a grid trains every run on; a
+    ``damage``d table archived unread)."""
     table = sweep_dir / SEARCH_TABLE
-    if table.exists() and not pd.read_parquet(table).empty:
+    if table.exists() and damage:
+        _archive(table, "damaged: a grid makes no decisions, so nothing is rebuilt")
+    elif table.exists() and not pd.read_parquet(table).empty:
         _archive(table, "sweep.search.method is grid")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_parquet_atomic(empty_decisions(), table)
@@ -157,6 +160,7 @@ class SweepSearch:
         self.searching = self.method.searches  # every method that searches runs in this one loop
         self.pending: dict[str, tuple[SearchGroup, Any]] = {}  # run id -> (group, key) of a rung still training
         self.settings = search_settings(sweep, params.study, params.bucket.val_size)
+        self.damage = damage  # a damaged table is never read again: begin() replaces it
         if not self.searching:  # a grid: every run alone, trained to C_max
             self.search = SearchPlan(None, [], {}, [], tuple(sweep.rules))
             self.identity, self.decisions, self.alone = {}, empty_decisions(), list(self.grid.values())
@@ -192,10 +196,11 @@ class SweepSearch:
         """Archive decisions made under other settings or groups, or any for a grid (after the sweep checked
         its input), and say how the runs will advance."""
         if not self.searching:
-            no_search(self.sweep_dir)
+            no_search(self.sweep_dir, self.damage)
             return
-        load_decisions(self.sweep_dir, self.identity)
-        if self.rebuilt:
+        if not self.damage:
+            load_decisions(self.sweep_dir, self.identity)
+        if self.rebuilt or self.damage:  # the rebuilt decisions (none yet: the search starts over) replace it
             save_decisions(self.sweep_dir, self.decisions, self.identity)
         s = self.sweep.search
         if self.search.groups:

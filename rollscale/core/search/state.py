@@ -22,6 +22,7 @@ import pandas as pd
 
 from rollscale.config import DecisionParams, SearchParams
 from rollscale.core.fit.columns import require
+from rollscale.tables import SEARCH_COLUMNS
 
 __all__ = [
     "ACTIONS",
@@ -48,9 +49,7 @@ AXES: tuple[str, ...] = ("rollout", "prompt", "iso_batch", "rule")
 ACTIONS: tuple[str, ...] = ("continue", "stop", "add", "seed", "finish")
 # the last four: the decision at C* behind a row: C*, the key's median reward there over refits, and the
 # one-sided 1 - alpha bounds of its difference to the leader D_k (docs/tables.md)
-DECISION_COLUMNS = ["group", "decision", "rung", "c", "key", "seed", "action", "rule", "c_train", "leader",
-                    "leader_lo", "key_hi", "best_share", "at_c", "n_points", "note", "c_star", "r_star", "d_lo",
-                    "d_hi"]
+DECISION_COLUMNS = list(SEARCH_COLUMNS)
 
 
 @dataclass(frozen=True)

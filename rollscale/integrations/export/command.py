@@ -45,7 +45,7 @@ def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "arti
     table = Path(artifacts) / TABLES["decision"]
     if not table.exists():
         raise LookupError(f"{table}: no decision yet; run the fit stage first (rollscale run fit)")
-    run = production_run(params, pd.read_parquet(table), key, rule, artifacts)
+    run = production_run(params, decision_table(artifacts), key, rule, artifacts)
     source = f"{Path(params_path).resolve().parent} ({params_path}, {table})"
     out = Path(output or DEFAULT_OUTPUT[to])
     if to == "trl":
@@ -58,6 +58,23 @@ def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "arti
         out.chmod(0o755)
         files, gaps = [out], verl_gaps(run)
     return Exported(files, run.headline(), [f"{to} cannot express {g.what}: {g.why}" for g in gaps])
+
+
+# the decision table's columns the production run is made of (rollscale.integrations.export.plan)
+DECISION_COLUMNS = ("design", "bucket", "rule", "fixed", "key", "n", "b_problem", "c_star", "status", "reward",
+                    "reward_lo", "reward_hi")
+
+
+def decision_table(artifacts: str) -> pd.DataFrame:
+    """The fit stage's ``decision`` table, read as every reader reads a table (only as the fit's last finished run
+    recorded it: :func:`rollscale.pipeline.query.storage.read_table`), with the columns an export needs."""
+    from rollscale.pipeline.query.storage import read_table
+
+    decision = read_table(artifacts, "decision")
+    if missing := [c for c in DECISION_COLUMNS if c not in decision.columns]:
+        raise ValueError(f"{Path(artifacts) / TABLES['decision']}: not a decision table of this rollscale (no column "
+                         f"{', '.join(missing)}); run the fit stage again (rollscale run fit)")
+    return decision
 
 
 def print_exported(done: Exported) -> None:

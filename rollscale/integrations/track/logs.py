@@ -61,6 +61,11 @@ def _tensorboard(logs: str) -> RunLog:
                      ({root} if root.is_file() else set()))
     if not folders:
         raise LogsNotYet(f"{logs} has no TensorBoard event files yet")
+    for file in sorted(f for folder in folders for f in ([folder] if folder.is_file()
+                                                         else folder.glob("events.out.tfevents.*"))):
+        if why := _event_file_damage(file):
+            raise ValueError(f"{file}: damaged, not a TensorBoard event file ({why}); point --logs at the run's own "
+                             "logs, or move that file away")
     rows, settings = [], {}
     for folder in folders:
         # purge_orphaned_data off: a step written again (a resumed run) stays visible, in the order written
@@ -78,6 +83,25 @@ def _tensorboard(logs: str) -> RunLog:
                     rows.append((tag, e.step, float(value.reshape(-1)[0]), e.wall_time))
     points = pd.DataFrame(rows, columns=POINT_COLUMNS).sort_values("order", kind="stable")
     return RunLog(logs, points.assign(order=range(len(points))).reset_index(drop=True), settings)
+
+
+def _event_file_damage(file: Path) -> str | None:
+    """Why ``file`` is no event file a writer made (a record whose checksum fails), or None; a last record
+    still being written (truncated) is not damage. TensorBoard's own reader stops there without a word, so a
+    damaged file would read as a run that has logged nothing yet."""
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+    reader = PyRecordReader_New(str(file))
+    records = 0
+    while True:
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            return None
+        except errors.DataLossError as err:
+            return None if "truncated" in str(err) else f"record {records + 1}: {str(err).split(' ', 1)[-1]}"
+        records += 1
 
 
 def _mlflow(logs: str) -> RunLog:
@@ -138,10 +162,14 @@ LOG_FORMATS: dict[str, Callable[[str], RunLog]] = {
 
 
 def read_log(logs: str, fmt: str) -> RunLog:
-    """The run's logs now (:class:`LogsNotYet` while it has written none)."""
+    """The run's logs now (:class:`LogsNotYet` while it has written none: no folder or file yet, or one opened
+    and empty, as a run that has not logged its first step leaves it)."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"--format {fmt}: expected one of {', '.join(LOG_FORMATS)}")
-    return LOG_FORMATS[fmt](logs)
+    log = LOG_FORMATS[fmt](logs)
+    if log.points.empty:
+        raise LogsNotYet(f"{log.source} has no metric yet")
+    return log
 
 
 def reward_series(log: RunLog, metrics: list[str]) -> tuple[str, pd.DataFrame]:

@@ -13,6 +13,7 @@ to stop a running query, at once.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -23,8 +24,8 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-__all__ = ["OutputWriteError", "QueryError", "QueryTimeout", "Rows", "all_rows", "checked_sql", "first_rows", "rows_to_parquet",
-           "run_bounded"]
+__all__ = ["OutputWriteError", "QueryError", "QueryTimeout", "Rows", "all_rows", "checked_sql", "first_rows",
+           "memory_bounded", "rows_to_parquet", "run_bounded"]
 
 VECTOR = 2048  # rows in one DuckDB vector: fetch_df_chunk(k) returns k of them
 CHUNK_VECTORS = 64  # vectors read at once past the first rows (131,072 rows: bounded memory, few calls)
@@ -146,6 +147,32 @@ def rows_to_parquet(path: str | Path) -> Consumer:
         return written
 
     return consume
+
+
+@contextlib.contextmanager
+def memory_bounded(gb: float | None) -> Iterator[None]:
+    """Run the block with this process's address space limited to what it has now plus ``gb`` (None: no limit):
+    past it DuckDB's allocations fail with its OutOfMemoryException and Python's with MemoryError, instead of the
+    machine swapping. The limit is the kernel's (``RLIMIT_DATA``: the data it writes), put back afterwards; where it cannot be set, none."""
+    import resource
+
+    if gb is None:
+        yield
+        return
+    try:
+        status = Path("/proc/self/status").read_text()
+        now = int(status.split("VmData:")[1].split()[0]) * 1024
+        before = resource.getrlimit(resource.RLIMIT_DATA)
+        cap = now + int(gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_DATA, (cap if before[1] == resource.RLIM_INFINITY else min(cap, before[1]),
+                                                before[1]))
+    except (OSError, ValueError, IndexError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, before)
 
 
 def run_bounded(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float | None,

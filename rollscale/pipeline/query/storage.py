@@ -102,15 +102,13 @@ def _dataset(name: str, files: list[Path]):
 
 
 def checked_table_files(artifacts: str | Path, name: str) -> list[Path]:
-    """:func:`table_files`, each checked against its stage's record of checksums
-    (:mod:`rollscale.pipeline.stages.outputs`; files written after the record by a run that has not finished
-    are not judged); :class:`DamagedResultError` names the first bad file."""
-    from rollscale.pipeline.stages.outputs import outputs_problem
+    """:func:`table_files`, each checked against its stage's record of checksums by the one rule every reader
+    follows (:func:`rollscale.pipeline.stages.outputs.table_problem`: only as the stage's last finished run
+    wrote it); :class:`DamagedResultError` names the first bad file and the command that repairs it."""
+    from rollscale.pipeline.stages.outputs import table_problem
 
     files = table_files(artifacts, name)
-    # while its stage runs (or after a run that did not finish), the files that run wrote are its own
-    if name not in RUN_PART_TABLES and (problem := outputs_problem(artifacts, table_stage(name), files,
-                                                                   unfinished_ok=True)):
+    if name not in RUN_PART_TABLES and (problem := table_problem(artifacts, table_stage(name), files)):
         raise DamagedResultError(f"{problem}; {_rerun(name)}")
     return files
 
@@ -192,6 +190,9 @@ def query(sql: str, artifacts: str | Path, timeout_s: float | None = None, read:
             raise DamagedResultError(bad) from None
         raise QueryError(f"refused: queries are read-only and see only the study's tables "
                          f"({str(err).splitlines()[0]})") from None
+    except (duckdb.OutOfMemoryException, MemoryError) as err:
+        raise QueryError(f"the query needs more memory than a query may take ({str(err).splitlines()[0][:120]}): "
+                         "select fewer or shorter values, or raise query.memory_gb in params.yaml") from None
     except duckdb.Error as err:
         raise QueryError(str(err).splitlines()[0]) from None
     except (QueryError, KeyboardInterrupt, OutputWriteError):
@@ -202,6 +203,12 @@ def query(sql: str, artifacts: str | Path, timeout_s: float | None = None, read:
                                  "file may be damaged (`rollscale status` checks them)") from None
     finally:
         con.close()
+
+
+def read_table(artifacts: str | Path, name: str) -> pd.DataFrame:
+    """Every row of study table ``name``, read as ``rollscale sql`` reads it (checked against its stage's record:
+    :func:`checked_table_files`); a missing table or a damaged one raises the one line that says so."""
+    return query(f"SELECT * FROM {name}", artifacts)
 
 
 def _unreadable(artifacts: str | Path, names: list[str]) -> str | None:

@@ -117,6 +117,9 @@ def run_all(
                 pending.discard(i)
                 try:
                     results[i] = future.result()
+                except ImportError:  # the machine lacks a module every unit needs (vLLM): the others would too
+                    stop_units(runner, futures)
+                    raise
                 except Exception as err:  # reported after the other units finish
                     log.error("%s failed: %s: %s", labels[i], type(err).__name__, err)
                     errors.append((labels[i], err))
@@ -131,6 +134,8 @@ def run_all(
                     break
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (rollscale.pipeline.interrupts): stop, do not finish
         stop_units(runner, futures)
+        raise
+    except ImportError:  # the units were stopped where it was raised
         raise
     except BaseException:
         runner.__exit__(*sys.exc_info())

@@ -50,7 +50,12 @@ RUN_RESULT_FILES = ("run.parquet", "done.json", "identity.json")
 ENDED = ("finished", "stopped")  # a run the sweep does not train again unless it is damaged
 
 __all__ = ["OUTPUTS_MANIFEST", "input_damage", "outputs_problem", "run_damage", "search_table_damage", "stage_output_files",
-           "stage_problem", "unrebuilt_damage", "write_outputs_manifest"]
+           "stage_problem", "table_problem", "unrebuilt_damage", "write_outputs_manifest"]
+
+# the stage whose files may be read while it is unfinished: it resumes run by run, each run's rows are committed
+# by its own checkpoints (rollscale.train.manifest) and an ended run is checked whole (run_damage); every other
+# stage publishes its tables at its end, so a file its unfinished run left is no result yet
+RESUMED_STAGES = ("sweep",)
 
 
 def _recorded(rel: Path) -> bool:
@@ -159,6 +164,42 @@ def outputs_problem(artifacts: str | os.PathLike[str], stage: str, files: Iterab
     return next((why for _, why in _problems(artifacts, stage, files, quick, unfinished_ok)), None)
 
 
+def _table_files(artifacts: str | os.PathLike[str], stage: str) -> list[Path]:
+    """The files of the study tables ``stage`` writes (rollscale.tables), there now."""
+    from rollscale.tables import TABLES, table_stage
+
+    return sorted(f for name, pattern in TABLES.items() if table_stage(name) == stage
+                  for f in Path(artifacts).glob(pattern))
+
+
+def table_problem(artifacts: str | os.PathLike[str], stage: str, files: Iterable[Path],
+                  quick: bool = False) -> str | None:
+    """The one rule for trusting a table (every reader: ``rollscale sql``, ``export``, ``track``, the report and the
+    next stage): its ``files`` are read only as the stage's last finished run recorded them (size and sha256).
+    While the stage runs, or after a run of it that did not finish, a file that run changed (or a file changed by
+    hand since) is refused too; only the sweep's own files written by an unfinished run are its resumable work
+    (:data:`RESUMED_STAGES`). A stage with no record and no unfinished run (built by hand, or by an older version)
+    is not judged. Returns the first problem, in one line naming the file (the caller adds the repair), or None."""
+    folder = Path(artifacts) / stage
+    if stage in RESUMED_STAGES:
+        return outputs_problem(artifacts, stage, files, quick, unfinished_ok=True)
+    files = list(files)
+    if not _unfinished(folder, stage):
+        return outputs_problem(artifacts, stage, files, quick)
+    why = "runs now" if _running(folder, stage) else "did not finish"
+    if _read(folder) is None:
+        return next((f"{f} is no result: the {stage} stage's run {why} and none finished before it"
+                     for f in files), None)
+    problem = outputs_problem(artifacts, stage, files, quick)
+    return problem and f"{problem} (the {stage} stage's last run {why}: only a finished run's tables are read)"
+
+
+def _running(folder: Path, stage: str) -> bool:
+    from rollscale.pipeline.stages.specs import stage_running
+
+    return stage_running(folder.parent, stage)
+
+
 def unrebuilt_damage(artifacts: str | os.PathLike[str], stage: str) -> Callable[[], str | None]:
     """Taken when a stage starts after a finished run: the files that do not match the record then
     (damaged since); the returned check, called before the new record is written, names the first
@@ -251,8 +292,8 @@ def input_damage(artifacts: str | os.PathLike[str], stages: Iterable[str]) -> st
     """Why a stage reading the outputs of ``stages`` (its upstream stages) would answer from incomplete
     evidence, in one line naming the damaged run or file and the command that repairs it, or None.
 
-    Checked as ``rollscale status`` checks them (``quick``; files written after the record by a run that
-    did not finish are its own): every sweep run (:func:`run_damage`: its committed parts, its newest
+    Checked as ``rollscale status`` checks them (``quick``), by the rule of :func:`table_problem` (only the
+    sweep's unfinished run owns the files it wrote after the record): every sweep run (:func:`run_damage`: its committed parts, its newest
     checkpoint's manifest, its files of the sweep's record, done.json included), then every other file of
     each stage's record. ``rollscale study`` repairs each: it retrains a damaged run from its last good
     checkpoint and runs a stage with a damaged file again."""
@@ -266,6 +307,11 @@ def input_damage(artifacts: str | os.PathLike[str], stages: Iterable[str]) -> st
                 return (f"sweep run {rel.parts[1]} is damaged ({why}): `rollscale study` retrains it from its "
                         "last good checkpoint (or `rollscale run sweep`), then run this stage again")
             return f"its input {stage} is damaged ({why}): `rollscale study` runs {stage} again, then this stage"
+        # its tables by the readers' one rule (an unfinished run's other files, e.g. the profile's chunks, are
+        # its resumable work, judged above as such)
+        if stage not in RESUMED_STAGES and (why := table_problem(artifacts, stage, _table_files(artifacts, stage),
+                                                                  quick=True)):
+            return f"its input {stage} cannot be read ({why}): `rollscale study` runs {stage} again, then this stage"
     return None
 
 
@@ -277,7 +323,7 @@ def search_table_damage(sweep_dir: Path) -> str | None:
 
     # the name from the leaf list of tables, not from rollscale.train.rungs: every stage runs this module, and
     # rungs imports the search methods, which no stage but the sweep runs (their edits rerun the sweep alone)
-    from rollscale.tables import TABLES
+    from rollscale.tables import SEARCH_COLUMNS, TABLES
 
     table = sweep_dir / Path(TABLES["search"]).name
     if not table.exists():
@@ -285,7 +331,9 @@ def search_table_damage(sweep_dir: Path) -> str | None:
     if problem := outputs_problem(sweep_dir.parent, sweep_dir.name, [table]):
         return problem
     try:
-        pd.read_parquet(table)
+        stored = pd.read_parquet(table)
     except Exception as err:  # noqa: BLE001 - Arrow raises many types for a damaged file
         return f"{table} is not readable Parquet ({type(err).__name__})"
+    if missing := [c for c in SEARCH_COLUMNS if c not in stored.columns]:
+        return f"{table} is not a search table (no column {', '.join(missing)})"
     return None

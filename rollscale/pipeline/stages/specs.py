@@ -36,6 +36,8 @@ log = logging.getLogger("rollscale.pipeline.stages.specs")
 
 LOCK = ".stage.lock"
 RUN_INFO = ".stage.run.json"
+# in the artifacts folder: held by the `rollscale study` or `rollscale run` that works in it (one at a time)
+STUDY_LOCK = ".study.lock"
 FAILED = ".stage.failed.json"
 # how the stage's last command ended when it failed or refused: its one line and exit status, which
 # `rollscale study` passes on (DVC reports every failed stage as exit 255)
@@ -122,7 +124,8 @@ def _entry_names(entries: Any, what: str, stage: str) -> tuple[str, ...]:
 def load_stage_specs(root: str | os.PathLike[str] | None = None) -> dict[str, StageSpec]:
     """The stages of the project's ``dvc.yaml`` in file order (the study's order), name -> spec."""
     path = project_root(root) / "dvc.yaml"
-    raw = yaml.safe_load(path.read_text())
+    with path.open(encoding="utf-8") as stream:  # the file's name goes with a parse error (rollscale.pipeline.errors)
+        raw = yaml.safe_load(stream)
     stages = (raw or {}).get("stages")
     if not isinstance(stages, dict) or not stages:
         raise ValueError(f"{path}: expected a non-empty 'stages' mapping")
@@ -281,6 +284,44 @@ def _not_writable(folder: Path, stage: str, err: OSError) -> ArtifactsNotWritabl
         f"stage {stage!r} did not start; "
         "earlier results are unchanged; free space or fix the permissions and run it again",
     )
+
+
+@contextlib.contextmanager
+def study_lock(artifacts: str | os.PathLike[str], command: str) -> Iterator[None]:
+    """Hold the study folder for ``command`` (`rollscale study` or `rollscale run`): a second one refuses at once,
+    in one line naming the running pid (:class:`StageBusyError`), before DVC or any stage starts; two studies in
+    one folder would wait on DVC's lock and put stages back from its cache under each other. The lock is the
+    kernel's (``flock``): a killed holder frees it. A folder where the lock cannot be made (read-only) is left to
+    the stage's own lock, which says so."""
+    import fcntl
+
+    path = Path(artifacts) / STUDY_LOCK
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _study_busy(path) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                                 "started_at": now()}).encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def _study_busy(path: Path) -> StageBusyError:
+    held = read_json(path) or {}
+    pid = held.get("pid") or next(iter(_lock_holders(path)), None)
+    what = ", ".join(str(x) for x in (f"pid {pid}" if pid else "", held.get("command"),
+                                      held.get("started_at") and f"since {held['started_at']}") if x)
+    return StageBusyError(f"another rollscale command works in {path.parent} ({what or 'it has not said which'}); "
+                          "one study per folder: wait for it to end (`rollscale status`) or stop it first")
 
 
 @contextlib.contextmanager
