@@ -141,39 +141,41 @@ def test_loss_names_come_from_the_registries(key, value, message):
         parse_params({"sampling": {"backend": "hf_paged"}})
 
 
-# Run ids and config hashes of these runs as the code before issue 21 computed them: a stored
-# study's runs resume by them (tasks/sweep.py archives a run whose identity changed).
+# Run ids and config hashes of these runs: a stored study's runs resume by them (tasks/sweep.py archives a run
+# whose identity changed). Written anew when every step began to keep its two halves' gradients (science §6.4):
+# the halves' passes sum the gradient in another order, so a run trained before is another run.
 BEFORE = {
-    "np16_nr2_uniform_s0": "d5ab170805a2b08f",
-    "np16_nr2_dynamic_d64_s0": "a4855b6e91fa4faf",
-    "np16_nr4_pods_m2_s0": "6b2ce0876c7ab233",
-    "np16_nr4_pilot_p2_pf2_s0": "40ecbf4f8914911d",
-    "np16_nr8_uniform_s1": "e34413040dd86bb3",
-    "np16_nr8_dynamic_d64_s0": "0a07a1288464df95",
-    "np16_nr8_pods_m4_s0": "8502788c0d5a7488",
-    "np16_nr8_pilot_p2_pf2_s1": "63de05425d99970d",
+    "np16_nr2_uniform_s0": "bb0668ce85208714",
+    "np16_nr2_dynamic_d64_s0": "2b72b5b0a7565785",
+    "np16_nr4_pods_m2_s0": "014aadd6220eb3df",
+    "np16_nr4_pilot_p2_pf2_s0": "afb2d6495fde201f",
+    "np16_nr8_uniform_s1": "2543fcc913ecab61",
+    "np16_nr8_dynamic_d64_s0": "b33df52ee7df6e1b",
+    "np16_nr8_pods_m4_s0": "c49664f2e67a4518",
+    "np16_nr8_pilot_p2_pf2_s1": "1df2176697003566",
 }
 
 
 # the default study's planned runs (params.yaml, and the defaults of StudyParams()) as they were before a run's
 # config took its evaluation, checkpoint and noise settings from the sweep's own fields (issue 38, part 4):
 # its runs resume, and its tables stay the same. Changed on purpose (a new default study)? Write the new ones.
-# params.yaml's: sweep.c_max 40,000 -> 80,000 and back on 2026-11-27 (docs/results.md, 2d): the same ids and hashes
+# params.yaml's: sweep.c_max 40,000 -> 80,000 and back (docs/results.md, 2d): the same ids and hashes. Written anew
+# when every step began to keep its two halves' gradients (science §6.4: the gradient is summed in another order)
 DEFAULT_PLAN = {
     "params.yaml": {
-        "np16_nr2_uniform_s0": "68fa2da871106799", "np16_nr2_uniform_s1": "7643acb4c2796d13",
-        "np16_nr2_uniform_s2": "ae832a9bd133e43e", "np16_nr4_uniform_s0": "61233d86dcf4acd9",
-        "np16_nr4_uniform_s1": "c5171f9c6a9fe533", "np16_nr4_uniform_s2": "8f6b43c2cf0b7226",
-        "np16_nr8_uniform_s0": "c3630aeaca46531a", "np16_nr8_uniform_s1": "f60cf75657d6f13f",
-        "np16_nr8_uniform_s2": "182a8b0afd28478b", "np16_nr16_uniform_s0": "e1e5e24fbeb2dce0",
-        "np16_nr16_uniform_s1": "29fa7b6e12ab9b3b", "np16_nr16_uniform_s2": "79efdf7d7070cc19",
+        "np16_nr2_uniform_s0": "140eef7f75a4707d", "np16_nr2_uniform_s1": "8710b980dd296157",
+        "np16_nr2_uniform_s2": "3a76faff6468e618", "np16_nr4_uniform_s0": "a9fdf578dd964bfe",
+        "np16_nr4_uniform_s1": "ec34bf0c007832f3", "np16_nr4_uniform_s2": "0a08cb11b9b3f734",
+        "np16_nr8_uniform_s0": "a28cba3eaf9300fd", "np16_nr8_uniform_s1": "1dc9c2f8b517643e",
+        "np16_nr8_uniform_s2": "dc2bcfd498dff04b", "np16_nr16_uniform_s0": "ee3be5852915ee2e",
+        "np16_nr16_uniform_s1": "1aba6283771943f8", "np16_nr16_uniform_s2": "3c47342e8d9e21aa",
     },
     "defaults": {
-        "np16_nr4_uniform_s0": "bf0f877234453978", "np16_nr4_uniform_s1": "97eeac75a28b0bc0",
-        "np16_nr4_uniform_s2": "03c00502ef8baea8", "np16_nr8_uniform_s0": "070f9f897025f694",
-        "np16_nr8_uniform_s1": "566c6154b7a4a6c4", "np16_nr8_uniform_s2": "f86102cb41310f87",
-        "np16_nr16_uniform_s0": "7d58762870c702bf", "np16_nr16_uniform_s1": "e8e760711c22dc8c",
-        "np16_nr16_uniform_s2": "f8d4a74b382bd5b4",
+        "np16_nr4_uniform_s0": "a2ecea94ccc2410a", "np16_nr4_uniform_s1": "0399029b748649c6",
+        "np16_nr4_uniform_s2": "dffc69931f9ec79c", "np16_nr8_uniform_s0": "2e1a941e85f0c313",
+        "np16_nr8_uniform_s1": "ba70f50086ba5904", "np16_nr8_uniform_s2": "1c2011ba456ee925",
+        "np16_nr16_uniform_s0": "f6263e4b383bf5cd", "np16_nr16_uniform_s1": "8f9235e1ee965e6a",
+        "np16_nr16_uniform_s2": "3c43fac1d8476f4d",
     },
 }
 
