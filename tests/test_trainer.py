@@ -13,6 +13,7 @@ import torch
 from tokenizers import decoders
 
 import rollscale.train.step as step_module
+import rollscale.train.trainer as trainer_module
 from rollscale.core.fit import schedule as evaluation_schedule
 from rollscale.train.checkpoint import RunStore
 from rollscale.lm.models import add_lora, char_tokenizer, tiny_llama, train_supervised
@@ -353,16 +354,20 @@ def test_resume_with_a_different_config_is_refused(warm, tmp_path):
 
 @pytest.mark.parametrize("checkpoint_every", [2, 10])
 def test_non_finite_loss_fails_the_run_and_keeps_last_checkpoint(warm, tmp_path, monkeypatch, checkpoint_every):
-    real_loss = step_module.grpo_loss
-    calls = []
+    real_loss, real_update = step_module.grpo_loss, trainer_module.policy_update
+    updates = []
+
+    def counting_update(*args, **kwargs):  # a step's passes (its two halves' micro-batches, science §6.4) are one update
+        updates.append(1)
+        return real_update(*args, **kwargs)
 
     def nan_at_step_3(*args, **kwargs):
         out = real_loss(*args, **kwargs)
-        calls.append(1)
-        if len(calls) == 3:
+        if len(updates) == 3:
             out.loss = out.loss * float("nan")
         return out
 
+    monkeypatch.setattr(trainer_module, "policy_update", counting_update)
     monkeypatch.setattr(step_module, "grpo_loss", nan_at_step_3)
     cfg = _config(checkpoint_every=checkpoint_every, eval_every=100, run_id="nanrun")
     trainer = _trainer(warm, cfg)
@@ -387,8 +392,7 @@ def test_non_finite_loss_fails_the_run_and_keeps_last_checkpoint(warm, tmp_path,
     assert list(store.rows("steps")["step"]) == [1, 2]
     with pytest.raises(NonFiniteLossError, match="step 3"):
         # calling the step directly raises the error itself
-        calls.clear()
-        calls.extend([1, 1])
+        updates[:] = [1, 1]  # the next update is the third
         trainer.train_step()
 
 
