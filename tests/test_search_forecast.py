@@ -101,7 +101,7 @@ def test_no_key_is_added_beyond_an_edge_that_leads_only_by_noise():
 def test_an_answer_whose_reward_at_c_star_is_unknown_gets_seeds_up_to_seeds_max(cross, monkeypatch):
     """Every other key settled, but the answer's reward at C* unknown (the default at 160,000: "unknown, in
     [0.48, 0.63]" with 2 seeds a key, 2026-11-27): at C_max the answer gets seeds, as a decision that hangs does, up
-    to seeds_max (3 here), then it finishes undecided."""
+    to seeds_max (3 here); then it is the answer still, its reward uncertain (science §11.5): decided."""
     from rollscale.core.search.methods import forecast
 
     studies, known = cross
@@ -115,7 +115,7 @@ def test_an_answer_whose_reward_at_c_star_is_unknown_gets_seeds_up_to_seeds_max(
     assert seeds["note"].str.contains(f"the answer {answer}'s reward at C\\* = 160,000 is unknown \\(too wide\\)").all()
     assert set(mine["seed"]) == {0, 1, 2}  # seeds_max
     last = mine[mine["decision"] == mine["decision"].max()]
-    assert set(last["action"]) == {"finish"} and set(last["rule"]) == {"undecided"}, last[["seed", "action", "rule"]]
+    assert set(last["action"]) == {"stop"} and set(last["rule"]) == {"decided"}, last[["seed", "action", "rule"]]
 
 
 @pytest.mark.parametrize("width, seeds, seeded", [(0.153, 2, True), (0.14, 2, False), (0.248, 2, False),

@@ -42,7 +42,9 @@ def study_settings(resamples: int, seed: int, eval_draws: int | None) -> Forecas
     """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one surface):
     the fit's bootstrap ``resamples`` (at least 2) and ``seed``; ``eval_draws``, the 0/1 samples behind one
     evaluation (validation problems x k of avg@k), redrawn in each refit."""
-    return ForecastSettings(resamples=max(resamples, 2), eval_draws=eval_draws, seed=seed)
+    from rollscale.core.fit.verdict import forecast_settings  # the one place they are built (science §11.5)
+
+    return forecast_settings(resamples, seed, eval_draws)
 
 
 def forecast_budgets(c_star: float, c_max: float, multiples: tuple[int, ...] = COMPUTE_MULTIPLES) -> list[float]:

@@ -1,0 +1,162 @@
+"""The verdict at C* (science §11.5): one group's standing, computed in one place and read by the search, the fit
+stage, the report, ``export`` and ``track``.
+
+A group's keys at C*, each with its reward and interval and ``D_k = R_k(C*) - R_L(C*)`` to the leader L with its
+bounds, give one :class:`Verdict`:
+
+* **answered** ("use n = X") when every key but the leader is settled: it cannot beat the leader by more than
+  epsilon (the upper bound of its D <= epsilon, or a settling rule of the search checked against this leader). The
+  reward at C* and its interval are what the practitioner expects; the answer is marked **uncertain** where that
+  interval is wider than :data:`ANSWER_WIDTH` (or has no finite ends), never withheld for it;
+* **not decided** only while some key is **open** (it could still beat the leader by more than epsilon): the open
+  key with the largest upper bound of D is named as the rival, with what would decide it.
+
+Settling is read against this leader only, never transitively (§11.3). Where the sweep's search chose the group's
+key, its verdict is the group's (:func:`search_verdict`): the search's leader, the keys it settled, and nothing
+settled that it left open, so the report's first line and the search never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from rollscale.core.fit.forecast import ForecastSettings
+
+__all__ = ["ANSWER_WIDTH", "SETTLING_RULES", "Verdict", "forecast_settings", "group_verdict", "interval_faults",
+           "search_verdict"]
+
+# the widest 95 % interval of the reward at C* that is an answer without "uncertain" (science §11.5)
+ANSWER_WIDTH = ForecastSettings().max_width
+# the search's rules whose stop settles a key (science §9.4, §10.5, §11.3): the rest end a key for other reasons
+SETTLING_RULES = ("epsilon", "a2", "forecast", "cap")
+
+
+def forecast_settings(resamples: int, seed: int, eval_draws: int | None, level: float = 0.95,
+                      a_max: float | None = 1.0) -> ForecastSettings:
+    """The forecast's settings as the study's config gives them (``*.bootstrap_resamples``, ``*.bootstrap_seed``,
+    validation problems x ``sweep.eval_k``): the one place the search and the fit stage build them."""
+    return ForecastSettings(resamples=max(int(resamples), 2), eval_draws=eval_draws, level=level, seed=int(seed),
+                            a_max=a_max)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One group's standing at C*: the leader, its reward with interval, and each other key settled or open."""
+
+    c_star: float
+    tolerance: float
+    leader: Any | None
+    reward: float = math.nan
+    reward_lo: float = math.nan
+    reward_hi: float = math.nan
+    settled: Mapping[Any, str] = field(default_factory=dict)  # key -> what settled it
+    open: tuple = ()  # keys that could still beat the leader by more than epsilon, the rival first
+    rival_d: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # the rival's D, its bounds
+    max_width: float = ANSWER_WIDTH
+
+    @property
+    def answered(self) -> bool:
+        """"Use the leader": every other key settled against it."""
+        return self.leader is not None and not self.open
+
+    @property
+    def width(self) -> float:
+        return float(self.reward_hi - self.reward_lo)
+
+    @property
+    def uncertain(self) -> bool:
+        """The answer's reward interval is wider than :data:`ANSWER_WIDTH` or has no finite ends."""
+        return not (math.isfinite(self.width) and self.width <= self.max_width + 1e-12)
+
+    @property
+    def rival(self) -> Any | None:
+        return self.open[0] if self.open else None
+
+    def status(self, key: Any) -> str:
+        """``leader``, ``settled`` or ``open``."""
+        if self.leader is not None and key == self.leader:
+            return "leader"
+        return "settled" if key in self.settled else "open"
+
+
+def _settles(d_hi: float, tolerance: float) -> bool:
+    return math.isfinite(d_hi) and d_hi <= tolerance + 1e-12
+
+
+def group_verdict(rows: pd.DataFrame, tolerance: float, c_star: float, leader: Any | None = None,
+                  settled: Mapping[Any, str] | None = None, only: bool = False,
+                  max_width: float = ANSWER_WIDTH) -> Verdict:
+    """The verdict of one group from its keys at C* (``rows``: ``key``, ``reward``, ``reward_lo``, ``reward_hi``,
+    ``d``, ``d_lo``, ``d_hi`` of D to ``leader``; ``leader`` None: the rows' ``leader`` column).
+
+    ``settled``: keys settled by a rule of the search, checked against this leader (key -> rule); with ``only`` they
+    are the only settled keys (the search's verdict: what it left open stays open), else a key is also settled where
+    its D's upper bound is <= ``tolerance``."""
+    keys = list(rows["key"])
+    if leader is None and "leader" in rows.columns:
+        named = rows["leader"].dropna()
+        leader = named.iloc[0] if len(named) else None
+    if leader is not None and leader not in keys:
+        leader = None
+    if leader is None:
+        return Verdict(float(c_star), float(tolerance), None, open=tuple(keys), max_width=max_width)
+    by_key = rows.set_index("key", drop=False)
+    lead = by_key.loc[leader]
+    out: dict[Any, str] = {}
+    opened = []
+    for key in keys:
+        if key == leader:
+            continue
+        row = by_key.loc[key]
+        if settled is not None and key in settled:
+            out[key] = str(settled[key])
+        elif not only and _settles(float(row.get("d_hi", math.nan)), tolerance):
+            out[key] = "D's upper bound <= epsilon"
+        else:
+            opened.append(key)
+    d_hi = {k: float(by_key.loc[k].get("d_hi", math.nan)) for k in opened}
+    opened.sort(key=lambda k: -d_hi[k] if math.isfinite(d_hi[k]) else -math.inf)
+    rival = by_key.loc[opened[0]] if opened else None
+    def num(row: pd.Series | None, col: str) -> float:
+        return float(row.get(col, math.nan)) if row is not None else math.nan
+
+    return Verdict(float(c_star), float(tolerance), leader, num(lead, "reward"), num(lead, "reward_lo"),
+                   num(lead, "reward_hi"), out, tuple(opened),
+                   (num(rival, "d"), num(rival, "d_lo"), num(rival, "d_hi")), max_width)
+
+
+def search_verdict(search: pd.DataFrame) -> tuple[Any | None, dict[Any, str], bool]:
+    """The verdict one group's ``search`` rows (one C*) came to: (the key it named: the key it decided on, else
+    the leader of its last decision; key -> the settling rule of every other key it settled and did not train
+    again; whether it decided). Keys as the table holds them (text)."""
+    last = search[search["decision"] == search["decision"].max()]
+    decided = last.loc[(last["action"] == "stop") & (last["rule"] == "decided"), "key"]
+    lead = decided.iloc[0] if len(decided) else (last["leader"].dropna().iloc[0] if last["leader"].notna().any()
+                                                 else None)
+    final = search.drop_duplicates("key", keep="last")
+    settled = {k: str(r) for k, a, r in zip(final["key"], final["action"], final["rule"], strict=True)
+               if a == "stop" and r in SETTLING_RULES and k != lead}
+    return lead, settled, bool(len(decided))
+
+
+def interval_faults(table: pd.DataFrame, triples: list[tuple[str, str, str]], where: str) -> list[str]:
+    """Every row of ``table`` whose estimate lies outside its interval, or whose interval is degenerate (both ends
+    finite and equal), for each (estimate, low, high) column triple: one line each (empty: none)."""
+    out = []
+    for est, lo, hi in triples:
+        if not {est, lo, hi} <= set(table.columns):
+            continue
+        v, a, b = (pd.to_numeric(table[c], errors="coerce").astype(float) for c in (est, lo, hi))
+        ends = a.notna() & b.notna()
+        tol = 1e-9
+        outside = ends & v.notna() & ((v < a - tol) | (v > b + tol))
+        flat = ends & (b - a).abs().le(tol) & ~(v.notna() & a.eq(b) & (v.isin([0.0, 1.0])))
+        for pos in table.index[outside | flat]:
+            out.append(f"{where} row {pos}: {est} {v[pos]:.6g} [{a[pos]:.6g}, {b[pos]:.6g}]"
+                       + (" outside its interval" if outside[pos] else " on a degenerate interval"))
+    return out
