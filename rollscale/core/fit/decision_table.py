@@ -305,7 +305,7 @@ def _forecast_rows(rows: pd.DataFrame, ahead: pd.DataFrame, max_width: float) ->
     out = pd.concat([new, rows[~have]], ignore_index=True).sort_values("key", ignore_index=True)
     out["key"] = out["key"].astype(int)
     verdict = group_verdict(out, tol, c_star, lead, searched if by_search else None, only=by_search,
-                            max_width=max_width)
+                            max_width=max_width, settles_as="forecast")
     out = apply_verdict(out, verdict)
     out["to_decide"] = _forecast_to_decide(out, verdict)
     return out

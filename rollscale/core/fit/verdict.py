@@ -28,7 +28,7 @@ import pandas as pd
 from rollscale.core.fit.forecast import ForecastSettings
 
 __all__ = ["ANSWER_WIDTH", "SETTLING_RULES", "Verdict", "forecast_settings", "group_verdict", "interval_faults",
-           "search_verdict"]
+           "search_verdict", "table_verdict"]
 
 # the widest 95 % interval of the reward at C* that is an answer without "uncertain" (science §11.5)
 ANSWER_WIDTH = ForecastSettings().max_width
@@ -90,13 +90,13 @@ def _settles(d_hi: float, tolerance: float) -> bool:
 
 def group_verdict(rows: pd.DataFrame, tolerance: float, c_star: float, leader: Any | None = None,
                   settled: Mapping[Any, str] | None = None, only: bool = False,
-                  max_width: float = ANSWER_WIDTH) -> Verdict:
+                  max_width: float = ANSWER_WIDTH, settles_as: str = "tolerance") -> Verdict:
     """The verdict of one group from its keys at C* (``rows``: ``key``, ``reward``, ``reward_lo``, ``reward_hi``,
     ``d``, ``d_lo``, ``d_hi`` of D to ``leader``; ``leader`` None: the rows' ``leader`` column).
 
     ``settled``: keys settled by a rule of the search, checked against this leader (key -> rule); with ``only`` they
     are the only settled keys (the search's verdict: what it left open stays open), else a key is also settled where
-    its D's upper bound is <= ``tolerance``."""
+    its D's upper bound is <= ``tolerance`` (recorded as ``settles_as``)."""
     keys = list(rows["key"])
     if leader is None and "leader" in rows.columns:
         named = rows["leader"].dropna()
@@ -116,7 +116,7 @@ def group_verdict(rows: pd.DataFrame, tolerance: float, c_star: float, leader: A
         if settled is not None and key in settled:
             out[key] = str(settled[key])
         elif not only and _settles(float(row.get("d_hi", math.nan)), tolerance):
-            out[key] = "D's upper bound <= epsilon"
+            out[key] = settles_as
         else:
             opened.append(key)
     d_hi = {k: float(by_key.loc[k].get("d_hi", math.nan)) for k in opened}
@@ -128,6 +128,18 @@ def group_verdict(rows: pd.DataFrame, tolerance: float, c_star: float, leader: A
     return Verdict(float(c_star), float(tolerance), leader, num(lead, "reward"), num(lead, "reward_lo"),
                    num(lead, "reward_hi"), out, tuple(opened),
                    (num(rival, "d"), num(rival, "d_lo"), num(rival, "d_hi")), max_width)
+
+
+def table_verdict(rows: pd.DataFrame, max_width: float = ANSWER_WIDTH) -> Verdict:
+    """The verdict one group's rows of the fit stage's ``decision`` table hold (its ``status``, ``settled``,
+    ``decided`` columns, written from :func:`group_verdict`): what the report, ``export`` and ``track`` read."""
+    lead = rows.loc[rows["status"].astype(str) == "leader", "key"]
+    settled = {k: str(b) for k, b, s in zip(rows["key"], rows["settled_by"], rows["settled"], strict=True)
+               if bool(s)}
+    c_star = float(rows["c_star"].iloc[0]) if len(rows) else math.nan
+    tol = float(rows["tolerance"].iloc[0]) if len(rows) else math.nan
+    return group_verdict(rows, tol, c_star, lead.iloc[0] if len(lead) else None, settled, only=True,
+                         max_width=max_width)
 
 
 def search_verdict(search: pd.DataFrame) -> tuple[Any | None, dict[Any, str], bool]:
