@@ -84,7 +84,8 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
               f"M = {int(lead['steps']):,} steps" if not pd.isna(lead["steps"]) else ""]
     detail = [d for d in detail if d]
     who = name + (f" ({', '.join(detail)})" if detail else "")
-    reward = _interval(v.reward, v.reward_lo, v.reward_hi)
+    reward = _interval(v.reward, v.reward_lo, v.reward_hi) if pd.notna(v.reward) else \
+        f"unknown, in [{_r(v.reward_lo)}, {_r(v.reward_hi)}]"  # bounds only (science §9.3)
     if v.uncertain:  # the n is the answer; what it reaches is known only roughly (science §11.5)
         width = f"{v.width:.2f} wide" if pd.notna(v.width) else "without finite ends"
         reward += f", uncertain (its 95 % interval is {width}, wider than {v.max_width:g})"
