@@ -13,6 +13,7 @@ import yaml
 
 from flows.fit import fit_flow
 from flows.report import report_flow
+from rollscale.core.fit.verdict import interval_faults
 from rollscale.files import write_parquet_atomic
 from rollscale.pipeline.query.storage import query
 from rollscale.train.checkpoint import RunStore
@@ -159,6 +160,12 @@ def test_past_the_data_the_fit_decides_from_the_forecast_and_the_report_says_so(
     assert "Forecast past the data (science §10): " in paths.headline
     assert "## With 2x, 4x, 8x more compute" in paths.summary.read_text()
     assert "more_compute" in paths.pngs
+    # science §11.5: no estimate outside its interval, no degenerate interval, in any decision, forecast or fits row
+    for name in ("decision", "forecast", "fits"):
+        assert interval_faults(query(f"SELECT * FROM {name}", artifacts), name) == []
+    # science §11.6: n = 1 (a one-rollout group has no advantage under a group baseline) is neither forecast nor drawn
+    every = query("SELECT * FROM forecast WHERE design = 'n'", artifacts)
+    assert every["key"].min() >= 2 and (every["key"] == 16).any()  # the bracket's next key is still forecast
 
 
 def test_fit_without_a_sweep_names_the_stage_and_report_still_writes(tmp_path):

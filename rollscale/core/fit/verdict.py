@@ -28,7 +28,7 @@ import pandas as pd
 from rollscale.core.fit.forecast import ForecastSettings
 
 __all__ = ["ANSWER_WIDTH", "SETTLING_RULES", "Verdict", "forecast_settings", "group_verdict", "interval_faults",
-           "search_verdict", "table_verdict"]
+           "honest_intervals", "interval_triples", "search_verdict", "table_verdict", "trainable"]
 
 # the widest 95 % interval of the reward at C* that is an answer without "uncertain" (science §11.5)
 ANSWER_WIDTH = ForecastSettings().max_width
@@ -156,19 +156,72 @@ def search_verdict(search: pd.DataFrame) -> tuple[Any | None, dict[Any, str], bo
     return lead, settled, bool(len(decided))
 
 
-def interval_faults(table: pd.DataFrame, triples: list[tuple[str, str, str]], where: str) -> list[str]:
-    """Every row of ``table`` whose estimate lies outside its interval, or whose interval is degenerate (both ends
-    finite and equal), for each (estimate, low, high) column triple: one line each (empty: none)."""
+# the design a fit-stage group has -> the search axis whose bracket bounds its keys, and what that axis holds fixed
+_AXIS = {"n": ("rollout", "b_problem"), "b_problem": ("prompt", "n"), "iso_batch": ("iso_batch", None)}
+
+
+def trainable(rows: pd.DataFrame, b_max: int, b_problems: list[int], ns: list[int], key_min: int | None = None,
+              key_max: int | None = None) -> pd.Series:
+    """Whether each row's key (``design``, ``key``, ``fixed``) is one the recipe can train (science §11.6): within the
+    grid's bracket (:func:`rollscale.core.search.state.bracket_limits`: n >= 2 where a group baseline gives a
+    one-rollout group no advantage, up to ``b_max`` over what the design holds fixed; ``sweep.search.key_min`` /
+    ``key_max`` where set). ``b_problems`` / ``ns``: the sweep's, the most permissive fixed value taken."""
+    from rollscale.core.search.state import bracket_limits
+
     out = []
-    for est, lo, hi in triples:
-        if not {est, lo, hi} <= set(table.columns):
+    for design, key, fixed in zip(rows["design"].astype(str), rows["key"], rows["fixed"].astype(str), strict=True):
+        axis, held = _AXIS.get(design, (None, None))
+        if axis is None:
+            out.append(True)
             continue
-        v, a, b = (pd.to_numeric(table[c], errors="coerce").astype(float) for c in (est, lo, hi))
-        ends = a.notna() & b.notna()
-        tol = 1e-9
-        outside = ends & v.notna() & ((v < a - tol) | (v > b + tol))
-        flat = ends & (b - a).abs().le(tol) & ~(v.notna() & a.eq(b) & (v.isin([0.0, 1.0])))
+        if axis == "iso_batch":
+            value = int(fixed.removeprefix("B=")) if fixed.startswith("B=") else b_max
+        else:
+            value = min(b_problems) if held == "b_problem" else min(ns)
+        lo, hi = bracket_limits(axis, max(int(value), 1), b_max, key_min, key_max)
+        out.append((lo is None or int(key) >= lo) and (hi is None or int(key) <= hi))
+    return pd.Series(out, index=rows.index, dtype=bool)
+
+
+def interval_triples(table: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """Every (estimate, low, high) column triple of a table: ``X`` with ``X_lo`` and ``X_hi``."""
+    cols = set(table.columns)
+    return [(c, f"{c}_lo", f"{c}_hi") for c in table.columns if f"{c}_lo" in cols and f"{c}_hi" in cols]
+
+
+def _faults(table: pd.DataFrame, est: str, lo: str, hi: str) -> tuple[pd.Series, pd.Series]:
+    """(outside, degenerate) per row: the estimate outside its interval; both ends finite and equal (a leader's
+    D = 0 [0, 0] and a reward clipped at 0 or 1 are exact, not degenerate)."""
+    v, a, b = (pd.to_numeric(table[c], errors="coerce").astype(float) for c in (est, lo, hi))
+    ends = a.notna() & b.notna()
+    outside = ends & v.notna() & ((v < a - 1e-9) | (v > b + 1e-9))
+    flat = ends & (b - a).abs().le(1e-9) & ~(v.notna() & (v - a).abs().le(1e-12) & v.isin([0.0, 1.0]))
+    return outside, flat
+
+
+def interval_faults(table: pd.DataFrame, where: str, triples: list[tuple[str, str, str]] | None = None) -> list[str]:
+    """Every row of ``table`` whose estimate lies outside its interval, or whose interval is degenerate, for each
+    (estimate, low, high) column triple (default: :func:`interval_triples`): one line each (empty: none)."""
+    out = []
+    for est, lo, hi in triples if triples is not None else interval_triples(table):
+        outside, flat = _faults(table, est, lo, hi)
         for pos in table.index[outside | flat]:
-            out.append(f"{where} row {pos}: {est} {v[pos]:.6g} [{a[pos]:.6g}, {b[pos]:.6g}]"
+            out.append(f"{where} row {pos}: {est} {table.at[pos, est]} [{table.at[pos, lo]}, {table.at[pos, hi]}]"
                        + (" outside its interval" if outside[pos] else " on a degenerate interval"))
+    return out
+
+
+def honest_intervals(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with no estimate outside its interval and no degenerate interval: a degenerate one (two seeds give
+    three distinct resamples: a refit's spread can vanish) is no interval (NaN ends); an estimate outside its
+    percentile interval (a skewed bootstrap) widens it to hold the estimate."""
+    out = table.copy()
+    for est, lo, hi in interval_triples(out):
+        outside, flat = _faults(out, est, lo, hi)
+        if not (outside.any() or flat.any()):
+            continue
+        v = pd.to_numeric(out[est], errors="coerce").astype(float)
+        a, b = (pd.to_numeric(out[c], errors="coerce").astype(float) for c in (lo, hi))
+        out[lo] = a.where(~outside, pd.concat([a, v], axis=1).min(axis=1)).where(~flat)
+        out[hi] = b.where(~outside, pd.concat([b, v], axis=1).max(axis=1)).where(~flat)
     return out
