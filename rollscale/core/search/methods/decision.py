@@ -74,6 +74,7 @@ import pandas as pd
 from rollscale.config import SearchParams
 from rollscale.core.fit.decision import RunCurves, decide, fit_groups
 from rollscale.core.fit.tables import REWARD_MAX
+from rollscale.core.fit.verdict import group_verdict
 from rollscale.core.search.methods.base import SearchMethod
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.registry import SEARCH_METHODS
@@ -326,12 +327,20 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     unsettled = [key for key in live if verdict[key][0] is None]
     if lead not in unsettled and len(unsettled) == 1:
         lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
-    open_keys = [key for key in unsettled if key != lead and key not in held]
-    if edge_answer is not None and lead is not None and not open_keys and not adds and not resumed:
+    # the group's standing read by the one verdict (science §11.5): every key in play but the leader settled, by a
+    # rule of this decision, held (settled, training on), or stopped earlier and not resumed (checked against this
+    # leader where the method can: science §11.3)
+    standing = pd.DataFrame({"key": list(st.keys)})
+    settled = {key: verdict[key][0] for key in live if verdict[key][0] is not None}
+    settled |= {key: rule for key, (rule, _) in held.items()} | {
+        key: "stopped" for key in st.stopped if key not in {k for k, _ in resumed}}
+    v = group_verdict(standing, settings.tolerance, target, lead, settled, only=True)
+    open_keys = [key for key in v.open if key in live]
+    if edge_answer is not None and lead is not None and v.answered and not adds and not resumed:
         adds = edge_answer(lead)
-    # decided: every key in play but the leader settled (a leader stopped earlier, settled then against another,
-    # still answers: its curve is read at C* with the rest); never while a stopped key is resumed
-    decided = lead is not None and not open_keys and not adds and not resumed
+    # decided: answered (a leader stopped earlier, settled then against another, still answers: its curve is read at
+    # C* with the rest); never while a key is added or a stopped key resumed
+    decided = v.answered and not adds and not resumed
     cap = seed_cap(group, settings)
     # an answer whose reward at C* is wide gets seeds while one is expected to narrow it; at the cap it is the
     # answer still, marked uncertain (science §11.5)
