@@ -21,8 +21,8 @@ from rollscale.core.fit.decision import decide, fit_groups
 from rollscale.core.fit.tables import DESIGNS, REWARD_MAX, design_groups
 from rollscale.core.fit.verdict import ANSWER_WIDTH, Verdict, group_verdict, search_verdict
 
-__all__ = ["DECISION_COLUMNS", "SOURCES", "SearchVerdict", "apply_verdict", "decision_table", "decisions_at", "past_the_data",
-           "search_verdicts", "to_decide", "with_forecast", "with_search"]
+__all__ = ["DECISION_COLUMNS", "SOURCES", "SearchVerdict", "apply_verdict", "decision_table", "decisions_at",
+           "past_the_data", "search_verdicts", "to_decide", "with_forecast", "with_search"]
 
 DECISION_COLUMNS = [
     "design", "bucket", "rule", "fixed", "key", "c_star", "tolerance", "status", "leader", "decided",

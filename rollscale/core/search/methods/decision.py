@@ -349,7 +349,8 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     if too_wide:  # every other key settled, but what the answer reaches at C* is unknown: seeds narrow it
         decided, verdict = False, {**verdict, lead: (None, f"the answer, its reward at C* unknown: {too_wide}")}
     seeds_to: list[Any] = []
-    if last and not decided and lead in live and not adds and not resumed:  # a key just added is the next step, not a seed
+    # a key just added, or resumed, is the next step, not a seed
+    if last and not decided and lead in live and not adds and not resumed:
         def upper(q: Any) -> tuple[float, float]:
             # the largest upper bound of D; where no key has bounds yet (one seed each: no seed spread to pool),
             # the largest median D
