@@ -63,6 +63,7 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.core.fit.analysis import DESIGNS
+from rollscale.core.fit.verdict import honest_intervals
 from rollscale.files import write_parquets_atomic
 from tasks.common import ARTIFACTS, read_params, refresh_duckdb
 from tasks.fit import (
@@ -112,7 +113,7 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     # past the data (science §10): one surface over each ordered group's keys, read at C* and at 2x, 4x and 8x
     # the runs' budget, and its backtest on the runs cut at half their budget
     ahead = forecast(evals, params.target_budget, params.sweep.c_max, params.bucket.val_size * params.sweep.eval_k,
-                     params.fit)
+                     params.fit, params.sweep)
     # where C* lies past what the per-run fits can read (every key, or the leader, beyond eta x its data) the
     # study's decision is the forecast's
     decided = decision_past_the_data(decided, ahead.forecast)
@@ -129,6 +130,8 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
         "forecast": ahead.forecast,
         "backtest": ahead.backtest,
     }
+    # no estimate outside its interval, no degenerate interval in what the report and export read (science §11.5)
+    tables.update({name: honest_intervals(tables[name]) for name in ("decision", "forecast", "fits")})
     # all at once: a failure while writing (a full disk) leaves the earlier tables whole and consistent
     write_parquets_atomic({root / "fit" / f"{name}.parquet": table for name, table in tables.items()})
     refresh_duckdb(root)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from rollscale.config import FitParams
+from rollscale.config import FitParams, SweepParams
 from rollscale.core.fit import analysis
 from rollscale.core.fit.bootstrap import Bootstrap
 from rollscale.core.fit.decision_table import decision_table, with_forecast
-from rollscale.core.fit.forecast import ForecastSettings
-from rollscale.core.fit.horizon import HorizonTables, forecast_budgets, horizon_tables, study_settings
+from rollscale.core.fit.horizon import HorizonTables, forecast_budgets, horizon_tables
+from rollscale.core.fit.verdict import ANSWER_WIDTH, forecast_settings, trainable
 from rollscale.core.noise.along import measured_rho, noise_along_table
 from rollscale.pipeline.query.storage import available_tables, query
 from rollscale.tables import TABLES
@@ -87,15 +87,23 @@ def decision(evals: pd.DataFrame, c_star: int, tolerance: float, eta: float, fit
 
 
 @retried_task(name="forecast")
-def forecast(evals: pd.DataFrame, c_star: int, c_max: int, eval_draws: int | None, fit_params: FitParams
-             ) -> HorizonTables:
+def forecast(evals: pd.DataFrame, c_star: int, c_max: int, eval_draws: int | None, fit_params: FitParams,
+             sweep: SweepParams | None = None) -> HorizonTables:
     # science §10: the surface over the keys read at C* and at 2x, 4x, 8x the runs' budget, with its backtest
     # the evaluation noise redrawn in each refit is avg@k's over the validation problems (eval_draws samples)
-    settings = study_settings(fit_params.bootstrap_resamples, fit_params.bootstrap_seed, eval_draws)
-    return horizon_tables(evals, c_star, forecast_budgets(c_star, c_max), settings)
+    settings = forecast_settings(fit_params.bootstrap_resamples, fit_params.bootstrap_seed, eval_draws)
+    tables = horizon_tables(evals, c_star, forecast_budgets(c_star, c_max), settings)
+    if sweep is None or tables.forecast.empty:
+        return tables
+    # science §11.6: a key the recipe cannot train (n = 1 under a group baseline, past the bracket) is no candidate
+    fc = tables.forecast
+    keep = fc["trained"].astype(bool) | trainable(fc, sweep.b_max, list(sweep.b_problem), list(sweep.n),
+                                                  sweep.search.key_min, sweep.search.key_max)
+    return HorizonTables(fc[keep].reset_index(drop=True), tables.backtest)
 
 
 @retried_task(name="decision-past-the-data")
 def decision_past_the_data(decided: pd.DataFrame, ahead: pd.DataFrame) -> pd.DataFrame:
-    # a group whose C* lies beyond eta x its data is decided by the forecast (science §10.2): one decision table
-    return with_forecast(decided, ahead, ForecastSettings().max_width)
+    # a group whose C* lies beyond eta x its data is read from the forecast (science §10.2), its verdict the search's
+    # where the search chose its key (science §11.5): one decision table
+    return with_forecast(decided, ahead, ANSWER_WIDTH)

@@ -301,3 +301,58 @@ def test_verl_dynamic_sampling_keys_exist_and_main_ppo_is_said(study, capsys):
     if importlib.util.find_spec("trl") is not None:
         _, args, _, _ = trl_parse(study / "export/trl_grpo.yaml", "--output_dir", str(study / "out"))
         assert args.vllm_importance_sampling_correction is False and args.num_generations == 4
+
+
+def test_a_study_whose_verdict_is_not_an_answer_is_refused_or_written_with_the_reason_at_its_top(study, capsys):
+    """Science §11.5 (issue 56): the SmolLM2 hour study's non-answer was exported as a plan. A verdict with a key
+    still open exits 2 saying why and writes nothing; --force writes it with that reason at its top."""
+    open_key = decision()
+    open_key.loc[open_key["key"] == 2, ["settled", "status", "decided", "d_hi"]] = False, "open", False, 0.05
+    open_key["decided"] = False
+    open_key["to_decide"] = "about 6 seeds each for the leader and key 2 (sweep.seeds)"
+    open_key.to_parquet(study / "artifacts/fit/decision.parquet")
+    assert main(["export", "--to", "trl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the study's verdict at C* = 80 rollouts is not an answer (2 could still " \
+        "beat 4 by more than 0.02); to decide: about 6 seeds" in err and "--force" in err, err
+    assert not (study / "export/trl_grpo.yaml").exists()
+    assert main(["export", "--to", "verl", "--force"]) == 0
+    assert "not an answer, written with --force" in capsys.readouterr().err
+    first = (study / "export/verl_overrides.sh").read_text().splitlines()[1]
+    assert first.startswith("# NOT AN ANSWER (written with --force): the study's verdict at C* = 80 rollouts")
+    # the answer at another budget than C* is no answer for it either
+    decision().to_parquet(study / "artifacts/fit/decision.parquet")
+    assert main(["export", "--to", "trl", "--budget", "1000"]) == 2
+    assert "verdict is at C* = 80 rollouts, not at the production budget 1,000: set study.target_budget: 1000" in \
+        capsys.readouterr().err
+
+
+def test_the_production_budget_is_asked_for_never_the_sweeps_run_budget(study, capsys):
+    """Without --budget and without study.target_budget in params.yaml, C* is sweep.c_max, the sweep's own run
+    budget: export asks for the production run's rollouts instead of taking it silently (issue 56)."""
+    (study / "params.yaml").write_text(yaml.safe_dump({k: v for k, v in PARAMS.items() if k != "study"}))
+    assert main(["export", "--to", "trl"]) == 2
+    assert "give the production run's rollouts with --budget N" in capsys.readouterr().err
+    run = production_run(parse_params(PARAMS), decision())  # set explicitly: it is the production budget
+    assert run.budget == 80 and run.steps == math.ceil(80 / 8)
+    with pytest.raises(LookupError, match="sweep's run budget"):
+        production_run(parse_params({k: v for k, v in PARAMS.items() if k != "study"}), decision())
+
+
+def test_the_datas_column_mapping_goes_into_the_export(tmp_path):
+    """init mapped the answer column `solution`: the export says so and renames it, not a hard-coded
+    `prompt, answer` (issue 56)."""
+    from rollscale.integrations.export.trl_config import trl_snippet, trl_yaml
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1?", "solution": "2"}\n')
+    params = parse_params(dict(PARAMS, data={"source": "table", "tables": [
+        {"path": str(data), "prompt": "question", "answer": "solution", "reward": "numeric"}]}))
+    run = production_run(params, decision())
+    assert run.columns == ("question", "solution") and run.dataset == str(data)
+    text = trl_yaml(run, "study")
+    assert f"--dataset_name {data} (columns question, solution" in text and "columns prompt, answer" not in text
+    snippet = trl_snippet(run, "trl_grpo.yaml")
+    assert f'load_dataset("{data}", split="train").rename_columns(' in snippet
+    assert "'question': 'prompt'" in snippet and "'solution': 'answer'" in snippet
+    compile(snippet, "snippet.py", "exec")

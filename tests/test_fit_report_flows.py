@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import math
 
 import numpy as np
@@ -11,6 +13,7 @@ import yaml
 
 from flows.fit import fit_flow
 from flows.report import report_flow
+from rollscale.core.fit.verdict import interval_faults
 from rollscale.files import write_parquet_atomic
 from rollscale.pipeline.query.storage import query
 from rollscale.train.checkpoint import RunStore
@@ -158,11 +161,18 @@ def test_past_the_data_the_fit_decides_from_the_forecast_and_the_report_says_so(
     np.testing.assert_allclose(d["reward"], fc["reward"])
     np.testing.assert_allclose(d["d_hi"], fc["d_hi"])
     paths = report_flow(params_path=str(params), artifacts=str(artifacts))
-    assert paths.headline.startswith("At C* = 800,000 rollouts (4x the runs' budget, forecast from the surface): ") \
+    assert re.match(r"Use n = \d+ \(B_problem \d+, M = [\d,]+ steps\) at C\* = 800,000 rollouts \(4x the runs' "
+                    r"budget, forecast from the surface\): ", paths.headline) \
         or paths.headline.startswith("Not decided at C* = 800,000 rollouts (4x the runs' budget, forecast from the")
     assert "Forecast past the data (science §10): " in paths.headline
     assert "## With 2x, 4x, 8x more compute" in paths.summary.read_text()
     assert "more_compute" in paths.pngs
+    # science §11.5: no estimate outside its interval, no degenerate interval, in any decision, forecast or fits row
+    for name in ("decision", "forecast", "fits"):
+        assert interval_faults(query(f"SELECT * FROM {name}", artifacts), name) == []
+    # science §11.6: n = 1 (a one-rollout group has no advantage under a group baseline) is neither forecast nor drawn
+    every = query("SELECT * FROM forecast WHERE design = 'n'", artifacts)
+    assert every["key"].min() >= 2 and (every["key"] == 16).any()  # the bracket's next key is still forecast
 
 
 def test_fit_without_a_sweep_names_the_stage_and_report_still_writes(tmp_path):

@@ -123,8 +123,8 @@ def test_the_first_line_states_the_forecast_with_its_interval_and_the_backtest(p
     words = [f"{key_label('n', no_better)} cannot beat it by more than 0.02"] if no_better else []
     words += [f"{key_label('n', worse)} {'is' if len(worse) == 1 else 'are'} worse"]
     assert answer.headline.startswith(
-        f"At C* = 160,000 rollouts (4x the runs' budget, forecast from the surface): n = {lead} (B_problem 16, "
-        f"M = {math.ceil(160_000 / (16 * lead)):,} steps), validation avg@16 {interval}; {'; '.join(words)}. "
+        f"Use n = {lead} (B_problem 16, M = {math.ceil(160_000 / (16 * lead)):,} steps) at C* = 160,000 rollouts (4x "
+        f"the runs' budget, forecast from the surface): validation avg@16 {interval}; {'; '.join(words)}. "
     ), answer.headline
     bt = past["backtest"]
     assert not bt["failed"].any()
@@ -147,7 +147,8 @@ def test_a_failed_backtest_says_the_forecast_is_not_to_be_trusted_and_why(bent):
     bt = bent["backtest"]
     assert bt["failed"].all() and (bent["decision"]["source"] == "forecast").all()
     answer = study_answer(_tables(bent))
-    assert answer.headline.startswith("At C* = 80,000 rollouts (2x the runs' budget, forecast from the surface)") or \
+    assert re.match(r"Use n = \d+ \(B_problem 16, M = [\d,]+ steps\) at C\* = 80,000 rollouts \(2x the runs' "
+                    r"budget, forecast from the surface\)", answer.headline) or \
         answer.headline.startswith("Not decided at C* = 80,000 rollouts (2x the runs' budget, forecast from the")
     assert re.search(r"Forecast past the data \(science §10\): .*not to be trusted past the data \(.+\)\.",
                      answer.headline), answer.headline
@@ -160,33 +161,38 @@ def test_a_failed_backtest_says_the_forecast_is_not_to_be_trusted_and_why(bent):
                                                        "points; not to be trusted past the data.")
 
 
-def test_a_leader_too_wide_to_answer_is_not_decided_and_says_what_would(past):
+def test_a_leader_too_wide_is_the_answer_marked_uncertain_and_an_open_key_is_named(past):
+    """Science §11.5: the n is what the practitioner acts on; a reward interval wider than 0.15 marks it "uncertain",
+    it does not withhold it. "Not decided" only while a key could still beat the leader by more than epsilon."""
     fc = past["forecast"].copy()
     lead = int(fc["leader"].iloc[0])
     fc.loc[fc["key"] == lead, "unknown"] = True
+    fc.loc[fc["key"] == lead, ["reward_lo", "reward_hi"]] = [0.40, 0.70]
     d = with_forecast(past["per_run"], fc, 0.15)
-    assert not d["decided"].any() and (d["status"] == "leader").sum() == 1
-    assert d["to_decide"].iloc[0].startswith("the forecast's interval of the leader at C* is ")
-    assert "wider than its widest answer 0.15" in d["to_decide"].iloc[0]
+    assert d["decided"].all() and (d["status"] == "leader").sum() == 1 and (d["to_decide"] == "").all()
+    answer = study_answer(_tables(past, decision=d))
+    assert answer.answered
+    assert answer.headline.startswith(f"Use n = {lead} (B_problem 16, "), answer.headline
+    assert "uncertain (its 95 % interval is 0.30 wide, wider than 0.15)" in answer.headline
+    # with a key still open, the first line names it and what would decide it
+    fc.loc[fc["key"] == 8, "d_hi"] = 0.05
+    d = with_forecast(past["per_run"], fc, 0.15)
+    assert not d["decided"].any()
+    assert d["to_decide"].iloc[0].startswith("key 8 may still beat the leader by more than 0.02 at C*")
     answer = study_answer(_tables(past, decision=d))
     assert not answer.answered
     assert answer.headline.startswith("Not decided at C* = 160,000 rollouts (4x the runs' budget, forecast from the "
-                                      f"surface): n = {lead} leads, every other key settled, but its validation "
-                                      "avg@16 is unknown, in ["), answer.headline
-    # with a key still open, the first line names it beside the leader
-    fc.loc[fc["key"] == 8, "d_hi"] = 0.05
-    d = with_forecast(past["per_run"], fc, 0.15)
-    answer = study_answer(_tables(past, decision=d))
-    assert answer.headline.startswith("Not decided at C* = 160,000 rollouts (4x the runs' budget, forecast from the "
-                                      f"surface) between n = 8 and {lead} (D = "), answer.headline
-    assert f"n = {lead} leads with validation avg@16 unknown, in [" in answer.headline
+                                      f"surface): n = 8 could still beat n = {lead} by more than 0.02 (D = "), \
+        answer.headline
+    assert f"n = {lead} leads with validation avg@16 " in answer.headline and ", uncertain (" in answer.headline
     assert "Forecast past the data (science §10): " in answer.headline  # beside an undecided forecast too
 
 
 def test_a_key_the_search_settled_stays_settled_on_its_verdict(past):
     """The default study at C* = 160,000 (2026-11-27): the forecast search stopped n = 4-32 at 20,120 rollouts (D's
     upper bound below -0.016 at its one-sided 70 %), and the fit's 95 % forecast then called them open: the search's
-    stops are its verdicts, as §9.4's are (with_search), and the answer keeps them with their budget and bounds."""
+    stops are its verdicts, as §9.4's are (with_search), and the answer keeps them with their budget. The bounds
+    shown are the forecast's own, so that D lies within them (science §11.5)."""
     fc = past["forecast"].copy()
     lead = int(fc["leader"].iloc[0])
     key = next(k for k in (2, 4, 8, 16) if k != lead)
@@ -195,10 +201,13 @@ def test_a_key_the_search_settled_stays_settled_on_its_verdict(past):
     mine = per_run["key"] == key
     per_run.loc[mine, ["settled", "settled_by", "settled_at", "d_lo", "d_hi"]] = True, "search: forecast", 20_120.0, \
         -0.1, -0.05
+    per_run["by_search"], per_run["leader"] = True, lead
     d = with_forecast(per_run, fc, 0.15).set_index("key")
     assert d.loc[key, "settled"] and d.loc[key, "status"] == "settled", d.loc[key]
     assert d.loc[key, "settled_by"] == "search: forecast" and d.loc[key, "settled_at"] == 20_120.0
-    assert (d.loc[key, "d_lo"], d.loc[key, "d_hi"]) == (-0.1, -0.05)
+    row = fc[fc["target"] & (fc["key"] == key)].iloc[0]
+    assert (d.loc[key, "d_lo"], d.loc[key, "d_hi"]) == (row["d_lo"], 0.05)
+    assert d.loc[key, "d_lo"] <= d.loc[key, "d"] <= d.loc[key, "d_hi"]
     unsearched = with_forecast(past["per_run"], fc, 0.15).set_index("key")
     assert not unsearched.loc[key, "settled"] and unsearched.loc[key, "status"] != "settled"
 
@@ -270,7 +279,7 @@ def test_track_reads_the_band_off_the_forecast_where_the_decision_is_the_forecas
 
 
 def test_a_track_tick_past_the_data_expects_the_forecasts_reward_at_c_star(past, monkeypatch):
-    import rollscale.core.fit.horizon as horizon
+    import rollscale.core.fit.forms as forms
     from rollscale.config import parse_params
     from rollscale.integrations.track.logs import RunLog
     from rollscale.integrations.track.tick import track_tick
@@ -279,7 +288,7 @@ def test_a_track_tick_past_the_data_expects_the_forecasts_reward_at_c_star(past,
                                      "eval_k": K},
                            "bucket": {"val_size": 100}, "fit": {"bootstrap_resamples": 30},
                            "study": {"target_budget": 4 * C_MAX}, "track": {"logs": "prod"}})
-    monkeypatch.setattr(horizon, "DEFAULT_FORM", SETTINGS.form)  # the fit stage's form, as `past` was fitted
+    monkeypatch.setattr(forms, "DEFAULT_FORM", SETTINGS.form)  # the fit stage's form, as `past` was fitted
     lead = past["decision"].query("status == 'leader'").iloc[0]
     log = RunLog("prod", pd.DataFrame({"metric": "critic/score/mean", "step": range(1, 9), "value": 0.45,
                                        "order": range(8)}), {})

@@ -593,7 +593,7 @@ def test_the_decision_at_c_star_leads(study):
     tables = {**decided(study), "evals": study["evals"].assign(k=4), "decision": _decision(True)}
     answer = study_answer(tables)
     assert answer.answered
-    assert answer.headline.startswith("At C* = 40,000 rollouts: n = 4 (B_problem 8, M = 1,250 steps), validation "
+    assert answer.headline.startswith("Use n = 4 (B_problem 8, M = 1,250 steps) at C* = 40,000 rollouts: validation "
                                       "avg@4 0.53 [0.51, 0.56]; n = 8 is within 0.02; n = 2 is worse.")
     assert answer.decision is not None and answer.decision.frame["status"].tolist() == ["settled", "leader",
                                                                                        "within tolerance"]
@@ -601,7 +601,7 @@ def test_the_decision_at_c_star_leads(study):
     close = _decision(True)
     close.loc[close["key"] == 2, ["d", "d_lo", "d_hi"]] = [-0.01, -0.025, 0.005]
     assert study_answer({**tables, "decision": close}).headline.startswith(
-        "At C* = 40,000 rollouts: n = 4 (B_problem 8, M = 1,250 steps), validation avg@4 0.53 [0.51, 0.56]; n = 8 is "
+        "Use n = 4 (B_problem 8, M = 1,250 steps) at C* = 40,000 rollouts: validation avg@4 0.53 [0.51, 0.56]; n = 8 is "
         "within 0.02; n = 2 cannot beat it by more than 0.02.")
     # nothing below contradicts it: no exact best-n claim at C* beside it, and no budget in scientific notation
     claims = answer.claims.frame
@@ -618,9 +618,9 @@ def test_an_undecided_study_says_between_which_keys_and_what_would_decide(study)
 
     answer = study_answer({**decided(study), "decision": _decision(False)})
     assert not answer.answered
-    assert answer.headline.startswith("Not decided at C* = 40,000 between n = 4 and 8 (D = -0.01 [-0.04, 0.04] "
-                                      "for n = 8); n = 4 leads with validation avg@k 0.53 [0.51, 0.56]; to decide: "
-                                      "about 12 seeds")
+    assert answer.headline.startswith("Not decided at C* = 40,000 rollouts: n = 8 could still beat n = 4 by more than "
+                                      "0.02 (D = -0.01 [-0.04, 0.04]); n = 4 leads with validation avg@k 0.53 [0.51, "
+                                      "0.56]; to decide: about 12 seeds")
     assert answer.fixes[0] == "to decide: about 12 seeds each for the leader and key 8 (sweep.seeds)"
 
 
@@ -699,7 +699,7 @@ def test_first_screen_shows_the_answer_in_chromium(study, tmp_path, kind):
     else:  # no decision table: no answer chart, the claims' top on the first screen
         assert float(attrs["chart-bottom"]) == -1 and float(attrs["claims-top"]) < viewport
     verdict = re.search(r'<p class="verdict"><strong>([^<]+)</strong>', dom.stdout).group(1)
-    assert verdict.startswith({"decision": "At C* = 40,000 rollouts: n = 4", "decided": "Answer: easy / grpo: n* = "}.get(
+    assert verdict.startswith({"decision": "Use n = 4 (B_problem 8", "decided": "Answer: easy / grpo: n* = "}.get(
         kind, "No answer yet: the data cannot decide"))
     shot = tmp_path / "first_screen.png"
     res = chromium([f"--screenshot={shot}", "--window-size=1400,900", paths.html.as_uri()], tmp_path / "profile_shot")

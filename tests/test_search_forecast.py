@@ -101,7 +101,7 @@ def test_no_key_is_added_beyond_an_edge_that_leads_only_by_noise():
 def test_an_answer_whose_reward_at_c_star_is_unknown_gets_seeds_up_to_seeds_max(cross, monkeypatch):
     """Every other key settled, but the answer's reward at C* unknown (the default at 160,000: "unknown, in
     [0.48, 0.63]" with 2 seeds a key, 2026-11-27): at C_max the answer gets seeds, as a decision that hangs does, up
-    to seeds_max (3 here), then it finishes undecided."""
+    to seeds_max (3 here); then it is the answer still, its reward uncertain (science §11.5): decided."""
     from rollscale.core.search.methods import forecast
 
     studies, known = cross
@@ -115,7 +115,7 @@ def test_an_answer_whose_reward_at_c_star_is_unknown_gets_seeds_up_to_seeds_max(
     assert seeds["note"].str.contains(f"the answer {answer}'s reward at C\\* = 160,000 is unknown \\(too wide\\)").all()
     assert set(mine["seed"]) == {0, 1, 2}  # seeds_max
     last = mine[mine["decision"] == mine["decision"].max()]
-    assert set(last["action"]) == {"finish"} and set(last["rule"]) == {"undecided"}, last[["seed", "action", "rule"]]
+    assert set(last["action"]) == {"stop"} and set(last["rule"]) == {"decided"}, last[["seed", "action", "rule"]]
 
 
 @pytest.mark.parametrize("width, seeds, seeded", [(0.153, 2, True), (0.14, 2, False), (0.248, 2, False),
@@ -128,3 +128,83 @@ def test_the_answer_gets_a_seed_only_where_one_is_expected_to_make_its_reward_kn
 
     table = pd.DataFrame({"answer_width": [width], "seeds": [seeds]}, index=[2])
     assert (unknown_answer(table, 2) is not None) == seeded
+
+
+def _standing(rows: dict[int, tuple[float, float, float, float, float, float]], lead: int) -> pd.DataFrame:
+    """A forecast at C* (key -> reward, lo, hi, d, d_lo, d_hi), every key trained on 2 seeds, 12 evaluations, seen to
+    20,120 rollouts (C* = 4 x C_max within the forecast's reach)."""
+    t = pd.DataFrame([{"key": k, "reward": r, "reward_lo": lo, "reward_hi": hi, "d": d, "d_lo": dl, "d_hi": dh,
+                       "leader": lead, "leader_share": 0.9, "c_star": 4.0 * C_MAX, "trained": True, "seeds": 2,
+                       "c_seen": 20_120.0,
+                       "evals": 12} for k, (r, lo, hi, d, dl, dh) in rows.items()])
+    return t.set_index("key", drop=False)
+
+
+NO_CAPS = pd.DataFrame({"key": [], "cannot_catch_up": []}).set_index("key")
+
+
+def test_a_key_stops_only_below_the_leaders_lower_bound_minus_epsilon_and_a_stopped_key_never_leads():
+    """Science §11.3: settled (D's upper bound <= epsilon) is not yet stopped: a key stops when its own upper bound
+    at C* is below the leader's lower bound minus epsilon; a stopped key the forecast puts first, or says could beat
+    the leader by more than epsilon, is resumed."""
+    from rollscale.core.search.methods.forecast import forecast_verdicts
+
+    t = _standing({2: (0.40, 0.36, 0.44, -0.20, -0.25, -0.15), 4: (0.58, 0.52, 0.63, -0.02, -0.06, 0.01),
+                   8: (0.60, 0.55, 0.65, 0.0, 0.0, 0.0), 16: (0.62, 0.50, 0.75, 0.02, -0.05, 0.09)}, lead=8)
+    reading = forecast_verdicts(t, NO_CAPS, [2, 4, 8], settings(), stopped=[16])
+    assert reading.verdict[2][0] == "forecast"  # 0.44 < 0.55 - 0.02: it stops
+    assert reading.verdict[4][0] is None and 4 in reading.held  # settled, but 0.63 is not below 0.53: trains on
+    assert [k for k, _ in reading.resumed] == [16]  # stopped, and it could beat n = 8 by 0.09 > epsilon
+    # the forecast's leader a stopped key: resumed, never the answer
+    first = forecast_verdicts(t.assign(leader=16), NO_CAPS, [2, 4, 8], settings(), stopped=[16])
+    assert [k for k, _ in first.resumed] == [16]
+
+
+def test_a_resumed_key_trains_on_from_where_it_stopped_and_the_group_is_not_decided_meanwhile():
+    """The rows of a decision that resumes a stopped key (action resume): no key is decided, the key leaves the
+    stopped keys and trains to the next rung; at the last rung the rung is decided again."""
+    from rollscale.core.search.methods.decision import group_rows
+    from rollscale.core.search.state import group_state, run_budgets
+
+    group = SearchGroup("g", "rollout", (2, 4, 8), (0, 1), C_MAX, fixed=16, key_min=2, key_max=8)
+    s = settings()
+    first = pd.DataFrame([{"group": "g", "decision": 0, "rung": 1, "c": 5_000.0, "key": str(k), "seed": seed,
+                           "action": "stop" if k == 2 else "continue", "rule": "forecast" if k == 2 else "none",
+                           "c_train": 5_000.0 if k == 2 else 10_000.0} for k in (2, 4, 8) for seed in (0, 1)],
+                         columns=DECISION_COLUMNS)
+    st = group_state(group, first, s)
+    assert st.stopped == {2: 5_000.0}
+    t = _standing({2: (0.62, 0.50, 0.75, 0.02, -0.05, 0.09), 4: (0.58, 0.52, 0.63, -0.02, -0.06, 0.01),
+                   8: (0.60, 0.55, 0.65, 0.0, 0.0, 0.0)}, lead=8)
+    rows = pd.DataFrame(group_rows(group, st, t, {4: ("forecast", "settled"), 8: (None, "leader at C*")}, [], s,
+                                   leader_to_c_max=True, resumed=[(2, "could beat 8")]), columns=DECISION_COLUMNS)
+    assert set(rows.loc[rows["key"] == "2", "action"]) == {"resume"}
+    assert "decided" not in set(rows["rule"])
+    both = pd.concat([first, rows], ignore_index=True)
+    after = group_state(group, both, s)
+    assert 2 not in after.stopped and after.rung == 3
+    todo = run_budgets([group], both, s)
+    assert not todo.loc[todo["key"] == 2, "stopped"].any() and (todo.loc[todo["key"] == 2, "c"] > 5_000.0).all()
+
+
+@pytest.fixture(scope="module")
+def late_and_close():
+    """Two studies of each family where the best key overtakes late or two keys end close (science §11.1)."""
+    studies = make_studies(2, seed=3, families=("late", "close"), seeds=(0, 1), schedule=(625.0, 4), eval_draws=1600)
+    return studies, simulate_decision(studies, settings())
+
+
+def test_the_searchs_verdict_is_the_reports_first_line_and_no_stopped_key_is_the_answer(late_and_close):
+    """Science §11.5: the search, the fit stage and the report read one verdict. Per study the first line is made as
+    the fit stage and the report make it (the decision table from the search's runs and its table): "Use n = X"
+    exactly where the search decided, X the search's answer; the answer is never a key the search stopped (§11.3).
+    benchmarks/verdict_agreement.py measures it per family (docs/journal/2026-11-28-verdict.md)."""
+    from rollscale.core.search.simulate_budget import first_lines
+
+    studies, result = late_and_close
+    lines = first_lines(studies, result, settings())
+    assert lines["agree"].all(), lines[["group", "search_answer", "search_decided", "line"]]
+    assert (lines["line_answered"] == lines["search_decided"]).all()
+    assert not result.studies["stopped_answer"].any(), result.studies[["group", "answer", "stops"]]
+    decided = lines[lines["search_decided"]]
+    assert decided["line"].str.match(r"Use n = \d+ \(B_problem 16, M = [\d,]+ steps\) at C\* = 160,000 rollouts").all()

@@ -355,3 +355,20 @@ def test_a_trl_run_tracked_live_by_the_served_deployment(study, tmp_path, capsys
     assert 'class="marks"' in dom.stdout and "Expected at C* = 160 rollouts" in dom.stdout
     assert main(["sql", "select count(*) as points, max(c) as c from production"]) == 0
     assert capsys.readouterr().out.split()[-2:] == ["20", "160.0"]
+
+
+def test_track_names_what_it_compares_and_never_prints_a_nan_band_past_c_star(study):
+    """Issue 56: TRL's train reward on all 400 problems was set against the study's validation reward without a word,
+    and past the budget the line read "the study's band nan - nan" and "it is back in since"."""
+    steps = range(1, 61)  # B = 4 x 2 = 8 rollouts a step: C* = 160 at step 20, the run goes on to 480
+    low = pd.DataFrame({"metric": "critic/score/mean", "step": steps, "value": 0.2, "order": range(len(steps))})
+    done = tick_of(study, RunLog("prod", low, {}), patience=3)
+    text = "\n".join(done.lines)
+    assert "nan" not in text.lower(), text
+    assert "past the study's budget C* = 160 rollouts: no band there" in done.lines[0]
+    compared = next(line for line in done.lines if line.startswith("Compared: "))
+    assert "the run's train reward 'critic/score/mean' on the problems it trains on" in compared
+    assert "against the study's validation avg@" in compared and "validation problems of bucket easy" in compared
+    flag = next(line for line in done.lines if line.startswith("The run left the study's band"))
+    assert "back in since" not in flag and "the run is past the study's budget C* = 160 rollouts" in flag
+    assert "band nan" not in done.page.lower() and "no band there" in done.page

@@ -346,6 +346,10 @@ def parser() -> argparse.ArgumentParser:
     p_export.add_argument("--rule", default=None, help="the rule whose decision to export (default: the best leader's)")
     p_export.add_argument("--output", default=None, help="file to write (default: export/trl_grpo.yaml, export/verl_overrides.sh)")
     p_export.add_argument("--params", default="params.yaml")
+    p_export.add_argument("--budget", type=int, default=None,
+                          help="the production run's rollouts (default: study.target_budget where params.yaml sets it)")
+    p_export.add_argument("--force", action="store_true",
+                          help="write the files although the study's verdict is not an answer (the reason at their top)")
     # its flags are flows/track.py's (`rollscale track --help`), passed on as they are
     sub.add_parser("track", add_help=False, help="track a production run's logs against the study's forecast band "
                    "(--logs DIR [--format tensorboard|mlflow|verl-jsonl] [--metric NAME] [--every S | --cron C] [--serve])")
@@ -447,7 +451,7 @@ def command(argv: list[str] | None = None) -> int:
         from rollscale.integrations.export.command import export_run, print_exported
 
         return run_guarded(lambda: print_exported(export_run(args.to, args.params, args.artifacts, args.key, args.rule,
-                                                             args.output)), debug)
+                                                             args.output, args.budget, args.force)), debug)
     if args.command == "sql":
         return run_guarded(lambda: print_query(args.query, args.artifacts, args.timeout, args.params, args.limit,
                                                args.output), debug)

@@ -1,9 +1,11 @@
 """The report's first line: the decision at the target budget C* (science §9.4), from the ``decision`` table.
 
-Decided: "At C* = 40,000 rollouts: n = 4 (B_problem 16, M = 625 steps), validation avg@4 0.53 [0.51, 0.56];
-n = 8 is within 0.02; n = 2 and 16 are worse". Not decided: "Not decided at C* = 40,000 between n = 4 and
-n = 8 (D = 0.01 [-0.03, 0.05]); to decide: ...". A group decided by the forecast past the data (science §10.2,
-``source`` "forecast") says so: "At C* = 160,000 rollouts (4x the runs' budget, forecast from the surface): ...".
+Each group's verdict (science §11.5, :func:`rollscale.core.fit.verdict.table_verdict`): answered, "Use n = 4 (B_problem
+16, M = 625 steps) at C* = 40,000 rollouts: validation avg@4 0.53 [0.51, 0.56]; n = 8 is within 0.02; n = 2 and 16
+are worse", the reward marked "uncertain" where its interval is wider than 0.15; not decided only while a key is
+open: "Not decided at C* = 40,000 rollouts: n = 8 could still beat n = 4 by more than 0.02 (D = 0.01 [-0.03,
+0.05]); n = 4 leads with ...; to decide: ...". A group read from the forecast past the data (science §10.2,
+``source`` "forecast") says so: "... at C* = 160,000 rollouts (4x the runs' budget, forecast from the surface)".
 Budgets print as whole rollouts with thousands separators.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from rollscale.core.fit.verdict import table_verdict
 from rollscale.report.base import TableSpec, fmt_interval, fmt_value
 
 __all__ = ["decision_headline", "decision_spec", "first_design", "fmt_budget", "from_forecast", "key_label"]
@@ -65,32 +68,35 @@ def _interval(v: Any, lo: Any, hi: Any) -> str:
 
 
 def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
-    """(sentence, decided, to_decide) of one design group."""
+    """(sentence, answered, to_decide) of one design group, from its verdict (science §11.5)."""
     design = str(g["design"].iloc[0])
     c_star, eps = fmt_budget(g["c_star"].iloc[0]), float(g["tolerance"].iloc[0])
-    lead_rows = g[g["status"] == "leader"]
-    if lead_rows.empty:
+    v = table_verdict(g)
+    fix = str(g["to_decide"].iloc[0]) if "to_decide" in g.columns else ""
+    if v.leader is None:
         seen = fmt_budget(g["c_seen"].max())
         return (f"Not decided at C* = {c_star}: no key was trained close enough to it (runs reach {seen} rollouts); "
-                f"to decide: {g['to_decide'].iloc[0]}", False, str(g["to_decide"].iloc[0]))
-    lead = lead_rows.iloc[0]
+                f"to decide: {fix}", False, fix)
+    lead = g[g["key"] == v.leader].iloc[0]
     name = key_label(design, [lead["key"]])
-    detail = [f"{'n' if design == 'b_problem' else 'B_problem'} {int(lead['n' if design == 'b_problem' else 'b_problem'])}"
-              if not pd.isna(lead["n" if design == "b_problem" else "b_problem"]) else "",
+    held = "n" if design == "b_problem" else "b_problem"
+    detail = [f"{'n' if design == 'b_problem' else 'B_problem'} {int(lead[held])}" if not pd.isna(lead[held]) else "",
               f"M = {int(lead['steps']):,} steps" if not pd.isna(lead["steps"]) else ""]
     detail = [d for d in detail if d]
     who = name + (f" ({', '.join(detail)})" if detail else "")
-    reward = _interval(lead["reward"], lead["reward_lo"], lead["reward_hi"])
-    if bool(lead["unknown"]):  # the forecast's leader whose interval is too wide to be an answer (science §10.2)
-        reward = f"unknown, in [{_r(lead['reward_lo'])}, {_r(lead['reward_hi'])}]"
+    reward = _interval(v.reward, v.reward_lo, v.reward_hi) if pd.notna(v.reward) else \
+        f"unknown, in [{_r(v.reward_lo)}, {_r(v.reward_hi)}]"  # bounds only (science §9.3)
+    if v.uncertain:  # the n is the answer; what it reaches is known only roughly (science §11.5)
+        width = f"{v.width:.2f} wide" if pd.notna(v.width) else "without finite ends"
+        reward += f", uncertain (its 95 % interval is {width}, wider than {v.max_width:g})"
     elif bool(lead["extrapolated"]) and not from_forecast(g):
         reward += f", extrapolated from {fmt_budget(lead['c_seen'])}"
-    if bool(g["decided"].iloc[0]):
-        parts = [f"At {_at_c_star(g)}: {who}, validation {metric} {reward}"]
+    if v.answered:
+        parts = [f"Use {who} at {_at_c_star(g)}: validation {metric} {reward}"]
         within = g[g["status"] == "within tolerance"]["key"].tolist()
         settled = g[g["status"] == "settled"]
-        # science §9.4: settled = cannot beat the leader by more than eps; "worse" only where D's upper bound
-        # is below 0 or the key was settled on A2 (beaten at a rung, it will not overtake)
+        # settled = cannot beat the leader by more than eps; "worse" only where D's upper bound is below 0 or the
+        # key was settled on A2 (beaten at a rung, it will not overtake)
         behind = (settled["d_hi"] < 0) | settled["settled_by"].astype(str).str.endswith("a2")
         worse, no_better = settled[behind]["key"].tolist(), settled[~behind]["key"].tolist()
         if within:
@@ -100,18 +106,15 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
         if worse:
             parts.append(f"{key_label(design, worse)} {'is' if len(worse) == 1 else 'are'} worse")
         return "; ".join(parts), True, ""
-    open_rows = g[(g["status"] != "leader") & ~g["settled"].astype(bool)]
-    where = f"C* = {c_star}" if not from_forecast(g) else _at_c_star(g)
-    if open_rows.empty:  # every other key settled: the leader's own reward is what is not known (science §10.2)
-        return (f"Not decided at {where}: {name} leads, every other key settled, but its validation {metric} is "
-                f"{reward}; to decide: {lead['to_decide']}", False, str(lead["to_decide"]))
-    rival = open_rows.loc[open_rows["d_hi"].idxmax()] if open_rows["d_hi"].notna().any() else open_rows.iloc[0]
-    between = key_label(design, [lead["key"], *open_rows["key"].tolist()]).replace(f"{_KEY_NAME.get(design)} = ", "")
-    d = "" if pd.isna(rival["d"]) else f" (D = {_interval(rival['d'], rival['d_lo'], rival['d_hi'])} for " \
-        f"{key_label(design, [rival['key']])})"
-    sentence = (f"Not decided at {where} between {_KEY_NAME.get(design, 'key')} = {between}{d}; "
-                f"{name} leads with validation {metric} {reward}; to decide: {lead['to_decide']}")
-    return sentence, False, str(lead["to_decide"])
+    rival = g[g["key"] == v.rival].iloc[0]
+    d_lo, d_hi = v.rival_d[1], v.rival_d[2]
+    bound = (f" (D = {_interval(*v.rival_d)})" if pd.notna(d_lo) and pd.notna(d_hi) else
+             f" (D = {_r(v.rival_d[0])}, no interval yet)" if pd.notna(v.rival_d[0]) else "")
+    others = [k for k in v.open if k != v.rival]
+    also = f", and so could {key_label(design, others)}" if others else ""
+    sentence = (f"Not decided at {_at_c_star(g)}: {key_label(design, [rival['key']])} could still beat {name} by more "
+                f"than {eps:g}{bound}{also}; {name} leads with validation {metric} {reward}; to decide: {fix}")
+    return sentence, False, fix
 
 
 def decision_headline(decision: pd.DataFrame, eval_k: int | None = None) -> tuple[str, bool, list[str]]:

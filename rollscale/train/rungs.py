@@ -113,7 +113,7 @@ def no_search(sweep_dir: Path, damage: str | None = None) -> None:
 def decision_line(group: SearchGroup, rows: pd.DataFrame) -> str:
     """One decision in words: ``n:...: rung 2 (C = 5,000): stop 16 (rule b); continue 4, 8; add 2``."""
     parts = []
-    for action in ("stop", "continue", "finish", "add", "seed"):
+    for action in ("stop", "continue", "finish", "add", "seed", "resume"):
         mine = rows[rows["action"] == action]
         if mine.empty:
             continue

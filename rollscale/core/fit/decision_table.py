@@ -19,54 +19,51 @@ import pandas as pd
 from rollscale.core.fit.columns import EVAL_COLUMNS, require
 from rollscale.core.fit.decision import decide, fit_groups
 from rollscale.core.fit.tables import DESIGNS, REWARD_MAX, design_groups
+from rollscale.core.fit.verdict import ANSWER_WIDTH, Verdict, group_verdict, search_verdict
 
-__all__ = ["DECISION_COLUMNS", "SOURCES", "SearchVerdict", "decision_table", "decisions_at", "past_the_data",
-           "search_verdicts", "to_decide", "with_forecast", "with_search"]
+__all__ = ["DECISION_COLUMNS", "SOURCES", "SearchVerdict", "apply_verdict", "decision_table", "decisions_at",
+           "past_the_data", "search_verdicts", "to_decide", "with_forecast", "with_search"]
 
 DECISION_COLUMNS = [
     "design", "bucket", "rule", "fixed", "key", "c_star", "tolerance", "status", "leader", "decided",
     "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "settled", "settled_by", "within_tolerance",
     "extrapolated", "unknown", "seeds", "c_seen", "n", "b_problem", "steps", "leader_share", "r0", "df",
-    "to_decide", "settled_at", "source",
+    "to_decide", "settled_at", "source", "by_search",
 ]
 SOURCES = ("per-run", "forecast")  # where a group's rows come from: §9's per-run fits, or §10.2's surface
 # the fit's design -> what the sweep's search group holds fixed beside bucket and rule (its group names,
 # rollscale.core.search.replay.DESIGNS: "n:bucket=.../rule=.../b_problem=16")
 _SEARCH_HELD = {"n": "b_problem", "b_problem": "n", "iso_batch": "b"}
-_SETTLING = ("epsilon", "a2", "forecast", "cap")  # the search's rules that settle a key (science §9.4, §10.5)
 _GROUP = ["design", "bucket", "rule", "fixed"]
 
 
 @dataclass(frozen=True)
 class SearchVerdict:
-    """What the sweep's search (``sweep.search.method: decision``) concluded for one group: the key it named
-    (the one it decided on, else the leader of its last decision) and, per key it settled, the budget and the
-    bounds it was settled at."""
+    """What the sweep's search concluded for one group (:func:`rollscale.core.fit.verdict.search_verdict`): the key
+    it named (the one it decided on, else the leader of its last decision), per key it settled (against that
+    leader, science §11.3) the rule, budget and bounds it was settled at, and whether it decided."""
 
     leader: int | None
     settled: dict  # key -> (rule, C of the rung, d_lo, d_hi)
+    decided: bool = False
 
 
 def search_verdicts(search: pd.DataFrame | None, c_star: float | None = None) -> dict[str, SearchVerdict]:
-    """The search table's verdicts by group (science §9.4); none for a table without C* (the retired search of §8), nor for
-    one made at another C* than ``c_star`` (the target changed after the sweep: its verdicts do not apply)."""
+    """The search table's verdicts by group (science §9.4, §11.5); none for a table without C* (the retired search of
+    §8), nor for one made at another C* than ``c_star`` (the target changed after the sweep: its verdicts do not
+    apply)."""
     if search is None or search.empty or "c_star" not in search.columns:
         return {}
     at = pd.to_numeric(search["c_star"], errors="coerce")
     keep = at.notna() if c_star is None else (at - c_star).abs() <= 1e-9 * c_star
     out = {}
     for name, rows in search[keep].groupby("group", sort=False):
-        stops = rows[rows["action"] == "stop"].drop_duplicates("key", keep="last")
-        last = rows[rows["decision"] == rows["decision"].max()]
-        # the search's answer: the key it decided on, else the leader of its last decision (not decided)
-        lead = last.loc[(last["action"] == "stop") & (last["rule"] == "decided"), "key"]
-        lead = lead if len(lead) else last["leader"].dropna()
-        # a key seeded or trained on after its stop (the undecided rule) is no longer settled by that stop
-        later = rows.drop_duplicates("key", keep="last").set_index("key")["decision"]
-        settled = {_as_key(k): (r, float(c), float(lo), float(hi))
-                   for k, r, c, lo, hi, d in zip(stops["key"], stops["rule"], stops["c"], stops["d_lo"], stops["d_hi"],
-                                                stops["decision"], strict=True) if r in _SETTLING and later[k] == d}
-        out[str(name)] = SearchVerdict(_as_key(lead.iloc[0]) if len(lead) else None, settled)
+        lead, settled, decided = search_verdict(rows)
+        stops = rows[rows["action"] == "stop"].drop_duplicates("key", keep="last").set_index("key")
+        out[str(name)] = SearchVerdict(
+            _as_key(lead) if lead is not None else None,
+            {_as_key(k): (rule, float(stops.at[k, "c"]), float(stops.at[k, "d_lo"]), float(stops.at[k, "d_hi"]))
+             for k, rule in settled.items()}, decided)
     return out
 
 
@@ -83,36 +80,56 @@ def _search_group(design: str, g: object) -> str:
     return f"{design}:bucket={g.bucket}/rule={g.rule}/{held}={int(rows[held].iloc[0])}"  # type: ignore[attr-defined]
 
 
-def with_search(rows: pd.DataFrame, verdict: SearchVerdict | None, tolerance: float) -> pd.DataFrame:
-    """``decide``'s rows with the search's verdicts: a key it settled at a rung is settled here too, with the
-    budget (``settled_at``) and the bounds of D it was settled on, although its runs stop short of C* / eta;
-    ``decided`` and the statuses follow."""
-    rows = rows.assign(settled_at=math.nan)
+def with_search(rows: pd.DataFrame, verdict: SearchVerdict | None, tolerance: float,
+                c_star: float = math.nan) -> pd.DataFrame:
+    """``decide``'s rows with the search's verdict, the group's (science §11.5): the key it named leads; the keys it
+    settled against that leader are settled here (with the budget, ``settled_at``, and, where they hold this table's
+    D, the bounds it was settled on), although their runs stop short of C*; a key it left open stays open. Without a
+    search verdict the rows' own settling stands. ``decided`` and the statuses are the verdict's."""
+    rows = rows.assign(settled_at=math.nan, by_search=verdict is not None)
     if verdict is None:
-        return rows
+        own = {k: b for k, b, s in zip(rows["key"], rows["settled_by"], rows["settled"], strict=True) if bool(s)}
+        lead = rows["leader"].dropna()
+        return apply_verdict(rows, group_verdict(rows, tolerance, c_star, lead.iloc[0] if len(lead) else None,
+                                                 own, only=True))
     if verdict.leader is not None and verdict.leader in set(rows["key"]):
         # the key the search named, also where C* lies beyond eta x its data (decided on A2 at a rung): its reward
         # there is bounds only, the answer is still the search's
         rows["leader"] = verdict.leader
         mine = rows["key"] == verdict.leader
-        rows.loc[mine, ["d", "d_lo", "d_hi", "settled", "settled_by"]] = 0.0, 0.0, 0.0, False, ""
+        rows.loc[mine, ["d", "d_lo", "d_hi"]] = 0.0, 0.0, 0.0
     lead = rows["leader"].iloc[0]
     for pos in rows.index:
         k = int(rows.at[pos, "key"])
         if k not in verdict.settled or k == lead:
             continue
         rule, c, lo, hi = verdict.settled[k]
-        rows.loc[pos, ["settled", "settled_by", "settled_at"]] = True, f"search: {rule}", c
+        rows.loc[pos, ["settled_by", "settled_at"]] = f"search: {rule}", c
         d = float(rows.at[pos, "d"])
         # the search's bounds stand beside this table's D only where they hold it: from another estimator (the
-        # forecast at a rung) they can exclude it (D = 0.27 shown as [0.00, 0.00]); then this table's
-        # own bounds are shown, and the search's verdict stays in settled_by
-        if math.isfinite(hi) and (not math.isfinite(d) or lo - 1e-9 <= d <= hi + 1e-9):
+        # forecast at a rung) they can exclude it (D = 0.27 shown as [0.00, 0.00]); then this table's own bounds
+        # are shown, and the search's verdict stays in settled_by
+        if math.isfinite(hi) and math.isfinite(lo) and hi > lo and math.isfinite(d) and lo - 1e-9 <= d <= hi + 1e-9:
             rows.loc[pos, ["d_lo", "d_hi"]] = lo, hi
             rows.at[pos, "within_tolerance"] = bool(lo >= -tolerance)
-    others = (rows["key"] != lead).to_numpy()
-    rows["decided"] = bool(lead is not None and lead == lead and rows.loc[others, "settled"].all())
-    rows["status"] = np.select([~others, rows["within_tolerance"] & ~rows["unknown"], rows["settled"], rows["unknown"]],
+    settled = {k: str(rows.loc[rows["key"] == k, "settled_by"].iloc[0]) for k in verdict.settled if k != lead}
+    return apply_verdict(rows, group_verdict(rows, tolerance, c_star, lead if lead == lead else None,
+                                             settled, only=True))
+
+
+def apply_verdict(rows: pd.DataFrame, verdict: Verdict) -> pd.DataFrame:
+    """One group's rows with the verdict's standing: ``leader``, ``settled`` (with ``settled_by``, "" where not),
+    ``decided`` (answered), ``status`` (leader, within tolerance, settled, unknown, open)."""
+    keys = rows["key"].astype(object).to_numpy()
+    lead = np.array([verdict.leader is not None and k == verdict.leader for k in keys], bool)
+    settled = np.array([k in verdict.settled for k in keys], bool)
+    rows = rows.assign(leader=verdict.leader, settled=settled, decided=verdict.answered)
+    rows["settled_by"] = [str(verdict.settled[k]) if k in verdict.settled else "" for k in keys]
+    rows.loc[lead, ["d", "d_lo", "d_hi"]] = 0.0, 0.0, 0.0
+    within = rows["within_tolerance"].astype(bool).to_numpy() & ~lead
+    unknown = rows["unknown"].astype(bool).to_numpy()
+    rows["within_tolerance"] = within
+    rows["status"] = np.select([lead, within & ~unknown, settled, unknown],
                                ["leader", "within tolerance", "settled", "unknown"], "open")
     return rows
 
@@ -198,7 +215,7 @@ def decision_table(evals: pd.DataFrame, c_star: float, tolerance: float, eta: fl
         rows = decide(curves[label], c_star, tolerance, eta, rollout_axis=g.key_col == "n" and design != "iso_batch",
                       reward_max=reward_max, resamples=resamples, seed=seed,
                       leader=verdict.leader if verdict is not None else None)
-        rows = with_search(rows, verdict, tolerance)
+        rows = with_search(rows, verdict, tolerance, c_star)
         out.append(_group_rows(rows, design, g, c_star, tolerance, eta, curves[label].r0))
     return _typed(pd.concat(out, ignore_index=True))
 
@@ -219,7 +236,8 @@ def decisions_at(evals: pd.DataFrame, budgets: list[float], tolerance: float, et
     for c in budgets:
         for label, design, g in labelled:
             rows = decide(curves[label], c, tolerance, eta, rollout_axis=g.key_col == "n" and design != "iso_batch",
-                          reward_max=reward_max, resamples=resamples, seed=seed).assign(settled_at=math.nan)
+                          reward_max=reward_max, resamples=resamples, seed=seed).assign(settled_at=math.nan,
+                                                                                        by_search=False)
             out.append(_group_rows(rows, design, g, c, tolerance, eta, curves[label].r0))
     return _typed(pd.concat(out, ignore_index=True))
 
@@ -231,16 +249,16 @@ def past_the_data(rows: pd.DataFrame) -> bool:
     return bool(lead.empty or lead["unknown"].astype(bool).any())
 
 
-def with_forecast(decision: pd.DataFrame, forecast: pd.DataFrame | None, max_width: float) -> pd.DataFrame:
-    """The ``decision`` table with every group §9 cannot answer at C* (:func:`past_the_data`) decided by the
-    forecast instead (science §10.2; ``forecast``: the fit stage's ``forecast`` table, its rows at the target,
-    ``max_width``: the widest interval that is still an answer). Such a group's trained keys take the surface's
-    reward and D with their intervals; the leader is the forecast's (the trained key with the largest median over
-    refits); a key is settled when D's upper bound is <= the tolerance, within tolerance when its lower bound is
-    >= minus it and its reward is known; ``unknown`` is the forecast's (its interval wider than ``max_width``); the
-    group is decided when every other key is settled and the leader is known. ``source`` says which rows are the
-    forecast's. Groups within the data, and groups with no forecast (a rule, iso-batch, too few keys), keep §9's
-    rows."""
+def with_forecast(decision: pd.DataFrame, forecast: pd.DataFrame | None, max_width: float = ANSWER_WIDTH
+                  ) -> pd.DataFrame:
+    """The ``decision`` table with every group §9 cannot answer at C* (:func:`past_the_data`) read from the forecast
+    instead (science §10.2; ``forecast``: the fit stage's ``forecast`` table, its rows at the target;
+    ``max_width``: the widest interval of an answer not marked uncertain). Such a group's trained keys take the
+    surface's reward and D with their intervals; its verdict (science §11.5) is the sweep's search's where it chose
+    the group's key (``by_search``, :func:`with_search`), else the forecast's: the leader is the trained key the surface puts
+    first, a key is settled when D's upper bound is <= the tolerance. ``unknown`` is the forecast's (its interval
+    wider than ``max_width``). ``source`` says which rows are the forecast's. Groups within the data, and groups
+    with no forecast (a rule, iso-batch, too few keys), keep §9's rows."""
     decision = decision.assign(source=decision["source"].fillna(SOURCES[0])) if "source" in decision.columns \
         else decision.assign(source=SOURCES[0])
     if decision.empty or forecast is None or forecast.empty:
@@ -257,54 +275,52 @@ def with_forecast(decision: pd.DataFrame, forecast: pd.DataFrame | None, max_wid
 
 def _forecast_rows(rows: pd.DataFrame, ahead: pd.DataFrame, max_width: float) -> pd.DataFrame:
     """One group's rows from its forecast at C* (:func:`with_forecast`); keys the forecast lacks keep §9's row."""
-    tol = float(rows["tolerance"].iloc[0])
+    tol, c_star = float(rows["tolerance"].iloc[0]), float(rows["c_star"].iloc[0])
     f = ahead.assign(key=ahead["key"].astype(int)).set_index("key")
     have = rows["key"].astype(int).isin(f.index).to_numpy()
     new = rows[have].copy()
     at = f.loc[new["key"].astype(int)]
+    # a key the sweep's search settled (with_search: "search: <rule>") stays settled: the search checked it against
+    # its final leader (science §11.3) and stopped its runs on it; its bounds are the forecast's own, so that D lies
+    # in them (the search's were another estimator's, at another level)
+    searched = {int(k): str(b) for k, b in zip(rows["key"], rows["settled_by"], strict=True)
+                if str(b).startswith("search:")}
+    search_lead = rows["leader"].dropna()
+    by_search = bool(rows["by_search"].astype(bool).any()) if "by_search" in rows.columns else False
     for col in ("reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "c_seen"):
         new[col] = at[col].astype(float).to_numpy()
     new["unknown"] = at["unknown"].astype(bool).to_numpy()
     new["extrapolated"] = at["extrapolated"].astype(bool).to_numpy()
     new["seeds"] = at["seeds"].astype(int).to_numpy()
-    lead = int(f["leader"].dropna().iloc[0])
-    is_lead = (new["key"].astype(int) == lead).to_numpy()
-    # a key the sweep's search settled at a rung (with_search: "search: <rule>", its budget and bounds) stays settled
-    # with them: the search stopped its runs on that verdict (science §9.4, §10.5), and the answer agrees with it
-    searched = (rows.loc[have, "settled_by"].astype(str).str.startswith("search:").to_numpy()
-                & ~is_lead if "settled_by" in rows.columns else np.zeros(len(new), bool))
-    kept = rows[have].loc[searched, ["d_lo", "d_hi", "settled_by", "settled_at"]]
-    new["leader"], new["leader_share"], new["settled_at"], new["source"] = lead, math.nan, math.nan, SOURCES[1]
-    new["settled"] = ~is_lead & ((new["d_hi"] <= tol).to_numpy() | searched)
-    new["settled_by"] = np.where(new["settled"], "forecast", "")
-    new.loc[kept.index, ["d_lo", "d_hi", "settled_by", "settled_at"]] = kept
-    new["within_tolerance"] = ~is_lead & ~new["unknown"].to_numpy() & (new["d_lo"] >= -tol).to_numpy()
-    lead_known = not bool(new.loc[is_lead, "unknown"].any()) and bool(is_lead.any())
+    lead = int(search_lead.iloc[0]) if by_search and len(search_lead) else int(f["leader"].dropna().iloc[0])
+    if lead != int(f["leader"].dropna().iloc[0]) and lead in f.index:
+        # the search's leader is not the forecast's: D is read against the search's leader, as the difference of
+        # the two keys' D to the forecast's leader (its point; the bounds of a difference of bounds are not D's:
+        # none shown)
+        base = float(f.loc[lead, "d"])
+        new["d"] = new["d"] - base
+        new[["d_lo", "d_hi"]] = math.nan
+    new["leader_share"], new["source"] = math.nan, SOURCES[1]
+    new["within_tolerance"] = ~new["unknown"].to_numpy() & (new["d_lo"] >= -tol).to_numpy()
     out = pd.concat([new, rows[~have]], ignore_index=True).sort_values("key", ignore_index=True)
-    others = (out["key"].astype(int) != lead).to_numpy()
-    out["decided"] = bool(lead_known and out.loc[others, "settled"].astype(bool).all())
-    within, settled, unknown = (out[c].astype(bool).to_numpy() for c in ("within_tolerance", "settled", "unknown"))
-    out["status"] = np.select([~others, within & ~unknown, settled, unknown],
-                              ["leader", "within tolerance", "settled", "unknown"], "open")
-    out["to_decide"] = _forecast_to_decide(out, max_width)
+    out["key"] = out["key"].astype(int)
+    verdict = group_verdict(out, tol, c_star, lead, searched if by_search else None, only=by_search,
+                            max_width=max_width, settles_as="forecast")
+    out = apply_verdict(out, verdict)
+    out["to_decide"] = _forecast_to_decide(out, verdict)
     return out
 
 
-def _forecast_to_decide(rows: pd.DataFrame, max_width: float) -> str:
-    """What would decide a group the forecast answers (science §10.2): a leader whose interval is too wide, else the
-    open key with the largest upper bound of D; "" when decided."""
-    if rows["decided"].all():
+def _forecast_to_decide(rows: pd.DataFrame, verdict: Verdict) -> str:
+    """What would decide a group the forecast answers (science §11.5): the open key with the largest upper bound of
+    D; "" when answered."""
+    if verdict.answered:
         return ""
-    lead = rows[rows["status"] == "leader"]
     closer = "or sweep.c_max closer to C* (the forecast's intervals widen with the distance past the data)"
-    if lead.empty or lead["unknown"].astype(bool).any():
-        width = float((lead["reward_hi"] - lead["reward_lo"]).max()) if len(lead) else math.nan
-        return (f"the forecast's interval of the leader at C* is {width:.3f} wide, wider than its widest answer "
-                f"{max_width:g} (science §10.2): more seeds (sweep.seeds), {closer}")
-    open_rows = rows[(rows["status"] != "leader") & ~rows["settled"].astype(bool)]
-    if open_rows.empty:
-        return ""
-    worst = open_rows.loc[open_rows["d_hi"].idxmax()] if open_rows["d_hi"].notna().any() else open_rows.iloc[0]
+    if verdict.rival is None:
+        return f"no key leads at C*: more seeds (sweep.seeds), {closer}"
+    worst = rows[rows["key"] == verdict.rival].iloc[0]
+    hi = float(worst["d_hi"])
+    bound = f"the forecast's upper bound of D is {hi:.2f}" if math.isfinite(hi) else "its D has no bound yet"
     return (f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C* "
-            f"(the forecast's upper bound of D is {float(worst['d_hi']):.2f}): more seeds for it and the leader "
-            f"(sweep.seeds), {closer}")
+            f"({bound}): more seeds for it and the leader (sweep.seeds), {closer}")

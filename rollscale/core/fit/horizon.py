@@ -19,7 +19,6 @@ import pandas as pd
 
 from rollscale.core.fit.backtest import BACKTEST_COLUMNS, Backtest, calibrated
 from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, bootstrap_surface, forecast_group
-from rollscale.core.fit.forms import DEFAULT_FORM
 from rollscale.core.fit.tables import design_groups
 
 __all__ = ["COMPUTE_MULTIPLES", "FORECAST_TABLE_COLUMNS", "BACKTEST_TABLE_COLUMNS", "HorizonTables",
@@ -43,9 +42,10 @@ def study_settings(resamples: int, seed: int, eval_draws: int | None, form: str 
     """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one forecast):
     the fit's bootstrap ``resamples`` (at least 2) and ``seed``; ``eval_draws``, the 0/1 samples behind one
     evaluation (validation problems x k of avg@k), redrawn in each refit; ``form`` the forecast's shape (None:
-    :data:`DEFAULT_FORM`, the one the test bed chose)."""
-    return ForecastSettings(resamples=max(resamples, 2), eval_draws=eval_draws, seed=seed,
-                            form=form if form is not None else DEFAULT_FORM)
+    the default form, the one the test bed chose)."""
+    from rollscale.core.fit.verdict import forecast_settings  # the one place they are built (science §11.5)
+
+    return forecast_settings(resamples, seed, eval_draws, form=form)
 
 
 def forecast_budgets(c_star: float, c_max: float, multiples: tuple[int, ...] = COMPUTE_MULTIPLES) -> list[float]:

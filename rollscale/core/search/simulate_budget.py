@@ -32,13 +32,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from rollscale.core.fit.analysis import run_evals
 from rollscale.core.fit.decision import decide as decide_at, fit_groups
+from rollscale.core.fit.decision_table import decision_table
+from rollscale.core.fit.verdict import SETTLING_RULES, search_verdict
 from rollscale.core.search.decisions import decide
 from rollscale.core.search.methods.decision import c_star, seed_cap
 from rollscale.core.search.state import SearchSettings, empty_decisions, plan
 from rollscale.core.search.simulate import UNIVERSE, Runs, SimStudy, grid_tables, seed_curve
 
-__all__ = ["BudgetResult", "grid_decision", "seeds_oracle", "simulate_decision", "summarise_decision", "true_reward"]
+__all__ = ["BudgetResult", "first_lines", "grid_decision", "seeds_oracle", "simulate_decision", "summarise_decision",
+           "true_reward"]
 
 
 def true_reward(study: SimStudy, n: int, c: float) -> float:
@@ -125,11 +129,15 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: b
         grid_c = sum(runs.steps(s, n, s.c_max) * s.b_problem * n for n in UNIVERSE) * seed_cap(g, settings)
         mine = decisions[decisions["group"] == s.name]
         final = rules[rules["group"] == s.name]
+        lead, _, decided = search_verdict(mine)
+        # the answer a key the search had stopped on a settling rule (against another leader): science §11.3 says never
+        ended = final[final["key"] == lead]
+        stopped_answer = bool(((ended["action"] == "stop") & ended["rule"].isin(SETTLING_RULES)).any())
         rows.append({
             "group": s.name, "family": s.family, "c_star": target, "answer": answer,
             "true_best": max(truth, key=truth.get), "regret": best - truth[answer] if answer else math.nan,
             # not decided: the cap reached with keys open (a seed row's rule is "undecided" too: not this)
-            "decided": not bool(((mine["rule"] == "undecided") & (mine["action"] == "finish")).any()),
+            "decided": decided, "stopped_answer": stopped_answer,
             "stops": ", ".join(f"{k}@{c:,.0f}({r})" for k, c, r, a in
                                zip(final["key"], final["c"], final["rule"], final["action"], strict=True) if a == "stop"),
             "stopped_early": int(((final["action"] == "stop") & (final["c_train"] < s.c_max)).sum()),
@@ -145,6 +153,38 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: b
     return BudgetResult(out, decisions, legs)
 
 
+def first_lines(studies: list[SimStudy], result: BudgetResult, settings: SearchSettings) -> pd.DataFrame:
+    """The report's first line of every study, as the fit stage and the report make it from the search's runs
+    (each to where it stopped) and its table (science §11.5: one verdict), beside the search's own verdict: one row
+    per study, ``search_answer``, ``search_decided``, ``line``, ``line_answer`` (the n after "Use n = ", else
+    None), ``line_answered``, and ``agree`` (the same key, and answered exactly where the search decided)."""
+    from rollscale.report.decision_text import decision_headline
+
+    names = {s.name for s in studies}
+    runs, evals = grid_tables(studies, {run: ends for run, ends in result.legs.items() if run[0] in names})
+    # the sweep names a rollout-axis group by what it holds fixed (rollscale.core.search.replay.DESIGNS)
+    label = {s.name: f"n:bucket={s.name}/rule=uniform/b_problem={s.b_problem}" for s in studies}
+    search = result.decisions.assign(group=result.decisions["group"].map(label)).dropna(subset=["group"])
+    rows = []
+    for c_target, group in {c: [s for s in studies if c_star(s.group(), settings) == c]
+                            for c in {c_star(s.group(), settings) for s in studies}}.items():
+        keep = runs["bucket"].isin([s.name for s in group])
+        table = decision_table(run_evals(runs[keep], evals[evals["run_id"].isin(runs.loc[keep, "run_id"])], None),
+                               c_target, settings.tolerance, settings.eta, max(settings.resamples, 1),
+                               settings.bootstrap_seed, search=search)
+        for s in group:
+            lead, _, decided = search_verdict(result.decisions[result.decisions["group"] == s.name])
+            line, answered, _ = decision_headline(table[table["bucket"] == s.name])
+            named = line.removeprefix("Use n = ").split(" ", 1)[0] if line.startswith("Use n = ") else None
+            rows.append({"group": s.name, "family": s.family, "search_answer": None if lead is None else int(lead),
+                         "search_decided": decided, "line": line, "line_answered": answered,
+                         "line_answer": None if named is None else int(named)})
+    out = pd.DataFrame(rows)
+    out["agree"] = (out["line_answered"] == out["search_decided"]) & (
+        ~out["line_answered"] | (out["line_answer"] == out["search_answer"]))
+    return out
+
+
 def summarise_decision(result: BudgetResult) -> pd.DataFrame:
     """One row per family: studies, share right (regret <= epsilon), share decided, median / max spent, seeds added,
     whether A2 holds in every study, and (where the grid was decided too) the grid's share right; and an ``all``
@@ -158,7 +198,8 @@ def summarise_decision(result: BudgetResult) -> pd.DataFrame:
                 "mean_regret": float(t["regret"].mean()), "seeds_added": float(t["seeds_added"].mean()),
                 "median_spent_c_star": float(t["spent_c_star"].median()),
                 "max_spent_c_star": float(t["spent_c_star"].max()),
-                "stopped_early": float(t["stopped_early"].mean()), "a2_holds": bool(t["a2_holds"].all())}
+                "stopped_early": float(t["stopped_early"].mean()), "a2_holds": bool(t["a2_holds"].all()),
+                "stopped_answer": float(t["stopped_answer"].mean())}
 
     table = pd.DataFrame({f: row(t) for f, t in s.groupby("family", sort=False)}).T
     table.loc["all"] = row(s)

@@ -45,8 +45,9 @@ __all__ = [
 Axis = Literal["rollout", "prompt", "iso_batch", "rule"]
 AXES: tuple[str, ...] = ("rollout", "prompt", "iso_batch", "rule")
 # continue: train on to the next rung; stop: no further (the method's rule says why); add: a new key
-# (bracket); seed: a new seed of a key (undecided); finish: the run reached C_max at the last rung
-ACTIONS: tuple[str, ...] = ("continue", "stop", "add", "seed", "finish")
+# (bracket); seed: a new seed of a key (undecided); finish: the run reached C_max at the last rung; resume: a
+# stopped key trained on again from its checkpoint (science §11.3)
+ACTIONS: tuple[str, ...] = ("continue", "stop", "add", "seed", "finish", "resume")
 # the last four: the decision at C* behind a row: C*, the key's median reward there over refits, and the
 # one-sided 1 - alpha bounds of its difference to the leader D_k (docs/tables.md)
 DECISION_COLUMNS = list(SEARCH_COLUMNS)
@@ -218,8 +219,12 @@ def _state(group: SearchGroup, rows: dict[str, np.ndarray], settings: SearchSett
     budgets = rung_budgets(group.c_max, settings.eta, settings.first_rung)
     action, key_text = rows["action"], rows["key"]
     keys = set(group.keys) | {group.key_of(k) for k in key_text[action == "add"]}
-    stop = action == "stop"
-    stopped = {group.key_of(k): float(c) for k, c in zip(key_text[stop], rows["c_train"][stop], strict=True)}
+    stopped: dict = {}
+    for k, a, c in zip(key_text, action, rows["c_train"], strict=True):  # in order: a resume ends a stop
+        if a == "stop":
+            stopped[group.key_of(k)] = float(c)
+        elif a == "resume":
+            stopped.pop(group.key_of(k), None)
     seeds = {k: set(group.seeds) for k in keys}
     extra = action == "seed"
     added = frozenset((group.key_of(k), int(s)) for k, s in zip(key_text[extra], rows["seed"][extra], strict=True))
@@ -235,9 +240,9 @@ def _state(group: SearchGroup, rows: dict[str, np.ndarray], settings: SearchSett
         rung = int(rows["rung"][last][0])
         if rung < len(budgets):
             rung += 1
-        elif not np.isin(action[last], ["add", "seed"]).any():
-            rung = None  # the last rung decided without adding anything: done
-        if rung is not None and keys <= stopped.keys() and not np.isin(action[last], ["add", "seed"]).any():
+        elif not np.isin(action[last], ["add", "seed", "resume"]).any():
+            rung = None  # the last rung decided without adding or resuming anything: done
+        if rung is not None and keys <= stopped.keys() and not np.isin(action[last], ["add", "seed", "resume"]).any():
             rung = None  # every key stopped (science §9.4: decided, the leader stops too): done
     return GroupState(tuple(sorted(keys)), stopped, {k: tuple(sorted(v)) for k, v in seeds.items()}, added, rung,
                       count, budgets)

@@ -36,16 +36,22 @@ class Exported:
 
 
 def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "artifacts", key: int | None = None,
-               rule: str | None = None, output: str | None = None) -> Exported:
+               rule: str | None = None, output: str | None = None, budget: int | None = None,
+               force: bool = False) -> Exported:
     """Write the production run of the study for framework ``to`` (``trl``: a GRPOConfig YAML and a Python
-    snippet beside it; ``verl``: a bash script of Hydra overrides) at ``output`` (default under ``export/``)."""
+    snippet beside it; ``verl``: a bash script of Hydra overrides) at ``output`` (default under ``export/``), of
+    ``budget`` rollouts (else ``study.target_budget`` where params.yaml sets it). A study whose verdict is not an
+    answer at that budget (science §11.5) is refused, a one-line error (exit 2); with ``force`` the files are
+    written with that reason at their top."""
     if to not in FRAMEWORKS:
         raise ValueError(f"--to {to}: expected one of {', '.join(FRAMEWORKS)}")
     params = load_params(params_path)
     table = Path(artifacts) / TABLES["decision"]
     if not table.exists():
         raise LookupError(f"{table}: no decision yet; run the fit stage first (rollscale run fit)")
-    run = production_run(params, decision_table(artifacts), key, rule, artifacts)
+    run = production_run(params, decision_table(artifacts), key, rule, artifacts, budget)
+    if run.refusal and not force:
+        raise LookupError(f"export: {run.refusal}; nothing written (--force writes it with this reason at its top)")
     source = f"{Path(params_path).resolve().parent} ({params_path}, {table})"
     out = Path(output or DEFAULT_OUTPUT[to])
     if to == "trl":
@@ -57,7 +63,9 @@ def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "arti
         write_text_atomic(verl_shell(run, source), out)
         out.chmod(0o755)
         files, gaps = [out], verl_gaps(run)
-    return Exported(files, run.headline(), [f"{to} cannot express {g.what}: {g.why}" for g in gaps])
+    warnings = [f"{to} cannot express {g.what}: {g.why}" for g in gaps]
+    return Exported(files, run.headline(), ([f"not an answer, written with --force: {run.refusal}"] if run.refusal
+                                            else []) + warnings)
 
 
 # the decision table's columns the production run is made of (rollscale.integrations.export.plan)

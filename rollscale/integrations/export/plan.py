@@ -17,10 +17,12 @@ from typing import Any
 import pandas as pd
 
 from rollscale.config import LoraParams, SamplingParams, StudyParams, TrainParams
+from rollscale.core.fit.verdict import table_verdict
 from rollscale.core.grpo.allocation import rule_class
 from rollscale.core.grpo.shaping import sqrt_scaled_lr
 
-__all__ = ["DESIGN_ORDER", "FRAMEWORK_RULES", "Gap", "ProductionRun", "Setting", "production_run", "study_gaps"]
+__all__ = ["DESIGN_ORDER", "FRAMEWORK_RULES", "Gap", "ProductionRun", "Setting", "production_budget", "production_run",
+           "study_gaps"]
 
 # the allocation rules a framework may run (science §4): plain GRPO everywhere, dynamic sampling in verl's DAPO
 FRAMEWORK_RULES = ("uniform", "dynamic")
@@ -87,6 +89,10 @@ class ProductionRun:
     verifiers: tuple[str, ...] = ("numeric",)
     model: str = ""
     lora: LoraParams | None = None
+    budget: int = 0  # the production run's rollouts (``--budget``, or ``study.target_budget`` set explicitly)
+    columns: tuple[str, str] = ("prompt", "answer")  # the dataset's prompt and answer columns (data.tables[0])
+    dataset: str = "YOUR_DATASET"  # the study's problem table, where it has one
+    refusal: str = ""  # why the study's verdict is not an answer for this run ("" where it is: science §11.5)
 
     @property
     def batch(self) -> int:
@@ -105,9 +111,10 @@ class ProductionRun:
         forecast = "unknown" if math.isnan(self.reward) else f"{self.reward:.2f}"
         if not (math.isnan(self.reward_lo) or math.isnan(self.reward_hi)):
             forecast += f" [{self.reward_lo:.2f}, {self.reward_hi:.2f}]"
-        return (f"{name} = {self.key} ({other}, M = {self.steps:,} steps) at C* = {self.c_star:,} rollouts, rule "
-                f"{self.rule}, bucket {self.bucket} ({self.status}): study forecast of validation avg@{self.eval_k} "
-                f"{forecast}")
+        budget = "" if self.budget in (0, self.c_star) else f" for a production run of {self.budget:,} rollouts"
+        return (f"{name} = {self.key} ({other}, M = {self.steps:,} steps) at C* = {self.c_star:,} rollouts{budget}, "
+                f"rule {self.rule}, bucket {self.bucket} ({self.status}): study forecast of validation "
+                f"avg@{self.eval_k} {forecast}")
 
 
 def _verifiers(params: StudyParams) -> tuple[str, ...]:
@@ -144,13 +151,55 @@ def _group(decision: pd.DataFrame, bucket: str, rule: str | None) -> pd.DataFram
     return groups[best]
 
 
+def production_budget(params: StudyParams, budget: int | None) -> int:
+    """The production run's rollouts: ``budget`` (``--budget``), else ``study.target_budget`` where params.yaml sets
+    it; never the sweep's run budget (``sweep.c_max``, C* by default) silently: a one-line error names both."""
+    if budget is not None:
+        if budget < 1:
+            raise LookupError(f"--budget {budget}: expected the production run's rollouts, a positive number")
+        return int(budget)
+    if params.study.target_budget is not None and "target_budget" in params.study.model_fields_set:
+        return int(params.study.target_budget)
+    raise LookupError(f"export: give the production run's rollouts with --budget N: params.yaml sets no "
+                      f"study.target_budget, so the study's C* is the sweep's run budget ({params.sweep.c_max:,} "
+                      "rollouts), not a production run's")
+
+
+def _columns(params: StudyParams) -> tuple[tuple[str, str], str]:
+    """The dataset's (prompt, answer) columns and where it is: the study's first problem table, as init mapped it."""
+    if params.data.source == "table" and params.data.tables:
+        t = params.data.tables[0]
+        where = str(t.path) if t.path is not None else str(t.hub_id or "YOUR_DATASET")
+        return (t.prompt, t.answer), where
+    return ("prompt", "answer"), "YOUR_DATASET"
+
+
+def _refusal(group: pd.DataFrame, budget: int) -> str:
+    """Why the group's verdict is no answer for a production run of ``budget`` rollouts ("" where it is one)."""
+    v = table_verdict(group)
+    c_star = int(round(float(group["c_star"].iloc[0])))
+    if not v.answered:
+        fix = str(group["to_decide"].iloc[0]) if "to_decide" in group.columns else ""
+        what = (f"{v.rival} could still beat {v.leader} by more than {v.tolerance:g}" if v.leader is not None
+                else "no key leads")
+        return (f"the study's verdict at C* = {c_star:,} rollouts is not an answer ({what})"
+                + (f"; to decide: {fix}" if fix and fix != "nan" else ""))
+    if budget != c_star:
+        return (f"the study's verdict is at C* = {c_star:,} rollouts, not at the production budget {budget:,}: set "
+                f"study.target_budget: {budget} and run the fit stage again (rollscale run fit)")
+    return ""
+
+
 def production_run(params: StudyParams, decision: pd.DataFrame, key: int | None = None, rule: str | None = None,
-                   artifacts: str = "artifacts") -> ProductionRun:
-    """The decision's leader at C* (or ``key``, another key of its group) as a :class:`ProductionRun`.
+                   artifacts: str = "artifacts", budget: int | None = None) -> ProductionRun:
+    """The decision's leader at C* (or ``key``, another key of its group) as a :class:`ProductionRun` of
+    ``budget`` rollouts (:func:`production_budget`), with ``refusal`` saying why the study's verdict is not an
+    answer for it (science §11.5), "" where it is.
 
     ``decision`` is the fit stage's ``decision`` table (:mod:`rollscale.core.fit.decision_table`); an empty
     one, a group without a leader (unless ``key`` is given) or a key the group lacks is a one-line error.
     """
+    rollouts = production_budget(params, budget)
     if decision.empty:
         raise LookupError("decision table is empty: no key was decided at C*; run the fit stage first "
                           "(rollscale run fit)")
@@ -182,15 +231,17 @@ def production_run(params: StudyParams, decision: pd.DataFrame, key: int | None 
     # GRPO, which trains on every rollout: its B is B_problem n
     trained = allocation.trained_per_step if entry.rule in FRAMEWORK_RULES else n * b_problem
     c_star = int(round(float(row["c_star"])))
+    columns, dataset = _columns(params)
     return ProductionRun(
         design=str(row["design"]), bucket=str(row["bucket"]), rule=entry.rule, fixed=str(row["fixed"]),
-        key=int(row["key"]), n=n, b_problem=b_problem, steps=math.ceil(c_star / (n * b_problem)), c_star=c_star,
+        key=int(row["key"]), n=n, b_problem=b_problem, steps=math.ceil(rollouts / (n * b_problem)), c_star=c_star,
         status=str(row["status"]), reward=float(row["reward"]), reward_lo=float(row["reward_lo"]),
         reward_hi=float(row["reward_hi"]), eval_k=params.sweep.eval_k,
         lr=sqrt_scaled_lr(train.lr_base, trained, train.b_base), train=train,
         sampling=params.sampling, rule_args=allocation.run_args(), trained_per_step=trained,
         verifiers=_verifiers(params), model=_model(params, artifacts),
-        lora=params.model.lora if params.model.lora.enabled else None,
+        lora=params.model.lora if params.model.lora.enabled else None, budget=rollouts, columns=columns,
+        dataset=dataset, refusal=_refusal(group, rollouts),
     )
 
 

@@ -49,7 +49,8 @@ def trl_settings(run: ProductionRun) -> list[Setting]:
         Setting("gradient_accumulation_steps", run.b_problem // groups,
                 f"micro-batches a step: B_problem / {groups}, so a step holds B = B_problem x n = {run.batch} "
                 "completions on one process (with P processes divide it by P)"),
-        Setting("max_steps", run.steps, f"M = ceil(C* / B) = ceil({run.c_star} / {run.batch}) (study.target_budget)"),
+        Setting("max_steps", run.steps, f"M = ceil(budget / B) = ceil({run.budget or run.c_star} / {run.batch}) (the "
+                                         "production run's rollouts)"),
         Setting("learning_rate", run.lr, f"lr_base x sqrt(B / B_base) = {t.lr_base:g} x sqrt({run.trained_per_step} / "
                 f"{t.b_base}) (sweep.train.lr_base, b_base; science §3)"),
         Setting("lr_scheduler_type", "constant_with_warmup", "linear warm-up then constant (science §3)"),
@@ -132,10 +133,12 @@ def _yaml_value(value: object) -> str:
 
 def trl_yaml(run: ProductionRun, source: str) -> str:
     """The YAML ``trl grpo --config FILE`` (TRL's own parser) reads, every field with its study quantity."""
-    lines = [f"# TRL GRPOConfig for the production run of the rollscale study {source}",
+    prompt, answer = run.columns
+    lines = ([f"# NOT AN ANSWER (written with --force): {run.refusal}"] if run.refusal else []) + [
+             f"# TRL GRPOConfig for the production run of the rollscale study {source}",
              f"# {run.headline()}",
-             "# run: trl grpo --config THIS_FILE --dataset_name YOUR_DATASET (columns prompt, answer), "
-             "or the Python snippet beside it",
+             f"# run: trl grpo --config THIS_FILE --dataset_name {run.dataset} (columns {prompt}, {answer}: the "
+             "study's data.tables mapping), or the Python snippet beside it",
              "# TRL counts completions: per_device_train_batch_size x processes x gradient_accumulation_steps "
              f"= B = {run.batch}"]
     gaps = trl_gaps(run)
@@ -155,10 +158,14 @@ def trl_snippet(run: ProductionRun, yaml_name: str) -> str:
     extra = (f", get_soft_overlong_punishment({run.sampling.max_new_tokens}, {run.train.overlong_penalty_cache})"
              if run.train.overlong_penalty_cache > 0 else "")
     penalty = "from trl.rewards import get_soft_overlong_punishment\n" if extra else ""
-    return f'''"""The production run of the rollscale study: {run.headline()}.
+    prompt, answer = run.columns
+    warning = f"NOT AN ANSWER (written with --force): {run.refusal}\n\n" if run.refusal else ""
+    rename = (f'.rename_columns({ {c: t for c, t in ((prompt, "prompt"), (answer, "answer")) if c != t} !r})'
+              if (prompt, answer) != ("prompt", "answer") else "")
+    return f'''"""{warning}The production run of the rollscale study: {run.headline()}.
 
-Settings: {yaml_name} (each with the study quantity it comes from). Your dataset needs the
-columns prompt and answer; the reward is the study's verifier {verifier!r} (science §2).
+Settings: {yaml_name} (each with the study quantity it comes from). The study's data map the prompt to column
+{prompt!r} and the answer to {answer!r} (data.tables); the reward is the study's verifier {verifier!r} (science §2).
 """
 from datasets import load_dataset
 from trl import GRPOTrainer, get_peft_config
@@ -167,7 +174,7 @@ from trl import GRPOTrainer, get_peft_config
 from rollscale.integrations.export.rewards import trl_reward
 
 script_args, args, model_args, _ = make_parser().parse_args_and_config(["--config", "{yaml_name}"])
-train = load_dataset("YOUR_DATASET", split="train")  # columns: prompt, answer
+train = load_dataset("{run.dataset}", split="train"){rename}  # columns: prompt, answer
 trainer = GRPOTrainer(model=model_args.model_name_or_path, reward_funcs=[{reward}{extra}], args=args,
                       train_dataset=train, peft_config=get_peft_config(model_args))
 trainer.train()

@@ -34,7 +34,8 @@ def verl_settings(run: ProductionRun) -> list[Setting]:
                 f"B_problem prompts (x n = {run.batch} rollouts inside verl): one optimizer step a batch"),
         Setting(f"{_A}.ppo_epochs", t.ppo_epochs, "sweep.train.ppo_epochs: optimizer steps per batch"),
         Setting("trainer.total_training_steps", run.steps,
-                f"M = ceil(C* / B) = ceil({run.c_star} / {run.batch}) (study.target_budget)"),
+                f"M = ceil(budget / B) = ceil({run.budget or run.c_star} / {run.batch}) (the production run's "
+                "rollouts)"),
         Setting(f"{_A}.optim.lr", run.lr, f"lr_base x sqrt(B / B_base) = {t.lr_base:g} x sqrt({run.trained_per_step} / "
                 f"{t.b_base}) (sweep.train.lr_base, b_base; science §3)"),
         Setting(f"{_A}.optim.lr_warmup_steps", t.warmup_steps, "sweep.train.warmup_steps (then constant)"),
@@ -125,13 +126,15 @@ def _value(value: object) -> str:
 
 def verl_shell(run: ProductionRun, source: str) -> str:
     """A bash script: the overrides as an array with a comment each, then verl's entry point with them."""
-    lines = ["#!/usr/bin/env bash",
+    prompt, answer = run.columns
+    lines = ["#!/usr/bin/env bash", *([f"# NOT AN ANSWER (written with --force): {run.refusal}"] if run.refusal else []),
              f"# verl overrides of ppo_trainer for the production run of the rollscale study {source}",
              f"# {run.headline()}",
              "# verl counts prompts: data.train_batch_size = B_problem, rollouts a step = B_problem x rollout.n "
              f"= {run.batch}",
-             "# add data.train_files / data.val_files (reward_model.ground_truth = the answer) and your trainer.* "
-             "(n_gpus_per_node, nnodes, logger)"]
+             f"# add data.train_files / data.val_files ({run.dataset}: the study's prompt column {prompt!r}, "
+             f"answer column {answer!r} as reward_model.ground_truth) and your trainer.* (n_gpus_per_node, nnodes, "
+             "logger)"]
     gaps = verl_gaps(run)
     if gaps:
         lines.append("# NOT EXPRESSED in verl (the run differs from the study here):")

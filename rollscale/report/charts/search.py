@@ -44,6 +44,8 @@ RULE_WHY = {
     "epsilon": "settled: it cannot beat the leader at C* by more than the tolerance (upper bound of D ≤ ε)",
     "a2": "settled: an n below the leader, beaten by it (A2: it will not overtake at a larger budget)",
     "decided": "the leader at C*, every other key settled: the decision is made",
+    "forecast": "settled: its upper bound at C* is below the leader's lower bound minus ε (science §11.3)",
+    "cap": "settled: its climb cap at C* is below the best other key's lower bound minus ε (science §10.4)",
 }
 # the key each design's group varies (its name's prefix, rollscale.core.search.replay.replay_groups)
 KEY_NAMES = {"n": "n", "iso_batch": "n", "b_problem": "B_problem", "rule": "rule"}
@@ -231,8 +233,9 @@ def table_search(t: Mapping[str, pd.DataFrame | None]) -> TableSpec:
     """The search's decisions, one row per group, decision and key with its seeds listed (science §9.4)."""
     name, title = "search", "The search's decisions"
     caption = ("Each decision of the search (science §9.4), one row per key with its seeds: the rung and its "
-               "budget C, the action (continue, stop, add, seed, finish), the rule behind it (epsilon, a2, decided: "
-               "stops; bracket: a key added at the grid's edge; undecided: a seed added), the leader, the "
+               "budget C, the action (continue, stop, add, seed, finish, resume), the rule behind it (epsilon, a2, "
+               "forecast, cap, decided: stops; bracket: a key added at the grid's edge; undecided: a seed added; "
+               "resume: a stopped key the revised forecast says could win, science §11.3), the leader, the "
                "evaluations behind the key's fit, its reward at C* and the upper bound of its difference D to the "
                "leader, and why in words.")
     s = _search(t)

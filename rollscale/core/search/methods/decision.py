@@ -74,6 +74,7 @@ import pandas as pd
 from rollscale.config import SearchParams
 from rollscale.core.fit.decision import RunCurves, decide, fit_groups
 from rollscale.core.fit.tables import REWARD_MAX
+from rollscale.core.fit.verdict import group_verdict
 from rollscale.core.search.methods.base import SearchMethod
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.registry import SEARCH_METHODS
@@ -291,6 +292,7 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
                adds: list[tuple[Any, str]], settings: SearchSettings, rung_leader: Any = None,
                edge_answer: Callable[[Any], list[tuple[Any, str]]] | None = None,
                leader_to_c_max: bool = False, unknown_answer: Callable[[Any], str | None] | None = None,
+               held: dict[Any, tuple[str, str]] | None = None, resumed: list[tuple[Any, str]] | None = None,
                ) -> list[dict]:
     """The rows of one group's decision (module docstring) from what the method read: ``table`` the decision at
     C* (one row per key, indexed by key: ``leader``, ``leader_share``, ``reward``, ``reward_lo``, ``reward_hi``,
@@ -299,7 +301,11 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     reach; ``edge_answer``: the keys to add, with notes, where every key but the leader is settled (an answer at
     the edge of the keys in play: :func:`beyond_answer`);
     ``leader_to_c_max``: a decided leader trains on to C_max before it stops (science §10.5); ``unknown_answer``:
-    why the answer gets seeds at C_max as a decision that hangs does (its reward at C* unknown), else None."""
+    why the answer gets seeds at C_max as a decision that hangs does (its reward at C* unknown), else None;
+    ``held``: keys settled against the leader that train on until the decision is made, then stop with their (rule,
+    note); ``resumed``: stopped keys trained on again, (key, note): while there are any the group is not decided
+    (science §11.3)."""
+    held, resumed = held or {}, resumed or []
     r, budgets = int(st.rung), st.budgets  # type: ignore[arg-type]
     c_r, last = float(budgets[r - 1]), r == len(budgets)
     next_c = float(group.c_max if last else budgets[r])
@@ -321,18 +327,30 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     unsettled = [key for key in live if verdict[key][0] is None]
     if lead not in unsettled and len(unsettled) == 1:
         lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
-    open_keys = [key for key in unsettled if key != lead]
-    if edge_answer is not None and lead is not None and not open_keys and not adds:
+    # the group's standing read by the one verdict (science §11.5): every key in play but the leader settled, by a
+    # rule of this decision, held (settled, training on), or stopped earlier and not resumed (checked against this
+    # leader where the method can: science §11.3)
+    standing = pd.DataFrame({"key": list(st.keys)})
+    settled = {key: verdict[key][0] for key in live if verdict[key][0] is not None}
+    settled |= {key: rule for key, (rule, _) in held.items()} | {
+        key: "stopped" for key in st.stopped if key not in {k for k, _ in resumed}}
+    v = group_verdict(standing, settings.tolerance, target, lead, settled, only=True)
+    open_keys = [key for key in v.open if key in live]
+    if edge_answer is not None and lead is not None and v.answered and not adds and not resumed:
         adds = edge_answer(lead)
-    # decided: every key in play but the leader settled (a leader stopped earlier, settled then against another,
-    # still answers: its curve is read at C* with the rest)
-    decided = lead is not None and not open_keys and not adds
-    too_wide = unknown_answer(lead) if decided and last and lead in live and unknown_answer is not None else None
+    # decided: answered (a leader stopped earlier, settled then against another, still answers: its curve is read at
+    # C* with the rest); never while a key is added or a stopped key resumed
+    decided = v.answered and not adds and not resumed
+    cap = seed_cap(group, settings)
+    # an answer whose reward at C* is wide gets seeds while one is expected to narrow it; at the cap it is the
+    # answer still, marked uncertain (science §11.5)
+    too_wide = unknown_answer(lead) if (decided and last and lead in live and unknown_answer is not None
+                                        and len(st.seeds[lead]) < cap) else None
     if too_wide:  # every other key settled, but what the answer reaches at C* is unknown: seeds narrow it
         decided, verdict = False, {**verdict, lead: (None, f"the answer, its reward at C* unknown: {too_wide}")}
-    cap = seed_cap(group, settings)
     seeds_to: list[Any] = []
-    if last and not decided and lead in live and not adds:  # a key just added is the next step, not a seed
+    # a key just added, or resumed, is the next step, not a seed
+    if last and not decided and lead in live and not adds and not resumed:
         def upper(q: Any) -> tuple[float, float]:
             # the largest upper bound of D; where no key has bounds yet (one seed each: no seed spread to pool),
             # the largest median D
@@ -341,9 +359,11 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
             return (d_hi if math.isfinite(d_hi) else -math.inf, d if math.isfinite(d) else -math.inf)
         contender = max(open_keys, key=upper, default=None)
         seeds_to = [q for q in (lead, contender) if q is not None and len(st.seeds[q]) < cap]
-    hangs = last and not decided and not seeds_to and not adds
+    hangs = last and not decided and not seeds_to and not adds and not resumed
     for key in live:
         rule, note = verdict[key]
+        if rule is None and decided and key in held:
+            rule, note = held[key]
         here, ahead = leg_budget(group, key, c_r, settings), leg_budget(group, key, next_c, settings)
         if rule is not None:
             emit(key, st.seeds[key], "stop", rule, here, note)
@@ -360,6 +380,9 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
             emit(key, st.seeds[key], "continue", "none", ahead, note)
     for key, note in adds:
         emit(key, group.seeds, "add", "bracket", leg_budget(group, key, next_c, settings), note)
+    for key, note in resumed:
+        emit(key, st.seeds[key], "resume", "resume", leg_budget(group, key, next_c, settings),
+             f"resumed from its checkpoint: {note}")
     for key in seeds_to:
         why = f"the answer {lead}'s reward at C* = {target:,.0f} is unknown ({too_wide})" if too_wide else \
             f"the decision at C* = {target:,.0f} hangs between {lead} and {open_keys}"

@@ -46,7 +46,7 @@ runs' evaluations and the settings (seeded refits), so a rerun resumes to the sa
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -55,20 +55,22 @@ import pandas as pd
 from rollscale.config import SearchParams
 from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
-from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, forecast_group
+from rollscale.core.fit.forecast import bootstrap_surface, forecast_group
 from rollscale.core.fit.tables import REWARD_MAX
+from rollscale.core.fit.verdict import ANSWER_WIDTH, forecast_settings
 from rollscale.core.search.methods.decision import MIN_POINTS, Decision, beyond_answer, c_star, group_rows, level
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["FORECAST_REACH", "RULES", "Forecast", "forecast_adds", "forecast_standing", "forecast_verdicts",
+__all__ = ["FORECAST_REACH", "RULES", "Forecast", "Reading", "forecast_adds", "forecast_standing", "forecast_verdicts",
            "unknown_answer"]
 
 FORECAST_REACH = 8.0  # C* up to 8 x C_max: how far the forecast is tested (science §10, "what it must show")
 ANSWER_LEVEL = 0.95  # the level of the answer's interval in the fit's decision (science §10.2)
-WIDEST = ForecastSettings().max_width  # the widest interval that is an answer: the fit's (tasks/fit.py)
 
-RULES = {"forecast": "settled: the upper bound of D_k at C* (the forecast's) <= epsilon",
+RULES = {"forecast": "settled: the upper bound of D_k at C* (the forecast's) <= epsilon; stopped once its own upper "
+                     "bound is below the leader's lower bound minus epsilon, or the group is decided",
+         "resume": "a stopped key the revised forecast says could beat the leader by more than epsilon",
          "cap": "settled: its climb cap at C* is below the best other key's lower bound minus epsilon",
          "decided": "the leader, every other key settled, at C_max", "bracket": "the key beyond an edge that leads at C*",
          "undecided": "a seed where the decision hangs, or not decided at the cap", "budget": "reached C_max",
@@ -84,8 +86,7 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
         return None
     evals = pts.assign(key=pts["key"].astype(int))
     a_max = REWARD_MAX if evals["avg_at_k"].between(0, REWARD_MAX).all() else None
-    fs = ForecastSettings(resamples=max(settings.resamples, 2), eval_draws=settings.eval_draws,
-                          level=level(settings), seed=settings.bootstrap_seed, a_max=a_max)
+    fs = forecast_settings(settings.resamples, settings.bootstrap_seed, settings.eval_draws, level(settings), a_max)
     trained = sorted(int(k) for k in evals["key"].unique())
     beyond = [k for k in (min(trained) // 2, max(trained) * 2) if k not in trained and group.allows(k)]
     target = c_star(group, settings)
@@ -106,41 +107,88 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     return table.set_index("key", drop=False), caps.set_index("key", drop=False)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What one decision reads of a group's keys at C* (science §11.3): per key in play and not stopped, (rule,
+    note) where it stops now, (None, why) otherwise; ``held``: keys settled against the leader (their D's upper
+    bound <= epsilon) whose own upper bound is not yet below the leader's lower bound minus epsilon: not open, but
+    they train on until the group is decided (key -> (rule, note) of their stop then); ``resumed``: stopped keys the
+    forecast now says could beat the leader by more than epsilon, (key, note), trained on from their checkpoints."""
+
+    verdict: dict
+    held: dict
+    resumed: list
+
+
+def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool) -> str | None:
+    """Why the forecast of a key against the leader cannot be read at C* (None: it can)."""
+    seen = min(row["c_seen"], lead_row["c_seen"])
+    if min(row["evals"], lead_row["evals"]) < MIN_POINTS:
+        return f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
+    if not target <= FORECAST_REACH * seen * (1 + 1e-9):
+        return (f"C* is more than {FORECAST_REACH:g} x the data of it or the leader (C = {seen:,.0f}): no forecast "
+                "that far is tested")
+    if not spread:
+        return "one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision hangs at C_max"
+    return None
+
+
 def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], settings: SearchSettings,
-                      ) -> dict[Any, tuple[str | None, str]]:
-    """Per key in play and not stopped: (rule, note) where it is settled, (None, why not) otherwise."""
+                      stopped: list[Any] = ()) -> Reading:
+    """The keys' standing against the forecast's leader at C* (science §11.3, :class:`Reading`). A key stops when
+    its cap at C* is below the best other key's lower bound minus epsilon (``cap``), or when its own upper bound at
+    C* (the forecast's ``reward_hi``, its continuation included) is below the leader's lower bound minus epsilon
+    (``forecast``). A stopped key never leads: where the forecast's leader is a stopped key, or a stopped key's D
+    has an upper bound above epsilon, it is resumed."""
     lead, target = table["leader"].iloc[0], float(table["c_star"].iloc[0])
     spread = bool((table.loc[table["trained"], "seeds"] >= 2).any())
-    eps, out = settings.tolerance, {}
+    eps, out, held, resumed = settings.tolerance, {}, {}, []
+    lead_row = table.loc[lead] if lead is not None and lead in table.index else None
+    for key in stopped:
+        if key not in table.index or lead_row is None:
+            continue
+        if key == lead:
+            resumed.append((key, f"the forecast at C* puts it first (median {table.loc[key, 'reward']:.3f}): a "
+                                 "stopped key never leads"))
+            continue
+        row = table.loc[key]
+        if _trusted(row, lead_row, target, spread) is None and not row["d_hi"] <= eps \
+                and not (key in caps.index and bool(caps.loc[key, "cannot_catch_up"])):
+            resumed.append((key, f"the forecast now says it could beat {lead} by more than epsilon {eps:g} at C* "
+                                 f"(upper bound of D {row['d_hi']:+.3f})"))
     for key in live:
         if key == lead:
             out[key] = (None, "leader at C*")
             continue
-        if key not in table.index:  # added, not trained yet (a replayed grid that lacks it: never)
+        if key not in table.index or lead_row is None:  # added, not trained yet (a replayed grid that lacks it)
             out[key] = (None, "no evaluations yet")
             continue
         row = table.loc[key]
-        seen = min(row["c_seen"], table.loc[lead, "c_seen"]) if lead is not None else 0.0
-        if lead is None or min(row["evals"], table.loc[lead, "evals"]) < MIN_POINTS:
-            out[key] = (None, f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on")
+        thin = _trusted(row, lead_row, target, spread)
+        if thin is not None and thin.startswith("runs with"):
+            out[key] = (None, thin)
         elif key in caps.index and bool(caps.loc[key, "cannot_catch_up"]):
             cap = caps.loc[key]
             out[key] = ("cap", f"its cap at C* {cap['cap']:.3f} (s_max {cap['s_max']:.3f} a doubling from "
                                f"C = {cap['c']:,.0f}) is below the best other key's lower bound "
                                f"{cap['best_floor']:.3f} minus epsilon: it cannot catch up")
-        elif not target <= FORECAST_REACH * seen * (1 + 1e-9):
-            out[key] = (None, f"C* is more than {FORECAST_REACH:g} x the data of it or the leader (C = {seen:,.0f}): "
-                              "no forecast that far is tested")
-        elif not spread:
-            out[key] = (None, "one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision "
-                              "hangs at C_max")
+        elif thin is not None:
+            out[key] = (None, thin)
         elif row["d_hi"] <= eps:
-            out[key] = ("forecast", f"D = R({key}) - R({lead}) forecast at C* has upper bound {row['d_hi']:+.3f} <= "
-                                    f"epsilon {eps:g}: it cannot beat the leader by more")
+            settled = (f"D = R({key}) - R({lead}) forecast at C* has upper bound {row['d_hi']:+.3f} <= epsilon "
+                       f"{eps:g}: it cannot beat the leader by more")
+            if row["reward_hi"] < lead_row["reward_lo"] - eps:
+                out[key] = ("forecast", f"{settled}; its upper bound {row['reward_hi']:.3f} is below the leader's "
+                                        f"lower bound {lead_row['reward_lo']:.3f} minus epsilon: it stops")
+            else:
+                out[key] = (None, f"{settled}; its upper bound {row['reward_hi']:.3f} is not below the leader's "
+                                  f"lower bound {lead_row['reward_lo']:.3f} minus epsilon: it trains on until the "
+                                  "decision is made")
+                held[key] = ("forecast", settled)
         else:
             out[key] = (None, f"D's upper bound at C* {row['d_hi']:+.3f} > epsilon {eps:g}: could still beat the "
                               "leader")
-    return out
+    return Reading(out, held, resumed)
 
 
 def forecast_adds(table: pd.DataFrame, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
@@ -172,12 +220,12 @@ def unknown_answer(table: pd.DataFrame, lead: Any) -> str | None:
     if lead not in table.index:
         return None
     width, seeds = float(table.loc[lead, "answer_width"]), int(table.loc[lead, "seeds"])
-    if not width > WIDEST or seeds < 2:
+    if not width > ANSWER_WIDTH or seeds < 2:
         return None
     expected = width * math.sqrt(seeds / (seeds + 1))
-    if expected > WIDEST:
+    if expected > ANSWER_WIDTH:
         return None
-    return (f"its 95 % interval is {width:.3f} wide, wider than {WIDEST:g}; one more seed is expected to make it "
+    return (f"its 95 % interval is {width:.3f} wide, wider than {ANSWER_WIDTH:g}; one more seed is expected to make it "
             f"{expected:.3f}")
 
 
@@ -206,10 +254,11 @@ class Forecast(Decision):
                 rows += group_rows(g, st, None, verdict, [], settings, leader_to_c_max=True)
                 continue
             table, caps = standing
-            rows += group_rows(g, st, table, forecast_verdicts(table, caps, live, settings),
-                               forecast_adds(table, g, st), settings, leader_to_c_max=True,
-                               edge_answer=lambda lead, g=g, st=st: beyond_answer(lead, g, st),
-                               unknown_answer=lambda lead, t=table: unknown_answer(t, lead))
+            reading = forecast_verdicts(table, caps, live, settings, [k for k in st.keys if k in st.stopped])
+            rows += group_rows(g, st, table, reading.verdict, forecast_adds(table, g, st), settings,
+                               leader_to_c_max=True, edge_answer=lambda lead, g=g, st=st: beyond_answer(lead, g, st),
+                               unknown_answer=lambda lead, t=table: unknown_answer(t, lead), held=reading.held,
+                               resumed=reading.resumed)
         return rows
 
     def measured_spent(self, search: SearchParams) -> float | None:
