@@ -267,11 +267,11 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     # of 1e-6 a step: too little for the planned steps
     cal = Calibration("stored", 0.0, 0.02, 0.0, 1e-3, 0.0, 0.0, 20.0, 5.0, 5.0, 1.0, probe_lr=1e-6,
                       probe_kl=(1e-6, 2e-6, 3e-6))
-    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
+    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True, **kw: cal)
     # a pilot with 9 of its 32 problems in Easy (84 % lower bound 21 %, the default study's share): the bucket
     # needs no more than the 60-problem floor of the pool
     some = pd.DataFrame({"avg_at_k": [0.5] * 9 + [0.0] * 23, "k": 16})
-    monkeypatch.setattr(pilot, "pilot_profile", lambda p, count=32, k=None: some)
+    monkeypatch.setattr(pilot, "pilot_profile", lambda p, count=32, k=None, **kw: some)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0
     capsys.readouterr()
@@ -298,12 +298,12 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert "warning sweep.train.lr_base" not in out, out
     # a probe that moved the policy enough: the suggested rate stays, and init says why
     moving = replace(cal, probe_kl=(1e-2, 4e-2, 9e-2))
-    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: moving)
+    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True, **kw: moving)
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "1", "--force"]) == 0
     out = capsys.readouterr().out
     assert load_params("params.yaml").sweep.train.lr_base == 1e-6
     assert "init: sweep.train.lr_base 1e-06 moves the policy: the learning-rate probe expects the slowest run" in out
-    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True: cal)
+    monkeypatch.setattr(calibration, "calibrate", lambda p, artifacts, reuse=True, **kw: cal)
     # hours no study fits: the smallest one, and that it does not fit
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--hours", "0.01", "--force"]) == 0
     out = capsys.readouterr().out
@@ -339,8 +339,11 @@ def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp
     from rollscale.pipeline.init.pilot import pilot_profile
     from tests.word_problems import write_word_problems
 
+    from rollscale.pipeline.init import clock
+
     data = write_word_problems(tmp_path / "words.jsonl", 60)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(clock, "DEFAULT_BUDGET_S", 3600.0)  # the whole pilot, however busy the machine
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data)]) == 0
     out = capsys.readouterr().out
     assert "init: pilot profile of 32 problems" in out, out
@@ -412,3 +415,57 @@ def test_init_warns_on_prompts_longer_than_the_models_context(tiny_folder, tmp_p
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(_jsonl(tmp_path / "long.jsonl", rows))]) == 0
     out = capsys.readouterr().out
     assert "warning data.tables: 1 of the 40 sampled prompts are longer than the model's context of 64 tokens" in out
+
+
+def test_a_stop_time_holds_inside_a_batch_and_init_says_where_it_is(tiny_folder, tmp_path, monkeypatch, capsys):
+    """A new user's study: the pilot's 60-second stop held at 2,384 s, since it was checked between batches and one
+    batch took 40 minutes. Here each decoding step is made slow (0.05 s; the only fake: the model is the real tiny
+    one): a generation of 256 tokens would take 13 s, and stops at its stop time, 1 s, inside the batch; the pilot
+    sized to 3 s ends within it with the problems of the batches that finished, and a progress line names the step
+    at least every interval."""
+    import time
+
+    from rollscale.core.rollouts import SamplingConfig
+    from rollscale.lm.engines import hf
+    from rollscale.lm.engines.hf import GenerationTimeUp, HFSampler, generation_deadline
+    from rollscale.lm.models import ModelRef, load_model
+    from rollscale.pipeline.init.clock import InitClock, calibration_budget_s
+    from rollscale.pipeline.init.pilot import pilot_profile
+    from tests.word_problems import write_word_problems
+
+    step = hf.SeededSampling.__call__
+
+    def slow(self, input_ids, scores):
+        time.sleep(0.05)
+        return step(self, input_ids, scores)
+
+    monkeypatch.setattr(hf.SeededSampling, "__call__", slow)
+    model, tokenizer = load_model(ModelRef(str(tiny_folder), chat_template=False))
+    engine = HFSampler(model, tokenizer, batch_size=64)
+    config = SamplingConfig(temperature=1.0, max_new_tokens=256)
+    t0 = time.perf_counter()
+    with pytest.raises(GenerationTimeUp), generation_deadline(t0 + 1.0):
+        engine.sample(["1+1="] * 4, 4, config, seed=0)
+    assert time.perf_counter() - t0 < 4.0  # 13 s of decoding asked; stopped at 1 s, within a few decoding steps
+    assert len(engine.sample(["1+1="], 1, SamplingConfig(max_new_tokens=4), seed=0)[0]) == 1  # no stop time: as before
+
+    data = write_word_problems(tmp_path / "words.jsonl", 60)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data), "--pilot", "0"]) == 0
+    params = load_params("params.yaml")
+    capsys.readouterr()
+    lines: list[str] = []
+    clock = InitClock(3.0, every=0.5)
+    clock.say = lines.append  # what it would print
+    t0 = time.perf_counter()
+    try:
+        with clock.step("pilot profile") as end:
+            pilot = pilot_profile(params, count=32, seconds=math.inf, deadline=end, say=clock.say)
+    finally:
+        clock.close()
+    took = time.perf_counter() - t0
+    assert took < 3.0 + 2.0, took  # the model's load and a decoding step past the stop time, no batch more
+    assert len(pilot) < 32 and set(pilot.columns) >= {"avg_at_k", "k", "greedy"}
+    ticks = [line for line in lines if "pilot profile:" in line and "stops within" in line]
+    assert len(ticks) >= int(took / 0.5) - 2, lines  # a line at least every interval while it ran
+    assert calibration_budget_s(1.0) == 180.0 and calibration_budget_s(None) == 180.0  # 5 % of an hour; 3 min

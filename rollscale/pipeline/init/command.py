@@ -86,9 +86,12 @@ TIME_MARGIN = 10
 BUDGET_HOURS = 12.0
 
 
-def foresee_buckets(values: dict, why: dict, pool: int, problems: int | None = None):
+def foresee_buckets(values: dict, why: dict, pool: int, problems: int | None = None, clock=None,
+                    seconds: float | None = None):
     """A pilot profile of ``problems`` of the pool (None: PILOT_PROBLEMS) on this machine sizes the used bucket
-    before any stage runs (:mod:`rollscale.pipeline.init.pilot`); its Foresight, with a line of what it cost."""
+    before any stage runs (:mod:`rollscale.pipeline.init.pilot`); its Foresight, with a line of what it cost.
+    ``clock`` (:class:`rollscale.pipeline.init.clock.InitClock`): the pilot gets ``seconds`` of it (None: all
+    that is left), stopped inside a batch there; None when it had no time for one problem."""
     import time
 
     from rollscale.pipeline.init.hours import params_of
@@ -96,31 +99,45 @@ def foresee_buckets(values: dict, why: dict, pool: int, problems: int | None = N
 
     t0 = time.perf_counter()
     asked = PILOT_PROBLEMS if problems is None else problems
-    pilot = pilot_profile(params_of(values, why), count=asked)
-    seen = foresee(values, why, pilot, pool)
+    if clock is None:
+        pilot = pilot_profile(params_of(values, why), count=asked)
+    else:
+        with clock.step("pilot profile (model load, one timed generation, then the problems)", seconds) as end:
+            pilot = pilot_profile(params_of(values, why), count=asked, seconds=math.inf, deadline=end, say=clock.say)
     took = f"init: pilot profile of {len(pilot)} problems in {time.perf_counter() - t0:.0f} s"
+    if pilot.empty:
+        return Foresight(None, None, 0, (took + ": init's time ran out before one problem was sampled; the used "
+                                         "bucket is sized for the default study's share, and `rollscale check` "
+                                         "says after the profile stage whether it holds",))
+    seen = foresee(values, why, pilot, pool)
     if len(pilot) < min(asked, pool):
-        took += (f" (stopped after {PILOT_SECONDS:.0f} s: generation is slow here; fewer problems give a wider "
+        took += (" (what its share of init's time held; fewer problems give a wider bound on the bucket's share)"
+                 if clock is not None else
+                 f" (stopped after {PILOT_SECONDS:.0f} s: generation is slow here; fewer problems give a wider "
                  "bound on the bucket's share)")
     return Foresight(seen.easy, seen.bounds, seen.limit_min, (took, *seen.lines))
 
 
 def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, pool: int | None,
-                 budget: int | None = None, foresight=None) -> tuple[str, float]:
+                 budget: int | None = None, foresight=None, clock=None) -> tuple[str, float]:
     """``--hours H``: measure this machine's calibration (stored in ``artifacts`` for `rollscale check`) and
     shrink the study to H hours (:func:`rollscale.pipeline.init.hours.fit_hours`), keeping the pool the pilot's
     ``foresight`` needs; with ``hours`` None (``--budget`` alone) only the estimate. The lines to print, and the
-    estimate in seconds."""
+    estimate in seconds. ``clock``: init's stop time, which bounds the calibration's learning-rate probe."""
     from rollscale.pipeline.check.calibration import calibrate
     from rollscale.pipeline.check.timing import stage_times
     from rollscale.pipeline.init.hours import fit_hours, params_of
 
-    cal = calibrate(params_of(values, why), artifacts)
+    if clock is None:
+        cal = calibrate(params_of(values, why), artifacts)
+    else:
+        with clock.step("calibration (model load, generate and train timing, learning-rate probe)") as end:
+            cal = calibrate(params_of(values, why), artifacts, deadline=end, say=clock.say)
     if hours is None:
         params = params_of(values, why)
         times, given = stage_times(params, cal, min(pool, params.data.limit or pool) if pool else params.data.limit), []
     else:
-        seen = {"easy": foresight.easy, "limit_min": foresight.limit_min} if foresight else {}
+        seen = {"easy": foresight.easy, "limit_min": foresight.limit_min} if foresight and foresight.easy else {}
         times, given = fit_hours(values, why, hours, cal, pool, **seen)
     per = ", ".join(f"{stage} {t / 60:.1f} min" for stage, t in times.seconds.items())
     flag = f"--hours {hours:g}" if hours is not None else f"--budget {budget}"
@@ -133,6 +150,10 @@ def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, 
     gave = "".join(f"\n  gave up {g.text()}" for g in given) or "\n  gave up nothing: the suggested study fits"
     return head + gave, times.total
 
+
+# the pilot's share of init's measuring time where a calibration follows it (the calibration loads the model again
+# and times generation and training; the learning-rate probe takes what is left)
+PILOT_SHARE = 0.45
 
 # the most init raises lr_base over its suggestion (TRL's and verl's defaults) on the probe's word: a rate 50 x
 # theirs is at the top of what small models are fine-tuned at; past it the check's warning names what is needed
@@ -183,6 +204,26 @@ def too_long(total_s: float, hours: float | None, budget: int | None, gpu: str) 
             f"{', or '.join(would)} would fit it")
 
 
+def _measure(values: dict, why: dict, machine, pool: int | None, pilot: int | None, hours: float | None,
+             budget: int | None, out: str, clock) -> tuple[str, float]:
+    """init's measurements within ``clock``'s budget: the pilot profile on CPU (its share: PILOT_SHARE where a
+    calibration follows, else all of it), then the calibration with ``--hours`` or ``--budget``; the lines to
+    print and the estimated seconds of the study (0 without a calibration)."""
+    from rollscale.pipeline.init.values import EASY_SHARE
+
+    calibrating = hours is not None or budget is not None
+    foresight = (foresee_buckets(values, why, pool, pilot, clock, PILOT_SHARE * clock.budget_s if calibrating else None)
+                 if machine.gpu is None and pool and pilot != 0 else None)
+    sized = "\n".join(foresight.lines) if foresight else ""
+    if pilot == 0 and machine.gpu is None:
+        sized = ("init: no pilot profile (--pilot 0): the used bucket is sized for the default study's share of it "
+                 f"({EASY_SHARE:.0%}); `rollscale check` says after the profile stage whether it holds")
+    if not calibrating:
+        return sized, 0.0
+    said, total = hours_values(values, why, hours, Path(out).parent / "artifacts", pool, budget, foresight, clock)
+    return "\n".join(x for x in (sized, said) if x), total
+
+
 def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yaml", force: bool = False,
                 engine: str | None = None, budget: int | None = None, gpus: int = 1,
                 hours: float | None = None, pilot: int | None = None) -> str:
@@ -200,6 +241,7 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     from rollscale.core.problems.sources import table_problems
     from rollscale.lm.model_info import inspect_model, resolve_model
     from rollscale.pipeline.check.findings import Finding, format_findings, known_data, study_findings
+    from rollscale.pipeline.init.clock import CALIBRATION_SHARE, InitClock, calibration_budget_s
     from rollscale.pipeline.init.project import init_project
 
     if Path(out).exists() and not force:  # before minutes of reading: the answer will be the same
@@ -241,14 +283,12 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
                                                           else why["workers"])
     if budget is not None:
         budget_values(values, why, budget, values.get("sweep.search.eta", StudyParams().sweep.search.eta))
-    foresight = foresee_buckets(values, why, pool, pilot) if machine.gpu is None and pool and pilot != 0 else None
-    sized = "\n".join(foresight.lines) if foresight else ""
-    if pilot == 0 and machine.gpu is None:
-        sized = ("init: no pilot profile (--pilot 0): the used bucket is sized for the default study's share of it "
-                 f"({EASY_SHARE:.0%}); `rollscale check` says after the profile stage whether it holds")
+    clock = InitClock(calibration_budget_s(hours))
+    try:
+        sized, total = _measure(values, why, machine, pool, pilot, hours, budget, out, clock)
+    finally:
+        clock.close()
     if hours is not None or budget is not None:
-        said, total = hours_values(values, why, hours, Path(out).parent / "artifacts", pool, budget, foresight)
-        sized = "\n".join(x for x in (sized, said) if x)
         if late := too_long(total, hours, budget, gpu):
             if not force:
                 raise ValueError(f"init: {late}; nothing written (--force writes it anyway)")
@@ -271,7 +311,9 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
                                                        "sampling.max_new_tokens", "sweep.c_max")
                        + (("sweep.devices_per_run",) if "sweep.devices_per_run" in values else ())
                        + (("study.target_budget",) if budget is not None else ()))
-    return (f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
+    took = (f"init: measured in {clock.elapsed():.0f} s (its budget: {clock.budget_s:.0f} s, "
+            + (f"{CALIBRATION_SHARE:.0%} of --hours {hours:g})" if hours is not None else "without --hours)"))
+    return (took + "\n" + f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
             f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "
             f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"
             + (sized + "\n" if sized else "")
