@@ -115,7 +115,7 @@ def foresee_buckets(values: dict, why: dict, pool: int, problems: int | None = N
                  if clock is not None else
                  f" (stopped after {PILOT_SECONDS:.0f} s: generation is slow here; fewer problems give a wider "
                  "bound on the bucket's share)")
-    return Foresight(seen.easy, seen.bounds, seen.limit_min, (took, *seen.lines))
+    return Foresight(seen.easy, seen.bounds, seen.limit_min, (took, *seen.lines), pilot)
 
 
 def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, pool: int | None,
@@ -204,6 +204,24 @@ def too_long(total_s: float, hours: float | None, budget: int | None, gpu: str) 
             f"{', or '.join(would)} would fit it")
 
 
+def answerable(values: dict, why: dict, artifacts: Path, hours: float | None, n_params: int, force: bool) -> str:
+    """The study as it would be written, against the verdict `rollscale check` gives
+    (:func:`rollscale.pipeline.check.answerable.answer_verdict`): "" where it can settle a key at its tolerance;
+    where it cannot, a ValueError naming what would (the hours here, an H100's minutes), or with ``force`` that
+    line, to be said first."""
+    from rollscale.pipeline.check.answerable import answer_verdict
+    from rollscale.pipeline.check.calibration import stored_calibration
+    from rollscale.pipeline.init.hours import params_of
+
+    params = params_of(values, why)
+    verdict = answer_verdict(params, stored_calibration(params, artifacts), hours, n_params)
+    if verdict is None or verdict.settles:
+        return ""
+    if not force:
+        raise ValueError(f"init: {verdict.line}; nothing written (--force writes the best it can)")
+    return verdict.line
+
+
 def _measure(values: dict, why: dict, machine, pool: int | None, pilot: int | None, hours: float | None,
              budget: int | None, out: str, clock) -> tuple[str, float]:
     """init's measurements within ``clock``'s budget: the pilot profile on CPU (its share: PILOT_SHARE where a
@@ -215,6 +233,11 @@ def _measure(values: dict, why: dict, machine, pool: int | None, pilot: int | No
     foresight = (foresee_buckets(values, why, pool, pilot, clock, PILOT_SHARE * clock.budget_s if calibrating else None)
                  if machine.gpu is None and pool and pilot != 0 else None)
     sized = "\n".join(foresight.lines) if foresight else ""
+    if foresight is not None and foresight.pilot is not None:  # `rollscale check` reads its greedy answers
+        from rollscale.pipeline.check.greedy import PILOT_FILE
+
+        (Path(out).parent / "artifacts").mkdir(parents=True, exist_ok=True)
+        foresight.pilot.to_parquet(Path(out).parent / "artifacts" / PILOT_FILE)
     if pilot == 0 and machine.gpu is None:
         sized = ("init: no pilot profile (--pilot 0): the used bucket is sized for the default study's share of it "
                  f"({EASY_SHARE:.0%}); `rollscale check` says after the profile stage whether it holds")
@@ -241,6 +264,10 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
     from rollscale.core.problems.sources import table_problems
     from rollscale.lm.model_info import inspect_model, resolve_model
     from rollscale.pipeline.check.findings import Finding, format_findings, known_data, study_findings
+    import dataclasses
+
+    from rollscale.pipeline.check.calibration import stored_calibration
+    from rollscale.pipeline.check.greedy import greedy_findings
     from rollscale.pipeline.init.clock import CALIBRATION_SHARE, InitClock, calibration_budget_s
     from rollscale.pipeline.init.project import init_project
 
@@ -295,27 +322,33 @@ def init_params(model: str, data: str, gpu: str = "none", out: str = "params.yam
             sized += f"\nwarning: {late} (written: --force)"
         if moved := lr_values(values, why, Path(out).parent / "artifacts"):
             sized += f"\n{moved}"
+    cannot = answerable(values, why, Path(out).parent / "artifacts", hours, info.n_params, force)
     command = (f"rollscale init --model {model} --data {data} --gpu {gpu}" + (f" --engine {engine}" if engine else "")
                + (f" --budget {budget}" if budget is not None else "") + (f" --gpus {gpus}" if gpus > 1 else "")
                + (f" --hours {hours:g}" if hours else "") + (f" --pilot {pilot}" if pilot is not None else ""))
-    header = [f"rollscale study parameters, written by `{command}`.",
+    header = ([f"It cannot answer: {cannot}"] if cannot else []) + [
+              f"rollscale study parameters, written by `{command}`.",
               "Each comment says why its value; everything else is the schema's default (rollscale/config/study.py).",
               "`rollscale check` tells whether this study can answer; rerun it after the profile stage."]
     path = write_params(out, render(values, why, header), force)
     project = init_project(Path(path).parent, data, force, values["model.kind"])  # an empty folder becomes the study's
     params = load_params(path)
     known = known_data(params, None)  # a new study: a profile under artifacts/ is of another one
+    known = dataclasses.replace(known, calibration=stored_calibration(params, Path(path).parent / "artifacts"))
     past_context = context_warning(info.max_positions, sample.prompt_tokens, sample.token_unit)
     long = [Finding(*past_context)] if past_context else []
+    greedy = [Finding(*f) for f in greedy_findings(params, Path(path).parent / "artifacts")]
     chosen = ", ".join(f"{k} = {values[k]}" for k in ("model.lora.enabled", "sampling.backend",
                                                        "sampling.max_new_tokens", "sweep.c_max")
                        + (("sweep.devices_per_run",) if "sweep.devices_per_run" in values else ())
                        + (("study.target_budget",) if budget is not None else ()))
     took = (f"init: measured in {clock.elapsed():.0f} s (its budget: {clock.budget_s:.0f} s, "
             + (f"{CALIBRATION_SHARE:.0%} of --hours {hours:g})" if hours is not None else "without --hours)"))
-    return (took + "\n" + f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
+    first = (f"init: cannot answer (written: --force; `rollscale study --no-check` runs it): {cannot}\n"
+             if cannot else "")
+    return (first + took + "\n" + f"init: wrote {path} ({info.architecture}, {info.n_params / 1e6:,.0f}M parameters; {sample.rows} rows "
             f"sampled: prompt {sample.prompt!r} ({sample.prompt_kind}), answer {sample.answer!r} "
             f"({sample.answer_format}, reward {sample.reward}); {chosen})\n"
             + (sized + "\n" if sized else "")
             + "".join(line + "\n" for line in project)
-            + format_findings([*long, *study_findings(params, known)], str(path)))
+            + format_findings([*long, *study_findings(params, known), *greedy], str(path)))

@@ -23,6 +23,7 @@ import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.problems.buckets import bounds_holding
+from rollscale.pipeline.check.greedy import greedy_solved_line, unsolved_bounds
 from rollscale.pipeline.init.values import EasyShare, bucket_values
 
 __all__ = ["BUCKET_MIN", "PILOT_PROBLEMS", "Foresight", "foresee", "pilot_profile", "share_low"]
@@ -51,6 +52,7 @@ class Foresight:
     bounds: tuple[float, float]
     limit_min: int  # the fewest problems to profile for the bucket to hold BUCKET_MIN
     lines: tuple[str, ...]
+    pilot: pd.DataFrame | None = None  # the pilot profile itself (avg@k and greedy answers per problem)
 
 
 def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = None,
@@ -200,6 +202,20 @@ def foresee(values: dict[str, Any], why: dict[str, str], pilot: pd.DataFrame, po
         why["bucket.easy"] = (f"{seen}: [{lo:g}, {hi:g}] holds at least {share:.0%} of them (84 % lower bound; "
                               f"Easy's [0.3, 0.6] held too few for {BUCKET_MIN} problems of {pool})")
         lines.append(f"init: bucket.easy [{lo:g}, {hi:g}]: {seen}; the default [0.3, 0.6] would hold too few")
+    if said := greedy_solved_line(pilot, (lo, hi), "the used bucket"):  # a validation set RL cannot move
+        hits = next((h for h in range(1, n + 1) if share_low(h, n) * pool >= BUCKET_MIN), None)
+        moving = unsolved_bounds(pilot, hits) if hits is not None else None
+        if moving is not None and moving != (lo, hi):
+            lo, hi = moving
+            share = share_low(int(np.sum((avg >= lo) & (avg <= hi))), n)
+            values["bucket.easy"] = [lo, hi]
+            why["bucket.easy"] = (f"{seen}: [{lo:g}, {hi:g}] holds the problems with a reward signal that greedy "
+                                  f"decoding does not solve ({said.split(':')[0]})")
+            lines.append(f"init: bucket.easy [{lo:g}, {hi:g}]: {said}; these bounds hold the problems with a reward "
+                         "signal that greedy decoding does not solve")
+        else:
+            lines.append(f"warning: {said}; the pilot has too few problems greedy decoding does not solve for other "
+                         "bounds: a harder table, or a weaker model")
     limit_min = min(pool, math.ceil(BUCKET_MIN / share))
     if limit < limit_min:
         values["data.limit"] = limit_min
