@@ -63,7 +63,7 @@ def bounds_holding(avg_at_k: Sequence[float], need: int, around: tuple[float, fl
     def held(a: float, b: float) -> int:
         return int(((p >= a) & (p <= b)).sum())
 
-    if held(lo, hi) < need and held(min(lo, *inner[:1]), max(hi, *inner[-1:])) < need:
+    if held(lo, hi) < need and held(min([lo, *inner[:1]]), max([hi, *inner[-1:]])) < need:  # no rate inside: as is
         return None
     below, above = [float(x) for x in inner[inner < lo][::-1]], [float(x) for x in inner[inner > hi]]
     while held(lo, hi) < need:
