@@ -190,13 +190,24 @@ def test_cli_init_writes_params_the_check_passes_and_refuses_to_overwrite(tiny_f
     assert resolve_model(str(tiny_folder)) == (str(tiny_folder), None)
     info = inspect_model(str(tiny_folder))
     assert info.n_params_exact and info.chat_template is None and info.num_layers == 2
-    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0
+    # 120 problems hold no validation split that settles a key at the tolerance: refused in one line, nothing written
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--pilot", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "no study resolves 0.02: the one it fits resolves" in err and "init: nothing written (--force writes it anyway): " in err, err
+    assert not Path("params.yaml").exists()
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--pilot", "0", "--force"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("init: wrote params.yaml") and "0 error(s)" in out
+    first = out.splitlines()[0]
+    assert first.startswith("init: cannot answer (written: --force; `rollscale study --no-check` runs it): "), out
+    verdict = first.split("runs it): ")[1]
+    assert "init: wrote params.yaml" in out and f"error   study.tolerance, bucket.val_size, sweep.eval_k, " \
+        f"sweep.seeds: {verdict}" in out and "1 error(s)" in out, out  # the check's verdict is init's
+    assert Path("params.yaml").read_text().startswith(f"# It cannot answer: {verdict}")
     params = load_params("params.yaml")
     assert params.model.chat_template is False  # the tiny tokenizer has no template
     assert str(params.data.tables[0].path) == "data/arith.parquet"  # relative to the project folder
-    assert not [f for f in study_findings(params, known_data(params, None)) if f.level == "error"]
+    assert [f.message for f in study_findings(params, known_data(params, None)) if f.level == "error"] == [verdict]
+    assert cli.main(["check"]) == 2 and verdict in capsys.readouterr().out  # `rollscale check`: the same verdict
     before = Path("params.yaml").read_text()
     assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 2
     assert "params.yaml exists: pass --force" in capsys.readouterr().err
@@ -243,8 +254,8 @@ def test_init_counts_the_problems_as_the_loader_does(tiny_folder, tmp_path, monk
     table = pd.read_parquet(path)
     pd.concat([table.iloc[:299], table.iloc[[0]]]).to_parquet(path)  # row 0 again as row 300
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(path)]) == 0
-    assert "0 error(s)" in capsys.readouterr().out
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(path), "--force"]) == 0
+    assert "1 error(s)" in capsys.readouterr().out  # the verdict: 300 problems settle no key at 0.02
     params = load_params("params.yaml")
     problems = len(table_problems(params.data.tables[0]))  # as the stages load the pool
     assert problems < 300 and params.data.limit == problems
@@ -273,7 +284,7 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     some = pd.DataFrame({"avg_at_k": [0.5] * 9 + [0.0] * 23, "k": 16})
     monkeypatch.setattr(pilot, "pilot_profile", lambda p, count=32, k=None, **kw: some)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl)]) == 0
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(verl), "--force"]) == 0
     capsys.readouterr()
     full = load_params("params.yaml")
     assert stage_times(full, cal, full.data.limit).total > 3 * 3600  # the suggested study: hours
@@ -290,7 +301,7 @@ def test_hours_shrinks_the_study_to_fit_and_says_what_it_gave_up(tiny_folder, ve
     assert f"a third of the ~{expected:.0f} problems expected in the used bucket of 60 " in comments
     assert "of 120 " not in comments and sized.bucket.val_size == int(expected // 3)
     assert sized.bucket.expected_share == round(share_low(9, 32), 3)  # what check sizes its fixes by (issue 43)
-    assert "0 error(s)" in out
+    assert "1 error(s)" in out and "init: cannot answer" in out  # 120 problems: no key settled at 0.02
     # issue 43, part 2: init writes the rate the probe says moves the policy, says why, and the check agrees
     rate = sized.sweep.train.lr_base
     assert rate > 1e-6 and f"init: sweep.train.lr_base 1e-06 -> {rate:g}: " in out
@@ -344,10 +355,10 @@ def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp
     data = write_word_problems(tmp_path / "words.jsonl", 60)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(clock, "DEFAULT_BUDGET_S", 3600.0)  # the whole pilot, however busy the machine
-    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data)]) == 0
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data), "--force"]) == 0
     out = capsys.readouterr().out
     assert "init: pilot profile of 32 problems" in out, out
-    assert "the default [0.3, 0.6] would hold too few" in out and "0 error(s)" in out, out
+    assert "the default [0.3, 0.6] would hold too few" in out and "1 error(s)" in out, out  # 60 settle no key
     params = load_params("params.yaml")
     lo, hi = params.bucket.easy
     assert lo < 0.3 and "Easy's [0.3, 0.6] held too few" in Path("params.yaml").read_text()
@@ -355,7 +366,8 @@ def test_init_foresees_a_model_too_weak_for_the_default_buckets(tiny_folder, tmp
     profile = pilot_profile(params, count=params.data.limit or 60, seconds=math.inf)
     assert len(profile) == 60 and int(profile["avg_at_k"].between(0.3, 0.6).sum()) <= params.bucket.val_size
     found = study_findings(params, DataKnown(len(profile), True, profile))
-    assert not [f for f in found if f.level == "error"], [f.text() for f in found if f.level == "error"]
+    errors = [f for f in found if f.level == "error" and "no study resolves" not in f.message]
+    assert not errors, [f.text() for f in errors]
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -412,7 +424,8 @@ def test_init_warns_on_prompts_longer_than_the_models_context(tiny_folder, tmp_p
     monkeypatch.chdir(tmp_path)
     rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(40)]
     rows[3]["question"] = "Add these: " + "1 + " * 5000 + "1?"
-    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(_jsonl(tmp_path / "long.jsonl", rows))]) == 0
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(_jsonl(tmp_path / "long.jsonl", rows)),
+                     "--force"]) == 0
     out = capsys.readouterr().out
     assert "warning data.tables: 1 of the 40 sampled prompts are longer than the model's context of 64 tokens" in out
 
@@ -451,7 +464,7 @@ def test_a_stop_time_holds_inside_a_batch_and_init_says_where_it_is(tiny_folder,
 
     data = write_word_problems(tmp_path / "words.jsonl", 60)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data), "--pilot", "0"]) == 0
+    assert cli.main(["init", "--model", str(tiny_folder), "--data", str(data), "--pilot", "0", "--force"]) == 0
     params = load_params("params.yaml")
     capsys.readouterr()
     lines: list[str] = []

@@ -92,14 +92,11 @@ def answer_verdict(p: StudyParams, cal: Calibration | None, hours: float | None 
         where = f"in {hours:g} h" if hours is not None else f"in the {_clock(asked)} it takes"
     else:
         where = "as written"
-    head = (f"{where} on {machine} no study resolves {tol:g}: the one it fits resolves {half:.2f} (D between two keys "
-            f"known to +-{half:.2f} with {seeds} seeds and avg@{p.sweep.eval_k} over {val} validation problems; a key "
-            f"must be {2 * half - tol:.2f} worse than the leader to be settled, more than keys differ by)")
-    bigger = (f"bucket.val_size {need_val} and sweep.eval_k {k}, {need_pool:,} problems profiled at the "
-              f"bucket's expected share of {share:.0%}")
+    head = (f"{where} on {machine} no study resolves {tol:g}: the one it fits resolves {half:.2f} (a key must be "
+            f"{2 * half - tol:.2f} worse than the leader to be settled)")
+    bigger = f"bucket.val_size {need_val}, sweep.eval_k {k}, {need_pool:,} problems"
     if pool is not None and need_pool > pool:
-        return Verdict(half, False, f"{head}; {tol:g} needs {bigger}, more than the table's {pool:,} problems: "
-                                    "a larger table, or a larger study.tolerance")
+        return Verdict(half, False, f"{head}; {tol:g} needs {bigger}, more than the table's {pool:,}")
     if cal is None:
         return Verdict(half, False, f"{head}; {tol:g} needs {bigger}")
     resolving = p.model_copy(update={"bucket": p.bucket.model_copy(update={"val_size": need_val}),
@@ -107,6 +104,5 @@ def answer_verdict(p: StudyParams, cal: Calibration | None, hours: float | None 
                                      "data": p.data.model_copy(update={"limit": need_pool})})
     needs = stage_times(resolving, cal, need_pool).total
     gpu = h100_seconds(needs, cal, n_params)
-    return Verdict(half, False, f"{head}; {tol:g} needs about {_clock(needs)} here ({bigger}), or about {_clock(gpu)} "
-                                "on an H100 (estimated from this machine's calibration and docs/gpu.md's measured "
-                                "H100 throughput)")
+    return Verdict(half, False, f"{head}; {tol:g} needs about {_clock(needs)} here ({bigger}), or about "
+                                f"{_clock(gpu)} on an H100 (scaled by docs/gpu.md's measured throughput)")

@@ -39,7 +39,8 @@ from pathlib import Path
 from rollscale.config import StudyParams
 from rollscale.files import write_json_atomic
 
-__all__ = ["CALIBRATION_FILE", "Calibration", "calibrate", "calibration_key", "stored_calibration"]
+__all__ = ["CALIBRATION_FILE", "Calibration", "calibrate", "calibration_key", "load_for_calibration",
+           "stored_calibration"]
 
 CALIBRATION_FILE = "calibration.json"
 GEN_ROLLOUTS_MAX = 128  # rollouts in the measured generate call (a sweep step's batch is 32-256)
@@ -360,11 +361,18 @@ def _tiny_base_s(p: StudyParams) -> float:
     return (time.process_time() - t0) / BASE_STEPS * b.steps / speedup
 
 
+def load_for_calibration(p: StudyParams, artifacts: str | Path | None = "artifacts") -> tuple:
+    """The model the calibration measures, loaded (:func:`calibrate`'s ``loaded``): init loads it once for its
+    pilot profile and the calibration."""
+    return _model(p, artifacts)
+
+
 def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse: bool = True,
-              deadline: float | None = None, say=None) -> Calibration:
+              deadline: float | None = None, say=None, loaded: tuple | None = None) -> Calibration:
     """The stored calibration when it is this study's (``reuse``), else measure it now and store it. With a
     ``deadline`` (``time.perf_counter()``, init's stop time) the learning-rate probe is sized to the time left
-    and stopped there (:func:`probe_size`), and ``say`` prints what was sized."""
+    and stopped there (:func:`probe_size`), and ``say`` prints what was sized. ``loaded``: the model already
+    loaded (:func:`load_for_calibration`), else loaded here."""
     import torch
 
     if reuse and (cal := stored_calibration(p, artifacts)) is not None:
@@ -373,7 +381,7 @@ def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse:
     threads = torch.get_num_threads()
     torch.set_num_threads(p.torch_threads)
     try:
-        model, tokenizer, chat, load_s, trained = _model(p, artifacts)
+        model, tokenizer, chat, load_s, trained = loaded if loaded is not None else _model(p, artifacts)
         problems = _problems(p, 32)
         fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, [q.prompt for q in problems])
         train_step, train, gram, gram_pair = _train_s(p, model, tokenizer, prompt_tokens)

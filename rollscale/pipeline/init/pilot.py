@@ -56,7 +56,8 @@ class Foresight:
 
 
 def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = None,
-                  seconds: float = PILOT_SECONDS, deadline: float | None = None, say=None) -> pd.DataFrame:
+                  seconds: float = PILOT_SECONDS, deadline: float | None = None, say=None,
+                  loaded: tuple | None = None) -> pd.DataFrame:
     """avg@k of ``count`` problems of the pool drawn with ``data.seed``, sampled on this machine at the study's
     sampling settings with transformers' generate (the profile stage's function, science §2); ``k``: the
     profile's (``profile.k``), so that the pass rates fall on the grid the bucket bounds will be read on (a
@@ -66,7 +67,7 @@ def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = N
     Sampled :data:`PILOT_CHUNK` problems at a time, stopping after the chunk that passes ``seconds``. With a
     ``deadline`` (``time.perf_counter()``) it stops there, inside a batch, and drops that batch; one short timed
     generation first sizes the problems, their samples and the chunk to it (:func:`pilot_size`); ``say`` prints
-    what it sized."""
+    what it sized. ``loaded``: (model, tokenizer) already loaded, else loaded here."""
     import time
     from functools import partial
 
@@ -82,7 +83,7 @@ def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = N
     rng = np.random.default_rng(d.seed)
     problems = [pool[i] for i in sorted(rng.choice(len(pool), min(count, len(pool)), replace=False))]
     ref = ModelRef(str(p.model.name_or_path), p.model.gguf_file, p.model.dtype, p.model.chat_template)
-    model, tokenizer = load_model(ref)
+    model, tokenizer = loaded if loaded is not None else load_model(ref)
     engine = make_engine(model, tokenizer, EngineConfig(backend="hf", batch_size=s.batch_size))
     k = k or p.profile.k
     chunk = PILOT_CHUNK
