@@ -94,9 +94,8 @@ def answer_verdict(p: StudyParams, cal: Calibration | None, hours: float | None 
         where = "as written"
     head = (f"{where} on {machine} no study resolves {tol:g}: the one it fits resolves {half:.2f} (a key must be "
             f"{2 * half - tol:.2f} worse than the leader to be settled)")
-    bigger = f"bucket.val_size {need_val}, sweep.eval_k {k}, {need_pool:,} problems"
-    if pool is not None and need_pool > pool:
-        return Verdict(half, False, f"{head}; {tol:g} needs {bigger}, more than the table's {pool:,}")
+    bigger = f"bucket.val_size {need_val}, sweep.eval_k {k}, {need_pool:,} problems" + (
+        f" (the table has {pool:,})" if pool is not None and need_pool > pool else "")
     if cal is None:
         return Verdict(half, False, f"{head}; {tol:g} needs {bigger}")
     resolving = p.model_copy(update={"bucket": p.bucket.model_copy(update={"val_size": need_val}),
@@ -104,5 +103,5 @@ def answer_verdict(p: StudyParams, cal: Calibration | None, hours: float | None 
                                      "data": p.data.model_copy(update={"limit": need_pool})})
     needs = stage_times(resolving, cal, need_pool).total
     gpu = h100_seconds(needs, cal, n_params)
-    return Verdict(half, False, f"{head}; {tol:g} needs about {_clock(needs)} here ({bigger}), or about "
+    return Verdict(half, False, f"{head}; {tol:g} needs {bigger}: about {_clock(needs)} here, or about "
                                 f"{_clock(gpu)} on an H100 (scaled by docs/gpu.md's measured throughput)")
