@@ -482,3 +482,27 @@ def test_a_stop_time_holds_inside_a_batch_and_init_says_where_it_is(tiny_folder,
     ticks = [line for line in lines if "pilot profile:" in line and "stops within" in line]
     assert len(ticks) >= int(took / 0.5) - 2, lines  # a line at least every interval while it ran
     assert calibration_budget_s(1.0) == 180.0 and calibration_budget_s(None) == 180.0  # 5 % of an hour; 3 min
+
+
+def test_init_moves_the_bucket_off_problems_solved_greedily():
+    """A new user's study: the validation problems were solved greedily at step 0 in every run. From its pilot's
+    greedy answers init moves the used bucket to the pass rates of problems with a reward signal that greedy
+    decoding does not solve, and says why; where the pilot has too few of them it warns instead."""
+    import pandas as pd
+
+    from rollscale.pipeline.init.pilot import foresee
+
+    # 14 of the 15 pilot problems in [0.3, 0.6] solved greedily; 6 between 1/8 and 5/16 are not
+    avg = [0.5] * 10 + [0.4] * 4 + [0.125, 0.1875, 0.25, 0.25, 0.3125, 0.125] + [0.0] * 12
+    greedy = [1.0] * 14 + [0.0] * 18
+    pilot = pd.DataFrame({"avg_at_k": avg, "k": 16, "greedy": greedy})
+    values, why = {"sampling.max_new_tokens": 256, "sweep.b_problem": [8]}, {}
+    seen = foresee(values, why, pilot, 400)
+    assert values["bucket.easy"] == [0.125, 0.3125], values
+    assert "14 of the 15 pilot problems in the used bucket [0.3, 0.6] are solved greedily" in seen.lines[0]
+    assert "greedy decoding does not solve" in why["bucket.easy"]
+    # too few problems that greedy decoding leaves unsolved: the bounds stay, and init warns
+    values, why = {"sampling.max_new_tokens": 256, "sweep.b_problem": [8]}, {}
+    seen = foresee(values, why, pilot.assign(greedy=[1.0] * 20 + [0.0] * 12), 400)
+    assert "bucket.easy" not in values and any(line.startswith("warning: 15 of the 15 pilot problems") for line in
+                                                 seen.lines), seen.lines
