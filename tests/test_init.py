@@ -482,6 +482,13 @@ def test_a_stop_time_holds_inside_a_batch_and_init_says_where_it_is(tiny_folder,
     ticks = [line for line in lines if "pilot profile:" in line and "stops within" in line]
     assert len(ticks) >= int(took / 0.5) - 2, lines  # a line at least every interval while it ran
     assert calibration_budget_s(1.0) == 180.0 and calibration_budget_s(None) == 180.0  # 5 % of an hour; 3 min
+    # the calibration's timing holds its stop time too: it ends in one line, not minutes late
+    from rollscale.pipeline.check.calibration import CalibrationTimeUp, calibrate
+
+    t0 = time.perf_counter()
+    with pytest.raises(CalibrationTimeUp, match="timing"):
+        calibrate(params, None, reuse=False, deadline=t0 + 1.0)
+    assert time.perf_counter() - t0 < 1.0 + 6.0  # the model's load, then a decoding step past the stop time
 
 
 def test_init_moves_the_bucket_off_problems_solved_greedily():

@@ -39,7 +39,7 @@ from pathlib import Path
 from rollscale.config import StudyParams
 from rollscale.files import write_json_atomic
 
-__all__ = ["CALIBRATION_FILE", "Calibration", "calibrate", "calibration_key", "load_for_calibration",
+__all__ = ["CALIBRATION_FILE", "Calibration", "CalibrationTimeUp", "calibrate", "calibration_key", "load_for_calibration",
            "stored_calibration"]
 
 CALIBRATION_FILE = "calibration.json"
@@ -214,7 +214,8 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     return fixed, per_rollout, prompt_tokens
 
 
-def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[float, float, float, float]:
+def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float,
+             deadline: float | None = None) -> tuple[float, float, float, float]:
     """Seconds of one GRPO update on rollouts with advantages: per step and per (prompt + completion) token;
     the measure stage's Gram pass per token and per token x rollout (:func:`rollscale.train.online_noise.batch_gram`:
     its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter."""
@@ -246,6 +247,7 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
         return token_logprobs(model, ids, attention, completion, p.sampling.temperature)
 
     def cpu_s(fn) -> float:
+        past_deadline(deadline, "the update's timing")
         t0 = time.process_time()
         fn()
         return time.process_time() - t0
@@ -253,6 +255,7 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
     model.train()
     big = max(4, min(128, budget // sum(width)))
     small, large = batch(big // 4), batch(big)
+    past_deadline(deadline, "the update's timing")
     policy_update(model, optimizer, trained, small, settings, pad, reference)  # warm-up
     updates = [cpu_s(lambda b=b: policy_update(model, optimizer, trained, b, settings, pad, reference))
                for b in (small, large)]
@@ -361,6 +364,17 @@ def _tiny_base_s(p: StudyParams) -> float:
     return (time.process_time() - t0) / BASE_STEPS * b.steps / speedup
 
 
+class CalibrationTimeUp(RuntimeError):
+    """The calibration's stop time (init's) passed before it had measured what an estimate needs; the message
+    names the part."""
+
+
+def past_deadline(deadline: float | None, part: str) -> None:
+    """Raise :class:`CalibrationTimeUp` naming ``part`` when ``deadline`` (``time.perf_counter()``) has passed."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise CalibrationTimeUp(part)
+
+
 def load_for_calibration(p: StudyParams, artifacts: str | Path | None = "artifacts") -> tuple:
     """The model the calibration measures, loaded (:func:`calibrate`'s ``loaded``): init loads it once for its
     pilot profile and the calibration."""
@@ -370,10 +384,13 @@ def load_for_calibration(p: StudyParams, artifacts: str | Path | None = "artifac
 def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse: bool = True,
               deadline: float | None = None, say=None, loaded: tuple | None = None) -> Calibration:
     """The stored calibration when it is this study's (``reuse``), else measure it now and store it. With a
-    ``deadline`` (``time.perf_counter()``, init's stop time) the learning-rate probe is sized to the time left
-    and stopped there (:func:`probe_size`), and ``say`` prints what was sized. ``loaded``: the model already
+    ``deadline`` (``time.perf_counter()``, init's stop time) the timing stops there with
+    :class:`CalibrationTimeUp` (inside the generation, between the updates), the learning-rate probe is sized to
+    the time left and stopped there (:func:`probe_size`), and ``say`` prints what was sized. ``loaded``: the model already
     loaded (:func:`load_for_calibration`), else loaded here."""
     import torch
+
+    from rollscale.lm.engines.hf import GenerationTimeUp, generation_deadline
 
     if reuse and (cal := stored_calibration(p, artifacts)) is not None:
         return cal
@@ -383,8 +400,13 @@ def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse:
     try:
         model, tokenizer, chat, load_s, trained = loaded if loaded is not None else _model(p, artifacts)
         problems = _problems(p, 32)
-        fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, [q.prompt for q in problems])
-        train_step, train, gram, gram_pair = _train_s(p, model, tokenizer, prompt_tokens)
+        past_deadline(deadline, "the model's load")
+        try:
+            with generation_deadline(deadline):
+                fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, [q.prompt for q in problems])
+        except GenerationTimeUp:
+            raise CalibrationTimeUp("the generation's timing") from None
+        train_step, train, gram, gram_pair = _train_s(p, model, tokenizer, prompt_tokens, deadline)
         base = _tiny_base_s(p) if p.model.kind == "tiny" else load_s
         probe: tuple[float, ...] = ()
         sized = probe_size(p, _large(model), deadline - time.perf_counter(), fixed, gen, train, prompt_tokens) \

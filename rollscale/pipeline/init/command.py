@@ -121,6 +121,17 @@ def foresee_buckets(values: dict, why: dict, pool: int, problems: int | None = N
     return Foresight(seen.easy, seen.bounds, seen.limit_min, (took, *seen.lines), pilot)
 
 
+def busy() -> str:
+    """This machine's load, for a line that says why init ran out of time."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return f"{os.cpu_count()} cores"
+    return f"load average {load:.1f} on {os.cpu_count()} cores"
+
+
 def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, pool: int | None,
                  budget: int | None = None, foresight=None, clock=None, loaded: tuple | None = None
                  ) -> tuple[str, float]:
@@ -128,7 +139,7 @@ def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, 
     shrink the study to H hours (:func:`rollscale.pipeline.init.hours.fit_hours`), keeping the pool the pilot's
     ``foresight`` needs; with ``hours`` None (``--budget`` alone) only the estimate. The lines to print, and the
     estimate in seconds. ``clock``: init's stop time, which bounds the calibration's learning-rate probe."""
-    from rollscale.pipeline.check.calibration import calibrate
+    from rollscale.pipeline.check.calibration import CalibrationTimeUp, calibrate
     from rollscale.pipeline.check.timing import stage_times
     from rollscale.pipeline.init.hours import fit_hours, params_of
 
@@ -136,7 +147,12 @@ def hours_values(values: dict, why: dict, hours: float | None, artifacts: Path, 
         cal = calibrate(params_of(values, why), artifacts)
     else:
         with clock.step("calibration (generate and train timing, learning-rate probe)") as end:
-            cal = calibrate(params_of(values, why), artifacts, deadline=end, say=clock.say, loaded=loaded)
+            try:
+                cal = calibrate(params_of(values, why), artifacts, deadline=end, say=clock.say, loaded=loaded)
+            except CalibrationTimeUp as err:
+                raise ValueError(f"init: nothing written: {err} did not end within init's {clock.budget_s:.0f} s "
+                                 f"of measuring ({busy()}): run it where the machine is less busy, or give it more "
+                                 "--hours (its time is 5 % of them)") from None
     if hours is None:
         params = params_of(values, why)
         times, given = stage_times(params, cal, min(pool, params.data.limit or pool) if pool else params.data.limit), []
