@@ -486,9 +486,9 @@ def test_a_stop_time_holds_inside_a_batch_and_init_says_where_it_is(tiny_folder,
     from rollscale.pipeline.check.calibration import CalibrationTimeUp, calibrate
 
     t0 = time.perf_counter()
-    with pytest.raises(CalibrationTimeUp, match="timing"):
+    with pytest.raises(CalibrationTimeUp, match="load|timing"):
         calibrate(params, None, reuse=False, deadline=t0 + 1.0)
-    assert time.perf_counter() - t0 < 1.0 + 6.0  # the model's load, then a decoding step past the stop time
+    assert time.perf_counter() - t0 < 1.0 + 15.0  # the model's load, then a decoding step past the stop time
 
 
 def test_init_moves_the_bucket_off_problems_solved_greedily():
