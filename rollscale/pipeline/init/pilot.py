@@ -104,7 +104,7 @@ def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = N
             problems, k, chunk = problems[: size.problems], size.k, size.chunk
             if say is not None:
                 say(f"init: pilot profile: one timed generation gives {1 / max(per_rollout, 1e-9):.0f} rollout-tokens "
-                    f"a second here; {size.problems} problems at avg@{k}, {chunk} a batch, fit its "
+                    f"a second here; up to {size.problems} problems at avg@{k}, {chunk} a batch, in its "
                     f"{max(deadline - time.perf_counter(), 0.0):.0f} s")
         for i in range(0, len(problems), chunk):
             part = problems[i:i + chunk]
@@ -149,17 +149,19 @@ class PilotSize:
 
 def pilot_size(seconds: float, per_step: float, per_rollout: float, max_new_tokens: int, k: int,
                problems: int) -> PilotSize:
-    """The pilot that fits ``seconds`` at the timed cost of a call (``per_step`` + rollouts x ``per_rollout`` a
+    """The pilot for ``seconds`` at the timed cost of a call (``per_step`` + rollouts x ``per_rollout`` a
     decoding step, each to ``max_new_tokens``: a call decodes to its longest answer): the problems asked, at
-    ``k`` samples, or, where fewer than PILOT_PROBLEMS_MIN fit, at half the samples (down to PILOT_K_MIN); the
-    batch a quarter of them (a batch cut at the stop time is lost), at most PILOT_CHUNK."""
+    ``k`` samples, or, where fewer than PILOT_PROBLEMS_MIN would fit, at half the samples (down to PILOT_K_MIN);
+    the batch a quarter of those that fit (a batch cut at the stop time is lost), at most PILOT_CHUNK."""
     def problem_s(samples: int) -> float:  # sampled and greedy calls of one problem, in a batch of ``chunk``
         return max_new_tokens * (per_rollout * (samples + 1) + 2 * per_step / PILOT_CHUNK)
 
     while k > PILOT_K_MIN and seconds / problem_s(k) < PILOT_PROBLEMS_MIN:
         k = max(PILOT_K_MIN, k // 2)
     fit = max(1, min(problems, int(seconds / problem_s(k))))
-    return PilotSize(fit, k, max(1, min(PILOT_CHUNK, fit // 4)))
+    # every problem asked stays: the stop time ends the pilot where the estimate (one moment's timing, on a busy
+    # machine up to 5 x pessimistic here) was wrong, and loses at most the batch it cuts
+    return PilotSize(problems, k, max(1, min(PILOT_CHUNK, fit // 4)))
 
 
 def share_low(hits: int, n: int, z: float = 1.0) -> float:
