@@ -83,10 +83,14 @@ def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = N
     rng = np.random.default_rng(d.seed)
     problems = [pool[i] for i in sorted(rng.choice(len(pool), min(count, len(pool)), replace=False))]
     ref = ModelRef(str(p.model.name_or_path), p.model.gguf_file, p.model.dtype, p.model.chat_template)
+    import torch
+
     model, tokenizer = loaded if loaded is not None else load_model(ref)
     engine = make_engine(model, tokenizer, EngineConfig(backend="hf", batch_size=s.batch_size))
     k = k or p.profile.k
     chunk = PILOT_CHUNK
+    threads = torch.get_num_threads()
+    torch.set_num_threads(p.torch_threads)  # as a stage's worker and the calibration run (its timing sizes the pilot)
     try:
         render = partial(render_prompt, tokenizer, use_chat_template=ref.chat_template,
                          chat_template_kwargs=s.chat_template_kwargs)
@@ -120,6 +124,7 @@ def pilot_profile(p: StudyParams, count: int = PILOT_PROBLEMS, k: int | None = N
                 break
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*PILOT_COLUMNS])
     finally:
+        torch.set_num_threads(threads)
         engine.close()
 
 
