@@ -450,3 +450,71 @@ def test_after_the_profile_the_precision_fix_names_bounds_that_hold_the_problems
     few = precision_fix(p, 4, 0.4, (16, 4), (100, True), profile.assign(avg_at_k=np.r_[np.full(30, 0.5),
                                                                                        np.zeros(170)]))
     assert "profile more (data.limit, or a larger table): no bounds hold them (30 of 200 have a reward signal)" in few
+
+
+def test_a_study_that_cannot_settle_a_key_is_refused_with_what_would(tmp_path):
+    """A new user's hour study: 4 validation problems at avg@4 and 2 seeds know D between two keys to +-0.245, so a
+    key must be 0.47 worse than the leader to be settled, and the check said "the study can run". The verdict init
+    refuses on and the check gives: one line with what the study resolves, what the tolerance needs here (the
+    calibration's hours) and on an H100; the repository's default study settles keys and gets none."""
+    from rollscale.config import StudyParams
+    from rollscale.pipeline.check.answerable import answer_verdict, h100_seconds
+    from tests.test_timing import cal_of
+    from tests.word_problems import write_word_problems
+
+    table = write_word_problems(tmp_path / "words.jsonl", 2000)
+    p = parse_params({"data": {"source": "table", "tables": [{"path": str(table), "prompt": "prompt",
+                                                             "answer": "solution"}]},
+                      "bucket": {"val_size": 4}, "sweep": {"seeds": [0, 1], "eval_k": 4}}, "test")
+    cal = cal_of(gen_s_per_token=0.02, train_s_per_token=1e-3)
+    verdict = answer_verdict(p, cal, hours=1.0)
+    assert verdict is not None and not verdict.settles and verdict.resolves == pytest.approx(0.245, abs=1e-3)
+    assert verdict.line.startswith("in 1 h on this machine no study resolves 0.02: the one it fits resolves 0.24")
+    assert "915 problems: about 9.1 h here, or about " in verdict.line and "on an H100" in verdict.line, verdict.line
+    # the tolerance needs (0.245 / 0.02)^2 x 16 validation samples: at the profile's k = 16, 151 problems
+    assert "needs bucket.val_size 151, sweep.eval_k 16, " in verdict.line and len(verdict.line) < 350, verdict.line
+    # a table too small for that validation split: said, with no hours
+    small = p.model_copy(update={"study": p.study.model_copy(update={"tolerance": 0.005})})
+    line = answer_verdict(small, cal).line
+    assert "problems (the table has 2,000): about " in line and "in the " in line, line
+    # the check gives the same verdict, as an error, where the calibration is stored
+    found = study_findings(p, DataKnown(2000, True, None, calibration=cal))
+    errors = [f for f in found if "no study resolves" in f.message]
+    assert errors and errors[0].level == "error" and errors[0].message.split(":")[1:3] == verdict.line.split(":")[1:3]
+    assert not [f for f in study_findings(StudyParams()) if "no study resolves" in f.message]
+    assert answer_verdict(StudyParams(), cal).settles
+    # the H100 runs this machine's work faster by the slower of its generation and training speed-ups
+    assert h100_seconds(3600.0, cal, 135_000_000) == pytest.approx(3600 / min(0.02 * 3200, 1e-3 / (7.26 / 67_608)))
+
+
+def test_validation_solved_greedily_at_the_start_is_a_warning(tmp_path):
+    """A new user's study: greedy 1.000 at step 0 in every run, the validation problems solved before any training.
+    The check warns from init's pilot profile before the sweep, and from the runs' step-0 evaluations after it;
+    bounds that hold the pilot's problems with a reward signal greedy decoding does not solve are found."""
+    from rollscale.config import StudyParams
+    from rollscale.pipeline.check.greedy import PILOT_FILE, greedy_findings, unsolved_bounds
+
+    p = StudyParams()
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    assert greedy_findings(p, artifacts) == []  # nothing known: nothing said
+    lo, hi = p.bucket.bounds[p.sweep.bucket]
+    pilot = pd.DataFrame({"avg_at_k": [0.5, 0.5, 0.4, 0.3, 0.2, 0.1, 0.9, 0.0], "k": 16,
+                          "greedy": [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]})
+    pilot.to_parquet(artifacts / PILOT_FILE)
+    found = greedy_findings(p, artifacts)
+    assert len(found) == 1 and found[0][0] == "warning", found
+    assert f"3 of the 4 pilot problems in {p.sweep.bucket} [{lo:g}, {hi:g}] are solved greedily" in found[0][2]
+    assert unsolved_bounds(pilot, 3) == (0.1, 0.3) and unsolved_bounds(pilot, 4) is None
+    pilot.assign(greedy=0.0).to_parquet(artifacts / PILOT_FILE)
+    assert greedy_findings(p, artifacts) == []
+    # after the sweep's first evaluations: every run at greedy 1.0 at step 0
+    for run, greedy in (("a", 1.0), ("b", 1.0)):
+        (artifacts / "sweep" / "runs" / run).mkdir(parents=True)
+        pd.DataFrame({"run_id": run, "step": [0, 4], "greedy": [greedy, 1.0]}).to_parquet(
+            artifacts / "sweep" / "runs" / run / "evals-000004.parquet")
+    found = greedy_findings(p, artifacts)
+    assert found and "solved greedily at step 0 (greedy 1.0 in all 2 runs evaluated)" in found[0][2], found
+    pd.DataFrame({"run_id": "b", "step": [0], "greedy": [0.5]}).to_parquet(
+        artifacts / "sweep" / "runs" / "b" / "evals-000004.parquet")
+    assert greedy_findings(p, artifacts) == []

@@ -189,6 +189,7 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
     or (``calibrate``) one measured now (:mod:`rollscale.pipeline.check.timing`)."""
     from rollscale.config import load_params
     from rollscale.pipeline.check.findings import Finding, format_findings, known_data, study_findings
+    from rollscale.pipeline.check.greedy import greedy_findings
     from rollscale.pipeline.check.profile import noise_findings
     from rollscale.pipeline.check.timing import estimate_findings
 
@@ -196,7 +197,8 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
     if resolved:
         print(params.model_dump_json(indent=2))
     known = known_data(params, artifacts)
-    findings = study_findings(params, known) + [Finding(*f) for f in noise_findings(artifacts, params)]
+    findings = study_findings(params, known) + [Finding(*f) for f in noise_findings(artifacts, params)
+                                                + greedy_findings(params, artifacts)]
     if not any(f.level == "error" for f in findings):  # a study that cannot run has no time to tell
         findings += [Finding(*f) for f in estimate_findings(params, artifacts, known.pool_size, known.profile,
                                                             calibrate, done_stages(artifacts))]

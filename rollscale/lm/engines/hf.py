@@ -7,11 +7,16 @@ temperature, top-k and top-p, adds Gumbel noise from the row's own
 ``torch.Generator`` and keeps only the argmax: the argmax of logits + Gumbel
 noise is an exact sample of softmax(logits) (the Gumbel-max trick). It records
 the sampled token's log-prob on the way.
+
+Under :func:`generation_deadline` a call stops inside its batch at the stop time (a decoding step's
+check) and raises :class:`GenerationTimeUp`: its answers, cut short, would score as wrong.
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Sequence
 
 import torch
@@ -24,6 +29,7 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 
 from rollscale.lm.engines.base import (
     EngineConfig,
@@ -71,6 +77,34 @@ class SeededSampling(LogitsProcessor):
         self.logprobs.append(logp.gather(1, choice[:, None]).squeeze(1))
         onehot = torch.full_like(scores, float("-inf"))
         return onehot.scatter_(1, choice[:, None], 0.0)
+
+
+class GenerationTimeUp(RuntimeError):
+    """A generation stopped at :func:`generation_deadline`'s stop time; its batch is dropped."""
+
+
+_DEADLINE: ContextVar[float | None] = ContextVar("generation_deadline", default=None)
+
+
+@contextmanager
+def generation_deadline(at: float | None):
+    """Within it, the ``hf`` engine stops a generation at ``at`` (``time.perf_counter()``; None: no stop
+    time) and raises :class:`GenerationTimeUp`: a measurement with a time budget keeps it inside a batch."""
+    token = _DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _stop_at(at: float | None) -> StoppingCriteriaList | None:
+    """The stopping criterion of a stop time ``at`` (perf_counter), None without one; past it: time up now."""
+    if at is None:
+        return None
+    left = at - time.perf_counter()
+    if left <= 0:
+        raise GenerationTimeUp("the stop time passed before the generation started")
+    return StoppingCriteriaList([MaxTimeCriteria(max_time=left)])
 
 
 @contextmanager
@@ -134,11 +168,16 @@ class HFSampler(TrainingModelEngine):
                     max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=1,
                     pad_token_id=pad, eos_token_id=self.eos_ids,
                 )
+                at = _DEADLINE.get()
+                stop = _stop_at(at)
                 with blank_generation_config(self.model):
                     gen = self.model.generate(
                         input_ids=input_ids.to(device), attention_mask=attention.to(device),
                         generation_config=generation, logits_processor=LogitsProcessorList([sampling]),
+                        **({"stopping_criteria": stop} if stop is not None else {}),
                     )
+                if at is not None and time.perf_counter() >= at:
+                    raise GenerationTimeUp(f"generation stopped at its stop time, {len(chunk)} rollouts cut short")
                 completions = gen[:, width:].tolist()
                 logprobs = torch.stack(sampling.logprobs, 1).tolist() if sampling.logprobs else [[]] * len(chunk)
                 for row_ids, row_lp in zip(completions, logprobs):

@@ -39,7 +39,8 @@ from pathlib import Path
 from rollscale.config import StudyParams
 from rollscale.files import write_json_atomic
 
-__all__ = ["CALIBRATION_FILE", "Calibration", "calibrate", "calibration_key", "stored_calibration"]
+__all__ = ["CALIBRATION_FILE", "Calibration", "CalibrationTimeUp", "calibrate", "calibration_key", "load_for_calibration",
+           "stored_calibration"]
 
 CALIBRATION_FILE = "calibration.json"
 GEN_ROLLOUTS_MAX = 128  # rollouts in the measured generate call (a sweep step's batch is 32-256)
@@ -58,6 +59,7 @@ PROBE_N = 8
 PROBE_B_PROBLEM = 4
 PROBE_B_PROBLEM_LARGE = 2
 PROBE_TOKENS_MAX = 128
+PROBE_TOKENS_MIN = 32  # a probe sized to init's stop time answers in no fewer new tokens
 BASE_STEPS = 3  # measured supervised steps of the tiny model's warm start
 BASE_THREAD_SPEEDUP = 1.54  # 2 threads against 1 on the warm start, 2 idle cores (docs/benchmarks.md)
 
@@ -212,7 +214,8 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     return fixed, per_rollout, prompt_tokens
 
 
-def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[float, float, float, float]:
+def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float,
+             deadline: float | None = None) -> tuple[float, float, float, float]:
     """Seconds of one GRPO update on rollouts with advantages: per step and per (prompt + completion) token;
     the measure stage's Gram pass per token and per token x rollout (:func:`rollscale.train.online_noise.batch_gram`:
     its rollout-pair products grow with B^2). From two batches, of up to TRAIN_TOKENS tokens and a quarter."""
@@ -244,6 +247,7 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
         return token_logprobs(model, ids, attention, completion, p.sampling.temperature)
 
     def cpu_s(fn) -> float:
+        past_deadline(deadline, "the update's timing")
         t0 = time.process_time()
         fn()
         return time.process_time() - t0
@@ -251,6 +255,7 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
     model.train()
     big = max(4, min(128, budget // sum(width)))
     small, large = batch(big // 4), batch(big)
+    past_deadline(deadline, "the update's timing")
     policy_update(model, optimizer, trained, small, settings, pad, reference)  # warm-up
     updates = [cpu_s(lambda b=b: policy_update(model, optimizer, trained, b, settings, pad, reference))
                for b in (small, large)]
@@ -264,7 +269,26 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float) -> tuple[fl
     return fixed, per_token, max(grams[0] - pair * len(small), 0.0), pair
 
 
-def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> tuple[float, ...]:
+def probe_size(p: StudyParams, large: bool, seconds: float, per_step: float, per_rollout: float,
+               train_per_token: float, prompt_tokens: float) -> tuple[int, int] | None:
+    """(steps, new tokens) of the learning-rate probe that fit ``seconds`` at the measured costs (a step: its
+    rollouts generated to the longest answer, then one update): PROBE_STEPS + 1 steps at up to PROBE_TOKENS_MAX
+    tokens (a real model) where they fit, else fewer tokens (down to PROBE_TOKENS_MIN), else fewer steps (at least
+    two: the KL after one update is the second step's); None where not even that fits."""
+    rollouts = PROBE_N * (PROBE_B_PROBLEM_LARGE if large else PROBE_B_PROBLEM)
+    tokens = min(p.sampling.max_new_tokens, PROBE_TOKENS_MAX) if large else p.sampling.max_new_tokens
+
+    def step_s(t: int) -> float:
+        return t * (per_step + rollouts * per_rollout) + rollouts * (prompt_tokens + t) * train_per_token
+
+    while tokens > PROBE_TOKENS_MIN and (PROBE_STEPS + 1) * step_s(tokens) > seconds:
+        tokens = max(PROBE_TOKENS_MIN, tokens // 2)
+    steps = min(PROBE_STEPS + 1, int(seconds / step_s(tokens))) if step_s(tokens) > 0 else PROBE_STEPS + 1
+    return (steps, tokens) if steps >= 2 else None
+
+
+def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list, steps: int = PROBE_STEPS + 1,
+              tokens: int | None = None, deadline: float | None = None) -> tuple[float, ...]:
     """The learning-rate probe: the per-token KL to the start after each of :data:`PROBE_STEPS` GRPO steps at
     ``lr_base`` (the sweep's trainer, loss and verifier; PROBE_N rollouts of PROBE_B_PROBLEM of the pool's
     first problems a step, or of PROBE_B_PROBLEM_LARGE at up to PROBE_TOKENS_MAX tokens for a model over
@@ -272,11 +296,14 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> t
     measured on its fresh rollouts before its update: the KL after s updates is step s + 1's. The model's
     weights change: the calibration's last measurement. A loss that turns non-finite ends it with an infinite KL
     (the rate diverges). With ``kl_coef`` 0 the KL is still measured (a
-    coefficient of 1e-12 switches the reference on and leaves the loss as it was)."""
+    coefficient of 1e-12 switches the reference on and leaves the loss as it was). ``steps``, ``tokens``: a probe
+    sized to a time (:func:`probe_size`); ``deadline`` (``time.perf_counter()``): it stops there, inside a
+    generation, with the KLs measured so far."""
     import math
 
     from rollscale.core.grpo.allocation import RuleNotApplicable
     from rollscale.core.rollouts import SamplingConfig
+    from rollscale.lm.engines.hf import GenerationTimeUp, generation_deadline
     from rollscale.train.step import NonFiniteLossError
     from rollscale.train.sweep import GridPoint, point_config
     from rollscale.train.trainer import GRPOTrainer
@@ -285,9 +312,9 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> t
         return ()
     large = _large(model)
     b_problem = min(PROBE_B_PROBLEM_LARGE if large else PROBE_B_PROBLEM, len(problems) - 1)
-    steps = PROBE_STEPS + 1
     s = p.sampling
-    tokens = min(s.max_new_tokens, PROBE_TOKENS_MAX) if large else s.max_new_tokens
+    if tokens is None:
+        tokens = min(s.max_new_tokens, PROBE_TOKENS_MAX) if large else s.max_new_tokens
     sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=tokens)
     config = None
     for rule in sorted(p.sweep.rules, key=lambda r: r.rule != "uniform"):  # the plain rule where the study has it
@@ -307,9 +334,12 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list) -> t
     kls = []
     for step in range(steps):
         try:
-            row = trainer.train_step()
+            with generation_deadline(deadline):
+                row = trainer.train_step()
         except NonFiniteLossError:  # the rate diverges here: said by the check (rollscale.pipeline.check.lr)
             return (*kls, math.inf)
+        except GenerationTimeUp:  # init's stop time: the KLs measured so far
+            break
         if step:
             kls.append(float(row.get("kl", math.nan)))  # a step that trained nothing: NaN
     return tuple(kls)
@@ -334,9 +364,33 @@ def _tiny_base_s(p: StudyParams) -> float:
     return (time.process_time() - t0) / BASE_STEPS * b.steps / speedup
 
 
-def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse: bool = True) -> Calibration:
-    """The stored calibration when it is this study's (``reuse``), else measure it now and store it."""
+class CalibrationTimeUp(RuntimeError):
+    """The calibration's stop time (init's) passed before it had measured what an estimate needs; the message
+    names the part."""
+
+
+def past_deadline(deadline: float | None, part: str) -> None:
+    """Raise :class:`CalibrationTimeUp` naming ``part`` when ``deadline`` (``time.perf_counter()``) has passed."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise CalibrationTimeUp(part)
+
+
+def load_for_calibration(p: StudyParams, artifacts: str | Path | None = "artifacts") -> tuple:
+    """The model the calibration measures, loaded (:func:`calibrate`'s ``loaded``): init loads it once for its
+    pilot profile and the calibration."""
+    return _model(p, artifacts)
+
+
+def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse: bool = True,
+              deadline: float | None = None, say=None, loaded: tuple | None = None) -> Calibration:
+    """The stored calibration when it is this study's (``reuse``), else measure it now and store it. With a
+    ``deadline`` (``time.perf_counter()``, init's stop time) the timing stops there with
+    :class:`CalibrationTimeUp` (inside the generation, between the updates), the learning-rate probe is sized to
+    the time left and stopped there (:func:`probe_size`), and ``say`` prints what was sized. ``loaded``: the model already
+    loaded (:func:`load_for_calibration`), else loaded here."""
     import torch
+
+    from rollscale.lm.engines.hf import GenerationTimeUp, generation_deadline
 
     if reuse and (cal := stored_calibration(p, artifacts)) is not None:
         return cal
@@ -344,12 +398,26 @@ def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse:
     threads = torch.get_num_threads()
     torch.set_num_threads(p.torch_threads)
     try:
-        model, tokenizer, chat, load_s, trained = _model(p, artifacts)
+        model, tokenizer, chat, load_s, trained = loaded if loaded is not None else _model(p, artifacts)
         problems = _problems(p, 32)
-        fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, [q.prompt for q in problems])
-        train_step, train, gram, gram_pair = _train_s(p, model, tokenizer, prompt_tokens)
+        past_deadline(deadline, "the model's load")
+        try:
+            with generation_deadline(deadline):
+                fixed, gen, prompt_tokens = _generate_s(p, model, tokenizer, chat, [q.prompt for q in problems])
+        except GenerationTimeUp:
+            raise CalibrationTimeUp("the generation's timing") from None
+        train_step, train, gram, gram_pair = _train_s(p, model, tokenizer, prompt_tokens, deadline)
         base = _tiny_base_s(p) if p.model.kind == "tiny" else load_s
-        probe = _lr_probe(p, model, tokenizer, chat, problems[: PROBE_B_PROBLEM + 1]) if trained else ()
+        probe: tuple[float, ...] = ()
+        sized = probe_size(p, _large(model), deadline - time.perf_counter(), fixed, gen, train, prompt_tokens) \
+            if deadline is not None else (PROBE_STEPS + 1, None)
+        if trained and sized is not None:
+            if say is not None and deadline is not None:
+                say(f"init: learning-rate probe: {sized[0]} GRPO steps at up to {sized[1]} new tokens, sized to the "
+                    f"{max(deadline - time.perf_counter(), 0.0):.0f} s left")
+            probe = _lr_probe(p, model, tokenizer, chat, problems[: PROBE_B_PROBLEM + 1], sized[0], sized[1], deadline)
+        elif trained and say is not None:
+            say("init: no learning-rate probe: not one step of it fits init's time left (check warns on the rate)")
     finally:
         torch.set_num_threads(threads)
     cal = Calibration(calibration_key(p, artifacts), fixed, gen, train_step, train, gram, gram_pair,

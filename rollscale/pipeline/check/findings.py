@@ -64,11 +64,21 @@ class DataKnown:
     pool_exact: bool = False
     profile: pd.DataFrame | None = None
     data_errors: tuple[str, ...] = ()  # what the stages would refuse in the data (:func:`read_tables`)
+    calibration: object | None = None  # this machine's stored calibration (:mod:`rollscale.pipeline.check.calibration`)
 
 
 def known_data(params: StudyParams, artifacts: str | Path | None = "artifacts") -> DataKnown:
     """The pool size and profile, from ``artifacts``/profile when it exists, else counted cheaply
     from the data source (reasoning-gym's size, local table files' rows)."""
+    from dataclasses import replace
+
+    from rollscale.pipeline.check.calibration import stored_calibration
+
+    known = _known_data(params, artifacts)
+    return replace(known, calibration=stored_calibration(params, artifacts)) if artifacts is not None else known
+
+
+def _known_data(params: StudyParams, artifacts: str | Path | None) -> DataKnown:
     from rollscale.core.problems.data_sample import count_rows
 
     path = Path(artifacts or "") / "profile" / "profile.parquet"
@@ -286,6 +296,18 @@ def _truncation(p: StudyParams, profile: pd.DataFrame | None) -> Iterable[Findin
     yield Finding("warning", ("sampling.max_new_tokens",), msg, fix)
 
 
+def _answerable(p: StudyParams, known: DataKnown) -> Iterable[Finding]:
+    """The verdict `rollscale init` refuses a study on (:func:`rollscale.pipeline.check.answerable.answer_verdict`):
+    an error where no key can be settled at the tolerance."""
+    from rollscale.pipeline.check.answerable import answer_verdict
+
+    verdict = answer_verdict(p, known.calibration)
+    if verdict is not None and not verdict.settles:
+        yield Finding("error", ("study.tolerance", "bucket.val_size", "sweep.eval_k", "sweep.seeds"), verdict.line,
+                      "the hours or the table it names, or a larger study.tolerance; `rollscale study --no-check` "
+                      "runs it as it is (a pilot that cannot answer)")
+
+
 def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[Finding]:
     """Every finding on ``params`` given ``known``: errors first, then warnings, then notes."""
     known = known or DataKnown()
@@ -295,7 +317,7 @@ def study_findings(params: StudyParams, known: DataKnown | None = None) -> list[
     found += [*_data(known), *_cross_section(params), *_grid(params), *_sizes(params, known, splits),
               *_truncation(params, known.profile), *(Finding(*f) for f in model_fit_findings(params, known.profile)),
               *(Finding(*f) for f in decision_findings(params, size, known.pool_size)),
-             *(Finding(*f) for f in sharded_memory_findings(params))]
+             *(Finding(*f) for f in sharded_memory_findings(params)), *_answerable(params, known)]
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.level])
 
