@@ -162,8 +162,9 @@ def test_past_the_data_the_fit_decides_from_the_forecast_and_the_report_says_so(
     np.testing.assert_allclose(d["d_hi"], fc["d_hi"])
     paths = report_flow(params_path=str(params), artifacts=str(artifacts))
     assert re.match(r"Use n = \d+ \(B_problem \d+, M = [\d,]+ steps\) at C\* = 800,000 rollouts \(4x the runs' "
-                    r"budget, forecast from the surface\): ", paths.headline) \
-        or paths.headline.startswith("Not decided at C* = 800,000 rollouts (4x the runs' budget, forecast from the")
+                    r"budget, forecast past the data\): ", paths.headline) \
+        or paths.headline.startswith("Not decided at C* = 800,000 rollouts (4x the runs' budget, forecast past the "
+                                     "data)")
     assert "Forecast past the data (science §10): " in paths.headline
     assert "## With 2x, 4x, 8x more compute" in paths.summary.read_text()
     assert "more_compute" in paths.pngs

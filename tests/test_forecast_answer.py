@@ -124,7 +124,7 @@ def test_the_first_line_states_the_forecast_with_its_interval_and_the_backtest(p
     words += [f"{key_label('n', worse)} {'is' if len(worse) == 1 else 'are'} worse"]
     assert answer.headline.startswith(
         f"Use n = {lead} (B_problem 16, M = {math.ceil(160_000 / (16 * lead)):,} steps) at C* = 160,000 rollouts (4x "
-        f"the runs' budget, forecast from the surface): validation avg@16 {interval}; {'; '.join(words)}. "
+        f"the runs' budget, forecast past the data): validation avg@16 {interval}; {'; '.join(words)}. "
     ), answer.headline
     bt = past["backtest"]
     assert not bt["failed"].any()
@@ -148,8 +148,8 @@ def test_a_failed_backtest_says_the_forecast_is_not_to_be_trusted_and_why(bent):
     assert bt["failed"].all() and (bent["decision"]["source"] == "forecast").all()
     answer = study_answer(_tables(bent))
     assert re.match(r"Use n = \d+ \(B_problem 16, M = [\d,]+ steps\) at C\* = 80,000 rollouts \(2x the runs' "
-                    r"budget, forecast from the surface\)", answer.headline) or \
-        answer.headline.startswith("Not decided at C* = 80,000 rollouts (2x the runs' budget, forecast from the")
+                    r"budget, forecast past the data\)", answer.headline) or \
+        answer.headline.startswith("Not decided at C* = 80,000 rollouts (2x the runs' budget, forecast past the data)")
     assert re.search(r"Forecast past the data \(science §10\): .*not to be trusted past the data \(.+\)\.",
                      answer.headline), answer.headline
     assert "A4 contradicted: key 16" in answer.headline
@@ -181,8 +181,8 @@ def test_a_leader_too_wide_is_the_answer_marked_uncertain_and_an_open_key_is_nam
     assert d["to_decide"].iloc[0].startswith("key 8 may still beat the leader by more than 0.02 at C*")
     answer = study_answer(_tables(past, decision=d))
     assert not answer.answered
-    assert answer.headline.startswith("Not decided at C* = 160,000 rollouts (4x the runs' budget, forecast from the "
-                                      f"surface): n = 8 could still beat n = {lead} by more than 0.02 (D = "), \
+    assert answer.headline.startswith("Not decided at C* = 160,000 rollouts (4x the runs' budget, forecast past the "
+                                      f"data): n = 8 could still beat n = {lead} by more than 0.02 (D = "), \
         answer.headline
     assert f"n = {lead} leads with validation avg@16 " in answer.headline and ", uncertain (" in answer.headline
     assert "Forecast past the data (science §10): " in answer.headline  # beside an undecided forecast too

@@ -5,7 +5,7 @@ Each group's verdict (science §11.5, :func:`rollscale.core.fit.verdict.table_ve
 are worse", the reward marked "uncertain" where its interval is wider than 0.15; not decided only while a key is
 open: "Not decided at C* = 40,000 rollouts: n = 8 could still beat n = 4 by more than 0.02 (D = 0.01 [-0.03,
 0.05]); n = 4 leads with ...; to decide: ...". A group read from the forecast past the data (science §10.2,
-``source`` "forecast") says so: "... at C* = 160,000 rollouts (4x the runs' budget, forecast from the surface)".
+``source`` "forecast") says so: "... at C* = 160,000 rollouts (4x the runs' budget, forecast past the data)".
 Budgets print as whole rollouts with thousands separators.
 """
 
@@ -51,11 +51,11 @@ def from_forecast(rows: pd.DataFrame) -> bool:
 
 
 def _at_c_star(g: pd.DataFrame) -> str:
-    """"C* = 40,000 rollouts", with "(4x the runs' budget, forecast from the surface)" for the forecast's groups."""
+    """"C* = 40,000 rollouts", with "(4x the runs' budget, forecast past the data)" for the forecast's groups."""
     text = f"C* = {fmt_budget(g['c_star'].iloc[0])} rollouts"
     seen = float(pd.to_numeric(g["c_seen"], errors="coerce").max())
     if from_forecast(g) and seen > 0:
-        text += f" ({float(g['c_star'].iloc[0]) / seen:.2g}x the runs' budget, forecast from the surface)"
+        text += f" ({float(g['c_star'].iloc[0]) / seen:.2g}x the runs' budget, forecast past the data)"
     return text
 
 
