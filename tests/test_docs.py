@@ -36,11 +36,11 @@ def test_the_readme_first_line_is_results_md_default_study():
     leader = next(n for n, status in study["status"].items() if status == "leader")
     first = _section(readme, "The report's first line")
     quote = " ".join(line[2:] for line in first.splitlines() if line.startswith("> "))
-    said = re.match(r"At C\* = ([\d,]+) rollouts .*?: n = (\d+) \(.*?\),\s*validation avg@\d+ (\S+ \[[^\]]+\]); "
+    said = re.match(r"Use n = (\d+) \(.*?\) at C\* = ([\d,]+) rollouts .*?:\s*validation avg@\d+ (\S+ \[[^\]]+\]); "
                     r"n = ([\d, and]+) are worse", quote)
     assert said, quote
-    assert said.group(1) == study["c_star"] and f"target_budget` = {study['c_star']}" in first
-    assert int(said.group(2)) == leader and said.group(3) == study["reward"][leader]
+    assert said.group(2) == study["c_star"] and f"target_budget` = {study['c_star']}" in first
+    assert int(said.group(1)) == leader and said.group(3) == study["reward"][leader]
     assert sorted(_keys(said.group(4))) == sorted(n for n, s in study["status"].items() if s == "settled")
 
 
