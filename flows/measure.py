@@ -32,10 +32,13 @@ def measure_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACT
     ref = read_model_ref(root)
     m = params.measure
     train, val = bucket_problems(root, m.bucket)
-    # the same GRPO step as the sweep (its train settings), uniform allocation, noise every step
-    design = type(params.sweep).model_validate({**params.sweep.model_dump(), **{
+    # the same GRPO step as the sweep (its train settings), uniform allocation, noise every step; one seed and
+    # m.steps steps of each n, no search (a grid: the sweep's search settings are not the measure's)
+    sweep = params.sweep.model_dump()
+    design = type(params.sweep).model_validate({**sweep, **{
         "bucket": m.bucket, "design": "rollout_axis", "n": m.n, "b_problem": [m.b_problem], "rules": ["uniform"],
-        "seeds": [m.seed], "b_max": max(m.n) * m.b_problem, "c_max": 10**12, "noise_every": 1,
+        "seeds": [m.seed], "b_max": max(m.n) * m.b_problem, "c_max": m.steps * max(m.n) * m.b_problem,
+        "noise_every": 1, "search": {**sweep["search"], "method": "grid"},
     }})
     configs = run_configs(design, sampling_config(params.sampling))
     for config in configs:
