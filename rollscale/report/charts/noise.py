@@ -305,7 +305,8 @@ def chart_noise_along(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
     na = t.get("noise_along")
     if na is None:
         why = absent(t, "noise_along", "noise along training")
-        return ChartSpec(name, title, caption + ".", missing=why + (f" Off in {off} runs." if off else ""))
+        # type(why): a stage that has not run stays "missing" (StageNotRun), not "empty", with the note added
+        return ChartSpec(name, title, caption + ".", missing=type(why)(why + (f" Off in {off} runs." if off else "")))
     require_columns(na, "noise_along", ["run_id", "n", "b_problem", "c_lo", "c_hi", "g2", "g2_lo", "g2_hi",
                                         "b_simple_rollouts", "crs", "crs_lo", "crs_hi", "steps"])
     rows = key_rows(na)
