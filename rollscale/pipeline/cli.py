@@ -451,9 +451,11 @@ def command(argv: list[str] | None = None) -> int:
         return run_guarded(lambda: result.setdefault("code", deps(args.write)), debug) or result["code"]
     if args.command == "export":
         from rollscale.integrations.export.command import export_run, print_exported
+        from rollscale.pipeline.query.storage import read_table
 
         return run_guarded(lambda: print_exported(export_run(args.to, args.params, args.artifacts, args.key, args.rule,
-                                                             args.output, args.budget, args.force)), debug)
+                                                             args.output, args.budget, args.force,
+                                                             read_table=read_table)), debug)
     if args.command == "sql":
         return run_guarded(lambda: print_query(args.query, args.artifacts, args.timeout, args.params, args.limit,
                                                args.output), debug)
