@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -16,9 +16,16 @@ from rollscale.core.noise.along import HALF_COLUMNS  # the steps row's two-halve
 
 if TYPE_CHECKING:
     from rollscale.train.distributed import Ranks
-    from rollscale.train.step import TrainBatch
 
-__all__ = ["Halves", "half_columns", "half_products", "half_weights", "split_halves"]
+__all__ = ["Halves", "HalvedBatch", "half_columns", "half_products", "half_weights", "split_halves"]
+
+
+class HalvedBatch(Protocol):
+    """What :func:`half_weights` reads of a :class:`rollscale.train.step.TrainBatch` (typed here so that this
+    module does not import the step, which imports it)."""
+
+    completion_ids: Sequence[Sequence[int]]
+    keep: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,7 @@ def split_halves(group_sizes: Sequence[int], rng: np.random.Generator) -> Halves
     return Halves(np.repeat(in_b, np.asarray(group_sizes, dtype=np.int64)), (p // 2, p - p // 2))
 
 
-def half_weights(batch: TrainBatch, halves: Halves, agg_mode: str) -> tuple[float, float]:
+def half_weights(batch: HalvedBatch, halves: Halves, agg_mode: str) -> tuple[float, float]:
     """Each half's share of the batch loss's normaliser (science §3): the full-batch gradient is
     ``w_a g_a + w_b g_b`` with ``g_a`` half a's mean gradient in the aggregation's own unit (masked-in
     tokens for ``token-mean``, rollouts with a masked-in token for the ``seq-mean-*`` modes)."""
