@@ -68,7 +68,7 @@ def main() -> None:
 def grid_decision(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: SearchSettings, b_max: int,
                   result) -> pd.DataFrame:
     """Per group the grid's own decision at C* (every key, every seed, to C_max; the search's decision function,
-    rollscale.core.search.methods.decision.standings, so rules are keys too) and whether the search's answer is the grid's
+    rollscale.core.search.standing.standings, so rules are keys too) and whether the search's answer is the grid's
     leader or within epsilon of it there (the grid's lower bound of its D >= -epsilon)."""
     from rollscale.core.fit.analysis import run_evals
     from rollscale.core.search.methods.decision import c_star, standings

@@ -200,7 +200,7 @@ def _tiny_trainer(noise_halves: bool):
 
 def _smol_update(folder: str):
     """A closure running one LoRA update on 4 prompts x 4 synthetic rollouts, with or without the halves."""
-    from rollscale.train.step import split_halves
+    from rollscale.train.halves import split_halves
 
     model, tok = load_model(ModelRef(folder))
     model = add_lora(model, r=8, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])

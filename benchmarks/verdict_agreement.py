@@ -23,6 +23,7 @@ from rollscale.config import DecisionParams, SearchParams  # noqa: E402
 from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, make_studies  # noqa: E402
 from rollscale.core.search.simulate_budget import first_lines, simulate_decision  # noqa: E402
 from rollscale.core.search.state import SearchSettings  # noqa: E402
+from rollscale.report.decision_text import decision_headline  # noqa: E402
 
 C_MAX = 40_000
 
@@ -48,7 +49,7 @@ def main() -> None:
         studies = make_studies(args.per_family, seed=args.seed, families=(family,), seeds=(0, 1),
                                schedule=(625.0, 4), eval_draws=1600)
         result = simulate_decision(studies, settings)
-        lines = first_lines(studies, result, settings)
+        lines = first_lines(studies, result, settings, decision_headline)
         s = result.studies
         print(f"| {family} | {len(s)} | {s['right'].mean():.1%} | {s['decided'].mean():.1%} | "
               f"{lines['line_answered'].mean():.1%} | {int(lines['agree'].sum())} of {len(lines)} | "

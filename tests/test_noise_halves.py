@@ -13,8 +13,8 @@ import torch
 
 from rollscale.core.noise.along import compute_windows, noise_along_table, window_noise
 from rollscale.core.noise.pooled import RESOLVED, UNRESOLVED
-from rollscale.train.step import (Halves, batch_normalizers, half_weights, micro_batch, micro_batch_loss,
-                                  policy_update, split_halves)
+from rollscale.train.halves import Halves, half_weights, split_halves
+from rollscale.train.step import batch_normalizers, micro_batch, micro_batch_loss, policy_update
 from tests.test_step import AGG_MODES, _batch, _model, _ref_fn, _settings, _with_sampler_logprobs
 from tests.test_step import one_thread  # noqa: F401  (its autouse fixture: one torch thread)
 

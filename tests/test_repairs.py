@@ -248,10 +248,11 @@ def every_reader_refuses(art: Path, params: Path, table: str) -> list[str]:
         lines.append(str(refused.value))
     if table == "decision":
         from rollscale.integrations.export.command import export_run
+        from rollscale.pipeline.query.storage import read_table
 
         tmp = art.parent / "exports"  # nothing may be written there
         with pytest.raises(DamagedResultError) as refused:
-            export_run("trl", str(params), str(art), output=str(tmp / "trl.yaml"))
+            export_run("trl", str(params), str(art), output=str(tmp / "trl.yaml"), read_table=read_table)
         assert not list(tmp.iterdir())
         lines.append(explain(refused.value)[0])
     return lines

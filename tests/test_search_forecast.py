@@ -200,9 +200,10 @@ def test_the_searchs_verdict_is_the_reports_first_line_and_no_stopped_key_is_the
     exactly where the search decided, X the search's answer; the answer is never a key the search stopped (§11.3).
     benchmarks/verdict_agreement.py measures it per family (docs/journal/2026-11-28-verdict.md)."""
     from rollscale.core.search.simulate_budget import first_lines
+    from rollscale.report.decision_text import decision_headline
 
     studies, result = late_and_close
-    lines = first_lines(studies, result, settings())
+    lines = first_lines(studies, result, settings(), decision_headline)
     assert lines["agree"].all(), lines[["group", "search_answer", "search_decided", "line"]]
     assert (lines["line_answered"] == lines["search_decided"]).all()
     assert not result.studies["stopped_answer"].any(), result.studies[["group", "answer", "stops"]]

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rollscale.config.checks import CronSchedule, DeploymentName, model_path_problem, read_params_yaml
+from rollscale.config.commands import QueryParams, TrackParams
 from rollscale.config.data import DataParams, TableParams
 from rollscale.config.keys import model_at
 from rollscale.config.sections import (
@@ -27,13 +28,11 @@ from rollscale.config.sections import (
     DecisionParams,
     FitParams,
     MeasureParams,
-    QueryParams,
     ReportParams,
     RunRecordParams,
     SearchParams,
     Section,
     SweepParams,
-    TrackParams,
     TrainParams,
 )
 from rollscale.registry import SAMPLING_ENGINES

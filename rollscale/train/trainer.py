@@ -50,8 +50,10 @@ from rollscale.train.run_config import RunConfig, RunResult, config_hash, data_h
 from rollscale.train.data_order import DataOrder
 from rollscale.train.distributed import Ranks, rank_rows, shard_run
 from rollscale.train.sharded_checkpoint import checkpoint_state, rank_store, restore_state
-from rollscale.train.step import (LOSS_COLUMNS, allocation_columns, half_columns, NonFiniteLossError, StepSettings,
-                                  TrainBatch, policy_update, split_halves, train_batch)
+from rollscale.train.halves import half_columns, split_halves
+from rollscale.train.step import LOSS_COLUMNS, NonFiniteLossError, StepSettings, TrainBatch, policy_update, train_batch
+from rollscale.train.step_columns import allocation_columns
+from rollscale.train.trainer_inputs import check_trainer_inputs
 
 # Purposes that keep the seed streams of data order, training and evaluation apart.
 _DATA, _TRAIN, _EVAL, _NOISE, _HALVES = 0, 1, 2, 3, 4
@@ -101,17 +103,7 @@ class GRPOTrainer:
         chat_template_kwargs: dict | None = None,
         ranks: Ranks | None = None,
     ) -> None:
-        if not isinstance(config, RunConfig):
-            raise ValueError(f"config must be a RunConfig, got {type(config).__name__}")
-        for name, problems in (("train_problems", train_problems), ("val_problems", val_problems)):
-            if not problems or not all(isinstance(p, Problem) for p in problems):
-                raise ValueError(f"{name} must be a non-empty sequence of Problem")
-        if tokenizer.pad_token_id is None:
-            raise ValueError("tokenizer needs a pad token (set tokenizer.pad_token, e.g. to its EOS token)")
-        is_peft = hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
-        if lora != is_peft:
-            raise ValueError("lora=True needs a peft model (see rollscale.lm.models.add_lora)" if lora else
-                             "model is a peft model: pass lora=True so only adapters are trained and saved")
+        check_trainer_inputs(model, tokenizer, train_problems, val_problems, config, lora)
         self.model, self.tokenizer, self.config, self.lora = model, tokenizer, config, lora
         self.train_problems, self.val_problems = list(train_problems), list(val_problems)
         self.device = next(model.parameters()).device

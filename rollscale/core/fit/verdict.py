@@ -166,10 +166,10 @@ _AXIS = {"n": ("rollout", "b_problem"), "b_problem": ("prompt", "n"), "iso_batch
 def trainable(rows: pd.DataFrame, b_max: int, b_problems: list[int], ns: list[int], key_min: int | None = None,
               key_max: int | None = None) -> pd.Series:
     """Whether each row's key (``design``, ``key``, ``fixed``) is one the recipe can train (science §11.6): within the
-    grid's bracket (:func:`rollscale.core.search.state.bracket_limits`: n >= 2 where a group baseline gives a
+    grid's bracket (:func:`rollscale.core.fit.bracket.bracket_limits`: n >= 2 where a group baseline gives a
     one-rollout group no advantage, up to ``b_max`` over what the design holds fixed; ``sweep.search.key_min`` /
     ``key_max`` where set). ``b_problems`` / ``ns``: the sweep's, the most permissive fixed value taken."""
-    from rollscale.core.search.state import bracket_limits
+    from rollscale.core.fit.bracket import bracket_limits
 
     out = []
     for design, key, fixed in zip(rows["design"].astype(str), rows["key"], rows["fixed"].astype(str), strict=True):

@@ -27,6 +27,7 @@ such runs. ``SimStudy.eval_draws`` sets that noise.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -153,12 +154,15 @@ def simulate_decision(studies: list[SimStudy], settings: SearchSettings, grid: b
     return BudgetResult(out, decisions, legs)
 
 
-def first_lines(studies: list[SimStudy], result: BudgetResult, settings: SearchSettings) -> pd.DataFrame:
+def first_lines(studies: list[SimStudy], result: BudgetResult, settings: SearchSettings,
+                headline: Callable[[pd.DataFrame], tuple[str, bool, list[str]]]) -> pd.DataFrame:
     """The report's first line of every study, as the fit stage and the report make it from the search's runs
     (each to where it stopped) and its table (science §11.5: one verdict), beside the search's own verdict: one row
     per study, ``search_answer``, ``search_decided``, ``line``, ``line_answer`` (the n after "Use n = ", else
-    None), ``line_answered``, and ``agree`` (the same key, and answered exactly where the search decided)."""
-    from rollscale.report.decision_text import decision_headline
+    None), ``line_answered``, and ``agree`` (the same key, and answered exactly where the search decided).
+    ``headline``: the report's first line from a decision table
+    (:func:`rollscale.report.decision_text.decision_headline`, passed by the caller: the core does not import the
+    report)."""
 
     names = {s.name for s in studies}
     runs, evals = grid_tables(studies, {run: ends for run, ends in result.legs.items() if run[0] in names})
@@ -174,7 +178,7 @@ def first_lines(studies: list[SimStudy], result: BudgetResult, settings: SearchS
                                settings.bootstrap_seed, search=search)
         for s in group:
             lead, _, decided = search_verdict(result.decisions[result.decisions["group"] == s.name])
-            line, answered, _ = decision_headline(table[table["bucket"] == s.name])
+            line, answered, _ = headline(table[table["bucket"] == s.name])
             named = line.removeprefix("Use n = ").split(" ", 1)[0] if line.startswith("Use n = ") else None
             rows.append({"group": s.name, "family": s.family, "search_answer": None if lead is None else int(lead),
                          "search_decided": decided, "line": line, "line_answered": answered,

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from rollscale.config import DecisionParams, SearchParams
+from rollscale.core.fit.bracket import bracket_limits
 from rollscale.core.fit.columns import require
 from rollscale.tables import SEARCH_COLUMNS
 
@@ -152,20 +153,6 @@ class SearchGroup:
         """Whether the bracket may add ``key``: within the limits (iso-batch: n divides B)."""
         return (self.key_min is not None and self.key_max is not None and self.key_min <= key <= self.key_max
                 and (self.axis != "iso_batch" or (self.fixed or 0) % key == 0))
-
-
-def bracket_limits(axis: str, fixed: int | None, b_max: int, key_min: int | None = None,
-                   key_max: int | None = None) -> tuple[int | None, int | None]:
-    """The bracket's (smallest, largest) key: params win; else n >= 2 up to b_max / B_problem (rollout axis,
-    ``fixed`` = B_problem), B_problem >= 1 up to b_max / n (prompt axis, ``fixed`` = n), n >= 2 up to B
-    (iso-batch, ``fixed`` = B); rules have no bracket."""
-    if axis == "rule":
-        return None, None
-    if fixed is None or fixed < 1:
-        raise ValueError(f"bracket_limits: axis {axis!r} needs the fixed value, got {fixed!r}")
-    low = {"rollout": 2, "prompt": 1, "iso_batch": 2}[axis]
-    high = fixed if axis == "iso_batch" else b_max // fixed
-    return (key_min if key_min is not None else low), (key_max if key_max is not None else high)
 
 
 def rung_budgets(c_max: float, eta: float, first_rung: float) -> tuple[int, ...]:

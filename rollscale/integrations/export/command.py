@@ -8,6 +8,7 @@ returned as warning lines (stderr) besides the comment block in the files.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,19 +38,21 @@ class Exported:
 
 def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "artifacts", key: int | None = None,
                rule: str | None = None, output: str | None = None, budget: int | None = None,
-               force: bool = False) -> Exported:
+               force: bool = False, *, read_table: Callable[[str, str], pd.DataFrame]) -> Exported:
     """Write the production run of the study for framework ``to`` (``trl``: a GRPOConfig YAML and a Python
     snippet beside it; ``verl``: a bash script of Hydra overrides) at ``output`` (default under ``export/``), of
     ``budget`` rollouts (else ``study.target_budget`` where params.yaml sets it). A study whose verdict is not an
     answer at that budget (science §11.5) is refused, a one-line error (exit 2); with ``force`` the files are
-    written with that reason at their top."""
+    written with that reason at their top. ``read_table``: the verified reader of the study's tables
+    (:func:`rollscale.pipeline.query.storage.read_table`, passed by the CLI: the integrations do not import the
+    pipeline)."""
     if to not in FRAMEWORKS:
         raise ValueError(f"--to {to}: expected one of {', '.join(FRAMEWORKS)}")
     params = load_params(params_path)
     table = Path(artifacts) / TABLES["decision"]
     if not table.exists():
         raise LookupError(f"{table}: no decision yet; run the fit stage first (rollscale run fit)")
-    run = production_run(params, decision_table(artifacts), key, rule, artifacts, budget)
+    run = production_run(params, decision_table(artifacts, read_table), key, rule, artifacts, budget)
     if run.refusal and not force:
         raise LookupError(f"export: {run.refusal}; nothing written (--force writes it with this reason at its top)")
     source = f"{Path(params_path).resolve().parent} ({params_path}, {table})"
@@ -73,11 +76,10 @@ DECISION_COLUMNS = ("design", "bucket", "rule", "fixed", "key", "n", "b_problem"
                     "reward_lo", "reward_hi")
 
 
-def decision_table(artifacts: str) -> pd.DataFrame:
+def decision_table(artifacts: str, read_table: Callable[[str, str], pd.DataFrame]) -> pd.DataFrame:
     """The fit stage's ``decision`` table, read as every reader reads a table (only as the fit's last finished run
-    recorded it: :func:`rollscale.pipeline.query.storage.read_table`), with the columns an export needs."""
-    from rollscale.pipeline.query.storage import read_table
-
+    recorded it: ``read_table``, :func:`rollscale.pipeline.query.storage.read_table`), with the columns an export
+    needs."""
     decision = read_table(artifacts, "decision")
     if missing := [c for c in DECISION_COLUMNS if c not in decision.columns]:
         raise ValueError(f"{Path(artifacts) / TABLES['decision']}: not a decision table of this rollscale (no column "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rollscale.config import StudyParams
 from rollscale.core.problems.buckets import EASY_SHARE
-from rollscale.pipeline.check.budget import _decision_seeds, decision_half_width
+from rollscale.pipeline.check.budget import decision_half_width, decision_seeds
 from rollscale.pipeline.check.calibration import Calibration
 from rollscale.pipeline.check.resolution import eval_k_max
 from rollscale.pipeline.check.timing import SETTLE_GAP_MAX, stage_times
@@ -71,7 +71,7 @@ def answer_verdict(p: StudyParams, cal: Calibration | None, hours: float | None 
     ``hours``: the time asked (``init --hours``), else the study's own estimate; ``n_params``: the model's, for
     the H100 estimate."""
     val, tol = p.bucket.val_size, p.study.tolerance
-    seeds, _ = _decision_seeds(p)
+    seeds, _ = decision_seeds(p)
     resolution = decision_half_width(p, val, seeds)
     if resolution is None:
         return None

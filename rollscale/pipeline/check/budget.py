@@ -15,7 +15,7 @@ from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.core.fit.horizon import COMPUTE_MULTIPLES
 
-__all__ = ["decision_findings", "decision_half_width"]
+__all__ = ["decision_findings", "decision_half_width", "decision_seeds"]
 
 Finding = tuple[str, tuple[str, ...], str, str]
 
@@ -47,7 +47,7 @@ def decision_findings(p: StudyParams, size: tuple[int, int] | None = None, pool:
         yield ("note", reach, f"C* = {c_star:,} is {c_star / c_max:.2f} x c_max: answered by extrapolation "
                f"(up to eta = {eta:g}), with wider intervals (docs/benchmarks.md: about twice at 1.8 x)", "")
     val = size[1] if size else p.bucket.val_size
-    seeds, seeds_key = _decision_seeds(p)
+    seeds, seeds_key = decision_seeds(p)
     resolution = decision_half_width(p, val, seeds)
     if resolution is None:
         return  # the size and seed findings say why there is no interval
@@ -82,7 +82,7 @@ def _forecast_keys(p: StudyParams) -> bool:
         (design in ("prompt_axis", "grid") and len(set(p.sweep.b_problem)) >= 2)
 
 
-def _decision_seeds(p: StudyParams) -> tuple[int, str]:
+def decision_seeds(p: StudyParams) -> tuple[int, str]:
     """(the seeds the decision between two close keys reads, the key that sets them): ``sweep.seeds``; under the
     decision search (science §9.4) the seeds it adds where the decision hangs, up to ``sweep.search.seeds_max``
     (null: ``sweep.seeds``)."""

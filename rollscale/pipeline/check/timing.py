@@ -3,7 +3,7 @@ and ``rollscale init --hours``.
 
 The work each stage does is counted from the params (and the profile, once it has run): rollouts
 generated in calls of ``sampling.batch_size``, tokens trained, evaluations, the tiny model's warm start;
-:class:`rollscale.pipeline.check.calibration.Calibration` prices them. Units of work (profile chunks, measure
+:class:`rollscale.pipeline.check.calibrated.Calibration` prices them. Units of work (profile chunks, measure
 n values, sweep runs) run ``workers`` side by side. What is not measured here is taken from
 measurements on this 2-core VM, each named where it is used.
 """

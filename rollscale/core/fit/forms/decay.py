@@ -95,7 +95,7 @@ class DecayForm:
         lam = self._lambdas(theta)
         return np.stack([theta[i] + theta[k + i] * _h(t[i], float(lam[i])) for i in range(k)])
 
-    def _points(self, theta: np.ndarray, point_key: np.ndarray, log2c: np.ndarray) -> np.ndarray:
+    def points(self, theta: np.ndarray, point_key: np.ndarray, log2c: np.ndarray) -> np.ndarray:
         k = self.keys.size
         lam = self._lambdas(theta)
         t = log2c - self.u[point_key]
@@ -204,7 +204,7 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float, per_key: boo
     rng = np.random.default_rng([settings.seed, 7])
     runs_per_key = np.bincount(data.run_key, minlength=k)
     slots = [idx[np.argsort(data.slot[idx])] for idx in (np.flatnonzero(data.run_key == i) for i in range(k))]
-    fitted = np.clip(form._points(theta, data.point_key, x2), 0.0, 1.0)
+    fitted = np.clip(form.points(theta, data.point_key, x2), 0.0, 1.0)
     # the points' scatter about the fit beyond evaluation noise (a run's curve wiggles): redrawn too, so that a
     # slope read from two seeds spreads as much as its residuals say
     resid = (data.y - fitted)[on]

@@ -2,7 +2,8 @@
 §9.4), the answer at C* for part of the grid.
 
 Runs advance in rungs of budget (:func:`rollscale.core.search.state.rung_budgets`); every key starts with the
-group's seeds (``seeds_min``). After each rung :func:`decide_group` reads the decision (:func:`standings`) at the
+group's seeds (``seeds_min``). After each rung :func:`decide_group` reads the decision
+(:func:`rollscale.core.search.standing.standings`) at the
 target budget C* (each key's reward ``R_k(C*)``, the leader L with the largest median over paired refits, the
 one-sided 1 - alpha bounds of ``D_k = R_k(C*) - R_L(C*)``), at the rung's budget c_r, and as far toward C* as the
 fits reach (min(C*, eta c_r)), and per key:
@@ -62,20 +63,16 @@ two-sided level 1 - 2 alpha so that its interval ends are the one-sided
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from rollscale.config import SearchParams
-from rollscale.core.fit.decision import RunCurves, decide, fit_groups
-from rollscale.core.fit.tables import REWARD_MAX
 from rollscale.core.fit.verdict import group_verdict
 from rollscale.core.search.methods.base import SearchMethod
+from rollscale.core.search.standing import Standing, c_star, level, seed_cap, standings
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.registry import SEARCH_METHODS
 
@@ -93,90 +90,6 @@ RULES = {"epsilon": "settled: the upper bound of D_k <= epsilon", "a2": "settled
          "decided": "the leader, every other key settled", "bracket": "the key beyond a winning edge at C*",
          "undecided": "a seed where the decision hangs, or not decided at the cap", "budget": "reached C_max",
          "none": "not settled"}
-
-
-def level(settings: SearchSettings) -> float:
-    """The two-sided level whose interval ends are one-sided 1 - alpha bounds."""
-    return 1.0 - 2.0 * settings.alpha
-
-
-def c_star(group: SearchGroup, settings: SearchSettings) -> float:
-    """The target budget C* of ``group``: ``target_budget``, else its C_max."""
-    return float(settings.target_budget) if settings.target_budget is not None else float(group.c_max)
-
-
-def seed_cap(group: SearchGroup, settings: SearchSettings) -> int:
-    """The most seeds a key may reach where the decision hangs (``seeds_max``)."""
-    return settings.seeds_max if settings.seeds_max is not None else len(group.seeds) + settings.extra_seeds
-
-
-RUN_FIELDS = ("run_id", "key", "reach", "theta", "r0_step0", "noise_floor")  # RunCurves' per-run arrays
-
-
-def _trusted(rc: RunCurves, c: float) -> np.ndarray:
-    """Runs whose key's curve may be read at ``c``: within its data, or beyond it where the key's runs have
-    bent (every run's C_mid within its data): an unbent curve's extrapolation is its asymptote's guess, which the
-    seeds' spread does not bound (simulated family ``unbent``: settled wrongly in 4 of 8 studies)."""
-    out = np.ones(len(rc.key), bool)
-    for k in np.unique(rc.key):
-        mine = rc.key == k
-        seen = float(rc.reach[mine].min())
-        mids = 10.0 ** rc.theta[mine, 2]
-        if c > seen * (1 + 1e-9) and not (mids <= seen).all():
-            out[mine] = False
-    return out
-
-
-@dataclass(frozen=True)
-class Standing:
-    """One group's decision read at three budgets (tables of :func:`rollscale.core.fit.decision.decide`, one row
-    per key, ``key`` as the group types it, ``evals`` the fewest evaluations past C = 0 of any of its runs)."""
-
-    star: pd.DataFrame  # at C*: the leader, D_k and its bounds, settled by epsilon (science §9.4)
-    rung: pd.DataFrame  # at c_r: the leader there, and the smaller n it beats (A2)
-    reach: pd.DataFrame  # at min(C*, eta c_r), the farthest the fits reach toward C*: the bracket's edge
-    rise: float  # the leader at c_r's reward there above the shared R0
-
-
-def standings(points: pd.DataFrame, groups: list[SearchGroup], rungs: dict[str, float],
-              settings: SearchSettings) -> dict[str, Standing]:
-    """The decision of every group with evaluations (``rungs``: group -> its rung budget c_r). All groups'
-    runs are fitted in one batch, each group at its own shared R0."""
-    if points.empty:
-        return {}
-    by_name = {g.group: g for g in groups}
-    pts = points[points["group"].isin(list(by_name))]
-    # the decision's fits take integer keys: rules by their place among the group's keys (bracket keys too)
-    index = {name: {k: (i if by_name[name].axis == "rule" else int(k)) for i, k in enumerate(sorted(set(keys)))}
-             for name, keys in pts.groupby("group")["key"]}
-    pts = pts.assign(key_ix=[index[g][k] for g, k in zip(pts["group"], pts["key"], strict=True)])
-    curves = fit_groups(pts, "key_ix", "group", REWARD_MAX if pts["avg_at_k"].between(0, REWARD_MAX).all() else None)
-    out = {}
-    for name, rc in curves.items():
-        g, back = by_name[name], {v: k for k, v in index[name].items()}
-        mine = pts[(pts["group"] == name) & (pts["c"] > 0)]
-        evals = mine.groupby(["key", "run_id"]).size().groupby(level=0).min()
-
-        def at(c: float) -> pd.DataFrame:
-            trusted = _trusted(rc, c)
-            if not trusted.any():
-                trusted[:] = True  # nothing to compare: the decision says every key is unknown
-            table = decide(dataclasses.replace(rc, **{f: getattr(rc, f)[trusted] for f in RUN_FIELDS}), c,
-                           settings.tolerance, settings.eta, rollout_axis=g.axis == "rollout",
-                           level=level(settings), resamples=max(settings.resamples, 1), seed=settings.bootstrap_seed)
-            table["key"] = [back[int(k)] for k in table["key"]]
-            table["leader"] = [back[int(k)] if k is not None and k == k else None for k in table["leader"]]
-            table["evals"] = table["key"].map(evals).fillna(0).astype(int)
-            return table.set_index("key", drop=False)
-
-        target, c_r = c_star(g, settings), rungs[name]
-        star = at(target)
-        reach = star if target <= settings.eta * c_r * (1 + 1e-9) else at(settings.eta * c_r)
-        rung = at(c_r)
-        lead_r = rung["leader"].iloc[0]
-        rise = float(rung.loc[lead_r, "reward"] - rc.r0) if lead_r is not None else math.nan
-        out[name] = Standing(star, rung, reach, rise)
-    return out
 
 
 def _spread(t: pd.DataFrame) -> bool:
