@@ -327,3 +327,10 @@ def plus_minus(value: Any, se: Any) -> str:
 
 def format_frame(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({str(c): [fmt_value(v) for v in df[c]] for c in df.columns}, columns=[str(c) for c in df.columns])
+
+
+def group_labels(frame: pd.DataFrame) -> pd.Series:
+    """"bucket / rule / fixed" of each row ("/ all" dropped); an empty Series for no rows (pandas' row-wise join
+    of an empty frame gives a frame)."""
+    labels = [" / ".join(map(str, row)) for row in frame[["bucket", "rule", "fixed"]].itertuples(index=False)]
+    return pd.Series(labels, index=frame.index, dtype=object).str.removesuffix(" / all")

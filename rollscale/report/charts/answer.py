@@ -17,7 +17,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from rollscale.report.base import CHART_WIDTH, ChartSpec, absent, as_numeric, finish_chart, fmt_interval, \
+from rollscale.report.base import group_labels, CHART_WIDTH, ChartSpec, absent, as_numeric, finish_chart, fmt_interval, \
     fmt_value, inline_records, require_columns
 from rollscale.report.decision_text import first_design, fmt_budget, from_forecast, key_label
 
@@ -45,7 +45,7 @@ def answer_rows(decision: pd.DataFrame, forecast: pd.DataFrame | None = None) ->
         extra = extra[extra["design"].astype(str) == str(d["design"].iloc[0])]
         frames.append(extra.assign(status="forecast", source="forecast", tolerance=d["tolerance"].iloc[0]))
     rows = pd.concat(frames, ignore_index=True)
-    groups = rows[["bucket", "rule", "fixed"]].astype(str).agg(" / ".join, axis=1).str.removesuffix(" / all")
+    groups = group_labels(rows)
     design = str(d["design"].iloc[0])
     out = pd.DataFrame({
         "group": groups, "key": as_numeric(rows["key"]),

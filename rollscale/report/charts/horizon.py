@@ -16,6 +16,7 @@ import altair as alt
 import pandas as pd
 
 from rollscale.report.base import (
+    group_labels,
     CHART_WIDTH,
     ChartSpec,
     absent,
@@ -44,7 +45,7 @@ def more_compute_rows(forecast: pd.DataFrame) -> pd.DataFrame:
     lead = fc[fc["trained"].astype(bool) & (as_numeric(fc["key"]) == as_numeric(fc["leader"]))]
     design = str(fc["design"].iloc[0]) if len(fc) else "n"
     out = pd.DataFrame({
-        "group": lead[["bucket", "rule", "fixed"]].astype(str).agg(" / ".join, axis=1).str.removesuffix(" / all"),
+        "group": group_labels(lead),
         "c": as_numeric(lead["c_star"]),
         "budget": [fmt_budget(c) + (" (C*)" if bool(t) else "") for c, t in zip(lead["c_star"], lead["target"],
                                                                                strict=True)],
