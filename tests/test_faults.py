@@ -212,8 +212,11 @@ def test_disk_full_mid_run_fails_clearly_and_keeps_earlier_results(prepared, sma
 
 
 def results(art: Path) -> dict[Path, bytes]:
-    """Every file under ``art`` but the stage locks (filelock leaves its empty lock file behind)."""
-    return {p: p.read_bytes() for p in art.rglob("*") if p.is_file() and p.name != ".stage.lock"}
+    """Every file under ``art`` but the locks (filelock leaves its empty stage lock behind; the study's lock says
+    who holds the folder)."""
+    from rollscale.pipeline.stages.specs import STUDY_LOCK
+
+    return {p: p.read_bytes() for p in art.rglob("*") if p.is_file() and p.name not in (".stage.lock", STUDY_LOCK)}
 
 
 def test_full_or_read_only_artifacts_folder_fails_before_any_work(prepared, small_disk):

@@ -307,9 +307,12 @@ def study_lock(artifacts: str | os.PathLike[str], command: str) -> Iterator[None
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise _study_busy(path) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                                 "started_at": now()}).encode())
+        try:  # who holds it, for the refusal's line; a full disk leaves it unsaid (the stage's check names the folder)
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                                     "started_at": now()}).encode())
+        except OSError:
+            pass
         yield
     finally:
         os.close(fd)
