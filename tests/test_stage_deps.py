@@ -230,10 +230,16 @@ def test_each_stage_run_by_dvc_loads_only_files_its_deps_cover_and_every_plugin_
 
 
 @pytest.mark.slow
-def test_editing_the_forecast_or_the_report_leaves_the_stages_before_the_sweep_current(dvc_study):
-    from tests.test_dvc import run
+def test_editing_the_forecast_or_the_report_leaves_the_stages_before_the_sweep_current(tmp_path, tmp_path_factory):
+    import shutil
 
-    root, env = dvc_study
+    from tests.shared_builds import built_once
+    from tests.test_dvc import build_study, run, study_env
+
+    # a copy of the study as built: the worker's `dvc_study` copy is edited and rerun by other tests before this one
+    root, env = tmp_path / "study", study_env()
+    shutil.copytree(built_once(tmp_path_factory, "dvc-study", build_study), root, symlinks=True,
+                    copy_function=shutil.copy2)
     edited = [root / "rollscale" / "core" / "fit" / "forecast.py", root / "rollscale" / "report" / "base.py"]
     originals = {f: f.read_text() for f in edited}
     try:
