@@ -265,10 +265,10 @@ def test_the_page_has_the_section_with_its_chart_and_table(past, tmp_path):
 def test_track_reads_the_band_off_the_forecast_where_the_decision_is_the_forecasts(past):
     """``rollscale track``'s band (rollscale.integrations.track.band): at C* it is the decision's interval, read off
     the same surface with the fit stage's settings."""
-    from rollscale.core.fit.horizon import study_settings
+    from rollscale.core.fit.verdict import forecast_settings
     from rollscale.integrations.track.band import forecast_band
 
-    assert study_settings(30, 0, 1600, form="surface") == SETTINGS
+    assert forecast_settings(30, 0, 1600, form="surface") == SETTINGS
     ev = run_evals(past["runs"], past["evals"], None)
     lead = past["decision"].query("status == 'leader'").iloc[0]
     band = forecast_band(ev, "n", "easy", "uniform", "all", int(lead["key"]), 4 * C_MAX, SETTINGS)

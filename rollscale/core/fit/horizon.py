@@ -22,7 +22,7 @@ from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, boot
 from rollscale.core.fit.tables import design_groups
 
 __all__ = ["COMPUTE_MULTIPLES", "FORECAST_TABLE_COLUMNS", "BACKTEST_TABLE_COLUMNS", "HorizonTables",
-           "forecast_budgets", "horizon_tables", "study_settings"]
+           "forecast_budgets", "horizon_tables"]
 
 COMPUTE_MULTIPLES = (2, 4, 8)  # "with 2x, 4x, 8x more compute" (science §10.5): multiples of the runs' budget
 GROUP_COLUMNS = ["design", "bucket", "rule", "fixed"]
@@ -36,16 +36,6 @@ MIN_KEYS = 2  # a line through the keys needs two of them
 class HorizonTables:
     forecast: pd.DataFrame  # FORECAST_TABLE_COLUMNS
     backtest: pd.DataFrame  # BACKTEST_TABLE_COLUMNS
-
-
-def study_settings(resamples: int, seed: int, eval_draws: int | None, form: str | None = None) -> ForecastSettings:
-    """The study's forecast settings (the fit stage's and ``rollscale track``'s, so that both read one forecast):
-    the fit's bootstrap ``resamples`` (at least 2) and ``seed``; ``eval_draws``, the 0/1 samples behind one
-    evaluation (validation problems x k of avg@k), redrawn in each refit; ``form`` the forecast's shape (None:
-    the default form, the one the test bed chose)."""
-    from rollscale.core.fit.verdict import forecast_settings  # the one place they are built (science §11.5)
-
-    return forecast_settings(resamples, seed, eval_draws, form=form)
 
 
 def forecast_budgets(c_star: float, c_max: float, multiples: tuple[int, ...] = COMPUTE_MULTIPLES) -> list[float]:
