@@ -338,10 +338,14 @@ def chart_noise_along(t: dict[str, pd.DataFrame | None], params: Mapping[str, An
         tip = ["key:N", alt.Tooltip("c_lo:Q", format=",.0f"), alt.Tooltip("c_hi:Q", format=",.0f"), "steps:Q",
                alt.Tooltip("v:Q", format=".4g", title=y_title), alt.Tooltip("lo:Q", format=".4g"),
                alt.Tooltip("hi:Q", format=".4g")]
-        base = alt.Chart(inline_records(d))
-        layer = alt.layer(base.mark_line(point=True).encode(x=x, y=y, color=colour, tooltip=tip),
-                          base.mark_rule().encode(x=x, y="lo:Q", y2="hi:Q", color=colour))
-        return layer, dropped
+        line = alt.Chart(inline_records(d)).mark_line(point=True).encode(x=x, y=y, color=colour, tooltip=tip)
+        # a window without an interval (one step, or no rho interval) gets no rule: Vega-Lite would draw an empty
+        # layer with infinite extents and warn in the console
+        bounded = d[np.isfinite(d["lo"]) & np.isfinite(d["hi"])]
+        if bounded.empty:
+            return line, dropped
+        rule = alt.Chart(inline_records(bounded)).mark_rule().encode(x=x, y="lo:Q", y2="hi:Q", color=colour)
+        return alt.layer(line, rule), dropped
 
     top, _ = panel("g2", "g2_lo", "g2_hi", "|G|² [squared gradient norm]", log=False)
     zero = alt.Chart(inline_records(pd.DataFrame({"y": [0.0]}))).mark_rule(color="#333", strokeDash=[4, 3]).encode(y="y:Q")
