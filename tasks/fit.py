@@ -73,7 +73,8 @@ def crs_prediction(evals: pd.DataFrame, noise_steps: pd.DataFrame | None, fit_pa
 def noise_along(runs: pd.DataFrame, steps: pd.DataFrame | None, noise_prompts: pd.DataFrame | None,
                 fit_params: FitParams) -> pd.DataFrame:
     # science §6.4: every run's and key's steps pooled per doubling of C, rho_icc from the measure stage
-    return noise_along_table(runs, steps, measured_rho(noise_prompts), fit_params.bootstrap_resamples,
+    return noise_along_table(runs, steps, measured_rho(noise_prompts, fit_params.bootstrap_resamples),
+                             fit_params.bootstrap_resamples,
                              fit_params.bootstrap_seed)
 
 

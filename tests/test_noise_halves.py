@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rollscale.core.noise.along import compute_windows, noise_along_table, window_noise
+from rollscale.core.noise.along import MeasuredRho, compute_windows, noise_along_table, window_noise
 from rollscale.core.noise.pooled import RESOLVED, UNRESOLVED
 from rollscale.train.halves import Halves, half_weights, split_halves
 from rollscale.train.step import batch_normalizers, micro_batch, micro_batch_loss, policy_update
@@ -196,6 +196,40 @@ def test_noise_along_table_per_run_and_key_window():
     assert capped["crs_lo"].isna().all() and (capped["crs"] <= 2.0).all()
     off = steps.assign(half_dot=math.nan)
     assert noise_along_table(runs, off).empty and noise_along_table(runs, steps.drop(columns="half_dot")).empty
+
+
+def test_the_crs_at_k_sat_gets_its_interval_from_the_measure_stages_rho_refits():
+    rng = np.random.default_rng(5)
+    frames = _steps(rng, 2, 64, 4)
+    steps = pd.concat([f.assign(run_id=f"r{i}") for i, f in enumerate(frames)], ignore_index=True)
+    runs = pd.DataFrame({"run_id": ["r0", "r1"], "bucket": "easy", "rule": "uniform", "n": M, "b_problem": 4})
+    draws = rng.normal(0.5, 0.05, 1000)  # rho = 0.5: K_sat = 2, far below K_crit, so the CRS is K_sat
+    table = noise_along_table(runs, steps, {"easy": MeasuredRho(0.5, "measure", draws)}, resamples=400)
+    wide = table[table["steps"] >= 16]
+    assert len(wide) and (wide["crs"] == 2.0).all()
+    k_lo, k_hi = 1 / np.quantile(draws, 0.975), 1 / np.quantile(draws, 0.025)
+    assert np.allclose(wide["crs_lo"], k_lo, rtol=0.05) and np.allclose(wide["crs_hi"], k_hi, rtol=0.05)
+    assert np.allclose(wide["k_sat_lo"], wide["crs_lo"]) and (wide["rho_icc_lo"] < 0.5).all()
+    assert (wide["rho_icc_hi"] > 0.5).all() and wide["interval"].str.contains("rho_icc refits").all()
+    held = noise_along_table(runs, steps, {"easy": (0.5, "measure")}, resamples=100)
+    assert held["crs_lo"].isna().all() and held["k_sat_lo"].isna().all() and held["rho_icc_lo"].isna().all()
+
+
+def test_the_crs_interval_with_rho_drawn_covers_the_truth():
+    """rho estimated elsewhere (a normal estimate and bootstrap, as the measure stage's): the CRS's 95 % interval,
+    steps and rho resampled together, covers the true CRS (K_crit here) in about 95 % of 120 replicates, and
+    more often than with rho held at its estimate (measured: 0.93 against 0.87)."""
+    rng = np.random.default_rng(8)
+    rho, sd = TB / (TB + MSW), 0.015
+    truth = min(MSW / (1 - TB), 1 / rho)
+    covered, held = [], []
+    for i, f in enumerate(_steps(rng, 120, 40, 7)):
+        rho_hat = rng.normal(rho, sd)
+        drawn = window_noise([f], rho_hat, resamples=300, seed=i, rho_draws=rho_hat + rng.normal(0, sd, 500))
+        fixed = window_noise([f], rho_hat, resamples=300, seed=i)
+        covered.append(drawn.values["crs"][1] <= truth <= drawn.values["crs"][2])
+        held.append(fixed.values["crs"][1] <= truth <= fixed.values["crs"][2])
+    assert 0.88 <= np.mean(covered) <= 1.0 and np.mean(covered) > np.mean(held)
 
 
 # --------------------------------------------------------------------------- the report's figure and claims

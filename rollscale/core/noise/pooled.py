@@ -29,7 +29,7 @@ Reading (science §6.3), what the report says of an infinite K_crit:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -63,6 +63,8 @@ class PooledNoise:
     prompts: int  # prompts over all steps
     values: dict[str, tuple[float, float, float]]
     reading: str
+    # rho_icc's bootstrap refits (one per resample): another estimate built on it draws from them (§6.4's CRS)
+    rho_draws: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def row(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = {"n": self.n, "steps": self.steps, "prompts": self.prompts}
@@ -124,7 +126,7 @@ def pooled_noise(prompts: pd.DataFrame, n: int, resamples: int = 1000, level: fl
         values[name] = (float(point[name][0]), float(lo), float(hi))
     g2, g2_lo = values["g_norm2"][0], values["g_norm2"][1]
     reading = UNRESOLVED if not g2_lo > 0 else RHO_S if math.isinf(values["k_crit"][0]) else RESOLVED
-    return PooledNoise(n, len(steps), int(sum(len(g) for g in steps)), values, reading)
+    return PooledNoise(n, len(steps), int(sum(len(g) for g in steps)), values, reading, refits["rho_icc"].copy())
 
 
 def prompts_to_resolve(pooled: PooledNoise) -> tuple[int, bool] | None:
