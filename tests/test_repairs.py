@@ -266,7 +266,9 @@ def test_a_changed_fit_table_is_refused_by_every_reader_after_any_fit(finished, 
     whether the fit's last run finished, was interrupted or failed; the untouched tables stay readable."""
     from rollscale.pipeline.query.storage import query
     from rollscale.pipeline.stages.specs import FAILED, RUN_INFO
+    from rollscale.pipeline.stages.status import StageStatus, with_damage
 
+    state = {"finished": "done", "interrupted": "interrupted", "failed": "failed"}
     art, params = study_copy(finished, tmp_path)
     (art.parent / "exports").mkdir()
     if how == "interrupted":  # as stage_lock leaves a run stopped by Ctrl-C
@@ -282,5 +284,8 @@ def test_a_changed_fit_table_is_refused_by_every_reader_after_any_fit(finished, 
             assert len(line.splitlines()) == 1 and str(path) in line, line
             assert "does not match" in line or "the manifest says" in line, line
             assert "rollscale run fit" in line or "`rollscale study` runs fit again" in line, line
+        # `status` names the damage too, beside the interruption or failure
+        shown = with_damage(StageStatus("fit", state[how], "as the stage left it"), art)
+        assert shown.state == {"finished": "damaged"}.get(how, how) and f"{table}.parquet" in shown.detail, shown
         path.write_bytes(good)
         assert len(query(f"select * from {table}", art)) == len(df)

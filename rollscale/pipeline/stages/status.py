@@ -135,22 +135,26 @@ def stage_statuses(root: str | os.PathLike[str] | None = None,
             ups = [u for u in upstream(spec, specs) if state.get(u) not in ("done", None)]
             if ups:
                 status = StageStatus(name, "stale", "after " + ", ".join(f"{u} ({state[u]})" for u in ups))
-        status = _with_damage(status, artifacts)
+        status = with_damage(status, artifacts)
         state[name] = status.state
         out.append(status)
     return out
 
 
-def _with_damage(status: StageStatus, artifacts: Path) -> StageStatus:
+def with_damage(status: StageStatus, artifacts: Path) -> StageStatus:
     """A finished stage ("done" or "stale") whose files no longer match its record of checksums
-    is "damaged", naming the file (:mod:`rollscale.pipeline.stages.outputs`)."""
+    is "damaged", naming the file (:mod:`rollscale.pipeline.stages.outputs`); an interrupted or failed one keeps
+    its state, the damage to what its last finished run wrote said beside it (every reader refuses that file)."""
     from rollscale.pipeline.stages.outputs import stage_problem
 
-    if status.state not in ("done", "stale"):
+    if status.state not in ("done", "stale", "interrupted", "failed"):
         return status
     problem = stage_problem(artifacts, status.stage, quick=True)
     if problem is None:
         return status
+    if status.state in ("interrupted", "failed"):
+        return StageStatus(status.stage, status.state, f"{status.detail}; and its last finished run's files are "
+                                                       f"damaged: {problem}; `rollscale study` runs it again")
     return StageStatus(status.stage, "damaged", f"{problem}; `rollscale study` runs it again")
 
 
