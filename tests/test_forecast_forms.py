@@ -156,6 +156,25 @@ def test_calibration_widens_until_the_backtests_errors_are_covered():
     assert calibration(np.array([math.nan]), np.array([0.05]), 0.95) == 1.0
 
 
+def test_d_is_calibrated_on_its_own_errors_a_shared_bend_widens_the_rewards_not_their_differences():
+    """Three keys whose curves all bend up past the cut by the same amount: the backtest's reward errors are large
+    and shared (widen ~4), D's errors small (widen_d 1); with one key bending alone, D's widen too."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.004, (3, 2, 22))
+    offset = {2: 0.0, 4: 0.03, 8: 0.015}
+
+    def reward(bend: dict[int, float]):
+        keys = list(offset)
+        return lambda n, s, i: (0.3 + offset[n] + 0.008 * i + bend[n] * max(0, i - 11) ** 2
+                                + noise[keys.index(n), s, i])
+
+    shared = backtest(_evals(21, reward({2: 8e-4, 4: 8e-4, 8: 8e-4}), keys=(2, 4, 8)), "n", QUICK, multiple=4.0)
+    assert shared.widen > 2.0 and shared.widen_d < 1.5, (shared.widen, shared.widen_d)
+    assert "D to the leader" in shared.note
+    alone = backtest(_evals(21, reward({2: 8e-4, 4: 0.0, 8: 0.0}), keys=(2, 4, 8)), "n", QUICK, multiple=4.0)
+    assert alone.widen_d > 1.5, (alone.widen, alone.widen_d)
+
+
 def test_pass_at_k_is_chen_et_als_unbiased_estimator():
     # one problem, 4 samples, 1 correct: pass@1 = 1/4, pass@2 = 1 - C(3,2)/C(4,2) = 1/2, pass@4 = 1
     assert pass_at_k(np.array([4]), np.array([1]), 1) == pytest.approx(0.25)

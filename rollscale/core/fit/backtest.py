@@ -12,7 +12,11 @@ value lies in the forecast's interval. Where ``m`` is more than the runs can cut
 Reported: the signed mean error, RMSE and coverage, and ``widen``: the factor by which the forecast's half
 widths must grow to have covered the backtest's errors (split-conformal, science §11.4: the errors over the
 half width on the side of each miss, their ``ceil((n + 1) level) / n`` quantile, the largest with few keys;
-never below 1). The answer's interval is read with it (``ForecastSettings.widen``).
+never below 1). The answer's interval is read with it (``ForecastSettings.widen``). ``widen_d`` is the same
+calibration of ``D_k = R_k - R_L`` to the cut forecast's leader, from the errors of D (forecast D minus reached
+D): an error every key shares (the whole group forecast low, as on the embedded default) widens the rewards, not
+their differences, so the keys' standing is read on D's own errors (``ForecastSettings.widen_d``; ``widen``
+where no D error can be read).
 
 The backtest fails, and the study's forecast is not to be trusted past its data, when
 
@@ -78,6 +82,7 @@ class Backtest:
     rmse: float = math.nan
     multiple: float = math.nan  # the multiple tested (the answer's, or the largest the runs can cut)
     widen: float = 1.0  # the interval's calibration (module docstring)
+    widen_d: float = 1.0  # D's (module docstring)
 
 
 def cut_runs(evals: pd.DataFrame, fraction: float = 0.5) -> pd.DataFrame:
@@ -166,6 +171,7 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
     rmse = float(np.sqrt(np.mean(err**2))) if n else math.nan
     half = np.where(reached >= point, hi - point, point - lo)[known]
     widen = calibration(err, half, settings.level)
+    widen_d = _calibration_of_d(point, refits, reached, known, boot, settings.level, top, widen)
     a4 = bool(off.any())
     failed = bool(n == 0 or coverage < COVERAGE_MIN - 1e-12 or a4)
     note = (f"forecast {m:.2g}x past 1/{m:.2g} of the data covered {int(covered.sum())} of {n} keys' final "
@@ -174,6 +180,7 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
         note = f"the runs cannot be cut at 1/{wanted:.2g} (too few evaluations before); tested at {m:.2g}x: " + note
     if widen > 1.0 + 1e-9:
         note += f"; the interval widened {widen:.2f}x to cover these errors"
+        note += f" (D to the leader {widen_d:.2f}x, on D's own errors)"
     if n == 0:
         note = "no key's runs could be fitted to compare the forecast with: not to be trusted past the data"
     elif failed:
@@ -181,7 +188,24 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
         why += [f"A4 contradicted: key {int(k)} off the forecast (z = {v:+.1f})"
                 for k, v in zip(keys[off], z[off], strict=True)]
         note += "; not to be trusted past the data (" + "; ".join(why) + ")"
-    return Backtest(table, coverage, mean_error, mae, a4, failed, note, rmse, m, widen)
+    return Backtest(table, coverage, mean_error, mae, a4, failed, note, rmse, m, widen, widen_d)
+
+
+def _calibration_of_d(point: np.ndarray, refits: np.ndarray, reached: np.ndarray, known: np.ndarray,
+                      boot: SurfaceBootstrap, level: float, top: float, fallback: float) -> float:
+    """``widen_d`` (module docstring): the split-conformal widening of D to the cut forecast's leader, from each
+    other key's error of D; ``fallback`` (the rewards' widening) where the leader or no other key was reached."""
+    finite = np.flatnonzero(np.isfinite(point))
+    if not finite.size:
+        return fallback
+    lead = finite[int(np.argmax(np.nanmedian(refits[:, finite], axis=0)))]
+    others = known & (np.arange(point.size) != lead)
+    if not (known[lead] and others.any()):
+        return fallback
+    d_point, d_reached = point - point[lead], reached - reached[lead]
+    d_lo, d_hi = interval(d_point, refits - refits[:, [lead]], spread(boot, of_d=True), level, (-top, top))
+    half = np.where(d_reached >= d_point, d_hi - d_point, d_point - d_lo)
+    return calibration((d_point - d_reached)[others], half[others], level)
 
 
 def answer_multiple(evals: pd.DataFrame, c_star: float) -> float:
@@ -195,8 +219,9 @@ def calibrated(boot: SurfaceBootstrap, evals: pd.DataFrame, key_col: str, c_star
     """``boot`` with its interval widened by the group's backtest at the answer's multiple (science §11.4), and
     that backtest: every reader of the forecast at C* (the fit stage, the search, track) calls this, so that all
     read one interval."""
-    bt = backtest(evals, key_col, replace(boot.settings, widen=1.0), multiple=answer_multiple(evals, c_star))
-    return replace(boot, settings=replace(boot.settings, widen=bt.widen)), bt
+    bt = backtest(evals, key_col, replace(boot.settings, widen=1.0, widen_d=1.0),
+                  multiple=answer_multiple(evals, c_star))
+    return replace(boot, settings=replace(boot.settings, widen=bt.widen, widen_d=bt.widen_d)), bt
 
 
 def _reached(evals: pd.DataFrame, key_col: str, keys: np.ndarray, c_end: np.ndarray,

@@ -83,14 +83,15 @@ class ForecastSettings:
     form: str = DEFAULT_FORM  # the shape (rollscale.core.fit.forms; "surface": science §10.1's)
     ceiling: float | None = None  # the base's pass@k on the validation problems (science §11.2); None: a_max
     widen: float = 1.0  # the backtest's calibration of the interval (rollscale.core.fit.backtest.calibration)
+    widen_d: float = 1.0  # and of D's, from the backtest's errors of D (a bias common to the keys cancels in D)
 
     def __post_init__(self) -> None:
         if self.resamples < 2:
             raise ValueError(f"forecast resamples: expected >= 2, got {self.resamples}")
         if not 0 < self.level < 1:
             raise ValueError(f"forecast level: expected in (0, 1), got {self.level}")
-        if not self.widen >= 1.0:
-            raise ValueError(f"forecast widen: expected >= 1, got {self.widen}")
+        if not (self.widen >= 1.0 and self.widen_d >= 1.0):
+            raise ValueError(f"forecast widen: expected >= 1, got {self.widen} (D: {self.widen_d})")
 
     @property
     def top(self) -> float:
@@ -207,12 +208,12 @@ def interval(point: np.ndarray, refits: np.ndarray, spread: float, level: float,
     return np.clip(lo, *bounds), np.clip(hi, *bounds)
 
 
-def spread(boot: SurfaceBootstrap) -> float:
+def spread(boot: SurfaceBootstrap, of_d: bool = False) -> float:
     """How far the refits' percentiles are moved out (module docstring): ``sqrt(S / (S - 1))``, S the median runs
     per trained key (1 with one run a key: no seed spread to correct), times the backtest's calibration
-    (``settings.widen``, science §11.4)."""
+    (``settings.widen``, science §11.4; for D to the leader ``settings.widen_d``, calibrated on D's own errors)."""
     seeds = math.sqrt(boot.seeds / (boot.seeds - 1)) if boot.seeds > 1 else 1.0
-    return seeds * boot.settings.widen
+    return seeds * (boot.settings.widen_d if of_d else boot.settings.widen)
 
 
 def default_keys(trained: np.ndarray) -> np.ndarray:
@@ -267,7 +268,7 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
     if candidates.size:
         lead = candidates[int(np.argmax(np.nanmedian(refits[:, candidates], axis=0)))]
         d_point, d_refits = point - point[lead], refits - refits[:, [lead]]
-        d_lo, d_hi = interval(d_point, d_refits, spread(boot), settings.level, (-top, top))
+        d_lo, d_hi = interval(d_point, d_refits, spread(boot, of_d=True), settings.level, (-top, top))
         # a key's continuation (science §11.3) bounds its D too: against the leader's lower bound
         d_hi = np.fmax(d_hi, continued - lo[lead])
         d_lo, d_hi = _around(d_point, d_lo, d_hi, boot, (-top, top))
