@@ -150,8 +150,9 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
         table = decision_spec(decision)
         forecast = from_forecast(first_design(decision))
         fixes = fixes + (untrained_above(t) if forecast else [])  # the bracket, on the forecast's keys
-        if forecast and backtest_failed(t):  # science §10.3: a forecast its own backtest failed answers nothing
-            answered = False
+        if forecast and backtest_failed(t):
+            # the answer is the verdict's (science §11.5), as export and track read it; a failed backtest stands
+            # beside it (§11.4: its errors have widened the interval) and is the first thing to change
             fixes.insert(0, "sweep.c_max closer to study.target_budget: C* lies past the runs' data, where the "
                          f"answer is the forecast's, and the study's backtest says it is {UNTRUSTED}")
     # science §10.3: the backtest beside the answer, and always beside a decision the forecast made
