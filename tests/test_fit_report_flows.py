@@ -184,3 +184,17 @@ def test_fit_without_a_sweep_names_the_stage_and_report_still_writes(tmp_path):
     paths = report_flow(params_path=str(params), artifacts=str(tmp_path / "artifacts"))
     assert not paths.pngs and "frontier" in paths.missing
     assert "dvc repro fit" in (tmp_path / "artifacts" / "report" / "summary.md").read_text()
+
+
+def test_the_fit_stage_forecasts_with_the_studys_form(tmp_path):
+    """``study.forecast_form`` reaches the forecast through the one constructor of its settings
+    (rollscale.core.fit.verdict.forecast_settings, science §11.5): every row of the ``forecast`` table names it."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"fit": {"bin_width": 0.01, "grid_points": 10, "bootstrap_resamples": 5},
+                                      "sweep": {"c_max": C_MAX},
+                                      "study": {"target_budget": 4 * C_MAX, "forecast_form": "linear"}}))
+    artifacts = tmp_path / "artifacts"
+    _write_sweep(artifacts, np.random.default_rng(2), seeds=(0, 1))
+    fit_flow(params_path=str(params), artifacts=str(artifacts))
+    forms = query("SELECT DISTINCT form FROM forecast", artifacts)["form"].tolist()
+    assert forms == ["linear"]

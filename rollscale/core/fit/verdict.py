@@ -37,14 +37,12 @@ SETTLING_RULES = ("epsilon", "a2", "forecast", "cap")
 
 
 def forecast_settings(resamples: int, seed: int, eval_draws: int | None, level: float = 0.95,
-                      a_max: float | None = 1.0, form: str | None = None) -> ForecastSettings:
+                      a_max: float | None = 1.0, *, form: str) -> ForecastSettings:
     """The forecast's settings as the study's config gives them (``*.bootstrap_resamples``, ``*.bootstrap_seed``,
-    validation problems x ``sweep.eval_k``; ``form`` the shape, None for the default of
-    :mod:`rollscale.core.fit.forms`): the one place the search and the fit stage build them."""
-    from rollscale.core.fit import forms  # the default read when called: the test bed's choice
-
+    validation problems x ``sweep.eval_k``, ``form`` its ``study.forecast_form``): the one place the search, the
+    fit stage and track build them, each from the study's params."""
     return ForecastSettings(resamples=max(int(resamples), 2), eval_draws=eval_draws, level=level, seed=int(seed),
-                            a_max=a_max, form=forms.DEFAULT_FORM if form is None else form)
+                            a_max=a_max, form=form)
 
 
 @dataclass(frozen=True)
