@@ -229,3 +229,27 @@ def test_an_interval_that_is_not_the_refits_is_fixed_and_says_why():
     kept = honest_intervals(t.assign(interval="bootstrap over 2 seeds"))
     assert kept.loc[0, "interval"] == ("bootstrap over 2 seeds; a: its refits agree to one value, no spread to "
                                        "bound: no interval") and kept.loc[1, "interval"] == "bootstrap over 2 seeds"
+
+
+def test_a_study_that_cannot_answer_says_why_first(study, tmp_path):
+    """A study `rollscale init --force` wrote after its refusal ("... no study resolves 0.02: ...", issue 56): the
+    report's first reason is that line, the verdict `rollscale check` gives on its params.yaml."""
+    import shutil
+
+    from rollscale.config import load_params
+    from rollscale.pipeline.check.answerable import cannot_answer
+
+    artifacts = tmp_path / "artifacts"
+    shutil.copytree(study[0], artifacts)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"fit": {"bin_width": 0.01, "grid_points": 30}, "report": {"k_sat_cap": 50},
+                                      "bucket": {"val_size": 4}, "sweep": {"eval_k": 4}}))
+    line = cannot_answer(load_params(params), artifacts)
+    assert line is not None and "no study resolves 0.02" in line
+    report_flow(params_path=str(params), artifacts=str(artifacts))
+    summary = (artifacts / "report" / "summary.md").read_text().splitlines()
+    first = next(i for i, s in enumerate(summary) if s in ("What to change:", "What would sharpen it:"))
+    assert summary[first + 2] == f"- {line}"
+    assert line in (artifacts / "report" / "index.html").read_text()
+    # the study as the fixture wrote it can answer at its tolerance: no such line
+    assert cannot_answer(load_params(study[0].parent / "params.yaml"), study[0]) is None

@@ -103,8 +103,11 @@ def _answer_text(decided: pd.DataFrame) -> str:
     return "; ".join(parts) + (f"; {more} more claim{'s' if more > 1 else ''} below" if more > 0 else "")
 
 
-def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> Answer:
-    """The answer the tables support, or why there is none yet and what to change."""
+def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None,
+                 cannot_answer: str | None = None) -> Answer:
+    """The answer the tables support, or why there is none yet and what to change. ``cannot_answer``: why the study
+    as written cannot settle a key at its tolerance (`rollscale check`'s verdict, the line `rollscale init` refused
+    it on before ``--force`` wrote it), said first."""
     t = check_tables(tables)
     tolerance, eta = _decision_settings(params)
     rows = claim_rows(t, tolerance, eta)
@@ -160,7 +163,8 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
         headline = headline + ("" if headline.endswith(".") else ".") + " " + backtest
     if (cost := search_cost(t, params)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
-    return Answer(answered, headline, fixes, claims, observations, table)
+    return Answer(answered, headline, [cannot_answer, *fixes] if cannot_answer else fixes, claims, observations,
+                  table)
 
 
 def _measure(params: Mapping[str, Any] | Any | None) -> MeasureParams | None:
