@@ -161,6 +161,20 @@ def _decision_table(rows: dict, lead: int) -> pd.DataFrame:
     return t.set_index("key", drop=False)
 
 
+# the group of the decision method's settling tests: n = 2, 4, 8, 2 seeds, C* = 20,000 within the data
+DECIDING = SearchGroup("g", "rollout", (2, 4, 8), (0, 1), C_MAX, fixed=16, key_min=2, key_max=8)
+DECIDING_SETTINGS = SearchSettings(SearchParams(method="decision", eta=1.41, alpha=0.3, seeds_min=2, seeds_max=3),
+                                   DecisionParams(tolerance=0.02, target_budget=20_000))
+
+
+def _stopped_at_rung_7(key: int) -> pd.DataFrame:
+    """The ``search`` rows of a first decision (rung 7, 20,120 rollouts, n = 4 leading) that stopped ``key``."""
+    return pd.DataFrame([{"group": "g", "decision": 0, "rung": 7, "c": 20_120.0, "key": str(k), "seed": seed,
+                          "leader": "4", "action": "stop" if k == key else "continue",
+                          "rule": "epsilon" if k == key else "none", "c_train": 20_120.0 if k == key else 28_369.0}
+                         for k in (2, 4, 8) for seed in (0, 1)]).reindex(columns=DECISION_COLUMNS)
+
+
 @pytest.mark.parametrize("d_hi_2, resumed", [(0.05, True), (-0.05, False)])
 def test_the_decision_settles_a_stopped_key_against_the_final_leader_never_transitively(d_hi_2, resumed):
     """Science §11.3. n = 2 was stopped as settled against n = 4, the leader then; now n = 8 leads and n = 4 is
@@ -170,13 +184,7 @@ def test_the_decision_settles_a_stopped_key_against_the_final_leader_never_trans
     from rollscale.core.search.methods.decision import decide_group
     from rollscale.core.search.standing import Standing
 
-    g = SearchGroup("g", "rollout", (2, 4, 8), (0, 1), C_MAX, fixed=16, key_min=2, key_max=8)
-    s = SearchSettings(SearchParams(method="decision", eta=1.41, alpha=0.3, seeds_min=2, seeds_max=3),
-                       DecisionParams(tolerance=0.02, target_budget=20_000))
-    first = pd.DataFrame([{"group": "g", "decision": 0, "rung": 7, "c": 20_120.0, "key": str(k), "seed": seed,
-                           "leader": "4", "action": "stop" if k == 2 else "continue",
-                           "rule": "epsilon" if k == 2 else "none", "c_train": 20_120.0 if k == 2 else 28_369.0}
-                          for k in (2, 4, 8) for seed in (0, 1)]).reindex(columns=DECISION_COLUMNS)
+    g, s, first = DECIDING, DECIDING_SETTINGS, _stopped_at_rung_7(2)
     st = group_state(g, first, s)
     assert st.stopped == {2: 20_120.0} and st.rung == 8
     star = _decision_table({2: (0.55, d_hi_2), 4: (0.58, -0.03), 8: (0.62, 0.0)}, lead=8)
@@ -199,14 +207,8 @@ def test_the_decision_resumes_a_stopped_key_that_leads_at_c_star():
     from rollscale.core.search.methods.decision import decide_group
     from rollscale.core.search.standing import Standing
 
-    g = SearchGroup("g", "rollout", (2, 4, 8), (0, 1), C_MAX, fixed=16, key_min=2, key_max=8)
-    s = SearchSettings(SearchParams(method="decision", eta=1.41, alpha=0.3, seeds_min=2, seeds_max=3),
-                       DecisionParams(tolerance=0.02, target_budget=20_000))
-    first = pd.DataFrame([{"group": "g", "decision": 0, "rung": 7, "c": 20_120.0, "key": str(k), "seed": seed,
-                           "leader": "4", "action": "stop" if k == 8 else "continue",
-                           "rule": "epsilon" if k == 8 else "none", "c_train": 20_120.0 if k == 8 else 28_369.0}
-                          for k in (2, 4, 8) for seed in (0, 1)]).reindex(columns=DECISION_COLUMNS)
-    st = group_state(g, first, s)
+    st = group_state(DECIDING, _stopped_at_rung_7(8), DECIDING_SETTINGS)
     star = _decision_table({2: (0.50, -0.10), 4: (0.58, -0.03), 8: (0.62, 0.0)}, lead=8)
-    rows = pd.DataFrame(decide_group(g, st, Standing(star, star, star, 0.2), s), columns=DECISION_COLUMNS)
+    rows = pd.DataFrame(decide_group(DECIDING, st, Standing(star, star, star, 0.2), DECIDING_SETTINGS),
+                        columns=DECISION_COLUMNS)
     assert set(rows.loc[rows["key"] == "8", "action"]) == {"resume"} and "decided" not in set(rows["rule"])
