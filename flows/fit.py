@@ -113,7 +113,7 @@ def fit_flow(params_path: str = "params.yaml", artifacts: str = str(ARTIFACTS)) 
     # past the data (science §10): one surface over each ordered group's keys, read at C* and at 2x, 4x and 8x
     # the runs' budget, and its backtest on the runs cut at half their budget
     ahead = forecast(evals, params.target_budget, params.sweep.c_max, params.bucket.val_size * params.sweep.eval_k,
-                     params.fit, params.sweep)
+                     params.fit, params.study.forecast_form, params.sweep)
     # where C* lies past what the per-run fits can read (every key, or the leader, beyond eta x its data) the
     # study's decision is the forecast's
     decided = decision_past_the_data(decided, ahead.forecast)

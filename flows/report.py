@@ -20,6 +20,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from rollscale.config import StudyParams
+from rollscale.pipeline.check.answerable import cannot_answer
 from rollscale.report import TABLE_NAMES, ReportPaths, write_report
 from rollscale.train.trackers import log_report, tracker_targets
 from tasks.common import ARTIFACTS, read_params, transient
@@ -30,7 +31,8 @@ from tasks.fit import read_tables
 @task(name="write-report", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=transient)
 def render_report(root: Path, out: Path, params: StudyParams) -> ReportPaths:
     tables = read_tables(root, list(TABLE_NAMES))
-    return write_report(tables, out, params)
+    # a study `rollscale init --force` wrote though it cannot answer says so first (the verdict check gives)
+    return write_report(tables, out, params, cannot_answer(params, root))
 
 
 @flow(name="report")

@@ -1,5 +1,6 @@
 """Registries: what params.yaml may name (allocation rules, advantage estimators, policy losses,
-loss aggregations, sampling engines, search methods), each filled by the modules that define the entries.
+loss aggregations, sampling engines, search methods, forecast forms), each filled by the modules that define
+the entries.
 
 A leaf: it imports nothing from the library. Each registry knows its *plugin packages* by dotted
 name and imports them on first use, the way entry points are found: every module of such a
@@ -12,8 +13,9 @@ Two kinds of discovery:
 - eager (rules, losses): the first lookup imports every module of the plugin packages. Their
   modules are imported when ``params.yaml`` is validated, so they keep heavy imports (torch)
   out of module level: tensors have methods for everything a loss needs.
-- lazy (engines, search methods): one entry per module, named after it (``hf_paged.py`` is "hf-paged"); the
-  names are read from the package's folder without importing anything, and :meth:`Registry.get`
+- lazy (engines, search methods, forecast forms): the entries a module's decorators name, else one named after
+  it (``hf_paged.py`` is "hf-paged"); the names are read from the package's folder and sources without importing
+  anything, and :meth:`Registry.get`
   imports only the module asked for (vLLM loads only when chosen; a search method's fits only when
   the sweep searches). Checking a name (params validation) reads the folder, so a stage that only
   validates params does not run, and does not depend on, any module of a lazy registry.
@@ -72,14 +74,28 @@ def _registers(decorator: ast.expr, name: str) -> bool:
             and isinstance(decorator.args[0], ast.Constant) and decorator.args[0].value == name)
 
 
+def _decorated_names(path: Path) -> list[str]:
+    """The names a module's top-level functions and classes register with a ``register("name")`` or
+    ``<REGISTRY>.register("name")`` decorator, read from its source (nothing imported)."""
+    out = []
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        for d in getattr(node, "decorator_list", ()):
+            if (isinstance(d, ast.Call) and len(d.args) == 1 and isinstance(d.args[0], ast.Constant)
+                    and isinstance(d.args[0].value, str)
+                    and (isinstance(d.func, ast.Attribute) and d.func.attr == "register"
+                         or isinstance(d.func, ast.Name) and d.func.id == "register")):
+                out.append(d.args[0].value)
+    return out
+
+
 class Registry(Generic[T]):
     """Names -> entries (functions or classes) of one kind.
 
     Args:
         kind: what an entry is, for messages ("allocation rule").
         plugins: dotted names of the packages (or modules) whose modules register entries.
-        lazy: one entry per module, named after the module with ``_`` read as ``-``; ``skip``
-            lists modules of the package that are not entries (shared code).
+        lazy: the entries a module's decorators name (read from its source), else one named after the module
+            with ``_`` read as ``-``; ``skip`` lists modules of the package that are not entries (shared code).
     """
 
     def __init__(self, kind: str, plugins: Iterable[str] = (), lazy: bool = False, skip: Iterable[str] = ()) -> None:
@@ -105,9 +121,16 @@ class Registry(Generic[T]):
         return decorator
 
     def _lazy_modules(self) -> dict[str, str]:
-        """Entry name -> module of a lazy registry."""
-        return {mod.rsplit(".", 1)[1].replace("_", "-"): mod for package in self.plugins
-                for mod in _submodules(package) if mod.rsplit(".", 1)[1] not in self.skip}
+        """Entry name -> module of a lazy registry: the names its decorators register, read from its source (a
+        module may register several: the forecast's forms), else the module's own name."""
+        out: dict[str, str] = {}
+        for package in self.plugins:
+            for mod, path in _module_paths(package).items():
+                short = mod.rsplit(".", 1)[1]
+                if short not in self.skip:
+                    for name in _decorated_names(path) or [short.replace("_", "-")]:
+                        out.setdefault(name, mod)
+        return out
 
     def _discover(self) -> None:
         if self._discovered or self.lazy:
@@ -203,3 +226,5 @@ LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", plugins=[_LOSSES])
 SAMPLING_ENGINES: Registry = Registry("sampling engine", plugins=["rollscale.lm.engines"], lazy=True, skip=["base"])
 SEARCH_METHODS: Registry = Registry("search method", plugins=["rollscale.core.search.methods"], lazy=True,
                                     skip=["base"])
+# the forecast's shapes (science §11.2): one module of rollscale/core/fit/forms/ a form, named after it
+FORECAST_FORMS: Registry = Registry("forecast form", plugins=["rollscale.core.fit.forms"], lazy=True)

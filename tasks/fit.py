@@ -89,10 +89,11 @@ def decision(evals: pd.DataFrame, c_star: int, tolerance: float, eta: float, fit
 
 @retried_task(name="forecast")
 def forecast(evals: pd.DataFrame, c_star: int, c_max: int, eval_draws: int | None, fit_params: FitParams,
-             sweep: SweepParams | None = None) -> HorizonTables:
-    # science §10: the surface over the keys read at C* and at 2x, 4x, 8x the runs' budget, with its backtest
-    # the evaluation noise redrawn in each refit is avg@k's over the validation problems (eval_draws samples)
-    settings = forecast_settings(fit_params.bootstrap_resamples, fit_params.bootstrap_seed, eval_draws)
+             form: str, sweep: SweepParams | None = None) -> HorizonTables:
+    # science §10-11: the forecast (its form: study.forecast_form) read at C* and at 2x, 4x, 8x the runs' budget,
+    # with its backtest; the evaluation noise redrawn in each refit is avg@k's over the validation problems
+    # (eval_draws samples)
+    settings = forecast_settings(fit_params.bootstrap_resamples, fit_params.bootstrap_seed, eval_draws, form=form)
     tables = horizon_tables(evals, c_star, forecast_budgets(c_star, c_max), settings)
     if sweep is None or tables.forecast.empty:
         return tables

@@ -123,3 +123,23 @@ def test_the_search_identity_holds_every_setting_a_new_one_included():
     assert wider["rungs_to_skip"] == 1 and wider != SearchSettings(search=Wider()).identity()
     for name in ("seeds_min", "key_max"):  # settings the hand-kept list had missed
         assert SearchSettings(SearchParams(**{name: 5})).identity() != SearchSettings().identity()
+
+
+def test_the_forecast_form_is_one_field_validated_against_the_registered_forms():
+    """``study.forecast_form`` (science §11.2): its default is the one the forms' module names, a form a module
+    registers beside its own name is valid, an unknown one is one line naming the key and the forms; the search
+    identity holds it, so a stored search made under another form is not reused."""
+    from rollscale.config import DecisionParams
+    from rollscale.core.fit import forms
+    from rollscale.core.search.state import SearchSettings
+
+    assert parse_params({}).study.forecast_form == forms.DEFAULT_FORM == DecisionParams().forecast_form
+    assert set(forms.FORMS) | {"surface"} <= {parse_params({"study": {"forecast_form": f}}).study.forecast_form
+                                              for f in [*forms.FORMS, "surface"]}
+    with pytest.raises(ParamsError) as err:
+        parse_params({"study": {"forecast_form": "decy"}})
+    line = [ln for ln in str(err.value).splitlines() if "forecast_form" in ln]
+    assert len(line) == 1 and "study.forecast_form" in line[0] and "did you mean 'decay'" in line[0]
+    assert all(f in line[0] for f in [*forms.FORMS, "surface"])
+    assert SearchSettings(study=DecisionParams(forecast_form="surface")).identity()["forecast_form"] == "surface"
+    assert SearchSettings(study=DecisionParams(forecast_form="surface")).identity() != SearchSettings().identity()

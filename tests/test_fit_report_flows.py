@@ -13,7 +13,7 @@ import yaml
 
 from flows.fit import fit_flow
 from flows.report import report_flow
-from rollscale.core.fit.verdict import interval_faults
+from rollscale.core.fit.verdict import honest_intervals, interval_faults
 from rollscale.files import write_parquet_atomic
 from rollscale.pipeline.query.storage import query
 from rollscale.train.checkpoint import RunStore
@@ -168,9 +168,14 @@ def test_past_the_data_the_fit_decides_from_the_forecast_and_the_report_says_so(
     assert "Forecast past the data (science §10): " in paths.headline
     assert "## With 2x, 4x, 8x more compute" in paths.summary.read_text()
     assert "more_compute" in paths.pngs
-    # science §11.5: no estimate outside its interval, no degenerate interval, in any decision, forecast or fits row
+    # science §11.5: no estimate outside its interval, no degenerate interval, in any decision, forecast or fits row;
+    # a row whose interval is not its refits' says why (two seeds: some fits' refits collapse)
     for name in ("decision", "forecast", "fits"):
-        assert interval_faults(query(f"SELECT * FROM {name}", artifacts), name) == []
+        table = query(f"SELECT * FROM {name}", artifacts)
+        assert interval_faults(table, name) == []
+        assert "interval" in table.columns
+    fits = query("SELECT * FROM fits", artifacts)
+    assert fits["interval"].str.contains("no spread to bound: no interval").any()
     # science §11.6: n = 1 (a one-rollout group has no advantage under a group baseline) is neither forecast nor drawn
     every = query("SELECT * FROM forecast WHERE design = 'n'", artifacts)
     assert every["key"].min() >= 2 and (every["key"] == 16).any()  # the bracket's next key is still forecast
@@ -184,3 +189,67 @@ def test_fit_without_a_sweep_names_the_stage_and_report_still_writes(tmp_path):
     paths = report_flow(params_path=str(params), artifacts=str(tmp_path / "artifacts"))
     assert not paths.pngs and "frontier" in paths.missing
     assert "dvc repro fit" in (tmp_path / "artifacts" / "report" / "summary.md").read_text()
+
+
+def test_the_fit_stage_forecasts_with_the_studys_form(tmp_path):
+    """``study.forecast_form`` reaches the forecast through the one constructor of its settings
+    (rollscale.core.fit.verdict.forecast_settings, science §11.5): every row of the ``forecast`` table names it."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"fit": {"bin_width": 0.01, "grid_points": 10, "bootstrap_resamples": 5},
+                                      "sweep": {"c_max": C_MAX},
+                                      "study": {"target_budget": 4 * C_MAX, "forecast_form": "linear"}}))
+    artifacts = tmp_path / "artifacts"
+    _write_sweep(artifacts, np.random.default_rng(2), seeds=(0, 1))
+    fit_flow(params_path=str(params), artifacts=str(artifacts))
+    forms = query("SELECT DISTINCT form FROM forecast", artifacts)["form"].tolist()
+    assert forms == ["linear"]
+
+
+def test_an_interval_that_is_not_the_refits_is_fixed_and_says_why():
+    """Science §11.5: an estimate outside its interval widens it; a degenerate interval (refits collapsed to one
+    value, within a millionth of the estimate's scale: "0.477 [0.476998, 0.476998]") is no interval; each row says
+    why in its ``interval`` column. A leader's D = 0 [0, 0] and a reward clipped at 1 are exact, left as they are."""
+    t = pd.DataFrame({"key": [2, 4, 8, 16, 32],
+                      "a": [0.4769982, 0.50, 0.60, 1.0, 0.55], "a_lo": [0.4769981, 0.45, 0.62, 1.0, 0.50],
+                      "a_hi": [0.4769983, 0.55, 0.70, 1.0, 0.60],
+                      "d": [0.0, -0.01, 0.02, 0.0, 0.01], "d_lo": [0.0, -0.03, 0.01, 0.0, 0.01],
+                      "d_hi": [0.0, 0.01, 0.04, 0.0, 0.01]})
+    assert len(interval_faults(t, "t")) == 3
+    out = honest_intervals(t)
+    assert interval_faults(out, "t") == []
+    assert out.loc[0, ["a_lo", "a_hi"]].isna().all() and out.loc[0, ["d_lo", "d_hi"]].tolist() == [0.0, 0.0]
+    assert out.loc[2, ["a_lo", "a_hi"]].tolist() == [0.60, 0.70]  # widened to hold 0.60
+    assert out.loc[3, ["a_lo", "a_hi", "d_lo", "d_hi"]].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert out.loc[4, ["d_lo", "d_hi"]].isna().all()  # D = 0.01 [0.01, 0.01] is not exact: no interval
+    assert out["interval"].tolist() == [
+        "a: its refits agree to one value, no spread to bound: no interval", "",
+        "a: the interval widened to hold the estimate (a skewed bootstrap)", "",
+        "d: its refits agree to one value, no spread to bound: no interval"]
+    # a table with its own interval column (fits: how the interval was made) keeps what it said
+    kept = honest_intervals(t.assign(interval="bootstrap over 2 seeds"))
+    assert kept.loc[0, "interval"] == ("bootstrap over 2 seeds; a: its refits agree to one value, no spread to "
+                                       "bound: no interval") and kept.loc[1, "interval"] == "bootstrap over 2 seeds"
+
+
+def test_a_study_that_cannot_answer_says_why_first(study, tmp_path):
+    """A study `rollscale init --force` wrote after its refusal ("... no study resolves 0.02: ...", issue 56): the
+    report's first reason is that line, the verdict `rollscale check` gives on its params.yaml."""
+    import shutil
+
+    from rollscale.config import load_params
+    from rollscale.pipeline.check.answerable import cannot_answer
+
+    artifacts = tmp_path / "artifacts"
+    shutil.copytree(study[0], artifacts)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"fit": {"bin_width": 0.01, "grid_points": 30}, "report": {"k_sat_cap": 50},
+                                      "bucket": {"val_size": 4}, "sweep": {"eval_k": 4}}))
+    line = cannot_answer(load_params(params), artifacts)
+    assert line is not None and "no study resolves 0.02" in line
+    report_flow(params_path=str(params), artifacts=str(artifacts))
+    summary = (artifacts / "report" / "summary.md").read_text().splitlines()
+    first = next(i for i, s in enumerate(summary) if s in ("What to change:", "What would sharpen it:"))
+    assert summary[first + 2] == f"- {line}"
+    assert line in (artifacts / "report" / "index.html").read_text()
+    # the study as the fixture wrote it can answer at its tolerance: no such line
+    assert cannot_answer(load_params(study[0].parent / "params.yaml"), study[0]) is None

@@ -278,8 +278,7 @@ def test_track_reads_the_band_off_the_forecast_where_the_decision_is_the_forecas
     assert "forecast" in band.source and math.isnan(float(band.at(np.array([8.0 * C_MAX]))[0][0]))
 
 
-def test_a_track_tick_past_the_data_expects_the_forecasts_reward_at_c_star(past, monkeypatch):
-    import rollscale.core.fit.forms as forms
+def test_a_track_tick_past_the_data_expects_the_forecasts_reward_at_c_star(past):
     from rollscale.config import parse_params
     from rollscale.integrations.track.logs import RunLog
     from rollscale.integrations.track.tick import track_tick
@@ -287,8 +286,9 @@ def test_a_track_tick_past_the_data_expects_the_forecasts_reward_at_c_star(past,
     params = parse_params({"sweep": {"bucket": "easy", "n": [2, 4, 8, 16], "b_problem": [B_PROBLEM], "c_max": C_MAX,
                                      "eval_k": K},
                            "bucket": {"val_size": 100}, "fit": {"bootstrap_resamples": 30},
-                           "study": {"target_budget": 4 * C_MAX}, "track": {"logs": "prod"}})
-    monkeypatch.setattr(forms, "DEFAULT_FORM", SETTINGS.form)  # the fit stage's form, as `past` was fitted
+                           # the fit stage's form, as `past` was fitted
+                           "study": {"target_budget": 4 * C_MAX, "forecast_form": SETTINGS.form},
+                           "track": {"logs": "prod"}})
     lead = past["decision"].query("status == 'leader'").iloc[0]
     log = RunLog("prod", pd.DataFrame({"metric": "critic/score/mean", "step": range(1, 9), "value": 0.45,
                                        "order": range(8)}), {})

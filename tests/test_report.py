@@ -613,6 +613,35 @@ def test_the_decision_at_c_star_leads(study):
     assert study_answer(decided(study)).headline.startswith("Answer: ")
 
 
+@pytest.mark.parametrize("decided_", [True, False])
+def test_a_failed_backtest_stands_beside_the_verdict_which_the_headline_answered_and_export_all_read(study,
+                                                                                                    decided_):
+    """Science §11.5: one verdict. A forecast past the data whose own backtest failed (§11.4: it cannot cut, or its
+    intervals missed) is still the verdict's answer: the first line says "Use n = 4", the answer is flagged answered,
+    export writes it without a refusal (and track, which reads export's run, follows it), and the backtest's failure
+    is beside it and the first thing to change. Not decided, all three say so."""
+    from rollscale.config import parse_params
+    from rollscale.core.fit.horizon import BACKTEST_TABLE_COLUMNS
+    from rollscale.integrations.export.plan import production_run
+    from rollscale.report import study_answer
+    from rollscale.report.horizon import UNTRUSTED
+
+    decision = _decision(decided_).assign(source="forecast", c_seen=10_000.0, extrapolated=True, bucket="easy",
+                                          rule="uniform")
+    backtest = pd.DataFrame([{"design": "n", "bucket": "easy", "rule": "uniform", "fixed": "all", "key": k,
+                              "coverage": 0.0, "mean_error": -0.08, "failed": True,
+                              "note": "the runs cannot be cut at 1/4 (too few evaluations before): no key's runs could "
+                                      "be fitted to compare the forecast with"} for k in (2, 4, 8)],
+                            columns=BACKTEST_TABLE_COLUMNS)
+    answer = study_answer({**decided(study), "evals": study["evals"].assign(k=4), "decision": decision,
+                           "backtest": backtest})
+    run = production_run(parse_params({"sweep": {"n": [2, 4, 8], "b_problem": [8]}}), decision, budget=40_000)
+    assert answer.answered is decided_ and (run.refusal == "") is decided_
+    assert answer.headline.startswith("Use n = 4 (B_problem 8" if decided_ else "Not decided at C* = 40,000")
+    assert "(4x the runs' budget, forecast past the data)" in answer.headline and UNTRUSTED in answer.headline
+    assert answer.fixes[0].startswith("sweep.c_max closer to study.target_budget")
+
+
 def test_an_undecided_study_says_between_which_keys_and_what_would_decide(study):
     from rollscale.report import study_answer
 

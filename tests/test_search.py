@@ -144,3 +144,71 @@ def test_the_dispatch_asks_the_method_named_and_a_grid_decides_nothing():
         decide(pts, [g], empty_decisions(), SearchSettings(SearchParams(method="grid")))
     rows = decide(pts, [g], empty_decisions(), SearchSettings())
     assert list(rows.columns) == DECISION_COLUMNS and set(rows["action"]) == {"continue"}
+
+
+# ---------------------------------------------------------------------------
+# the decision method's settling
+
+
+def _decision_table(rows: dict, lead: int) -> pd.DataFrame:
+    """A decision read at one budget (the columns :func:`rollscale.core.fit.decision.decide` gives), indexed by key:
+    key -> (reward, d_hi); every run reached C* with 2 seeds and 12 evaluations."""
+    t = pd.DataFrame([{"key": k, "reward": r, "reward_lo": r - 0.03, "reward_hi": r + 0.03, "d": d_hi - 0.04,
+                       "d_lo": d_hi - 0.08, "d_hi": d_hi, "leader": lead, "leader_share": 0.9, "df": 3,
+                       "unknown": False, "extrapolated": False, "evals": 12,
+                       "settled_by": "tolerance" if k != lead and d_hi <= 0.02 else ""}
+                      for k, (r, d_hi) in rows.items()])
+    return t.set_index("key", drop=False)
+
+
+# the group of the decision method's settling tests: n = 2, 4, 8, 2 seeds, C* = 20,000 within the data
+DECIDING = SearchGroup("g", "rollout", (2, 4, 8), (0, 1), C_MAX, fixed=16, key_min=2, key_max=8)
+DECIDING_SETTINGS = SearchSettings(SearchParams(method="decision", eta=1.41, alpha=0.3, seeds_min=2, seeds_max=3),
+                                   DecisionParams(tolerance=0.02, target_budget=20_000))
+
+
+def _stopped_at_rung_7(key: int) -> pd.DataFrame:
+    """The ``search`` rows of a first decision (rung 7, 20,120 rollouts, n = 4 leading) that stopped ``key``."""
+    return pd.DataFrame([{"group": "g", "decision": 0, "rung": 7, "c": 20_120.0, "key": str(k), "seed": seed,
+                          "leader": "4", "action": "stop" if k == key else "continue",
+                          "rule": "epsilon" if k == key else "none", "c_train": 20_120.0 if k == key else 28_369.0}
+                         for k in (2, 4, 8) for seed in (0, 1)]).reindex(columns=DECISION_COLUMNS)
+
+
+@pytest.mark.parametrize("d_hi_2, resumed", [(0.05, True), (-0.05, False)])
+def test_the_decision_settles_a_stopped_key_against_the_final_leader_never_transitively(d_hi_2, resumed):
+    """Science §11.3. n = 2 was stopped as settled against n = 4, the leader then; now n = 8 leads and n = 4 is
+    settled against it. Transitively n = 2 is settled too (it is within epsilon of a key within epsilon of the
+    leader); against the final leader its D's upper bound is +0.05 > epsilon: it is resumed and the group is not
+    decided. Where its D to n = 8 is below epsilon the answer is n = 8 and n = 2 stays stopped."""
+    from rollscale.core.search.methods.decision import decide_group
+    from rollscale.core.search.standing import Standing
+
+    g, s, first = DECIDING, DECIDING_SETTINGS, _stopped_at_rung_7(2)
+    st = group_state(g, first, s)
+    assert st.stopped == {2: 20_120.0} and st.rung == 8
+    star = _decision_table({2: (0.55, d_hi_2), 4: (0.58, -0.03), 8: (0.62, 0.0)}, lead=8)
+    rung = star.assign(d_hi=[-0.01, -0.01, 0.0])  # A2 at c_r settles nothing
+    rows = pd.DataFrame(decide_group(g, st, Standing(star, rung, star, 0.2), s), columns=DECISION_COLUMNS)
+    assert set(rows.loc[rows["key"] == "4", "rule"]) == {"epsilon"}
+    if resumed:
+        assert set(rows.loc[rows["key"] == "2", "action"]) == {"resume"}
+        assert "decided" not in set(rows["rule"])
+        assert "not settled against the answer 8" in rows.loc[rows["key"] == "2", "note"].iloc[0]
+        after = group_state(g, pd.concat([first, rows], ignore_index=True), s)
+        assert 2 not in after.stopped and after.rung == 9
+    else:
+        assert "2" not in set(rows["key"])
+        assert set(rows.loc[rows["key"] == "8", "rule"]) == {"decided"}
+
+
+def test_the_decision_resumes_a_stopped_key_that_leads_at_c_star():
+    """Science §11.3: a stopped key never leads; the decision method resumes it, as the forecast's does."""
+    from rollscale.core.search.methods.decision import decide_group
+    from rollscale.core.search.standing import Standing
+
+    st = group_state(DECIDING, _stopped_at_rung_7(8), DECIDING_SETTINGS)
+    star = _decision_table({2: (0.50, -0.10), 4: (0.58, -0.03), 8: (0.62, 0.0)}, lead=8)
+    rows = pd.DataFrame(decide_group(DECIDING, st, Standing(star, star, star, 0.2), DECIDING_SETTINGS),
+                        columns=DECISION_COLUMNS)
+    assert set(rows.loc[rows["key"] == "8", "action"]) == {"resume"} and "decided" not in set(rows["rule"])

@@ -99,9 +99,13 @@ def test_with_one_seed_a_key_nothing_is_stopped_before_the_seeds_that_give_a_spr
 
 def test_with_two_seeds_the_rungs_a2_stops_drop_the_small_n_that_wins_where_a2_fails(result_avg4):
     # A2 violated (n* falls): the rung's A2 stops drop the small n that wins later; the test says so (one seed a
-    # key stops nothing at a rung, so the default is right there: the test above)
+    # key stops nothing at a rung, so the default is right there: the test above). Where the stopped n then leads at
+    # C* it is resumed (a stopped key never leads, science §11.3); where the answer beats it where both ran, A2
+    # settles it against that answer, and A2 is what fails here
     table = summarise_decision(result_avg4)
     assert table.loc["a2", "right"] < 0.5 <= table.loc["a2", "grid_right"]
+    d = result_avg4.decisions
+    assert (d.loc[d["group"].str.startswith("a2-"), "action"] == "resume").any()
 
 
 def test_with_avg4_evaluations_the_search_is_right_as_often_as_the_grid_it_saves(result_avg4):

@@ -213,3 +213,28 @@ def test_the_searchs_verdict_is_the_reports_first_line_and_no_stopped_key_is_the
     assert not result.studies["stopped_answer"].any(), result.studies[["group", "answer", "stops"]]
     decided = lines[lines["search_decided"]]
     assert decided["line"].str.match(r"Use n = \d+ \(B_problem 16, M = [\d,]+ steps\) at C\* = 160,000 rollouts").all()
+
+
+def test_the_search_forecasts_with_the_studys_form(monkeypatch):
+    """The search's forecast reads ``study.forecast_form`` through the one constructor of the forecast's settings
+    (science §11.5), as the fit stage and track do."""
+    import rollscale.core.search.methods.forecast as method
+    from rollscale.core.fit.verdict import forecast_settings
+    from rollscale.core.search.state import group_state
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["form"])
+        return forecast_settings(*args, **kwargs)
+
+    monkeypatch.setattr(method, "forecast_settings", spy)
+    group = SearchGroup("g", "rollout", (2, 4), (0, 1), C_MAX, fixed=16, key_min=2, key_max=8)
+    s = SearchSettings(SearchParams(method="forecast", seeds_min=2, bootstrap_resamples=4),
+                       DecisionParams(target_budget=4 * C_MAX, forecast_form="linear"), eval_draws=1600)
+    c = np.array([0.0, 2_000.0, 4_000.0, 8_000.0, 16_000.0])
+    points = pd.DataFrame([{"group": "g", "key": k, "seed": sd, "run_id": f"{k}_{sd}", "c": ci,
+                            "avg_at_k": 0.3 + 0.05 * np.log2(1 + ci / 1_000) + 0.01 * sd + 0.02 * k / 4}
+                           for k in (2, 4) for sd in (0, 1) for ci in c])
+    method.forecast_standing(points, group, group_state(group, empty_decisions(), s), s)
+    assert seen == ["linear"]

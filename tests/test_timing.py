@@ -14,7 +14,8 @@ from rollscale.config import parse_params
 from rollscale.core.search.decisions import search_method
 from rollscale.pipeline.check import timing as stage_time
 from rollscale.pipeline.check.calibration import CALIBRATION_FILE, Calibration, calibrate, calibration_key, stored_calibration
-from rollscale.pipeline.check.timing import estimate_findings, stage_times
+from rollscale.pipeline.check.calibration import estimate_findings
+from rollscale.pipeline.check.timing import stage_times
 
 SMALL = {"workers": 1, "sampling": {"max_new_tokens": 8, "batch_size": 64},
          "profile": {"k": 4, "k_extreme": 0, "chunk_size": 10},

@@ -27,6 +27,7 @@ from rollscale.registry import (
     ADVANTAGE_ESTIMATORS,
     ALLOCATION_RULES,
     LOSS_AGGREGATIONS,
+    FORECAST_FORMS,
     POLICY_LOSSES,
     SEARCH_METHODS,
     closest_hint,
@@ -53,6 +54,7 @@ class Section(BaseModel):
 # steps one run may have: a run's step table and its evaluation schedule are held in memory (a step's row and
 # an int64 per step), so a c_max or base.steps past this cannot fit the machine (1e12 rollouts asked 233 GiB)
 MAX_RUN_STEPS = 10_000_000
+SURFACE_FORM = "surface"  # science §10.1's surface, a forecast form fitted by core/fit/surface.py, not by forms/
 
 # buckets where the healthy recipe (science §3) turns KL and entropy on
 _RECIPE_ON = frozenset({"easy", "very_easy"})
@@ -345,6 +347,18 @@ class DecisionParams(Section):
     # D to the leader is known to +-0.04 with 3 seeds, +-0.055 with 2 (docs/benchmarks.md), so 0.02 settles keys
     # worse by ~0.06; closer keys stay "not decided" until seeds or validation problems are added
     tolerance: float = Field(0.02, gt=0, lt=1)
+    # the forecast's shape past the data (science §11.2), read by the search, the fit stage and track: a form of
+    # rollscale/core/fit/forms/ (the one the test bed chose leave-one-grid-out, docs/journal/2026-11-28-forecast.md),
+    # or "surface", science §10.1's surface (rollscale/core/fit/surface.py, the baseline the forms are scored against)
+    forecast_form: str = "decay"
+
+    @field_validator("forecast_form")
+    @classmethod
+    def _forecast_form(cls, v: str) -> str:
+        forms = (*FORECAST_FORMS.names(), SURFACE_FORM)
+        if v not in forms:
+            raise ValueError(f"unknown forecast form {v!r}{closest_hint(v, forms)} (expected one of: {', '.join(forms)})")
+        return v
 
 
 class ReportParams(Section):

@@ -99,7 +99,7 @@ def print_check(params_path: str, artifacts: str, resolved: bool, to_stderr: boo
     from rollscale.pipeline.check.findings import Finding, format_findings, known_data, study_findings
     from rollscale.pipeline.check.greedy import greedy_findings
     from rollscale.pipeline.check.profile import noise_findings
-    from rollscale.pipeline.check.timing import estimate_findings
+    from rollscale.pipeline.check.calibration import estimate_findings
 
     params = load_params(params_path)
     if resolved:

@@ -103,8 +103,11 @@ def _answer_text(decided: pd.DataFrame) -> str:
     return "; ".join(parts) + (f"; {more} more claim{'s' if more > 1 else ''} below" if more > 0 else "")
 
 
-def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None) -> Answer:
-    """The answer the tables support, or why there is none yet and what to change."""
+def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] | None = None,
+                 cannot_answer: str | None = None) -> Answer:
+    """The answer the tables support, or why there is none yet and what to change. ``cannot_answer``: why the study
+    as written cannot settle a key at its tolerance (`rollscale check`'s verdict, the line `rollscale init` refused
+    it on before ``--force`` wrote it), said first."""
     t = check_tables(tables)
     tolerance, eta = _decision_settings(params)
     rows = claim_rows(t, tolerance, eta)
@@ -150,8 +153,9 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
         table = decision_spec(decision)
         forecast = from_forecast(first_design(decision))
         fixes = fixes + (untrained_above(t) if forecast else [])  # the bracket, on the forecast's keys
-        if forecast and backtest_failed(t):  # science §10.3: a forecast its own backtest failed answers nothing
-            answered = False
+        if forecast and backtest_failed(t):
+            # the answer is the verdict's (science §11.5), as export and track read it; a failed backtest stands
+            # beside it (§11.4: its errors have widened the interval) and is the first thing to change
             fixes.insert(0, "sweep.c_max closer to study.target_budget: C* lies past the runs' data, where the "
                          f"answer is the forecast's, and the study's backtest says it is {UNTRUSTED}")
     # science §10.3: the backtest beside the answer, and always beside a decision the forecast made
@@ -159,7 +163,8 @@ def study_answer(tables: Mapping[str, pd.DataFrame | None], params: Mapping[str,
         headline = headline + ("" if headline.endswith(".") else ".") + " " + backtest
     if (cost := search_cost(t, params)) is not None:
         headline = headline + ("" if headline.endswith(".") else ".") + " " + search_sentence(cost)
-    return Answer(answered, headline, fixes, claims, observations, table)
+    return Answer(answered, headline, [cannot_answer, *fixes] if cannot_answer else fixes, claims, observations,
+                  table)
 
 
 def _measure(params: Mapping[str, Any] | Any | None) -> MeasureParams | None:

@@ -290,6 +290,7 @@ def write_report(
     tables: Mapping[str, pd.DataFrame | None],
     out_dir: str | os.PathLike[str],
     params: Mapping[str, Any] | None = None,
+    cannot_answer: str | None = None,
 ) -> ReportPaths:
     """Write the study report into ``out_dir`` (science §2, §5, §6, §7).
 
@@ -304,12 +305,15 @@ def write_report(
     * ``summary.md``: the same tables in Markdown, missing sections saying
       which stage to run.
 
+    ``cannot_answer``: why the study as written cannot settle a key at its tolerance (the first reason under the
+    first line: :func:`rollscale.report.answer.study_answer`).
+
     Every file is written to a temporary file and renamed into place.
     """
     t = check_tables(tables)
     charts = build_charts(t, params)
     table_specs = summary_tables(t)
-    answer, not_run = study_answer(t, params), stages_not_run(t)
+    answer, not_run = study_answer(t, params, cannot_answer), stages_not_run(t)
     out = Path(out_dir)
     chart_dir = out / "charts"
     chart_dir.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,9 @@ import pandas as pd
 
 from rollscale.core.fit.forecast import ForecastSettings
 
-__all__ = ["ANSWER_WIDTH", "SETTLING_RULES", "Verdict", "forecast_settings", "group_verdict", "interval_faults",
-           "honest_intervals", "interval_triples", "search_verdict", "table_verdict", "trainable"]
+__all__ = ["ANSWER_WIDTH", "DEGENERATE_WIDTH", "INTERVAL_NOTE", "SETTLING_RULES", "Verdict", "forecast_settings",
+           "group_verdict", "honest_intervals", "interval_faults", "interval_triples", "search_verdict",
+           "table_verdict", "trainable"]
 
 # the widest 95 % interval of the reward at C* that is an answer without "uncertain" (science §11.5)
 ANSWER_WIDTH = ForecastSettings().max_width
@@ -37,14 +38,12 @@ SETTLING_RULES = ("epsilon", "a2", "forecast", "cap")
 
 
 def forecast_settings(resamples: int, seed: int, eval_draws: int | None, level: float = 0.95,
-                      a_max: float | None = 1.0, form: str | None = None) -> ForecastSettings:
+                      a_max: float | None = 1.0, *, form: str) -> ForecastSettings:
     """The forecast's settings as the study's config gives them (``*.bootstrap_resamples``, ``*.bootstrap_seed``,
-    validation problems x ``sweep.eval_k``; ``form`` the shape, None for the default of
-    :mod:`rollscale.core.fit.forms`): the one place the search and the fit stage build them."""
-    from rollscale.core.fit import forms  # the default read when called: the test bed's choice
-
+    validation problems x ``sweep.eval_k``, ``form`` its ``study.forecast_form``): the one place the search, the
+    fit stage and track build them, each from the study's params."""
     return ForecastSettings(resamples=max(int(resamples), 2), eval_draws=eval_draws, level=level, seed=int(seed),
-                            a_max=a_max, form=forms.DEFAULT_FORM if form is None else form)
+                            a_max=a_max, form=form)
 
 
 @dataclass(frozen=True)
@@ -192,13 +191,22 @@ def interval_triples(table: pd.DataFrame) -> list[tuple[str, str, str]]:
     return [(c, f"{c}_lo", f"{c}_hi") for c in table.columns if f"{c}_lo" in cols and f"{c}_hi" in cols]
 
 
+# an interval narrower than this share of its estimate's scale (at least 1) is degenerate: refits that collapsed to
+# one value (two seeds give three distinct resamples), shown as n = 16's A "0.477 [0.476998, 0.476998]"
+DEGENERATE_WIDTH = 1e-6
+INTERVAL_NOTE = "interval"  # the column that says why a row's interval is not the refits' (the fits table's own)
+
+
 def _faults(table: pd.DataFrame, est: str, lo: str, hi: str) -> tuple[pd.Series, pd.Series]:
-    """(outside, degenerate) per row: the estimate outside its interval; both ends finite and equal (a leader's
-    D = 0 [0, 0] and a reward clipped at 0 or 1 are exact, not degenerate)."""
+    """(outside, degenerate) per row: the estimate outside its interval; both ends finite and (within
+    :data:`DEGENERATE_WIDTH` of the estimate's scale) equal (a leader's D = 0 [0, 0] and a reward clipped at 0 or 1
+    are exact, not degenerate)."""
     v, a, b = (pd.to_numeric(table[c], errors="coerce").astype(float) for c in (est, lo, hi))
     ends = a.notna() & b.notna()
     outside = ends & v.notna() & ((v < a - 1e-9) | (v > b + 1e-9))
-    flat = ends & (b - a).abs().le(1e-9) & ~(v.notna() & (v - a).abs().le(1e-12) & v.isin([0.0, 1.0]))
+    scale = v.abs().where(v.notna(), pd.concat([a.abs(), b.abs()], axis=1).max(axis=1)).clip(lower=1.0)
+    flat = ends & (b - a).abs().le(DEGENERATE_WIDTH * scale) & ~(v.notna() & (v - a).abs().le(1e-12)
+                                                                   & v.isin([0.0, 1.0]))
     return outside, flat
 
 
@@ -215,10 +223,13 @@ def interval_faults(table: pd.DataFrame, where: str, triples: list[tuple[str, st
 
 
 def honest_intervals(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with no estimate outside its interval and no degenerate interval: a degenerate one (two seeds give
-    three distinct resamples: a refit's spread can vanish) is no interval (NaN ends); an estimate outside its
-    percentile interval (a skewed bootstrap) widens it to hold the estimate."""
+    """``table`` with no estimate outside its interval and no degenerate interval, each change said in its
+    :data:`INTERVAL_NOTE` column (added, empty, where the table has none): a degenerate interval (the refits
+    collapsed to one value: no spread to bound) is no interval (NaN ends); an estimate outside its percentile
+    interval (a skewed bootstrap) widens it to hold the estimate."""
     out = table.copy()
+    notes = (out[INTERVAL_NOTE].astype(object).where(out[INTERVAL_NOTE].notna(), "").astype(str)
+             if INTERVAL_NOTE in out.columns else pd.Series("", index=out.index, dtype=object))
     for est, lo, hi in interval_triples(out):
         outside, flat = _faults(out, est, lo, hi)
         if not (outside.any() or flat.any()):
@@ -227,4 +238,10 @@ def honest_intervals(table: pd.DataFrame) -> pd.DataFrame:
         a, b = (pd.to_numeric(out[c], errors="coerce").astype(float) for c in (lo, hi))
         out[lo] = a.where(~outside, pd.concat([a, v], axis=1).min(axis=1)).where(~flat)
         out[hi] = b.where(~outside, pd.concat([b, v], axis=1).max(axis=1)).where(~flat)
+        said = pd.Series("", index=out.index, dtype=object)
+        said[flat] = f"{est}: its refits agree to one value, no spread to bound: no interval"
+        said[outside & ~flat] = f"{est}: the interval widened to hold the estimate (a skewed bootstrap)"
+        changed = flat | outside
+        notes[changed] = [f"{n}; {s}" if n else s for n, s in zip(notes[changed], said[changed], strict=True)]
+    out[INTERVAL_NOTE] = notes
     return out

@@ -68,7 +68,8 @@ def _band(params: StudyParams, run: ProductionRun, decision: pd.DataFrame, evals
     group = (run.design, run.bucket, run.rule, run.fixed)
     if "source" in mine.columns and (mine["source"].astype(str) == "forecast").any():
         settings = forecast_settings(params.fit.bootstrap_resamples, params.fit.bootstrap_seed,
-                                     params.bucket.val_size * params.sweep.eval_k)  # the fit stage's (tasks/fit.py)
+                                     params.bucket.val_size * params.sweep.eval_k,  # the fit stage's (tasks/fit.py)
+                                     form=params.study.forecast_form)
         return forecast_band(evals, *group, run.key, run.c_star, settings)
     return study_band(evals, *group, run.key, run.c_star)
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from rollscale.config import StudyParams
 from rollscale.core.problems.buckets import EASY_SHARE
 from rollscale.pipeline.check.budget import decision_half_width, decision_seeds
-from rollscale.pipeline.check.calibration import Calibration
+from rollscale.pipeline.check.calibrated import Calibration
 from rollscale.pipeline.check.resolution import eval_k_max
 from rollscale.pipeline.check.timing import SETTLE_GAP_MAX, stage_times
 
-__all__ = ["Verdict", "answer_verdict", "h100_seconds", "table_rows"]
+__all__ = ["Verdict", "answer_verdict", "cannot_answer", "h100_seconds", "table_rows"]
 
 # one H100, HF generate at 256 rollouts a call: 3,172-3,214 tokens a second for Qwen3-0.6B and 1.7B alike (its
 # per-step overhead dominates); an update at 38-44 model TFLOP/s for 0.6B (7.26 s for 67,608 tokens: no smaller
@@ -105,3 +106,13 @@ def answer_verdict(p: StudyParams, cal: Calibration | None, hours: float | None 
     gpu = h100_seconds(needs, cal, n_params)
     return Verdict(half, False, f"{head}; {tol:g} needs {bigger}: about {_clock(needs)} here, or about "
                                 f"{_clock(gpu)} on an H100 (scaled by docs/gpu.md's measured throughput)")
+
+
+def cannot_answer(p: StudyParams, artifacts: str | Path | None) -> str | None:
+    """The line ``p`` cannot answer on (:func:`answer_verdict` with the study's stored calibration, as `rollscale
+    check` gives it: the verdict `rollscale init` refuses a study on, which ``init --force`` writes anyway), None
+    where it can settle a key at its tolerance or has no interval to read: the report's first reason."""
+    from rollscale.pipeline.check.calibrated import stored_calibration
+
+    verdict = answer_verdict(p, stored_calibration(p, artifacts))
+    return verdict.line if verdict is not None and not verdict.settles else None

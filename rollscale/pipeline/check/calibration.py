@@ -1,7 +1,7 @@
 """A short measured calibration of this machine: the model's generate and train throughput.
 
-``rollscale check`` turns it into each stage's wall time (:mod:`rollscale.pipeline.check.timing`) and
-``rollscale init --hours`` sizes a study to it. A few seconds for the tiny model; for a real one,
+``rollscale check`` turns it into each stage's wall time (:mod:`rollscale.pipeline.check.timing`; its findings:
+:func:`estimate_findings`) and ``rollscale init --hours`` sizes a study to it. A few seconds for the tiny model; for a real one,
 the time to load it. What it measures, on one process with ``torch_threads`` threads (as one
 worker of a stage runs):
 
@@ -30,15 +30,20 @@ lengths nor the grid, which the estimate scales), and reused while the key match
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rollscale.config import StudyParams
 from rollscale.files import write_json_atomic
 from rollscale.pipeline.check.calibrated import CALIBRATION_FILE, Calibration, calibration_key, stored_calibration
 
-__all__ = ["CALIBRATION_FILE", "Calibration", "CalibrationTimeUp", "calibrate", "calibration_key", "load_for_calibration",
-           "stored_calibration"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["CALIBRATION_FILE", "Calibration", "CalibrationTimeUp", "calibrate", "calibration_key", "estimate_findings",
+           "load_for_calibration", "stored_calibration"]
 
 GEN_ROLLOUTS_MAX = 128  # rollouts in the measured generate call (a sweep step's batch is 32-256)
 GEN_TOKENS_MAX = 32  # new tokens measured; a longer max_new_tokens is scaled from it
@@ -357,3 +362,32 @@ def calibrate(p: StudyParams, artifacts: str | Path | None = "artifacts", reuse:
     if artifacts is not None:
         write_json_atomic(cal.to_json(), Path(artifacts) / CALIBRATION_FILE)
     return cal
+
+
+def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | None,
+                      profile: pd.DataFrame | None, measure: bool = True,
+                      done: frozenset[str] = frozenset()) -> list[tuple[str, tuple[str, ...], str, str]]:
+    """The time finding of the stages not in ``done`` and the learning-rate warning
+    (:mod:`rollscale.pipeline.check.lr`) from the stored calibration, or one measured now (``measure``; a few
+    seconds, a real model's load); none when there is neither, or the grid cannot be laid out (its own finding
+    says why)."""
+    from rollscale.pipeline.check.lr import lr_findings
+    from rollscale.pipeline.check.timing import stage_times, time_finding
+
+    cal = stored_calibration(p, artifacts)
+    if cal is None and measure:
+        print(f"check: measuring this machine's generate and train throughput for "
+              f"{p.model.name_or_path or 'the tiny model'} and a learning-rate probe of a few GRPO steps (seconds for "
+              f"the tiny model; a real model's load first, and minutes on CPU; stored in {artifacts})", file=sys.stderr)
+        try:
+            cal = calibrate(p, artifacts, reuse=False)
+        except ImportError as err:  # a GPU study (vLLM) prepared where its engine is not installed: still checked
+            return [("note", ("sampling.backend",), f"could not calibrate here: {str(err).splitlines()[0]}; "
+                     "no time estimate", "run `rollscale check` on the machine that will run the study")]
+    if cal is None:
+        return []
+    try:
+        times = stage_times(p, cal, pool, profile)
+    except ValueError:
+        return []
+    return [time_finding(p, times, cal, done), *lr_findings(p, cal)]

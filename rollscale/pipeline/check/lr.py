@@ -18,7 +18,7 @@ from typing import NamedTuple
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
 from rollscale.core.grpo.shaping import KL_MOVED, LOGP_MOVE_MIN, kl_after, lr_to_move, round_up, sqrt_scaled_lr
-from rollscale.pipeline.check.calibration import Calibration
+from rollscale.pipeline.check.calibrated import Calibration
 
 __all__ = ["KL_MOVED", "LOGP_MOVE_MIN", "LrFinding", "RunMove", "lr_findings", "slowest_run"]
 

@@ -11,19 +11,17 @@ measurements on this 2-core VM, each named where it is used.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
 from rollscale.config import StudyParams
 from rollscale.core.fit import power
-from rollscale.pipeline.check.calibration import Calibration
+from rollscale.pipeline.check.calibrated import Calibration
 from rollscale.pipeline.check.budget import decision_half_width
 from rollscale.pipeline.check.evals import run_evaluation_steps
 
-__all__ = ["StageTimes", "estimate_findings", "settles_nothing", "stage_times", "time_finding"]
+__all__ = ["StageTimes", "settles_nothing", "stage_times", "time_finding"]
 
 # a stage's process, Prefect flow and worker pool start-up (docs/benchmarks.md: a pool of 2 starts in 9.2 s)
 STAGE_START_S = 9.0
@@ -214,32 +212,3 @@ def time_finding(p: StudyParams, times: StageTimes, cal: Calibration,
         return ("warning", ("sweep", "data.limit"), msg, "rollscale init --hours H sizes a study to H hours; or "
                 "fewer runs (sweep.n, sweep.seeds), a smaller sweep.c_max or sampling.max_new_tokens")
     return ("note", ("time",), msg, "")
-
-
-def estimate_findings(p: StudyParams, artifacts: str | Path | None, pool: int | None,
-                      profile: pd.DataFrame | None, measure: bool = True,
-                      done: frozenset[str] = frozenset()) -> list[tuple[str, tuple[str, ...], str, str]]:
-    """The time finding of the stages not in ``done`` and the learning-rate warning
-    (:mod:`rollscale.pipeline.check.lr`) from the stored calibration, or one measured now (``measure``; a few
-    seconds, a real model's load); none when there is neither, or the grid cannot be laid out (its own finding
-    says why)."""
-    from rollscale.pipeline.check.calibration import calibrate, stored_calibration
-    from rollscale.pipeline.check.lr import lr_findings
-
-    cal = stored_calibration(p, artifacts)
-    if cal is None and measure:
-        print(f"check: measuring this machine's generate and train throughput for "
-              f"{p.model.name_or_path or 'the tiny model'} and a learning-rate probe of a few GRPO steps (seconds for "
-              f"the tiny model; a real model's load first, and minutes on CPU; stored in {artifacts})", file=sys.stderr)
-        try:
-            cal = calibrate(p, artifacts, reuse=False)
-        except ImportError as err:  # a GPU study (vLLM) prepared where its engine is not installed: still checked
-            return [("note", ("sampling.backend",), f"could not calibrate here: {str(err).splitlines()[0]}; "
-                     "no time estimate", "run `rollscale check` on the machine that will run the study")]
-    if cal is None:
-        return []
-    try:
-        times = stage_times(p, cal, pool, profile)
-    except ValueError:
-        return []
-    return [time_finding(p, times, cal, done), *lr_findings(p, cal)]

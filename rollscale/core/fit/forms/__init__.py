@@ -3,8 +3,10 @@
 A form is fitted on one design group's evaluations (:class:`rollscale.core.fit.surface.SurfaceData`) with its
 bootstrap refits, and predicts any key's reward at any budget: :meth:`FittedForm.predict` returns the point and
 the refits, from which :mod:`rollscale.core.fit.forecast` reads the interval. Adding a form is one module that
-calls :func:`register`. :data:`DEFAULT_FORM` is the one the measurement on the test bed chose
-(docs/journal/2026-11-28-forecast.md; ``benchmarks/long_grid.py --score``).
+calls :func:`register` (the form's name is its module's: :data:`rollscale.registry.FORECAST_FORMS` reads the names
+from this folder when params are validated). The study's form is ``study.forecast_form``, whose default,
+:data:`DEFAULT_FORM`, is the one the measurement on the test bed chose (docs/journal/2026-11-28-forecast.md;
+``benchmarks/long_grid.py --score``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Protocol
 
 import numpy as np
 
+from rollscale.config import DecisionParams
 from rollscale.core.fit.surface import SurfaceData
+from rollscale.registry import FORECAST_FORMS
 
 __all__ = ["DEFAULT_FORM", "FORMS", "FittedForm", "FormSettings", "fit_form", "register"]
 
@@ -41,13 +45,13 @@ class FittedForm(Protocol):
 
 FormFit = Callable[[SurfaceData, FormSettings], FittedForm]
 FORMS: dict[str, FormFit] = {}
-DEFAULT_FORM = "decay"
+DEFAULT_FORM: str = DecisionParams.model_fields["forecast_form"].default  # its one place: the config field
 
 
 def register(name: str) -> Callable[[FormFit], FormFit]:
     def add(fit: FormFit) -> FormFit:
         FORMS[name] = fit
-        return fit
+        return FORECAST_FORMS.register(name)(fit)
     return add
 
 

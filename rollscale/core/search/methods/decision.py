@@ -21,9 +21,14 @@ fits reach (min(C*, eta c_r)), and per key:
   epsilon and the risen leader keep the curves pinned at R0 at small C, whose
   differences look sure and are not, from stopping keys (docs/benchmarks.md);
 * **stop**, rule ``decided``: the leader, once every other key in play is
-  settled (the group is done: the answer is the leader, also a leader stopped
-  at an earlier rung, whose curve is read at C* with the rest; before C* is in
+  settled (the group is done: the answer is the leader; before C* is in
   reach, the one key every other was settled against by A2);
+* **resume** (science §11.3): a stopped key that leads at C* (a stopped key
+  never leads), and, where every key in play but the answer is settled, a
+  stopped key the same rules do not settle against that answer: settling is
+  checked against the final leader, never transitively (a key stopped
+  against a leader that was itself settled later); it trains on from its
+  checkpoint and the group is not decided meanwhile;
 * an answer at the first or last key in play is not decided while the
   bracket allows a key beyond it not yet run: that key is **add**-ed (rule
   ``bracket``) first;
@@ -76,7 +81,8 @@ from rollscale.core.search.standing import Standing, c_star, level, seed_cap, st
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["BRACKET_SHARE", "MIN_POINTS", "RULES", "Decision", "Standing", "c_star", "beyond_answer", "decide_group",
+__all__ = ["BRACKET_SHARE", "MIN_POINTS", "RULES", "Decision", "Standing", "answer_key", "c_star", "beyond_answer",
+           "decide_group",
            "group_rows", "level", "seed_cap", "standings"]
 
 BRACKET_SHARE = 0.5  # an edge key leading at C* in >= 50 % of paired refits: the key beyond it joins
@@ -89,7 +95,7 @@ MIN_POINTS = 8
 RULES = {"epsilon": "settled: the upper bound of D_k <= epsilon", "a2": "settled: below the leader's n, beaten at c_r",
          "decided": "the leader, every other key settled", "bracket": "the key beyond a winning edge at C*",
          "undecided": "a seed where the decision hangs, or not decided at the cap", "budget": "reached C_max",
-         "none": "not settled"}
+         "resume": "a stopped key that leads at C*, or is not settled against the answer", "none": "not settled"}
 
 
 def _spread(t: pd.DataFrame) -> bool:
@@ -187,6 +193,39 @@ def beyond_answer(lead: Any, group: SearchGroup, st: GroupState) -> list[tuple[A
     return out
 
 
+def answer_key(table: pd.DataFrame | None, verdict: dict[Any, tuple[str | None, str]]) -> Any:
+    """The key a decision would answer: the leader at C*, or, where every other key in play is settled (by A2
+    before C* is in reach), the one left."""
+    lead = table["leader"].iloc[0] if table is not None else None
+    unsettled = [key for key, (rule, _) in verdict.items() if rule is None]
+    return unsettled[0] if lead not in unsettled and len(unsettled) == 1 else lead
+
+
+def _stopped_against(standing: Standing | None, group: SearchGroup, st: GroupState,
+                     verdict: dict[Any, tuple[str | None, str]], settings: SearchSettings) -> list[tuple[Any, str]]:
+    """The stopped keys to resume, (key, note), where every key in play but the answer is settled: settling is
+    checked against the final leader, never transitively (science §11.3). A key stopped against a leader that was
+    itself settled later counts only where the same rules settle it against the answer now; else, as the answer
+    itself (a stopped key never leads), it trains on from its checkpoint."""
+    lead = answer_key(standing.star if standing is not None else None, verdict)
+    if standing is None or lead is None:
+        return []
+    if lead in st.stopped:
+        return [(lead, f"it leads at C* = {c_star(group, settings):,.0f}: a stopped key never leads")]
+    if any(rule is None for key, (rule, _) in verdict.items() if key != lead):
+        return []  # not decided: no answer to check the stopped keys against yet
+    t, out = standing.star, []
+    for key in sorted(st.stopped):
+        if (key in t.index and t["leader"].iloc[0] == lead and t.loc[key, "settled_by"] == "a2"
+                and min(t.loc[key, "evals"], t.loc[lead, "evals"]) >= MIN_POINTS):
+            continue  # A2 against the answer itself: a smaller n it beats where both ran, read at C* or not
+        rule, why = _settled(standing, key, group, settings) if key in t.index else (None, "no fit at C*")
+        if rule is None:
+            out.append((key, f"stopped earlier, not settled against the answer {lead} ({why}): settling is checked "
+                             "against the final leader"))
+    return out
+
+
 def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, settings: SearchSettings,
                  ) -> list[dict]:
     """The next decision of one group (module docstring) from its :class:`Standing` (None: no evaluations yet):
@@ -198,7 +237,8 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
     return group_rows(group, st, standing.star if standing is not None else None, verdict,
                       _bracket(standing, group, st), settings,
                       rung_leader=standing.rung["leader"].iloc[0] if standing is not None else None,
-                      edge_answer=lambda lead: beyond_answer(lead, group, st))
+                      edge_answer=lambda lead: beyond_answer(lead, group, st),
+                      resumed=_stopped_against(standing, group, st, verdict, settings))
 
 
 def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, verdict: dict[Any, tuple[str | None, str]],
@@ -236,10 +276,7 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
                          "c_train": c_train, "n_points": n_points, "note": note})
 
     live = [key for key in st.keys if key not in st.stopped]
-    lead = table["leader"].iloc[0] if table is not None else None
-    unsettled = [key for key in live if verdict[key][0] is None]
-    if lead not in unsettled and len(unsettled) == 1:
-        lead = unsettled[0]  # every other key settled (by A2 before C* is in reach): the one left is the answer
+    lead = answer_key(table, {key: verdict[key] for key in live})
     # the group's standing read by the one verdict (science §11.5): every key in play but the leader settled, by a
     # rule of this decision, held (settled, training on), or stopped earlier and not resumed (checked against this
     # leader where the method can: science §11.3)
@@ -251,8 +288,8 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     open_keys = [key for key in v.open if key in live]
     if edge_answer is not None and lead is not None and v.answered and not adds and not resumed:
         adds = edge_answer(lead)
-    # decided: answered (a leader stopped earlier, settled then against another, still answers: its curve is read at
-    # C* with the rest); never while a key is added or a stopped key resumed
+    # decided: answered; never while a key is added or a stopped key resumed (a stopped key that leads, or is not
+    # settled against this leader, is resumed by the method: science §11.3)
     decided = v.answered and not adds and not resumed
     cap = seed_cap(group, settings)
     # an answer whose reward at C* is wide gets seeds while one is expected to narrow it; at the cap it is the

@@ -86,7 +86,8 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
         return None
     evals = pts.assign(key=pts["key"].astype(int))
     a_max = REWARD_MAX if evals["avg_at_k"].between(0, REWARD_MAX).all() else None
-    fs = forecast_settings(settings.resamples, settings.bootstrap_seed, settings.eval_draws, level(settings), a_max)
+    fs = forecast_settings(settings.resamples, settings.bootstrap_seed, settings.eval_draws, level(settings), a_max,
+                           form=settings.study.forecast_form)
     trained = sorted(int(k) for k in evals["key"].unique())
     beyond = [k for k in (min(trained) // 2, max(trained) * 2) if k not in trained and group.allows(k)]
     target = c_star(group, settings)
