@@ -70,7 +70,7 @@ def replay_study(folder: Path, params: StudyParams) -> dict:
                              max(fit.bootstrap_resamples, 1), fit.bootstrap_seed, search=result.decisions)
     ahead = horizon_tables(kept, c_star, forecast_budgets(c_star, sweep.c_max),
                            forecast_settings(fit.bootstrap_resamples, fit.bootstrap_seed,
-                                             params.bucket.val_size * sweep.eval_k))
+                                             params.bucket.val_size * sweep.eval_k, form=params.study.forecast_form))
     fc = ahead.forecast
     if not fc.empty:
         fc = fc[fc["trained"].astype(bool) | trainable(fc, sweep.b_max, list(sweep.b_problem), list(sweep.n),
