@@ -587,6 +587,22 @@ def _decision(decided: bool) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=DECISION_COLUMNS)
 
 
+def test_keys_the_search_settled_at_its_one_sided_bound_say_how_far_d_reaches_at_95_percent():
+    """The search settles at its one-sided 1 - alpha bound (science §9.4); the table's D is a 95 % interval. Where
+    a settled key's 95 % bound passes epsilon the first line says how far, so the line and the table agree."""
+    from rollscale.report.decision_text import decision_headline
+
+    table = _decision(True)
+    table.loc[table["key"] == 8, ["status", "within_tolerance", "d", "d_lo", "d_hi", "settled_by"]] = \
+        ["settled", False, 0.001, -0.054, 0.05, "search: forecast"]
+    line, answered, _ = decision_headline(table)
+    assert answered and ("n = 8 cannot beat it by more than 0.02 (as the search settled it, at its one-sided bound; "
+                         "at 95 % D reaches +0.05); n = 2 is worse") in line, line
+    table.loc[table["key"] == 8, "d_hi"] = 0.015  # within epsilon at 95 % too: nothing to add
+    line, _, _ = decision_headline(table)
+    assert "n = 8 cannot beat it by more than 0.02; n = 2 is worse" in line, line
+
+
 def test_the_decision_at_c_star_leads(study):
     from rollscale.report import study_answer
 

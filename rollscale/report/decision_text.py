@@ -102,7 +102,14 @@ def _group_sentence(g: pd.DataFrame, metric: str) -> tuple[str, bool, str]:
         if within:
             parts.append(f"{key_label(design, within)} {'is' if len(within) == 1 else 'are'} within {eps:g}")
         if no_better:
-            parts.append(f"{key_label(design, no_better)} cannot beat it by more than {eps:g}")
+            text = f"{key_label(design, no_better)} cannot beat it by more than {eps:g}"
+            # the search settles at its one-sided 1 - alpha bound (science §9.4); where the table's 95 % bound of D
+            # reaches past epsilon, say how far, so the line and the table agree
+            loose = pd.to_numeric(settled.loc[~behind, "d_hi"], errors="coerce")
+            if (loose > eps).any():
+                text += (f" (as the search settled {'it' if len(no_better) == 1 else 'them'}, at its one-sided "
+                         f"bound; at 95 % D reaches {float(loose.max()):+.2f})")
+            parts.append(text)
         if worse:
             parts.append(f"{key_label(design, worse)} {'is' if len(worse) == 1 else 'are'} worse")
         return "; ".join(parts), True, ""
