@@ -24,7 +24,7 @@ import torch
 
 def train_one(n: int, c_max: int, noise_every: int, out: Path, seed: int) -> None:
     from rollscale.train.checkpoint import RunStore
-    from rollscale.train.sweep import GridPoint, point_config
+    from rollscale.sweep.grid import GridPoint, point_config
     from rollscale.train.trainer import GRPOTrainer
     from tasks.common import read_model_ref, read_params
     from tasks.models import sampling_config, training_model

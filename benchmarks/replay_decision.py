@@ -40,7 +40,7 @@ from rollscale.core.search.decisions import search_method  # noqa: E402
 from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
 from rollscale.pipeline.query.storage import query  # noqa: E402
 from rollscale.registry import SEARCH_METHODS  # noqa: E402
-from rollscale.train.search_groups import search_design, search_settings  # noqa: E402
+from rollscale.sweep.groups import search_design, search_settings  # noqa: E402
 
 
 def _interval(row: pd.Series) -> str:

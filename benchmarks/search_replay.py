@@ -30,7 +30,7 @@ from rollscale.config import load_params  # noqa: E402
 from rollscale.core.search.replay import DESIGNS, replay  # noqa: E402
 from rollscale.core.search.state import SearchSettings  # noqa: E402
 from rollscale.pipeline.query.storage import query  # noqa: E402
-from rollscale.train.search_groups import search_settings  # noqa: E402
+from rollscale.sweep.groups import search_settings  # noqa: E402
 
 
 def main() -> None:

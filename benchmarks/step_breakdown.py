@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollscale.config import DataParams, SamplingParams, SweepParams  # noqa: E402
 from rollscale.lm.models import char_tokenizer, tiny_llama  # noqa: E402
-from rollscale.train.sweep import run_configs  # noqa: E402
+from rollscale.sweep.grid import run_configs  # noqa: E402
 from rollscale.train.trainer import GRPOTrainer  # noqa: E402
 from tasks.models import sampling_config  # noqa: E402
 from tasks.problems import load_pool  # noqa: E402

@@ -18,7 +18,7 @@ import pandas as pd
 from prefect import flow
 
 from rollscale.files import write_parquets_atomic
-from rollscale.train.sweep import run_configs
+from rollscale.sweep.grid import run_configs
 from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from tasks.measure import measure_noise
 from rollscale.pipeline.runtime.workers import local_runner, raise_first_error, run_all

@@ -29,7 +29,7 @@ from rollscale.train.trackers import tracker_targets
 from rollscale.train.run_config import RunConfig
 from tasks.common import ARTIFACTS, bucket_problems, read_model_ref, read_params, refresh_duckdb
 from rollscale.pipeline.runtime.workers import local_runner, raise_first_error, run_all
-from rollscale.train.rungs import SweepSearch
+from rollscale.sweep.rungs import SweepSearch
 from tasks.models import sampling_config
 from tasks.sweep import (archive_stale_runs, mark_interrupted, refuse_stale_runs, reopen_damaged_runs, run_identity,
                          train_run)

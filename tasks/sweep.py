@@ -36,7 +36,7 @@ from tasks.common import refresh_duckdb, transient
 from tasks.sharded_run import train_sharded
 from tasks.models import training_model
 
-log = logging.getLogger("rollscale.train.sweep")
+log = logging.getLogger("rollscale.sweep.grid")
 
 
 def ended_result(store: RunStore, config: RunConfig, train_problems: list[Problem],

@@ -24,7 +24,7 @@ from rollscale.registry import (
     RegistryError,
 )
 from rollscale.train.run_config import RunConfig, config_hash
-from rollscale.train.sweep import run_configs
+from rollscale.sweep.grid import run_configs
 
 from tests.conftest import REPO
 

@@ -216,7 +216,7 @@ def test_a_rebuilt_search_replays_no_rung_from_the_runs_of_another_config(finish
     had passed its first rungs on their evaluations, so the new runs trained straight to a later rung (the
     default at c_max 80,000 from a study at 40,000, 2026-11-27). A run's records count only for its own config."""
     from rollscale.config import load_params
-    from rollscale.train.rungs import SweepSearch
+    from rollscale.sweep.rungs import SweepSearch
     from tasks.models import sampling_config
 
     art, params = study_copy(finished, tmp_path)

@@ -23,7 +23,7 @@ from rollscale.core.search.state import (
     truncate,
 )
 from rollscale.registry import SEARCH_METHODS, RegistryError
-from rollscale.train.search_groups import search_settings
+from rollscale.sweep.groups import search_settings
 
 C_MAX = 40_000
 EVERY = 5  # evaluation interval in steps

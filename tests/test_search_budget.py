@@ -25,7 +25,7 @@ from rollscale.core.search.methods.decision import RULES
 from rollscale.core.search.state import ACTIONS, DECISION_COLUMNS, SearchSettings
 from rollscale.core.search.simulate import FAMILIES, MORE_FAMILIES, grid_tables, make_studies
 from rollscale.core.search.simulate_budget import simulate_decision, summarise_decision
-from rollscale.train.search_groups import search_plan, search_settings
+from rollscale.sweep.groups import search_plan, search_settings
 
 PER_FAMILY = 8
 ALL = tuple(FAMILIES) + tuple(MORE_FAMILIES)

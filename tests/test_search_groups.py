@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rollscale.config import parse_params
-from rollscale.train.search_groups import search_design, search_plan, search_settings
-from rollscale.train.sweep import GridPoint, plan_runs
+from rollscale.sweep.groups import search_design, search_plan, search_settings
+from rollscale.sweep.grid import GridPoint, plan_runs
 
 
 def plan_of(**sweep):

@@ -9,13 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import rollscale.train.rungs as search_tasks
+import rollscale.sweep.rungs as search_tasks
 from flows.sweep import sweep_flow
 from rollscale.config import load_params
 from rollscale.core.search.replay import replay
 from rollscale.pipeline.stages.status import search_progress
 from rollscale.train.checkpoint import RunStore
-from rollscale.train.search_groups import search_settings
+from rollscale.sweep.groups import search_settings
 from tests.test_study import copy_study, prepared_study, sweep_rows, write_params
 
 pytestmark = pytest.mark.slow

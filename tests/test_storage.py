@@ -271,7 +271,7 @@ def test_a_stage_file_named_from_a_relative_artifacts_folder_is_checked_as_recor
     monkeypatch.chdir(tmp_path)
     table = Path("artifacts/sweep/search.parquet")
     table.parent.mkdir(parents=True)
-    from rollscale.train.rungs import empty_decisions
+    from rollscale.sweep.rungs import empty_decisions
 
     write_parquet_atomic(empty_decisions(), table)  # a search table's columns (a foreign table is damage)
     write_outputs_manifest("artifacts", "sweep")

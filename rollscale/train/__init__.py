@@ -1,1 +1,1 @@
-"""GRPO training: the run loop, its grid of run configs and the checkpointed run store."""
+"""One GRPO run: the step, the run loop, its evaluations and the checkpointed run store (the sweep over runs is rollscale.sweep)."""

@@ -1,11 +1,11 @@
 """The next decision of every group of a sweep's search, made by the method ``sweep.search.method`` names
 (:data:`rollscale.registry.SEARCH_METHODS`; science §9.4 for the default, ``decision``).
 
-One dispatch for the sweep (:class:`rollscale.train.rungs.SweepSearch`), the replay
+One dispatch for the sweep (:class:`rollscale.sweep.rungs.SweepSearch`), the replay
 (:mod:`rollscale.core.search.replay`) and the simulation (:mod:`rollscale.core.search.simulate_budget`).
 How the sweep stage drives it (one loop, any executor)::
 
-    settings = search_settings(sweep, study)             # rollscale.train.search_groups: sweep.search, study.*
+    settings = search_settings(sweep, study)             # rollscale.sweep.groups: sweep.search, study.*
     groups = search_plan(sweep).groups                  # one per family x what it holds fixed
     decisions = empty_decisions()
     while not (todo := plan(groups, decisions, settings)).empty:

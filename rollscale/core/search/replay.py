@@ -98,7 +98,7 @@ def replay(runs: pd.DataFrame, evals: pd.DataFrame, design: str, settings: Searc
 
     ``runs`` / ``evals`` are the sweep's tables (finished runs are used); ``settings`` the search's (its
     ``eval_every`` should be the sweep's): its method decides, and says which of the grid's seeds each key
-    starts with, as the sweep's search does (:func:`rollscale.train.search_groups.search_plan`).
+    starts with, as the sweep's search does (:func:`rollscale.sweep.groups.search_plan`).
     """
     ev = run_evals(runs, evals)
     groups, points = replay_groups(ev, design, b_max, start_keys)

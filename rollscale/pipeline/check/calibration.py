@@ -242,7 +242,7 @@ def _lr_probe(p: StudyParams, model, tokenizer, chat: bool, problems: list, step
     from rollscale.core.rollouts import SamplingConfig
     from rollscale.lm.engines.hf import GenerationTimeUp, generation_deadline
     from rollscale.train.step import NonFiniteLossError
-    from rollscale.train.sweep import GridPoint, point_config
+    from rollscale.sweep.grid import GridPoint, point_config
     from rollscale.train.trainer import GRPOTrainer
 
     if len(problems) < 2:

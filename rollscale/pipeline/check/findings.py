@@ -174,7 +174,7 @@ def _cross_section(p: StudyParams) -> Iterable[Finding]:
 
 
 def _grid(p: StudyParams) -> Iterable[Finding]:
-    from rollscale.train.sweep import plan_runs
+    from rollscale.sweep.grid import plan_runs
 
     try:
         plan = plan_runs(p.sweep)

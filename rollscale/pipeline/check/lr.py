@@ -39,7 +39,7 @@ class RunMove(NamedTuple):
 def slowest_run(p: StudyParams, cal: Calibration) -> RunMove | None:
     """The planned run whose policy moves least; None when the probe measured nothing (a tiny model before its
     warm start) or the grid cannot be laid out."""
-    from rollscale.train.sweep import plan_runs
+    from rollscale.sweep.grid import plan_runs
 
     t = p.sweep.train
     if not cal.probe_kl:

@@ -88,7 +88,7 @@ def _step_s(p: StudyParams, cal: Calibration, rollouts: int, length: float, nois
 
 def _sweep(p: StudyParams, cal: Calibration, length: float, val_size: int) -> tuple[list[float], int]:
     """Seconds of each run trained to c_max, and the grid's rollouts."""
-    from rollscale.train.sweep import plan_runs
+    from rollscale.sweep.grid import plan_runs
 
     s, sw = p.sampling, p.sweep
     runs, rollouts = [], 0
@@ -148,7 +148,7 @@ def _search_share(p: StudyParams, val: int) -> tuple[float, str]:
     the leader and one other key: its share can pass 1. The measured share is the method's
     (:meth:`rollscale.core.search.methods.base.SearchMethod.measured_spent`)."""
     from rollscale.core.search.decisions import search_method
-    from rollscale.train.search_groups import search_plan, search_settings
+    from rollscale.sweep.groups import search_plan, search_settings
 
     method = search_method(p.sweep.search.method)
     spent = method.measured_spent(p.sweep.search)

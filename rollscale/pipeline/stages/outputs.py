@@ -321,7 +321,7 @@ def search_table_damage(sweep_dir: Path) -> str | None:
     rebuilt as well, to the same rows (the decisions are a pure function of the runs' evaluations)."""
     import pandas as pd
 
-    # the name from the leaf list of tables, not from rollscale.train.rungs: every stage runs this module, and
+    # the name from the leaf list of tables, not from rollscale.sweep.rungs: every stage runs this module, and
     # rungs imports the search methods, which no stage but the sweep runs (their edits rerun the sweep alone)
     from rollscale.tables import SEARCH_COLUMNS, TABLES
 

@@ -1,7 +1,7 @@
 """What every search method is (``sweep.search.method``): :class:`SearchMethod`, registered by name in
 :data:`rollscale.registry.SEARCH_METHODS` (one module of this package each).
 
-The loop is the same for every method (:class:`rollscale.train.rungs.SweepSearch`: plan, train each run to
+The loop is the same for every method (:class:`rollscale.sweep.rungs.SweepSearch`: plan, train each run to
 its next budget, decide, repeat; :mod:`rollscale.core.search.state` keeps the rungs): a method says which
 seeds a key starts with and makes the decisions after each rung, as rows of the ``search`` table
 (:data:`rollscale.core.search.state.DECISION_COLUMNS`). A method that does not search (the grid) trains

@@ -23,7 +23,7 @@ from rollscale.core.grpo.allocation import RuleParams
 from rollscale.core.search.decisions import search_method
 from rollscale.core.search.replay import DESIGNS
 from rollscale.core.search.state import SearchGroup, SearchSettings, bracket_limits
-from rollscale.train.sweep import GridPoint, plan_runs
+from rollscale.sweep.grid import GridPoint, plan_runs
 
 __all__ = ["SearchPlan", "search_design", "search_plan", "search_settings"]
 

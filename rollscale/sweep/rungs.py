@@ -5,7 +5,7 @@ table.
 
 :class:`SweepSearch` plans the runs of the method: a method that does not search (``grid``) trains every run
 to C_max at once; one that does (``decision``, science §9.4) trains the groups of
-:func:`rollscale.train.search_groups.search_plan` in rungs of budget. ``start()`` gives
+:func:`rollscale.sweep.groups.search_plan` in rungs of budget. ``start()`` gives
 the runs of every group's next rung (and the runs alone in their group, to
 C_max); ``finished(run)`` is called as each run comes back and, once every
 run of that group's rung is in, refits the group's curves
@@ -45,8 +45,8 @@ from rollscale.core.search.state import (
 from rollscale.files import write_json_atomic, write_parquet_atomic
 from rollscale.train.checkpoint import RunStore
 from rollscale.train.run_config import RunConfig, RunResult, config_hash, run_row
-from rollscale.train.search_groups import SearchPlan, search_plan, search_settings
-from rollscale.train.sweep import GridPoint, point_config, run_configs
+from rollscale.sweep.groups import SearchPlan, search_plan, search_settings
+from rollscale.sweep.grid import GridPoint, point_config, run_configs
 
 SEARCH_TABLE = "search.parquet"  # under artifacts/sweep (rollscale.tables.TABLES["search"])
 SEARCH_IDENTITY = "search.json"

@@ -19,7 +19,7 @@ from rollscale.core.rollouts import SamplingConfig
 if TYPE_CHECKING:  # RunConfig pulls in torch: planning the grid (rollscale check) does not need it
     from rollscale.train.run_config import RunConfig
 
-log = logging.getLogger("rollscale.train.sweep")
+log = logging.getLogger("rollscale.sweep.grid")
 
 
 @dataclass(frozen=True)
