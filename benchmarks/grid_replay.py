@@ -53,7 +53,7 @@ def replay_study(folder: Path, params: StudyParams) -> dict:
     from rollscale.core.fit.analysis import run_evals
     from rollscale.core.search.replay import replay, replay_groups
     from rollscale.report.decision_text import decision_headline
-    from rollscale.train.search_groups import search_settings
+    from rollscale.sweep.groups import search_settings
 
     grid_runs, grid_evals = (pd.read_parquet(folder / f"{name}.parquet") for name in ("runs", "evals"))
     sweep, fit = params.sweep, params.fit
