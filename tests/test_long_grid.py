@@ -1,13 +1,14 @@
-"""The forecast replayed on the long grid (science §11.1-11.2, "What it must show").
+"""The forecast replayed on the long grids (science §11.1-11.2, "What it must show").
 
-The long grid is the embedded default's every key n = 2 to 32 with 2 seeds trained to 160,000 rollouts
-(benchmarks/long_grid.py, its tables in benchmarks/data/long_grid/). From the same runs cut at 40,000 (4x) and at
-20,000 (8x) the default forecast, its interval calibrated by the cut runs' own backtest at that multiple (§11.4),
-reads every key at C* = 160,000; the grid's own value there is each key's per-run fit within its data (§9.3).
-Measured (docs/journal/2026-11-28-forecast.md): at 4x mean signed error -0.019, mean absolute error 0.027, median
-width 0.086, coverage 3 of 5 keys (below §11's 90 %: n = 2 and 4 rise faster past 40,000 than before it); at
-8x mean signed error -0.037, coverage 4 of 5. The two coverage targets are strict xfails: they pass when a
-forecast meets them.
+A long grid is one recipe's every key n = 2 to 32 with 2 seeds trained to 160,000 rollouts (benchmarks/long_grid.py,
+its tables in benchmarks/data/): ``long_grid`` on the default's base, ``long_grid_seed1`` on the same recipe's base
+trained from another seed (``base.seed: 1``), a base the default form was not chosen on. From the same runs cut at
+40,000 (4x) and at 20,000 (8x) the default forecast, its interval calibrated by the cut runs' own backtest at that
+multiple (§11.4), reads every key at C* = 160,000; a grid's own value there is each key's per-run fit within its
+data (§9.3). The targets are §11's, over the keys of both grids; those the forecast misses are strict xfails with
+the measured value (docs/benchmarks.md), so they pass when a forecast meets them. The default study replayed on each
+grid (benchmarks/grid_replay.py: its runs cut to sweep.c_max, its search rung by rung, the fit stage's decision)
+must answer "use n = X" within epsilon of the grid's best for at most 2 x C* rollouts.
 """
 
 from __future__ import annotations
@@ -27,60 +28,104 @@ from long_grid import cut_forecast, grid_truth, stored_evals  # noqa: E402
 from rollscale.core.fit.forms import DEFAULT_FORM  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "long_grid"
+GRIDS = {"default base": DATA, "base seed 1": ROOT / "benchmarks" / "data" / "long_grid_seed1"}
 C_STAR = 160_000
 EPSILON = 0.02  # study.tolerance's default
+# measured (docs/benchmarks.md, "The long grids"): every form's points are low on the second base, whose curves
+# still steepen past 40,000 (n = 16: 0.50 there, 0.625 at 160,000), where each key's rise per doubling is continued
+MISSED_4X = ("measured over both grids' 10 keys: mean signed error -0.039, mean absolute error 0.043 (the default "
+             "base -0.019 / 0.027, the second -0.060 / 0.060: every key low)")
+WIDTH_4X = "measured: median width 0.158 (the second base's backtest widened its intervals 1.98x)"
+COVERAGE_4X = "measured: 6 of 10 keys (3 of 5 on each base)"
+COVERAGE_8X = "measured: 5 of 10 keys (the default base 4 of 5, the second 1 of 5: mean error -0.088 there)"
+# the second base's best at C* is n = 2 (0.688); the forecast from 40,000 or 20,000 leads with n = 4 (0.662 there)
+WRONG_KEY = "measured: the second base's n = 4 (0.662 at C*) leads the forecast; n = 2 reaches 0.688, 0.026 more"
 
 
 @cache
-def truth() -> dict[int, float]:
-    return grid_truth(stored_evals(DATA), C_STAR)
+def truth(grid: str) -> dict[int, float]:
+    return grid_truth(stored_evals(GRIDS[grid]), C_STAR)
 
 
 @cache
-def forecast_from(cut: int) -> pd.DataFrame:
-    rows = cut_forecast(stored_evals(DATA), cut, C_STAR, DEFAULT_FORM, None, resamples=200)
-    rows["grid"] = rows["key"].map(truth())
+def forecast_from(grid: str, cut: int) -> pd.DataFrame:
+    """The default forecast at C* from the grid's runs cut at ``cut``, as the fit stage reads it (no pass@k bound:
+    the study's forecast has none), each key's error and coverage against the grid's own value."""
+    rows = cut_forecast(stored_evals(GRIDS[grid]), cut, C_STAR, DEFAULT_FORM, None, resamples=200)
+    rows["grid"] = rows["key"].map(truth(grid))
     rows["error"] = rows["reward"] - rows["grid"]
     rows["covered"] = (rows["reward_lo"] <= rows["grid"]) & (rows["grid"] <= rows["reward_hi"])
     return rows.set_index("key")
 
 
-def test_the_long_grid_is_stored_whole():
-    """Every key n = 2 to 32 with 2 seeds, every run to 160,000 rollouts."""
-    runs = pd.read_parquet(DATA / "runs.parquet")
+def both(cut: int) -> pd.DataFrame:
+    """Every key of both grids at one cut."""
+    return pd.concat([forecast_from(grid, cut).assign(source=grid) for grid in GRIDS])
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_the_long_grid_is_stored_whole(grid):
+    """Every key n = 2 to 32 with 2 seeds, every run to 160,000 rollouts, with its steps and its validation
+    problems' profile rows."""
+    folder = GRIDS[grid]
+    runs = pd.read_parquet(folder / "runs.parquet")
     assert sorted(runs["n"].unique().tolist()) == [2, 4, 8, 16, 32]
     assert (runs.groupby("n")["seed"].nunique() == 2).all()
     assert (runs["status"] == "finished").all() and (runs["c"] >= C_STAR).all()
-    steps = pd.read_parquet(DATA / "steps.parquet")
+    steps = pd.read_parquet(folder / "steps.parquet")
     assert set(steps["run_id"]) == set(runs["run_id"])
 
 
-def test_at_4x_the_point_is_unbiased_and_the_interval_narrow():
-    rows = forecast_from(40_000)
-    assert (rows["c_seen"] <= 40_000 * 1.02).all() and rows["extrapolated"].all()
-    assert abs(rows["error"].mean()) <= 0.02, rows["error"].to_dict()
-    assert rows["error"].abs().mean() <= 0.03, rows["error"].to_dict()
-    assert rows["width"].median() <= 0.15
+def test_at_4x_every_key_is_read_past_its_data():
+    rows = both(40_000)
+    assert len(rows) == 10 and (rows["c_seen"] <= 40_000 * 1.02).all() and rows["extrapolated"].all()
 
 
-@pytest.mark.xfail(strict=True, reason="measured 3 of 5 keys at 4x: n = 2 and 4 rise faster past 40,000 than "
-                                       "before it, and the backtest within 40,000 did not show it")
+@pytest.mark.xfail(strict=True, reason=MISSED_4X)
+def test_at_4x_the_point_is_unbiased():
+    rows = both(40_000)
+    assert abs(rows["error"].mean()) <= 0.02, rows[["source", "error"]]
+    assert rows["error"].abs().mean() <= 0.03, rows[["source", "error"]]
+
+
+@pytest.mark.xfail(strict=True, reason=WIDTH_4X)
+def test_at_4x_the_interval_is_narrow():
+    assert both(40_000)["width"].median() <= 0.15
+
+
+@pytest.mark.xfail(strict=True, reason=COVERAGE_4X)
 def test_at_4x_the_intervals_cover_90_percent_of_keys():
-    assert forecast_from(40_000)["covered"].mean() >= 0.9
+    assert both(40_000)["covered"].mean() >= 0.9
 
 
-@pytest.mark.xfail(strict=True, reason="measured 4 of 5 keys at 8x: n = 2's upper bound 0.597 against the grid's "
-                                       "0.604 (its rise past 20,000 faster than before it)")
+@pytest.mark.xfail(strict=True, reason=COVERAGE_8X)
 def test_at_8x_the_intervals_cover_90_percent_of_keys():
-    rows = forecast_from(20_000)
-    assert rows["covered"].mean() >= 0.9, rows[["reward_lo", "reward_hi", "grid"]].to_dict()
+    rows = both(20_000)
+    assert rows["covered"].mean() >= 0.9, rows[["source", "reward_lo", "reward_hi", "grid"]]
 
 
+@pytest.mark.parametrize("grid", ["default base", pytest.param("base seed 1", marks=pytest.mark.xfail(
+    strict=True, reason=WRONG_KEY))])
 @pytest.mark.parametrize("cut", [40_000, 20_000])
-def test_the_forecast_decision_is_within_epsilon_of_the_long_grids_best(cut):
-    true = truth()
-    leader = int(forecast_from(cut)["leader"].iloc[0])
+def test_the_forecast_decision_is_within_epsilon_of_the_long_grids_best(grid, cut):
+    true = truth(grid)
+    leader = int(forecast_from(grid, cut)["leader"].iloc[0])
     assert true[leader] >= max(true.values()) - EPSILON, (cut, leader, true)
+
+
+@pytest.mark.parametrize("grid", ["default base", pytest.param("base seed 1", marks=pytest.mark.xfail(
+    strict=True, reason=WRONG_KEY + "; the replay's first line says it: 'n = 2 and 8 cannot beat it by more than "
+    "0.02 (as the search settled them, at its one-sided bound; at 95 % D reaches +0.04)'"))])
+def test_the_default_study_replayed_on_the_grid_answers_within_epsilon_for_at_most_2x(grid):
+    from grid_replay import replay_study
+
+    from rollscale.config import load_params
+
+    r = replay_study(GRIDS[grid], load_params(ROOT / "params.yaml"))
+    assert r["line"].startswith("Use n = ") and r["answered"], r["line"]
+    assert r["within_epsilon"], (r["answer"], r["answer_at_c_star"], r["grid_best_key"], r["grid_best"])
+    # every key of the default's four with 2 seeds to c_max is 2 x C*; a run ends at the step that crosses it
+    assert r["rollouts_over_c_star"] <= 2.01, r["rollouts_over_c_star"]
 
 
 def test_a_grid_folder_without_a_profile_says_it_forecasts_without_the_bound(tmp_path, capsys):
