@@ -327,6 +327,28 @@ def test_a_study_whose_verdict_is_not_an_answer_is_refused_or_written_with_the_r
         capsys.readouterr().err
 
 
+def test_a_study_the_report_says_has_no_answer_yet_is_refused_too(study):
+    """One verdict (science §11.5): where the report's first line is "No answer yet" before any fit (no run learned,
+    an unfinished sweep), the decision table may still name a leader; export refuses it with the report's reason."""
+    from rollscale.integrations.export.command import export_run
+
+    runs = pd.DataFrame({"run_id": ["a", "b"], "status": "finished", "n": [2, 4], "b_problem": 2, "steps": 20})
+    flat = pd.DataFrame({"run_id": ["a", "a", "b", "b"], "step": [0, 20, 0, 20], "avg_at_k": [0.5, 0.5, 0.5, 0.49],
+                         "avg_at_k_se": 0.05})
+    tables = {"decision": decision(), "runs": runs, "evals": flat}
+
+    def read_table(artifacts: str, name: str) -> pd.DataFrame:
+        if name not in tables:
+            raise LookupError(f"table {name!r} does not exist yet")
+        return tables[name]
+
+    with pytest.raises(LookupError, match=r"the study has no answer yet: no run learned: in all 2 runs") as refused:
+        export_run("trl", "params.yaml", "artifacts", read_table=read_table)
+    assert "--force" in str(refused.value) and not (study / "export").exists()
+    tables["evals"] = flat.assign(avg_at_k=[0.5, 0.7, 0.5, 0.65])  # the runs learned: the answer is exported
+    assert export_run("trl", "params.yaml", "artifacts", read_table=read_table).files
+
+
 def test_the_production_budget_is_asked_for_never_the_sweeps_run_budget(study, capsys):
     """Without --budget and without study.target_budget in params.yaml, C* is sweep.c_max, the sweep's own run
     budget: export asks for the production run's rollouts instead of taking it silently (issue 56)."""

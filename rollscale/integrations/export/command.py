@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +19,7 @@ from rollscale.files import write_text_atomic
 from rollscale.integrations.export.plan import production_run
 from rollscale.integrations.export.trl_config import trl_gaps, trl_snippet, trl_yaml
 from rollscale.integrations.export.verl_overrides import verl_gaps, verl_shell
+from rollscale.report.reasons import blocking_reasons
 from rollscale.tables import TABLES
 
 __all__ = ["FRAMEWORKS", "Exported", "export_run", "print_exported"]
@@ -53,6 +54,9 @@ def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "arti
     if not table.exists():
         raise LookupError(f"{table}: no decision yet; run the fit stage first (rollscale run fit)")
     run = production_run(params, decision_table(artifacts, read_table), key, rule, artifacts, budget)
+    if not run.refusal and (blocking := blocking_reasons(_study_tables(artifacts, read_table), params)):
+        # the report's "No answer yet" (an unfinished sweep, buckets too small, no run learning): one verdict
+        run = replace(run, refusal=f"the study has no answer yet: {blocking[0]}")
     if run.refusal and not force:
         raise LookupError(f"export: {run.refusal}; nothing written (--force writes it with this reason at its top)")
     source = f"{Path(params_path).resolve().parent} ({params_path}, {table})"
@@ -74,6 +78,18 @@ def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "arti
 # the decision table's columns the production run is made of (rollscale.integrations.export.plan)
 DECISION_COLUMNS = ("design", "bucket", "rule", "fixed", "key", "n", "b_problem", "c_star", "status", "reward",
                     "reward_lo", "reward_hi")
+
+
+def _study_tables(artifacts: str, read_table: Callable[[str, str], pd.DataFrame]) -> dict[str, pd.DataFrame | None]:
+    """The tables the report's blocking reasons read (:func:`rollscale.report.reasons.blocking_reasons`), each as
+    every reader reads it; None for one not written yet (a damaged one raises)."""
+    out: dict[str, pd.DataFrame | None] = {}
+    for name in ("runs", "evals", "steps", "bucket_counts", "profile"):
+        try:
+            out[name] = read_table(artifacts, name)
+        except LookupError:  # not written yet
+            out[name] = None
+    return out
 
 
 def decision_table(artifacts: str, read_table: Callable[[str, str], pd.DataFrame]) -> pd.DataFrame:
