@@ -140,7 +140,8 @@ def cut_forecast(evals: pd.DataFrame, cut: float, target: float, form: str, ceil
     from rollscale.core.fit.forecast import ForecastSettings, forecast_group
 
     part = evals[evals["c"] <= cut]
-    settings = ForecastSettings(resamples=resamples, eval_draws=eval_draws, seed=0, form=form, ceiling=ceiling)
+    settings = ForecastSettings(resamples=resamples, eval_draws=eval_draws, seed=0, form=form, ceiling=ceiling,
+                                multiple=target / cut)
     note = ""
     if calibrate:
         bt = backtest(part, "n", settings, multiple=target / cut)

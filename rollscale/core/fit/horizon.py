@@ -69,7 +69,7 @@ def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
                                                 "evaluations past C = 0"}]))
                 continue
             try:
-                boot = bootstrap_surface(rows, g.key_col, settings)
+                boot = bootstrap_surface(rows, g.key_col, settings.at_answer(rows, c_star))
             except (ValueError, RuntimeError, np.linalg.LinAlgError) as err:
                 backtests.append(pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan,
                                                 "failed": True, "note": f"no forecast: {err}"}]))

@@ -31,6 +31,7 @@ class FormSettings:
     seed: int
     ceiling: float
     resample_runs: bool = True  # False: every run kept once (the backtest's refits of the same runs)
+    multiple: float = 2.0  # the answer's multiple C* / c_max (science §11.4): a form that backtests itself cuts there
 
 
 class FittedForm(Protocol):
@@ -58,4 +59,5 @@ def fit_form(name: str, data: SurfaceData, settings: FormSettings) -> FittedForm
     return FORMS[name](data, settings)
 
 
+from rollscale.core.fit.forms import averaged as _averaged  # noqa: E402,F401  (registers its form)
 from rollscale.core.fit.forms import decay as _decay  # noqa: E402,F401  (registers its form)

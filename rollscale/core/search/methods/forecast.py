@@ -91,6 +91,7 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     beyond = [k for k in (min(trained) // 2, max(trained) * 2) if k not in trained and group.allows(k)]
     target = c_star(group, settings)
     curves = fit_runs(evals, "key", a_max)
+    fs = fs.at_answer(evals, target)
     boot = bootstrap_surface(evals, "key", fs)
     table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, boot, curves)
     # the answer's own interval, at the fit's 95 % (the same refits): wider than the widest answer, it is unknown.
