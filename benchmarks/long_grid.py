@@ -298,10 +298,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.score is not None or args.load:
         parts = [pd.read_parquet(f) for f in args.load or []]
-        if args.score is not None:
-            parts.append(score_rows(args.score, args.forms.split(","), args.sim, tuple(args.families.split(","))))
-            if args.save is not None:
-                parts[-1].to_parquet(args.save, index=False)
+        scored: list[pd.DataFrame] = []
+        for form in args.forms.split(",") if args.score is not None else []:
+            scored.append(score_rows(args.score, [form], args.sim, tuple(args.families.split(","))))
+            if args.save is not None:  # after each form: a run stopped for time keeps the forms it scored
+                pd.concat(scored, ignore_index=True).to_parquet(args.save, index=False)
+        parts += scored
         rows = pd.concat(parts, ignore_index=True)
         print(score_table(rows))
         if rows.loc[rows["family"] == "grid", "source"].nunique() >= 2:
