@@ -137,7 +137,8 @@ def cut_forecast(evals: pd.DataFrame, cut: float, target: float, form: str, ceil
     """The ``forecast`` table's trained rows at ``target`` from ``evals`` cut at ``cut``; with ``calibrate``, the
     interval widened by the cut runs' own backtest at the same multiple (science §11.4)."""
     from rollscale.core.fit.backtest import backtest
-    from rollscale.core.fit.forecast import ForecastSettings, forecast_group
+    from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, forecast_group
+    from rollscale.core.fit.forms.averaged import AveragedForm
 
     part = evals[evals["c"] <= cut]
     settings = ForecastSettings(resamples=resamples, eval_draws=eval_draws, seed=0, form=form, ceiling=ceiling,
@@ -147,8 +148,12 @@ def cut_forecast(evals: pd.DataFrame, cut: float, target: float, form: str, ceil
         bt = backtest(part, "n", settings, multiple=target / cut)
         settings = replace(settings, widen=bt.widen)
         note = bt.note
-    rows = forecast_group(part, "n", target, settings=settings)
-    return rows[rows["trained"]].assign(widen=settings.widen, backtest=note).reset_index(drop=True)
+    boot = bootstrap_surface(part, "n", settings)
+    rows = forecast_group(part, "n", target, settings=settings, boot=boot)
+    weights = (", ".join(f"{n} {w:.2f} (backtest RMSE {e:.3f})" for n, w, e in
+                         zip(boot.form.names, boot.form.weights, boot.form.rmse, strict=True))
+               if isinstance(boot.form, AveragedForm) else "")
+    return rows[rows["trained"]].assign(widen=settings.widen, backtest=note, weights=weights).reset_index(drop=True)
 
 
 def grid_report(folder: Path, cut: float, target: float, form: str, calibrate: bool = True) -> pd.DataFrame:
@@ -266,7 +271,8 @@ def _print_grid(rows: pd.DataFrame, folder: Path, cut: float, target: float, as_
     bound = (f"bounded by the base's pass@k {rows['ceiling'].iloc[0]:.3f}" if math.isfinite(rows["ceiling"].iloc[0])
              else "no profile table: forecast without the pass@k bound")
     print(f"{folder}: cut at {cut:,.0f}, forecast at {target:,.0f} ({target / cut:.0f}x), form "
-          f"{rows['form'].iloc[0]}, {bound}; {rows['backtest'].iloc[0]}")
+          f"{rows['form'].iloc[0]}, {bound}; {rows['backtest'].iloc[0]}"
+          + (f"; weights: {rows['weights'].iloc[0]}" if rows["weights"].iloc[0] else ""))
     print("| key | forecast [95 %] | grid | error | covered |\n|---|---|---|---|---|")
     for r in rows.itertuples():
         print(f"| {r.key} | {r.reward:.3f} [{r.reward_lo:.3f}, {r.reward_hi:.3f}] | {r.grid:.3f} | {r.error:+.3f} | "
