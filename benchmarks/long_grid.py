@@ -138,7 +138,7 @@ def cut_forecast(evals: pd.DataFrame, cut: float, target: float, form: str, ceil
     interval widened by the cut runs' own backtest at the same multiple (science §11.4)."""
     from rollscale.core.fit.backtest import backtest
     from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, forecast_group
-    from rollscale.core.fit.forms.averaged import AveragedForm
+    from rollscale.core.fit.averaged import AveragedForm
 
     part = evals[evals["c"] <= cut]
     settings = ForecastSettings(resamples=resamples, eval_draws=eval_draws, seed=0, form=form, ceiling=ceiling,

@@ -1,4 +1,4 @@
-"""The average of forms weighted by each one's backtest (science §11.2, §11.4): rollscale.core.fit.forms.averaged."""
+"""The average of forms weighted by each one's backtest (science §11.2, §11.4): rollscale.core.fit.averaged."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from rollscale.core.fit.forecast import ForecastSettings, forecast_group
+from rollscale.core.fit import averaged as averaged_form
+from rollscale.core.fit.averaged import ERROR_FLOOR, backtest_weights
 from rollscale.core.fit.forms import FormSettings, fit_form
-from rollscale.core.fit.forms import averaged as averaged_form
-from rollscale.core.fit.forms.averaged import ERROR_FLOOR, backtest_weights
 from rollscale.core.fit.surface import evals_of, prepare
 
 DECAY = 0.6  # the true curves' rise per doubling falls by e^-0.6 (to 55 %) each doubling

@@ -59,5 +59,4 @@ def fit_form(name: str, data: SurfaceData, settings: FormSettings) -> FittedForm
     return FORMS[name](data, settings)
 
 
-from rollscale.core.fit.forms import averaged as _averaged  # noqa: E402,F401  (registers its form)
 from rollscale.core.fit.forms import decay as _decay  # noqa: E402,F401  (registers its form)

@@ -10,22 +10,25 @@ keys does not tell apart errors below one evaluation's noise, and one lucky cand
 the weight. A candidate whose fit or backtest fails weighs nothing; where no candidate has a backtest error the
 weights are equal. The point is the weighted mean of the candidates' points, each refit the weighted mean of the
 candidates' refits of the same index (the interval is read from these), the weights held over the refits.
+
+A form of :mod:`rollscale.core.fit.forms`'s registry that sits above the forecast and its backtest (it fits them),
+so it is not in that package (whose forms the forecast imports: an import cycle): it registers when imported, as
+the fit stage (:mod:`rollscale.core.fit.horizon`) and the search (:mod:`rollscale.core.search.methods.forecast`)
+do.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from rollscale.core.fit.backtest import backtest
+from rollscale.core.fit.forecast import ForecastSettings, SurfaceBootstrap, bootstrap_surface, predict, same_runs
 from rollscale.core.fit.forms import FittedForm, FormSettings, fit_form, register
 from rollscale.core.fit.surface import SurfaceData, evals_of
-
-if TYPE_CHECKING:
-    from rollscale.core.fit.forecast import SurfaceBootstrap
 
 __all__ = ["CANDIDATES", "ERROR_FLOOR", "AveragedForm", "backtest_weights", "fit_averaged"]
 
@@ -66,18 +69,12 @@ class _Boot:
         self.boot = boot
 
     def predict(self, keys: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        from rollscale.core.fit.forecast import predict
-
         return predict(self.boot, keys, c)
 
 
 def _candidate(name: str, data: SurfaceData, settings: FormSettings, evals: pd.DataFrame
                ) -> tuple[FittedForm, float]:
     """``name`` fitted on ``data`` and its backtest's RMSE at ``settings.multiple`` (NaN: no error to read)."""
-    # imported when fitted: the forecast and its backtest import this registry
-    from rollscale.core.fit.backtest import backtest
-    from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, same_runs
-
     top = settings.ceiling if math.isfinite(settings.ceiling) else None
     fs = ForecastSettings(resamples=settings.resamples, eval_draws=settings.eval_draws, seed=settings.seed,
                           a_max=top, form=name, multiple=settings.multiple)
