@@ -7,13 +7,15 @@ trained to 4 x 40,000 = 160,000 rollouts, its ``runs``, ``steps`` and ``evals`` 
     python benchmarks/long_grid.py --summary      # n*(C) and the forecasts from cut runs, from the stored tables
     python benchmarks/long_grid.py --grid benchmarks/data/long_grid --cut 40000 --target 160000 [--json]
     python benchmarks/long_grid.py --score benchmarks/data/long_grid /work/longgrid/seed1-tables --sim 24
+    python benchmarks/long_grid.py --score GRID... --save rows.parquet; python benchmarks/long_grid.py --load rows.parquet
 
 ``--grid``: any folder holding ``runs``, ``evals`` (and ``steps``) Parquet files, with ``profile.parquet`` (the
 profile rows of its validation problems) when the forecast is to be bounded by the base's pass@k (science
 §11.2); every key's forecast at ``--target`` from its runs cut at ``--cut``, its interval and its error against
 the grid's own value at the target (each key's per-run fit within its data, science §9.3). ``--score``: every
 candidate form (rollscale.core.fit.forms, and the §10.1 surface) scored at 4x (40,000 to 160,000) and 8x
-(20,000 to 160,000) on every grid folder given and on the simulated families (science §11.1-11.2).
+(20,000 to 160,000) on every grid folder given and on the simulated families (science §11.1-11.2); with two
+grids or more, the form chosen leave-one-grid-out and its score on each held-out grid.
 
 The study is the default one (``params.yaml``) with the sweep widened: ``sweep.n`` 2-32, seeds 0 and 1,
 ``c_max`` 160,000, every run to its end (``search.method: grid``). The base, profile and bucket stages run once
@@ -135,17 +137,23 @@ def cut_forecast(evals: pd.DataFrame, cut: float, target: float, form: str, ceil
     """The ``forecast`` table's trained rows at ``target`` from ``evals`` cut at ``cut``; with ``calibrate``, the
     interval widened by the cut runs' own backtest at the same multiple (science §11.4)."""
     from rollscale.core.fit.backtest import backtest
-    from rollscale.core.fit.forecast import ForecastSettings, forecast_group
+    from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, forecast_group
+    from rollscale.core.fit.averaged import AveragedForm
 
     part = evals[evals["c"] <= cut]
-    settings = ForecastSettings(resamples=resamples, eval_draws=eval_draws, seed=0, form=form, ceiling=ceiling)
+    settings = ForecastSettings(resamples=resamples, eval_draws=eval_draws, seed=0, form=form, ceiling=ceiling,
+                                multiple=target / cut)
     note = ""
     if calibrate:
         bt = backtest(part, "n", settings, multiple=target / cut)
-        settings = replace(settings, widen=bt.widen)
+        settings = replace(settings, widen=bt.widen, widen_d=bt.widen_d)
         note = bt.note
-    rows = forecast_group(part, "n", target, settings=settings)
-    return rows[rows["trained"]].assign(widen=settings.widen, backtest=note).reset_index(drop=True)
+    boot = bootstrap_surface(part, "n", settings)
+    rows = forecast_group(part, "n", target, settings=settings, boot=boot)
+    weights = (", ".join(f"{n} {w:.2f} (backtest RMSE {e:.3f})" for n, w, e in
+                         zip(boot.form.names, boot.form.weights, boot.form.rmse, strict=True))
+               if isinstance(boot.form, AveragedForm) else "")
+    return rows[rows["trained"]].assign(widen=settings.widen, backtest=note, weights=weights).reset_index(drop=True)
 
 
 def grid_report(folder: Path, cut: float, target: float, form: str, calibrate: bool = True) -> pd.DataFrame:
@@ -227,13 +235,27 @@ def score_rows(grids: list[Path], forms: list[str], sims: int, families: tuple[s
 
 
 def score_table(rows: pd.DataFrame) -> str:
-    """Per form, family (``grid``: every grid folder's keys) and multiple: signed error, absolute error,
+    """Per form, data (a grid folder, or a simulated family) and multiple: signed error, absolute error,
     coverage, median width (Markdown)."""
     lines = ["| form | data | multiple | keys | mean signed error | mean abs error | coverage | median width |",
              "|---|---|---|---|---|---|---|---|"]
-    for (form, fam, m), t in rows.groupby(["form", "family", "multiple"], sort=False):
+    data = rows["source"].where(rows["family"] == "grid", rows["family"])
+    for (form, fam, m), t in rows.assign(data=data).groupby(["form", "data", "multiple"], sort=False):
         lines.append(f"| {form} | {fam} | {m:.0f}x | {len(t)} | {t['error'].mean():+.3f} | "
                      f"{t['error'].abs().mean():.3f} | {t['covered'].mean():.2f} | {t['width'].median():.3f} |")
+    return "\n".join(lines)
+
+
+def choice_table(rows: pd.DataFrame) -> str:
+    """The form chosen leave-one-grid-out (:func:`rollscale.core.fit.form_choice.leave_one_grid_out`) and its
+    score on each held-out grid (Markdown)."""
+    from rollscale.core.fit.form_choice import leave_one_grid_out
+
+    lines = ["| held-out grid | form chosen on the other grids | multiple | keys | mean signed error | "
+             "mean abs error | coverage | median width |", "|---|---|---|---|---|---|---|---|"]
+    for r in leave_one_grid_out(rows).itertuples():
+        lines.append(f"| {r.held_out} | {r.form} | {r.multiple:.0f}x | {r.keys} | {r.mean_error:+.3f} | "
+                     f"{r.mean_abs_error:.3f} | {r.coverage:.2f} | {r.median_width:.3f} |")
     return "\n".join(lines)
 
 
@@ -249,7 +271,8 @@ def _print_grid(rows: pd.DataFrame, folder: Path, cut: float, target: float, as_
     bound = (f"bounded by the base's pass@k {rows['ceiling'].iloc[0]:.3f}" if math.isfinite(rows["ceiling"].iloc[0])
              else "no profile table: forecast without the pass@k bound")
     print(f"{folder}: cut at {cut:,.0f}, forecast at {target:,.0f} ({target / cut:.0f}x), form "
-          f"{rows['form'].iloc[0]}, {bound}; {rows['backtest'].iloc[0]}")
+          f"{rows['form'].iloc[0]}, {bound}; {rows['backtest'].iloc[0]}"
+          + (f"; weights: {rows['weights'].iloc[0]}" if rows["weights"].iloc[0] else ""))
     print("| key | forecast [95 %] | grid | error | covered |\n|---|---|---|---|---|")
     for r in rows.itertuples():
         print(f"| {r.key} | {r.reward:.3f} [{r.reward_lo:.3f}, {r.reward_hi:.3f}] | {r.grid:.3f} | {r.error:+.3f} | "
@@ -275,10 +298,23 @@ def main() -> None:
     ap.add_argument("--forms", default="decay,linear,surface", help="with --score: the forms, comma-separated")
     ap.add_argument("--sim", type=int, default=0, help="with --score: simulated studies a family")
     ap.add_argument("--families", default=",".join(SCORE_FAMILIES), help="with --score: simulated families")
+    ap.add_argument("--save", type=Path, help="with --score: also write the score rows (Parquet) here")
+    ap.add_argument("--load", type=Path, nargs="+", help="score rows written by --save: print their tables "
+                                                         "(with --score: added to the rows scored now)")
     args = ap.parse_args()
-    if args.score is not None:
-        rows = score_rows(args.score, args.forms.split(","), args.sim, tuple(args.families.split(",")))
+    if args.score is not None or args.load:
+        parts = [pd.read_parquet(f) for f in args.load or []]
+        scored: list[pd.DataFrame] = []
+        for form in args.forms.split(",") if args.score is not None else []:
+            scored.append(score_rows(args.score, [form], args.sim, tuple(args.families.split(","))))
+            if args.save is not None:  # after each form: a run stopped for time keeps the forms it scored
+                pd.concat(scored, ignore_index=True).to_parquet(args.save, index=False)
+        parts += scored
+        rows = pd.concat(parts, ignore_index=True)
         print(score_table(rows))
+        if rows.loc[rows["family"] == "grid", "source"].nunique() >= 2:
+            print("\nLeave-one-grid-out (science §11.1; criterion: rollscale.core.fit.form_choice):\n")
+            print(choice_table(rows))
         return
     if args.summary:
         print(summary(args.out))

@@ -48,8 +48,10 @@ from scipy.stats import t as student_t
 
 from rollscale.core.fit.decision import fit_runs, key_rewards
 from rollscale.core.fit.forecast import (
+    DEFAULT_MULTIPLE,
     ForecastSettings,
     SurfaceBootstrap,
+    answer_multiple,
     bootstrap_surface,
     interval,
     predict,
@@ -65,7 +67,6 @@ BACKTEST_COLUMNS = ["key", "c_cut", "c_end", "forecast", "forecast_lo", "forecas
                     "reached_hi", "covered", "error", "z", "off_surface"]
 COVERAGE_MIN = 2.0 / 3.0  # science §10.3
 MIN_CUT_BUDGETS = 3  # budgets past step 0 a key keeps after the cut: fewer carry no rise per doubling
-DEFAULT_MULTIPLE = 2.0  # without C*: §10.3's half
 
 
 @dataclass(frozen=True)
@@ -206,12 +207,6 @@ def _calibration_of_d(point: np.ndarray, refits: np.ndarray, reached: np.ndarray
     d_lo, d_hi = interval(d_point, refits - refits[:, [lead]], spread(boot, of_d=True), level, (-top, top))
     half = np.where(d_reached >= d_point, d_hi - d_point, d_point - d_lo)
     return calibration((d_point - d_reached)[others], half[others], level)
-
-
-def answer_multiple(evals: pd.DataFrame, c_star: float) -> float:
-    """``C* / c_max`` with c_max the largest budget the group's runs reached: the multiple the answer is read
-    past the data (at least :data:`DEFAULT_MULTIPLE`, the backtest's smallest)."""
-    return max(float(c_star) / float(evals["c"].max()), DEFAULT_MULTIPLE)
 
 
 def calibrated(boot: SurfaceBootstrap, evals: pd.DataFrame, key_col: str, c_star: float

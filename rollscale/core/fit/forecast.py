@@ -57,9 +57,11 @@ from rollscale.core.fit.surface import (
     tau_draws,
 )
 
-__all__ = ["FORECAST_COLUMNS", "ForecastSettings", "SurfaceBootstrap", "bootstrap_surface", "default_keys",
+__all__ = ["DEFAULT_MULTIPLE", "FORECAST_COLUMNS", "ForecastSettings", "SurfaceBootstrap", "answer_multiple",
+           "bootstrap_surface", "default_keys",
            "forecast_group", "forecast_table", "interval", "predict", "same_runs", "spread", "unfit_reason"]
 
+DEFAULT_MULTIPLE = 2.0  # without C*: §10.3's half
 FORECAST_COLUMNS = [
     "group", "key", "trained", "c_star", "reward", "reward_lo", "reward_hi", "d", "d_lo", "d_hi", "leader",
     "unknown", "width", "extrapolated", "seeds", "c_seen", "per_run", "per_run_lo", "per_run_hi", "a", "c_mid",
@@ -84,6 +86,7 @@ class ForecastSettings:
     ceiling: float | None = None  # the base's pass@k on the validation problems (science §11.2); None: a_max
     widen: float = 1.0  # the backtest's calibration of the interval (rollscale.core.fit.backtest.calibration)
     widen_d: float = 1.0  # and of D's, from the backtest's errors of D (a bias common to the keys cancels in D)
+    multiple: float = DEFAULT_MULTIPLE  # the answer's multiple C* / c_max (answer_multiple): a form's own backtest cuts there
 
     def __post_init__(self) -> None:
         if self.resamples < 2:
@@ -92,6 +95,17 @@ class ForecastSettings:
             raise ValueError(f"forecast level: expected in (0, 1), got {self.level}")
         if not (self.widen >= 1.0 and self.widen_d >= 1.0):
             raise ValueError(f"forecast widen: expected >= 1, got {self.widen} (D: {self.widen_d})")
+        if not self.multiple > 1.0:
+            raise ValueError(f"forecast multiple: expected > 1, got {self.multiple}")
+
+    def form_settings(self, resample_runs: bool = True) -> FormSettings:
+        """What the form's fit reads of these settings (:class:`rollscale.core.fit.forms.FormSettings`)."""
+        return FormSettings(self.resamples, self.eval_draws, self.seed, self.top, resample_runs, self.multiple)
+
+    def at_answer(self, evals: pd.DataFrame, c_star: float) -> ForecastSettings:
+        """These settings with ``multiple`` the answer's (:func:`answer_multiple`) for ``evals`` read at
+        ``c_star``."""
+        return replace(self, multiple=answer_multiple(evals, c_star))
 
     @property
     def top(self) -> float:
@@ -113,6 +127,12 @@ class SurfaceBootstrap:
     taus: np.ndarray | None = None  # (resamples, 3): each refit's tau; None: the surface's
     form: FittedForm | None = None  # another form's fit (settings.form), with its refits
     reason: str = ""  # why the group has no forecast (degenerate data); "" when it has one
+
+
+def answer_multiple(evals: pd.DataFrame, c_star: float) -> float:
+    """``C* / c_max`` with c_max the largest budget the group's runs reached: the multiple the answer is read
+    past the data (at least :data:`DEFAULT_MULTIPLE`, the backtest's smallest; science §11.4)."""
+    return max(float(c_star) / float(evals["c"].max()), DEFAULT_MULTIPLE)
 
 
 def unfit_reason(data: SurfaceData, top: float) -> str:
@@ -147,8 +167,7 @@ def bootstrap_surface(evals: pd.DataFrame, key_col: str, settings: ForecastSetti
             surface = fit_surface(data, a_max=settings.a_max)
         except (ValueError, np.linalg.LinAlgError):
             surface = None
-        form = fit_form(settings.form, data, FormSettings(settings.resamples, settings.eval_draws, settings.seed,
-                                                          settings.top))
+        form = fit_form(settings.form, data, settings.form_settings())
         return SurfaceBootstrap(data, surface, empty, np.empty(0), seeds, settings, form=form)
     surface = fit_surface(data, a_max=settings.top if math.isfinite(settings.top) else None)
     taus = tau_draws(surface, settings.resamples, settings.seed) if settings.tau_spread else None
@@ -166,7 +185,7 @@ def same_runs(boot: SurfaceBootstrap) -> SurfaceBootstrap:
     if boot.reason:
         return boot
     if boot.form is not None:
-        form = fit_form(s.form, boot.data, FormSettings(s.resamples, s.eval_draws, s.seed, s.top, False))
+        form = fit_form(s.form, boot.data, s.form_settings(resample_runs=False))
         return replace(boot, form=form, seeds=1)
     assert surface is not None
     if surface.s_points is not None:

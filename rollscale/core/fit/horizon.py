@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from rollscale.core.fit import averaged as _averaged  # noqa: F401  (registers the averaged form)
 from rollscale.core.fit.backtest import BACKTEST_COLUMNS, Backtest, calibrated
 from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, bootstrap_surface, forecast_group
 from rollscale.core.fit.tables import design_groups
@@ -69,7 +70,7 @@ def horizon_tables(evals: pd.DataFrame, c_star: float, budgets: list[float],
                                                 "evaluations past C = 0"}]))
                 continue
             try:
-                boot = bootstrap_surface(rows, g.key_col, settings)
+                boot = bootstrap_surface(rows, g.key_col, settings.at_answer(rows, c_star))
             except (ValueError, RuntimeError, np.linalg.LinAlgError) as err:
                 backtests.append(pd.DataFrame([{**label, "coverage": math.nan, "mean_error": math.nan,
                                                 "failed": True, "note": f"no forecast: {err}"}]))

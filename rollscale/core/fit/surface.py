@@ -44,8 +44,8 @@ from scipy.special import expit
 
 from rollscale.core.fit.decision import shared_r0
 
-__all__ = ["PARAMS", "Surface", "SurfaceData", "fit_surface", "key_parameters", "prepare", "refit_surface", "reward",
-           "surface_refits", "tau_draws"]
+__all__ = ["PARAMS", "Surface", "SurfaceData", "evals_of", "fit_surface", "key_parameters", "prepare",
+           "refit_surface", "reward", "surface_refits", "tau_draws"]
 
 PARAMS = ("a", "log10_c_mid", "log_beta")
 _LN10 = math.log(10.0)
@@ -98,6 +98,18 @@ def prepare(evals: pd.DataFrame, key_col: str, seed_col: str | None = "seed") ->
     pts = evals[evals["c"] > 0].sort_values(["run_id", "c"])  # one order whatever the rows' order
     return SurfaceData(keys, run_key, slot, reach, step0, pts["run_id"].map(run_index).to_numpy(int),
                        np.log10(pts["c"].to_numpy(float)), pts["avg_at_k"].to_numpy(float))
+
+
+def evals_of(data: SurfaceData, key_col: str = "key") -> pd.DataFrame:
+    """The evaluations ``data`` was prepared from (:func:`prepare`'s inverse): ``run_id`` (a run's index), ``c``,
+    ``avg_at_k``, ``key_col`` and ``seed`` (the run's slot), a step-0 row per run that has one."""
+    runs = np.arange(data.run_key.size)
+    has0 = np.isfinite(data.step0)
+    run_id = np.concatenate([runs[has0], data.point_run])
+    return pd.DataFrame({"run_id": run_id,
+                         "c": np.concatenate([np.zeros(int(has0.sum())), 10.0 ** data.log10_c]),
+                         "avg_at_k": np.concatenate([data.step0[has0], data.y]),
+                         key_col: data.keys[data.run_key[run_id]], "seed": data.slot[run_id]})
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from scipy.stats import t as student_t
 
 from rollscale.core.fit.bootstrap import LEVEL
 from rollscale.core.fit.decision import fit_groups, key_rewards
+from rollscale.core.fit import averaged as _averaged  # noqa: F401  (registers the averaged form)
 from rollscale.core.fit.backtest import calibrated
 from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, interval, predict, spread
 from rollscale.core.fit.tables import REWARD_MAX, DesignGroup, design_groups
@@ -71,7 +72,8 @@ def forecast_band(evals: pd.DataFrame, design: str, bucket: str, rule: str, fixe
     """The band of ``key`` read off its group's forecast surface (science §10.2) up to ``c_star``, with the refits'
     interval as the ``forecast`` table has it (``settings``: the fit stage's)."""
     g = _group(evals, design, bucket, rule, fixed)
-    boot = calibrated(bootstrap_surface(g.rows, g.key_col, settings), g.rows, g.key_col, c_star)[0]  # science §11.4
+    boot = bootstrap_surface(g.rows, g.key_col, settings.at_answer(g.rows, c_star))
+    boot = calibrated(boot, g.rows, g.key_col, c_star)[0]  # science §11.4
     grid = _grid(g.rows, c_star, points)
     point, refits = predict(boot, np.full(grid.size, key), grid)
     top = settings.a_max if settings.a_max is not None else math.inf

@@ -35,6 +35,7 @@ class FormSettings:
     seed: int
     ceiling: float
     resample_runs: bool = True  # False: every run kept once (the backtest's refits of the same runs)
+    multiple: float = 2.0  # the answer's multiple C* / c_max (science §11.4): a form that backtests itself cuts there
 
 
 class FittedForm(Protocol):

@@ -53,6 +53,7 @@ import numpy as np
 import pandas as pd
 
 from rollscale.config import SearchParams
+from rollscale.core.fit import averaged as _averaged  # noqa: F401  (registers the averaged form)
 from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import bootstrap_surface, forecast_group
@@ -92,6 +93,7 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     beyond = [k for k in (min(trained) // 2, max(trained) * 2) if k not in trained and group.allows(k)]
     target = c_star(group, settings)
     curves = fit_runs(evals, "key", a_max)
+    fs = fs.at_answer(evals, target)
     boot = bootstrap_surface(evals, "key", fs)
     table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, boot, curves)
     # the answer's own interval, at the fit's 95 % (the same refits): wider than the widest answer, it is unknown.
