@@ -150,7 +150,7 @@ BEFORE_SWEEP = ("base", "profile", "bucket", "measure")
 def test_the_stages_before_the_sweep_depend_on_no_search_method_forecast_or_report(stage):
     deps = STAGES[stage]["deps"]
     assert "rollscale/core/search/methods" not in deps
-    assert not [d for d in deps if d.startswith(("rollscale/core/search", "rollscale/report", "rollscale/sweep"))
+    assert not [d for d in deps if d.startswith(("rollscale/core/search", "rollscale/report", "rollscale/sweep/rungs"))
                 or d == "rollscale/core/fit/forecast.py"], deps
     assert "rollscale/core/search/methods" in STAGES["sweep"]["deps"]
 
