@@ -47,16 +47,16 @@ def cut_runs(runs: pd.DataFrame, evals: pd.DataFrame, c_max: int) -> tuple[pd.Da
 def replay_study(folder: Path, params: StudyParams) -> dict:
     """The study of ``params`` replayed on the grid in ``folder``: its first line, its answer, the rollouts its
     search spent (against C*), and the answer's value at C* against the grid's best."""
-    from rollscale.core.fit.decision_table import decision_table, with_forecast
-    from rollscale.core.fit.horizon import forecast_budgets, horizon_tables
-    from rollscale.core.fit.verdict import ANSWER_WIDTH, forecast_settings, honest_intervals, trainable
     from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.fit.verdict import honest_intervals
     from rollscale.core.search.replay import replay, replay_groups
     from rollscale.report.decision_text import decision_headline
     from rollscale.sweep.groups import search_settings
+    from tasks.fit import decision as decide_at_c_star
+    from tasks.fit import decision_past_the_data, forecast
 
     grid_runs, grid_evals = (pd.read_parquet(folder / f"{name}.parquet") for name in ("runs", "evals"))
-    sweep, fit = params.sweep, params.fit
+    sweep = params.sweep
     c_star = float(params.target_budget)
     truth = grid_truth(grid_evals.merge(grid_runs[["run_id", "n", "seed"]], on="run_id"), c_star)
     runs, evals = cut_runs(grid_runs, grid_evals, sweep.c_max)
@@ -65,17 +65,13 @@ def replay_study(folder: Path, params: StudyParams) -> dict:
     groups, _ = replay_groups(run_evals(runs, evals), "n", sweep.b_max)
     start = {g.group: tuple(k for k in sweep.n if k in g.keys) for g in groups}
     result = replay(runs, evals, "n", settings, sweep.b_max, start)
+    # the fit stage's own steps (flows/fit.py), their library bodies (.fn) on what the search kept
     kept = result.evals
-    decided = decision_table(kept, c_star, params.study.tolerance, sweep.search.eta,
-                             max(fit.bootstrap_resamples, 1), fit.bootstrap_seed, search=result.decisions)
-    ahead = horizon_tables(kept, c_star, forecast_budgets(c_star, sweep.c_max),
-                           forecast_settings(fit.bootstrap_resamples, fit.bootstrap_seed,
-                                             params.bucket.val_size * sweep.eval_k, form=params.study.forecast_form))
-    fc = ahead.forecast
-    if not fc.empty:
-        fc = fc[fc["trained"].astype(bool) | trainable(fc, sweep.b_max, list(sweep.b_problem), list(sweep.n),
-                                                       sweep.search.key_min, sweep.search.key_max)]
-    decision = honest_intervals(with_forecast(decided, fc, ANSWER_WIDTH))
+    decided = decide_at_c_star.fn(kept, params.target_budget, params.study.tolerance, sweep.search.eta, params.fit,
+                                  result.decisions)
+    ahead = forecast.fn(kept, params.target_budget, sweep.c_max, params.bucket.val_size * sweep.eval_k, params.fit,
+                        params.study.forecast_form, sweep)
+    decision = honest_intervals(decision_past_the_data.fn(decided, ahead.forecast))
     line, answered, _ = decision_headline(decision, sweep.eval_k)
     answer = int(line.removeprefix("Use n = ").split(" ", 1)[0]) if line.startswith("Use n = ") else None
     best = max(truth.values())
