@@ -54,9 +54,11 @@ from rollscale.core.fit.forecast import (
     answer_multiple,
     bootstrap_surface,
     interval,
+    leader_index,
     predict,
     same_runs,
     spread,
+    to_leader,
 )
 
 __all__ = ["BACKTEST_COLUMNS", "Backtest", "DEFAULT_MULTIPLE", "MIN_CUT_BUDGETS", "answer_multiple", "backtest",
@@ -199,12 +201,12 @@ def _calibration_of_d(point: np.ndarray, refits: np.ndarray, reached: np.ndarray
     finite = np.flatnonzero(np.isfinite(point))
     if not finite.size:
         return fallback
-    lead = finite[int(np.argmax(np.nanmedian(refits[:, finite], axis=0)))]
+    lead = leader_index(refits, finite)
     others = known & (np.arange(point.size) != lead)
     if not (known[lead] and others.any()):
         return fallback
-    d_point, d_reached = point - point[lead], reached - reached[lead]
-    d_lo, d_hi = interval(d_point, refits - refits[:, [lead]], spread(boot, of_d=True), level, (-top, top))
+    d_point, d_lo, d_hi = to_leader(point, refits, lead, boot, level, top)
+    d_reached = reached - reached[lead]
     half = np.where(d_reached >= d_point, d_hi - d_point, d_point - d_lo)
     return calibration((d_point - d_reached)[others], half[others], level)
 

@@ -58,8 +58,8 @@ from rollscale.core.fit.surface import (
 )
 
 __all__ = ["DEFAULT_MULTIPLE", "FORECAST_COLUMNS", "ForecastSettings", "SurfaceBootstrap", "answer_multiple",
-           "bootstrap_surface", "default_keys",
-           "forecast_group", "forecast_table", "interval", "predict", "same_runs", "spread", "unfit_reason"]
+           "bootstrap_surface", "default_keys", "forecast_group", "forecast_table", "interval", "leader_index",
+           "predict", "same_runs", "spread", "to_leader", "unfit_reason"]
 
 DEFAULT_MULTIPLE = 2.0  # without C*: §10.3's half
 FORECAST_COLUMNS = [
@@ -235,6 +235,20 @@ def spread(boot: SurfaceBootstrap, of_d: bool = False) -> float:
     return seeds * (boot.settings.widen_d if of_d else boot.settings.widen)
 
 
+def leader_index(refits: np.ndarray, candidates: np.ndarray) -> int:
+    """The leader among ``candidates`` (indices of columns of ``refits``): the largest median over refits
+    (science §9.4)."""
+    return int(candidates[int(np.argmax(np.nanmedian(refits[:, candidates], axis=0)))])
+
+
+def to_leader(point: np.ndarray, refits: np.ndarray, lead: int, boot: SurfaceBootstrap, level: float,
+              top: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``D_k = R_k - R_lead`` refit by refit: its point and interval, moved out by D's own calibration."""
+    d_point = point - point[lead]
+    d_lo, d_hi = interval(d_point, refits - refits[:, [lead]], spread(boot, of_d=True), level, (-top, top))
+    return d_point, d_lo, d_hi
+
+
 def default_keys(trained: np.ndarray) -> np.ndarray:
     """The trained keys and every power of two from half the smallest to twice the largest."""
     lo, hi = math.floor(math.log2(min(trained))) - 1, math.ceil(math.log2(max(trained))) + 1
@@ -285,9 +299,8 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
     for col in ("d", "d_lo", "d_hi"):
         out[col] = math.nan
     if candidates.size:
-        lead = candidates[int(np.argmax(np.nanmedian(refits[:, candidates], axis=0)))]
-        d_point, d_refits = point - point[lead], refits - refits[:, [lead]]
-        d_lo, d_hi = interval(d_point, d_refits, spread(boot, of_d=True), settings.level, (-top, top))
+        lead = leader_index(refits, candidates)
+        d_point, d_lo, d_hi = to_leader(point, refits, lead, boot, settings.level, top)
         # a key's continuation (science §11.3) bounds its D too: against the leader's lower bound
         d_hi = np.fmax(d_hi, continued - lo[lead])
         d_lo, d_hi = _around(d_point, d_lo, d_hi, boot, (-top, top))
