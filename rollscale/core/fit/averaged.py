@@ -12,9 +12,10 @@ weights are equal. The point is the weighted mean of the candidates' points, eac
 candidates' refits of the same index (the interval is read from these), the weights held over the refits.
 
 A form of :mod:`rollscale.core.fit.forms`'s registry that sits above the forecast and its backtest (it fits them),
-so it is not in that package (whose forms the forecast imports: an import cycle): it registers when imported, as
-the fit stage (:mod:`rollscale.core.fit.horizon`) and the search (:mod:`rollscale.core.search.methods.forecast`)
-do.
+so it is not in that package (whose forms the forecast imports: an import cycle): it registers when imported. It
+is a candidate scored on the test bed (``benchmarks/long_grid.py --score``), not a ``study.forecast_form`` a study
+may name (the config reads the forms package's names), so the fit stage, the search and track do not import it:
+an edit here reruns no stage.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rollscale.core.fit import averaged as _averaged  # noqa: F401  (registers the averaged form)
 from rollscale.core.fit.backtest import BACKTEST_COLUMNS, Backtest, calibrated
 from rollscale.core.fit.forecast import FORECAST_COLUMNS, ForecastSettings, bootstrap_surface, forecast_group
 from rollscale.core.fit.tables import design_groups

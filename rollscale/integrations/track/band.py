@@ -21,7 +21,6 @@ from scipy.stats import t as student_t
 
 from rollscale.core.fit.bootstrap import LEVEL
 from rollscale.core.fit.decision import fit_groups, key_rewards
-from rollscale.core.fit import averaged as _averaged  # noqa: F401  (registers the averaged form)
 from rollscale.core.fit.backtest import calibrated
 from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, interval, predict, spread
 from rollscale.core.fit.tables import REWARD_MAX, DesignGroup, design_groups

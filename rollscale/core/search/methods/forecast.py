@@ -53,7 +53,6 @@ import numpy as np
 import pandas as pd
 
 from rollscale.config import SearchParams
-from rollscale.core.fit import averaged as _averaged  # noqa: F401  (registers the averaged form)
 from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import bootstrap_surface, forecast_group
