@@ -348,9 +348,9 @@ class DecisionParams(Section):
     # worse by ~0.06; closer keys stay "not decided" until seeds or validation problems are added
     tolerance: float = Field(0.02, gt=0, lt=1)
     # the forecast's shape past the data (science §11.2), read by the search, the fit stage and track: a form of
-    # rollscale/core/fit/forms/ (the one the test bed chose leave-one-grid-out, docs/journal/2026-11-28-forecast.md),
-    # or "surface", science §10.1's surface (rollscale/core/fit/surface.py, the baseline the forms are scored against)
-    forecast_form: str = "decay"
+    # rollscale/core/fit/forms/ (the one the long grids choose, scored leave-one-grid-out: docs/benchmarks.md, "The
+    # forecast's forms"), or "surface", science §10.1's surface (the baseline the forms are scored against)
+    forecast_form: str = "recent"
 
     @field_validator("forecast_form")
     @classmethod

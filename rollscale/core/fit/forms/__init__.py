@@ -64,3 +64,4 @@ def fit_form(name: str, data: SurfaceData, settings: FormSettings) -> FittedForm
 
 
 from rollscale.core.fit.forms import decay as _decay  # noqa: E402,F401  (registers its form)
+from rollscale.core.fit.forms import recent as _recent  # noqa: E402,F401  (registers its forms)

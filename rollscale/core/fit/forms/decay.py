@@ -35,11 +35,12 @@ from scipy.stats import f as f_dist
 from rollscale.core.fit.forms import FormSettings, register
 from rollscale.core.fit.surface import SurfaceData
 
-__all__ = ["DecayForm", "MIN_SHAPE_POINTS", "fit_decay", "fit_decay_key", "fit_linear", "shape_points"]
+__all__ = ["DecayForm", "LAMBDA_MAX", "MIN_SHAPE_POINTS", "fit_decay", "fit_decay_key", "fit_linear", "fit_shape",
+           "recent_points", "shape_points"]
 
 MIN_SHAPE_POINTS = 3
 BEND_LEVEL = 0.95  # a bend is read only where the data show it beyond noise (an F test of lambda against 0)
-_LAMBDA_MAX = 2.0  # a rise per doubling falling by e^-2 (to 14 %) each doubling: a curve all but flat
+LAMBDA_MAX = 2.0  # a rise per doubling falling by e^-2 (to 14 %) each doubling: a curve all but flat
 _BAND_Z = 2.0
 
 
@@ -69,6 +70,18 @@ def shape_points(data: SurfaceData, eval_draws: int | None) -> np.ndarray:
         early = order[x2[order] < start] if start is not None else order
         early = early[:max(order.size - MIN_SHAPE_POINTS, 0)]  # the last few always stay
         keep[early] = False
+    return keep
+
+
+def recent_points(data: SurfaceData, u: np.ndarray, window: float) -> np.ndarray:
+    """(P,) bool: each key's evaluations within ``window`` doublings of its last, and at least its last
+    :data:`MIN_SHAPE_POINTS` (the rise per doubling where the data end, science §11.2)."""
+    x2 = data.log10_c * math.log2(10.0)
+    keep = x2 >= u[data.point_key] - window - 1e-9
+    for i in range(len(data.keys)):
+        on = np.flatnonzero(data.point_key == i)
+        last = on[np.argsort(x2[on], kind="stable")][-MIN_SHAPE_POINTS:]
+        keep[last] = True
     return keep
 
 
@@ -131,16 +144,25 @@ class DecayForm:
 
 
 def _given_lambda(pk: np.ndarray, t: np.ndarray, y: np.ndarray, w: np.ndarray, k: int,
-                  lam: float) -> tuple[np.ndarray, float]:
+                  lam: float, pooled: bool = False) -> tuple[np.ndarray, float]:
     """``(theta (2K + 1,), weighted RSS)``: given lambda the model is linear in each key's (L, s): weighted least
-    squares per key in closed form, s held at 0 where its estimate is negative (a key never forecast to fall)."""
+    squares per key in closed form, s held at 0 where its estimate is negative (a key never forecast to fall).
+    ``pooled``: one s for every key (each key its own L), from the keys' within-key scatter together."""
     h = _h(t, lam)
     sw, swh, swhh = (np.bincount(pk, weights=v, minlength=k) for v in (w, w * h, w * h * h))
     swy, swhy = np.bincount(pk, weights=w * y, minlength=k), np.bincount(pk, weights=w * h * y, minlength=k)
     det = sw * swhh - swh**2
     ok = (det > 1e-12 * np.maximum(sw * swhh, 1e-300)) & (sw > 0)
     safe = np.where(ok, det, 1.0)
-    slope = np.where(ok, (sw * swhy - swh * swy) / safe, 0.0)
+    if pooled:
+        # sum over keys of (S_hy - S_h S_y / S) / sum of (S_hh - S_h^2 / S): the common slope
+        has = sw > 0
+        num = float(np.sum(np.where(has, swhy - swh * swy / np.where(has, sw, 1.0), 0.0)))
+        den = float(np.sum(np.where(has, det / np.where(has, sw, 1.0), 0.0)))
+        common = num / den if den > 1e-12 else 0.0
+        slope = np.full(k, common)
+    else:
+        slope = np.where(ok, (sw * swhy - swh * swy) / safe, 0.0)
     slope = np.clip(slope, 0.0, None)
     level = np.where(sw > 0, (swy - slope * swh) / np.where(sw > 0, sw, 1.0), 0.0)
     resid = level[pk] + slope[pk] * h - y
@@ -148,7 +170,7 @@ def _given_lambda(pk: np.ndarray, t: np.ndarray, y: np.ndarray, w: np.ndarray, k
 
 
 def _solve_bent(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray,
-                lam_max: float) -> np.ndarray:
+                lam_max: float, pooled: bool = False) -> np.ndarray:
     """The fit with lambda free where the data show a bend beyond noise, else with lambda 0 (module docstring):
     lambda is bounded below, so left free it would be above 0 in every fit to noise, and the forecast low.
     Lambda is profiled out: a bounded one-dimensional search over the closed-form fits given lambda."""
@@ -157,13 +179,13 @@ def _solve_bent(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray,
     pk = data.point_key[keep]
     t = data.log10_c[keep] * math.log2(10.0) - u[pk]
     yy, ww = y[keep], w[keep]
-    flat, rss0 = _given_lambda(pk, t, yy, ww, k, 0.0)
+    flat, rss0 = _given_lambda(pk, t, yy, ww, k, 0.0, pooled)
     if lam_max <= 0:
         return flat
-    best = minimize_scalar(lambda lam: _given_lambda(pk, t, yy, ww, k, lam)[1], bounds=(0.0, lam_max),
+    best = minimize_scalar(lambda lam: _given_lambda(pk, t, yy, ww, k, lam, pooled)[1], bounds=(0.0, lam_max),
                            method="bounded", options={"xatol": 1e-4})
-    bent, rss1 = _given_lambda(pk, t, yy, ww, k, float(best.x))
-    dof = int(keep.sum()) - bent.size
+    bent, rss1 = _given_lambda(pk, t, yy, ww, k, float(best.x), pooled)
+    dof = int(keep.sum()) - (k + 2 if pooled else bent.size)
     if dof < 1 or rss1 >= rss0:
         return flat
     f = (rss0 - rss1) / max(rss1 / dof, 1e-300)
@@ -192,13 +214,32 @@ def _one_key(data: SurfaceData, i: int) -> SurfaceData:
                        data.step0[runs], remap[data.point_run[mine]], data.log10_c[mine], data.y[mine])
 
 
-def _fit(data: SurfaceData, settings: FormSettings, lam_max: float, per_key: bool = False) -> DecayForm:
+def fit_shape(data: SurfaceData, settings: FormSettings, lam_max: float, per_key: bool = False,
+              window: float | None = None, pooled: bool = False) -> DecayForm:
+    """The fit of this module's forms and of :mod:`rollscale.core.fit.forms.recent`'s, with its refits.
+    ``window``: each key's level and rise per doubling read on its last ``window`` doublings of evaluations only
+    (at least its last :data:`MIN_SHAPE_POINTS`), the bend still read on its whole shape; ``pooled``: one rise per
+    doubling for every key."""
     k = len(data.keys)
     x2 = data.log10_c * math.log2(10.0)
     u = np.array([x2[data.point_key == i].max() if (data.point_key == i).any() else 0.0 for i in range(k)])
     on = shape_points(data, settings.eval_draws)
     ones = np.ones(data.y.size)
-    solve = _solve_each if per_key else _solve_bent
+    if per_key:
+        solve = _solve_each
+    elif window is None:
+        def solve(data, u, on, y, w, lam_max):
+            return _solve_bent(data, u, on, y, w, lam_max, pooled)
+    else:
+        shape, on = on, on & recent_points(data, u, window)
+
+        def solve(data, u, near, y, w, lam_max):
+            # the bend read on the whole shape, beyond noise; the level and the rise where the data end
+            lam = float(_solve_bent(data, u, shape, y, w, lam_max, pooled)[-1]) if lam_max > 0 else 0.0
+            keep = near & (w > 0)
+            pk = data.point_key[keep]
+            t = data.log10_c[keep] * math.log2(10.0) - u[pk]
+            return _given_lambda(pk, t, y[keep], w[keep], k, lam, pooled)[0]
     theta = solve(data, u, on, data.y, ones, lam_max)
     form = DecayForm(data.keys, u, theta, np.empty((0, theta.size)), settings.ceiling)
     rng = np.random.default_rng([settings.seed, 7])
@@ -208,7 +249,7 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float, per_key: boo
     # the points' scatter about the fit beyond evaluation noise (a run's curve wiggles): redrawn too, so that a
     # slope read from two seeds spreads as much as its residuals say
     resid = (data.y - fitted)[on]
-    dof = max(int(on.sum()) - theta.size, 1)
+    dof = max(int(on.sum()) - (k + 2 if pooled else theta.size), 1)
     s2 = float(resid @ resid) / dof
     noise2 = float(np.mean(fitted[on] * (1 - fitted[on]))) / settings.eval_draws if settings.eval_draws else 0.0
     extra = math.sqrt(max(s2 - noise2, 0.0))
@@ -232,17 +273,17 @@ def _fit(data: SurfaceData, settings: FormSettings, lam_max: float, per_key: boo
 @register("decay")
 def fit_decay(data: SurfaceData, settings: FormSettings) -> DecayForm:
     """The ``decay`` form (module docstring)."""
-    return _fit(data, settings, _LAMBDA_MAX)
+    return fit_shape(data, settings, LAMBDA_MAX)
 
 
 @register("decay_key")
 def fit_decay_key(data: SurfaceData, settings: FormSettings) -> DecayForm:
     """The ``decay`` form with each key's own decay rate (its own F test): keys at different phases of their
     curves (one bending, one still accelerating) do not share one."""
-    return _fit(data, settings, _LAMBDA_MAX, per_key=True)
+    return fit_shape(data, settings, LAMBDA_MAX, per_key=True)
 
 
 @register("linear")
 def fit_linear(data: SurfaceData, settings: FormSettings) -> DecayForm:
     """The ``linear`` form: the rise per doubling at the data's end, continued (lambda = 0)."""
-    return _fit(data, settings, 0.0)
+    return fit_shape(data, settings, 0.0)
