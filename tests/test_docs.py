@@ -20,7 +20,7 @@ def _default_study() -> dict:
     """results.md section 2d: C*, and each key's status and reward at C* from its table."""
     section = _section((REPO / "docs" / "results.md").read_text(), "2d.")
     c_star = re.search(r"C\* = ([\d,]+)", section).group(1)
-    rows = re.findall(r"^\| n = (\d+) \| (\w+) \| ([^|]+?) \|", section, flags=re.M)
+    rows = re.findall(r"^\| n = (\d+) \| (\w[\w ]*?) \| ([^|]+?) \|", section, flags=re.M)
     assert len(rows) >= 2, "results.md section 2d: no decision table"
     return {"c_star": c_star, "status": {int(n): status for n, status, _ in rows},
             "reward": {int(n): reward for n, _, reward in rows}}
@@ -51,5 +51,6 @@ def test_the_readme_query_section_names_results_md_statuses():
     study, readme = _default_study(), (REPO / "README.md").read_text()
     at = readme.index("on the default study (docs/results.md, section 2d)")
     sentence = readme[at:readme.index(".", at + 40)]
-    named = {k: status for keys, status in re.findall(r"n = ([\d, and]+?) `(\w+)`", sentence) for k in _keys(keys)}
+    named = {k: status for keys, status in re.findall(r"n = ([\d, and]+?) `(\w[\w ]*?)`", sentence)
+             for k in _keys(keys)}
     assert named == study["status"], sentence

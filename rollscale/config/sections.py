@@ -349,7 +349,7 @@ class DecisionParams(Section):
     tolerance: float = Field(0.02, gt=0, lt=1)
     # the forecast's shape past the data (science §11.2), read by the search, the fit stage and track: a form of
     # rollscale/core/fit/forms/ (the one the long grids choose, scored leave-one-grid-out: docs/benchmarks.md, "The
-    # forecast's forms"), or "surface", science §10.1's surface (the baseline the forms are scored against)
+    # search and the forecast, simulated"), or "surface", science §10.1's surface (the forms' baseline)
     forecast_form: str = "recent"
 
     @field_validator("forecast_form")

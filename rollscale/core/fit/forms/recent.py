@@ -16,7 +16,8 @@ The model is :mod:`~rollscale.core.fit.forms.decay`'s, ``R_k(C) = L_k + s h(log2
   pass@k where known.
 
 ``recent_short`` and ``recent_long`` read 1 and 2 doublings: the window is a candidate setting, chosen with the
-form leave-one-grid-out (``benchmarks/long_grid.py --score``; docs/benchmarks.md, "The forecast's forms").
+form leave-one-grid-out (``benchmarks/long_grid.py --score``; docs/benchmarks.md, "The search and the forecast,
+simulated").
 """
 
 from __future__ import annotations
