@@ -36,10 +36,12 @@ def main() -> None:
     ap.add_argument("--c-star-multiple", type=float, default=4.0)
     ap.add_argument("--resamples", type=int, default=40, help="the search's bootstrap refits")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--form", default=DecisionParams().forecast_form, help="study.forecast_form")
     args = ap.parse_args()
     settings = SearchSettings(SearchParams(method=args.method, eta=1.41, alpha=0.3, seeds_min=2, seeds_max=3,
                                            bootstrap_resamples=args.resamples),
-                              DecisionParams(tolerance=0.02, target_budget=int(args.c_star_multiple * C_MAX)),
+                              DecisionParams(tolerance=0.02, target_budget=int(args.c_star_multiple * C_MAX),
+                                             forecast_form=args.form),
                               eval_draws=1600)
     print("| family | studies | right | decided | first line answered | agree | answer a stopped key | "
           "median rollouts / 2 C* | seconds |")
