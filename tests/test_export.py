@@ -345,6 +345,14 @@ def test_a_study_the_report_says_has_no_answer_yet_is_refused_too(study):
     with pytest.raises(LookupError, match=r"the study has no answer yet: no run learned: in all 2 runs") as refused:
         export_run("trl", "params.yaml", "artifacts", read_table=read_table)
     assert "--force" in str(refused.value) and not (study / "export").exists()
+    # a key still open as well (the SmolLM2 hour study, 2026-11-28): the report's first reason is still the one
+    # given, "No answer yet", not the open key
+    open_key = decision()
+    open_key.loc[open_key["key"] == 2, ["settled", "status", "decided", "d_hi"]] = False, "open", False, 0.05
+    tables["decision"] = open_key.assign(decided=False)
+    with pytest.raises(LookupError, match=r"the study has no answer yet: no run learned"):
+        export_run("trl", "params.yaml", "artifacts", read_table=read_table)
+    tables["decision"] = decision()
     tables["evals"] = flat.assign(avg_at_k=[0.5, 0.7, 0.5, 0.65])  # the runs learned: the answer is exported
     assert export_run("trl", "params.yaml", "artifacts", read_table=read_table).files
 

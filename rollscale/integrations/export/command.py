@@ -54,8 +54,9 @@ def export_run(to: str, params_path: str = "params.yaml", artifacts: str = "arti
     if not table.exists():
         raise LookupError(f"{table}: no decision yet; run the fit stage first (rollscale run fit)")
     run = production_run(params, decision_table(artifacts, read_table), key, rule, artifacts, budget)
-    if not run.refusal and (blocking := blocking_reasons(_study_tables(artifacts, read_table), params)):
-        # the report's "No answer yet" (an unfinished sweep, buckets too small, no run learning): one verdict
+    if blocking := blocking_reasons(_study_tables(artifacts, read_table), params):
+        # the report's "No answer yet" (an unfinished sweep, buckets too small, no run learning) comes first there,
+        # before any key's standing, so here too: one verdict, one first reason
         run = replace(run, refusal=f"the study has no answer yet: {blocking[0]}")
     if run.refusal and not force:
         raise LookupError(f"export: {run.refusal}; nothing written (--force writes it with this reason at its top)")
