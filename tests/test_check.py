@@ -470,13 +470,18 @@ def test_a_study_that_cannot_settle_a_key_is_refused_with_what_would(tmp_path):
     verdict = answer_verdict(p, cal, hours=1.0)
     assert verdict is not None and not verdict.settles and verdict.resolves == pytest.approx(0.245, abs=1e-3)
     assert verdict.line.startswith("in 1 h on this machine no study resolves 0.02: the one it fits resolves 0.24")
-    assert "915 problems: about 9.1 h here, or about " in verdict.line and "on an H100" in verdict.line, verdict.line
+    assert "915 problems, if 20% fall in 'easy' as in the default study: about 9.1 h here, or about " in \
+        verdict.line and "on an H100" in verdict.line, verdict.line
     # the tolerance needs (0.245 / 0.02)^2 x 16 validation samples: at the profile's k = 16, 151 problems
-    assert "needs bucket.val_size 151, sweep.eval_k 16, " in verdict.line and len(verdict.line) < 350, verdict.line
+    assert "needs bucket.val_size 151, sweep.eval_k 16, " in verdict.line and len(verdict.line) < 400, verdict.line
+    # the share a pilot measured replaces the default study's, and is not called an assumption
+    measured = p.model_copy(update={"bucket": p.bucket.model_copy(update={"expected_share": 0.02})})
+    line = answer_verdict(measured, cal, hours=1.0).line
+    assert "151, sweep.eval_k 16, 9,150 problems (the table has 2,000): about " in line and "default" not in line, line
     # a table too small for that validation split: said, with no hours
     small = p.model_copy(update={"study": p.study.model_copy(update={"tolerance": 0.005})})
     line = answer_verdict(small, cal).line
-    assert "problems (the table has 2,000): about " in line and "in the " in line, line
+    assert "as in the default study (the table has 2,000): about " in line and "in the " in line, line
     # the check gives the same verdict, as an error, where the calibration is stored
     found = study_findings(p, DataKnown(2000, True, None, calibration=cal))
     errors = [f for f in found if "no study resolves" in f.message]
