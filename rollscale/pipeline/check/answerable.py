@@ -98,7 +98,7 @@ def answer_verdict(p: StudyParams, cal: Calibration | None, hours: float | None 
     # a share nothing has measured (no pilot, or one too small to bound it) is the default study's: said, since
     # it sets the problems and hours named (SmolLM2 on word problems: 1,525 problems, 10.7 h at the assumed 20 %;
     # 14,715 at the 2 % a 32-problem pilot then bounded)
-    assumed = "" if p.bucket.expected_share else f", if {share:.0%} fall in {p.sweep.bucket!r} as in the default study"
+    assumed = "" if p.bucket.expected_share else f", if {share:.0%} fall in {p.sweep.bucket} as in the default study"
     bigger = f"bucket.val_size {need_val}, sweep.eval_k {k}, {need_pool:,} problems{assumed}" + (
         f" (the table has {pool:,})" if pool is not None and need_pool > pool else "")
     if cal is None:
