@@ -5,8 +5,8 @@ bootstrap refits, and predicts any key's reward at any budget: :meth:`FittedForm
 the refits, from which :mod:`rollscale.core.fit.forecast` reads the interval. Adding a form is one module that
 calls :func:`register` (the form's name is its module's: :data:`rollscale.registry.FORECAST_FORMS` reads the names
 from this folder when params are validated). The study's form is ``study.forecast_form``, whose default,
-:data:`DEFAULT_FORM`, is the one the long grids choose, scored leave-one-grid-out (``benchmarks/long_grid.py --score``;
-docs/benchmarks.md, "The search and the forecast, simulated").
+:data:`DEFAULT_FORM`, is set there with its reason (the forms are scored on the test bed: ``benchmarks/long_grid.py
+--score``; docs/benchmarks.md, "The search and the forecast, simulated").
 """
 
 from __future__ import annotations
