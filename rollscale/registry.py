@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import importlib
 import importlib.util
 import pkgutil
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -74,18 +76,32 @@ def _registers(decorator: ast.expr, name: str) -> bool:
             and isinstance(decorator.args[0], ast.Constant) and decorator.args[0].value == name)
 
 
+# CPython 3.11's ast.parse is not safe from two threads at once ("SystemError: AST constructor recursion depth
+# mismatch", seen in tests/test_faults.py where a flow's tasks validate params side by side): one parse at a time,
+# each version of a file parsed once
+_PARSE_LOCK = threading.Lock()
+
+
 def _decorated_names(path: Path) -> list[str]:
     """The names a module's top-level functions and classes register with a ``register("name")`` or
     ``<REGISTRY>.register("name")`` decorator, read from its source (nothing imported)."""
+    stat = path.stat()
+    with _PARSE_LOCK:
+        return list(_names_in(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=None)
+def _names_in(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    """:func:`_decorated_names` of one version of a file (its modification time and size key the cache)."""
     out = []
-    for node in ast.parse(path.read_text(), filename=str(path)).body:
+    for node in ast.parse(Path(path).read_text(), filename=path).body:
         for d in getattr(node, "decorator_list", ()):
             if (isinstance(d, ast.Call) and len(d.args) == 1 and isinstance(d.args[0], ast.Constant)
                     and isinstance(d.args[0].value, str)
                     and (isinstance(d.func, ast.Attribute) and d.func.attr == "register"
                          or isinstance(d.func, ast.Name) and d.func.id == "register")):
                 out.append(d.args[0].value)
-    return out
+    return tuple(out)
 
 
 class Registry(Generic[T]):

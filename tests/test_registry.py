@@ -245,3 +245,46 @@ def test_a_lazy_registrys_declarations_read_from_source_agree_with_the_imported_
         SEARCH_METHODS.declared("grd", "starts_with")
     with pytest.raises(RegistryError, match="lazy"):
         ALLOCATION_RULES.declared("uniform", "name")
+
+
+def test_lazy_names_are_read_one_parse_at_a_time_from_many_threads(tmp_path, monkeypatch):
+    """CPython 3.11's ast.parse raised "AST constructor recursion depth mismatch" when a flow's tasks validated
+    params side by side (tests/test_faults.py, 2026-11-28): the lazy registries' source reads never parse in two
+    threads at once, and read each version of a file once."""
+    import ast
+    import threading
+    import time
+
+    from rollscale import registry
+
+    source = tmp_path / "plugin.py"
+    source.write_text('@REG.register("a")\ndef a():\n    pass\n\n\n@register("b")\nclass B:\n    pass\n')
+    inside, most, calls, lock = [0], [0], [0], threading.Lock()
+    parse = ast.parse
+
+    def slow_parse(*args, **kwargs):
+        with lock:
+            inside[0] += 1
+            calls[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.01)
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(registry.ast, "parse", slow_parse)
+    registry._names_in.cache_clear()
+    files = [source] + [tmp_path / f"copy{i}.py" for i in range(5)]
+    for f in files[1:]:
+        f.write_text(source.read_text())
+    results = []
+    threads = [threading.Thread(target=lambda f=f: results.append(registry._decorated_names(f)))
+               for f in files * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and calls[0] == len(files), (most, calls)
+    assert results and all(r == ["a", "b"] for r in results)
