@@ -5,9 +5,9 @@ its tables in benchmarks/data/): ``long_grid`` on the default's base, ``long_gri
 trained from another seed (``base.seed: 1``). From the same runs cut at 40,000 (4x) and at 20,000 (8x) the
 ``recent`` forecast, its interval calibrated by the cut runs' own backtest at that multiple (§11.4), reads every
 key at C* = 160,000; a grid's own value there is each key's per-run fit within its data (§9.3). §11's targets over
-both grids' keys are tested on ``recent``, which meets them (the default form, ``decay``, does not: it is kept for
-its search, docs/benchmarks.md); the form chosen leave-one-grid-out meets them too. What a form misses is a strict
-xfail with the measured value. The default study replayed on each grid (benchmarks/grid_replay.py: its runs cut to
+both grids' keys are tested on ``recent``, which meets them, and on the default form, ``decay`` (kept for its
+search, docs/benchmarks.md), whose misses are strict xfails with the measured values; the form chosen
+leave-one-grid-out meets them too. The default study replayed on each grid (benchmarks/grid_replay.py: its runs cut to
 sweep.c_max, its search rung by rung, the fit stage's decision) must answer "use n = X" within epsilon of the grid's
 best for at most 2 x C* rollouts.
 """
@@ -26,19 +26,35 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from long_grid import cut_forecast, grid_truth, stored_evals  # noqa: E402
 
+from rollscale.core.fit.forms import DEFAULT_FORM  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "long_grid"
 GRIDS = {"default base": DATA, "base seed 1": ROOT / "benchmarks" / "data" / "long_grid_seed1"}
 C_STAR = 160_000
 EPSILON = 0.02  # study.tolerance's default
-# the form the targets are tested on: `recent` meets them on these grids; the default (`decay`) misses them (its
-# points low: docs/benchmarks.md) and is kept for its search, which `recent`'s misses late winners with
-FORM = "recent"
+# `recent` meets §11's targets on these grids; the default (`decay`, kept for its search: `recent`'s misses late
+# winners, docs/benchmarks.md) misses them: measured, every form's points low on the second base, whose curves still
+# steepen past 40,000 (n = 16: 0.50 there, 0.625 at 160,000), where decay continues each key's whole-shape rise
+MISSED_4X = ("measured over both grids' 10 keys: mean signed error -0.039, mean absolute error 0.043 (the default "
+             "base -0.019 / 0.027, the second -0.060 / 0.060: every key low)")
+WIDTH_4X = "measured: median width 0.158 (the second base's backtest widened its intervals 1.98x)"
+COVERAGE_4X = "measured: 6 of 10 keys (3 of 5 on each base)"
+COVERAGE_8X = "measured: 5 of 10 keys (the default base 4 of 5, the second 1 of 5: mean error -0.088 there)"
+
+
+def forms(missed: str) -> list:
+    """``recent`` and the default form, the default a strict xfail with what it measured."""
+    return ["recent", pytest.param(DEFAULT_FORM, marks=pytest.mark.xfail(strict=True, reason=missed))]
+
+
 # measured (docs/benchmarks.md, "The long grids"): the second base's best at C* is n = 2 (0.688), which overtakes
 # n = 4 past 40,000 (0.555 against 0.535 there, 0.662 at 160,000); every form continues what the data show, so the
 # forecast leads with the key ahead at 40,000
 WRONG_KEY = ("measured: the second base's n = 4 (0.662 at C*) leads the forecast (recent: 0.67 [0.61, 0.73]); n = 2 "
              "reaches 0.688, 0.026 more: it overtakes past the data")
+REPLAY_WRONG_KEY = ("measured: the default study replayed on the second base answers n = 4 (0.662 at C*); n = 2 "
+                    "reaches 0.688, 0.026 more; its first line says 'n = 2 and 8 cannot beat it by more than 0.02 (as "
+                    "the search settled them, at its one-sided bound; at 95 % D reaches +0.04)'")
 
 
 @cache
@@ -47,19 +63,19 @@ def truth(grid: str) -> dict[int, float]:
 
 
 @cache
-def forecast_from(grid: str, cut: int) -> pd.DataFrame:
-    """The ``recent`` forecast at C* from the grid's runs cut at ``cut``, as the fit stage reads it (no pass@k bound:
+def forecast_from(grid: str, cut: int, form: str = "recent") -> pd.DataFrame:
+    """The ``form`` forecast at C* from the grid's runs cut at ``cut``, as the fit stage reads it (no pass@k bound:
     the study's forecast has none), each key's error and coverage against the grid's own value."""
-    rows = cut_forecast(stored_evals(GRIDS[grid]), cut, C_STAR, FORM, None, resamples=200)
+    rows = cut_forecast(stored_evals(GRIDS[grid]), cut, C_STAR, form, None, resamples=200)
     rows["grid"] = rows["key"].map(truth(grid))
     rows["error"] = rows["reward"] - rows["grid"]
     rows["covered"] = (rows["reward_lo"] <= rows["grid"]) & (rows["grid"] <= rows["reward_hi"])
     return rows.set_index("key")
 
 
-def both(cut: int) -> pd.DataFrame:
+def both(cut: int, form: str = "recent") -> pd.DataFrame:
     """Every key of both grids at one cut."""
-    return pd.concat([forecast_from(grid, cut).assign(source=grid) for grid in GRIDS])
+    return pd.concat([forecast_from(grid, cut, form).assign(source=grid) for grid in GRIDS])
 
 
 @pytest.mark.parametrize("grid", GRIDS)
@@ -80,37 +96,41 @@ def test_at_4x_every_key_is_read_past_its_data():
     assert len(rows) == 10 and (rows["c_seen"] <= 40_000 * 1.02).all() and rows["extrapolated"].all()
 
 
-def test_at_4x_the_point_is_unbiased():
-    rows = both(40_000)
+@pytest.mark.parametrize("form", forms(MISSED_4X))
+def test_at_4x_the_point_is_unbiased(form):
+    rows = both(40_000, form)
     assert abs(rows["error"].mean()) <= 0.02, rows[["source", "error"]]
     assert rows["error"].abs().mean() <= 0.03, rows[["source", "error"]]
 
 
-def test_at_4x_the_interval_is_narrow():
-    assert both(40_000)["width"].median() <= 0.15
+@pytest.mark.parametrize("form", forms(WIDTH_4X))
+def test_at_4x_the_interval_is_narrow(form):
+    assert both(40_000, form)["width"].median() <= 0.15
 
 
-def test_at_4x_the_intervals_cover_90_percent_of_keys():
-    assert both(40_000)["covered"].mean() >= 0.9
+@pytest.mark.parametrize("form", forms(COVERAGE_4X))
+def test_at_4x_the_intervals_cover_90_percent_of_keys(form):
+    assert both(40_000, form)["covered"].mean() >= 0.9
 
 
-def test_at_8x_the_intervals_cover_90_percent_of_keys():
-    rows = both(20_000)
+@pytest.mark.parametrize("form", forms(COVERAGE_8X))
+def test_at_8x_the_intervals_cover_90_percent_of_keys(form):
+    rows = both(20_000, form)
     assert rows["covered"].mean() >= 0.9, rows[["source", "reward_lo", "reward_hi", "grid"]]
 
 
 @pytest.mark.parametrize("grid", ["default base", pytest.param("base seed 1", marks=pytest.mark.xfail(
     strict=True, reason=WRONG_KEY))])
 @pytest.mark.parametrize("cut", [40_000, 20_000])
-def test_the_forecast_decision_is_within_epsilon_of_the_long_grids_best(grid, cut):
+@pytest.mark.parametrize("form", ["recent", DEFAULT_FORM])
+def test_the_forecast_decision_is_within_epsilon_of_the_long_grids_best(grid, cut, form):
     true = truth(grid)
-    leader = int(forecast_from(grid, cut)["leader"].iloc[0])
+    leader = int(forecast_from(grid, cut, form)["leader"].iloc[0])
     assert true[leader] >= max(true.values()) - EPSILON, (cut, leader, true)
 
 
 @pytest.mark.parametrize("grid", ["default base", pytest.param("base seed 1", marks=pytest.mark.xfail(
-    strict=True, reason=WRONG_KEY + "; the replay's first line says it: 'n = 2 and 8 cannot beat it by more than "
-    "0.02 (as the search settled them, at its one-sided bound; at 95 % D reaches +0.04)'"))])
+    strict=True, reason=REPLAY_WRONG_KEY))])
 def test_the_default_study_replayed_on_the_grid_answers_within_epsilon_for_at_most_2x(grid):
     from grid_replay import replay_study
 
