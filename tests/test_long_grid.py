@@ -2,12 +2,14 @@
 
 A long grid is one recipe's every key n = 2 to 32 with 2 seeds trained to 160,000 rollouts (benchmarks/long_grid.py,
 its tables in benchmarks/data/): ``long_grid`` on the default's base, ``long_grid_seed1`` on the same recipe's base
-trained from another seed (``base.seed: 1``). From the same runs cut at 40,000 (4x) and at 20,000 (8x) the
+trained from another seed (``base.seed: 1``), ``long_grid_mix`` a harder pool on the default's base (the
+``easy_hard`` mixture bucket, validation avg@16 0.20 at step 0). From the same runs cut at 40,000 (4x) and at
+20,000 (8x) the
 ``recent`` forecast, its interval calibrated by the cut runs' own backtest at that multiple (§11.4), reads every
 key at C* = 160,000; a grid's own value there is each key's per-run fit within its data (§9.3). §11's targets over
-both grids' keys are tested on ``recent``, which meets them, and on the default form, ``decay`` (kept for its
-search, docs/benchmarks.md), whose misses are strict xfails with the measured values; the form chosen
-leave-one-grid-out meets them too. The default study replayed on each grid (benchmarks/grid_replay.py: its runs cut to
+the grids' keys are tested on ``recent``, which meets them at 4x, and on the default form, ``decay`` (kept for its
+search, docs/benchmarks.md); a target a form misses is a strict xfail with the measured values, as is the form
+chosen leave-one-grid-out at 8x. The default study replayed on each grid (benchmarks/grid_replay.py: its runs cut to
 sweep.c_max, its search rung by rung, the fit stage's decision) must answer "use n = X" within epsilon of the grid's
 best for at most 2 x C* rollouts.
 """
@@ -29,22 +31,28 @@ from long_grid import cut_forecast, grid_truth, stored_evals  # noqa: E402
 from rollscale.core.fit.forms import DEFAULT_FORM  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "long_grid"
-GRIDS = {"default base": DATA, "base seed 1": ROOT / "benchmarks" / "data" / "long_grid_seed1"}
+GRIDS = {"default base": DATA, "base seed 1": ROOT / "benchmarks" / "data" / "long_grid_seed1",
+         "harder pool": ROOT / "benchmarks" / "data" / "long_grid_mix"}
 C_STAR = 160_000
 EPSILON = 0.02  # study.tolerance's default
-# `recent` meets §11's targets on these grids; the default (`decay`, kept for its search: `recent`'s misses late
-# winners, docs/benchmarks.md) misses them: measured, every form's points low on the second base, whose curves still
-# steepen past 40,000 (n = 16: 0.50 there, 0.625 at 160,000), where decay continues each key's whole-shape rise
-MISSED_4X = ("measured over both grids' 10 keys: mean signed error -0.039, mean absolute error 0.043 (the default "
-             "base -0.019 / 0.027, the second -0.060 / 0.060: every key low)")
-WIDTH_4X = "measured: median width 0.158 (the second base's backtest widened its intervals 1.98x)"
-COVERAGE_4X = "measured: 6 of 10 keys (3 of 5 on each base)"
-COVERAGE_8X = "measured: 5 of 10 keys (the default base 4 of 5, the second 1 of 5: mean error -0.088 there)"
+# §11's targets over the three grids' 15 keys (docs/benchmarks.md, "The long grids"), each form's measured misses:
+# every form's points low on the second base, whose curves still steepen past 40,000 (n = 16: 0.50 there, 0.625 at
+# 160,000), and at 8x on the harder pool, whose curves are still leaving their early regime at 20,000
+MISSES = {
+    ("recent", "coverage 8x"): "measured: 11 of 15 keys (the default base 5, base seed 1 4, the harder pool 2 of 5: "
+                               "its keys low by 0.039 on average)",
+    (DEFAULT_FORM, "error 4x"): "measured: mean signed error -0.031, mean absolute error 0.034 (the default base "
+                                "-0.019 / 0.027, base seed 1 -0.060 / 0.060: every key low, the harder pool -0.014)",
+    (DEFAULT_FORM, "coverage 4x"): "measured: 11 of 15 keys (3, 3 and 5 of 5)",
+    (DEFAULT_FORM, "coverage 8x"): "measured: 9 of 15 keys (the default base 4, base seed 1 1, the harder pool 4 of "
+                                   "5: mean error -0.088 on base seed 1)",
+}
 
 
-def forms(missed: str) -> list:
-    """``recent`` and the default form, the default a strict xfail with what it measured."""
-    return ["recent", pytest.param(DEFAULT_FORM, marks=pytest.mark.xfail(strict=True, reason=missed))]
+def forms(target: str) -> list:
+    """``recent`` and the default form, a form's measured miss of ``target`` a strict xfail."""
+    return [pytest.param(form, marks=pytest.mark.xfail(strict=True, reason=MISSES[form, target]))
+            if (form, target) in MISSES else form for form in ("recent", DEFAULT_FORM)]
 
 
 # measured (docs/benchmarks.md, "The long grids"): the second base's best at C* is n = 2 (0.688), which overtakes
@@ -74,7 +82,7 @@ def forecast_from(grid: str, cut: int, form: str = "recent") -> pd.DataFrame:
 
 
 def both(cut: int, form: str = "recent") -> pd.DataFrame:
-    """Every key of both grids at one cut."""
+    """Every key of every grid at one cut."""
     return pd.concat([forecast_from(grid, cut, form).assign(source=grid) for grid in GRIDS])
 
 
@@ -93,34 +101,34 @@ def test_the_long_grid_is_stored_whole(grid):
 
 def test_at_4x_every_key_is_read_past_its_data():
     rows = both(40_000)
-    assert len(rows) == 10 and (rows["c_seen"] <= 40_000 * 1.02).all() and rows["extrapolated"].all()
+    assert len(rows) == 5 * len(GRIDS) and (rows["c_seen"] <= 40_000 * 1.02).all() and rows["extrapolated"].all()
 
 
-@pytest.mark.parametrize("form", forms(MISSED_4X))
+@pytest.mark.parametrize("form", forms("error 4x"))
 def test_at_4x_the_point_is_unbiased(form):
     rows = both(40_000, form)
     assert abs(rows["error"].mean()) <= 0.02, rows[["source", "error"]]
     assert rows["error"].abs().mean() <= 0.03, rows[["source", "error"]]
 
 
-@pytest.mark.parametrize("form", forms(WIDTH_4X))
+@pytest.mark.parametrize("form", forms("width 4x"))
 def test_at_4x_the_interval_is_narrow(form):
     assert both(40_000, form)["width"].median() <= 0.15
 
 
-@pytest.mark.parametrize("form", forms(COVERAGE_4X))
+@pytest.mark.parametrize("form", forms("coverage 4x"))
 def test_at_4x_the_intervals_cover_90_percent_of_keys(form):
     assert both(40_000, form)["covered"].mean() >= 0.9
 
 
-@pytest.mark.parametrize("form", forms(COVERAGE_8X))
+@pytest.mark.parametrize("form", forms("coverage 8x"))
 def test_at_8x_the_intervals_cover_90_percent_of_keys(form):
     rows = both(20_000, form)
     assert rows["covered"].mean() >= 0.9, rows[["source", "reward_lo", "reward_hi", "grid"]]
 
 
 @pytest.mark.parametrize("grid", ["default base", pytest.param("base seed 1", marks=pytest.mark.xfail(
-    strict=True, reason=WRONG_KEY))])
+    strict=True, reason=WRONG_KEY)), "harder pool"])
 @pytest.mark.parametrize("cut", [40_000, 20_000])
 @pytest.mark.parametrize("form", ["recent", DEFAULT_FORM])
 def test_the_forecast_decision_is_within_epsilon_of_the_long_grids_best(grid, cut, form):
@@ -130,7 +138,7 @@ def test_the_forecast_decision_is_within_epsilon_of_the_long_grids_best(grid, cu
 
 
 @pytest.mark.parametrize("grid", ["default base", pytest.param("base seed 1", marks=pytest.mark.xfail(
-    strict=True, reason=REPLAY_WRONG_KEY))])
+    strict=True, reason=REPLAY_WRONG_KEY)), "harder pool"])
 def test_the_default_study_replayed_on_the_grid_answers_within_epsilon_for_at_most_2x(grid):
     from grid_replay import replay_study
 
@@ -143,20 +151,36 @@ def test_the_default_study_replayed_on_the_grid_answers_within_epsilon_for_at_mo
     assert r["rollouts_over_c_star"] <= 2.01, r["rollouts_over_c_star"]
 
 
-def test_the_form_chosen_leave_one_grid_out_meets_the_targets_on_the_held_out_grid():
-    """Science §11.1: each grid is scored with the form chosen on the other (rollscale.core.fit.form_choice's
-    criterion) among the decay and recent forms; over both held-out grids, §11's targets at 4x and 8x."""
-    from long_grid import score_rows
-
+@cache
+def held_out(multiple: float) -> pd.Series:
+    """Science §11.1: each grid scored with the form chosen on the others (rollscale.core.fit.form_choice's
+    criterion) among the decay and recent forms; every held-out grid's keys together at ``multiple``."""
     from rollscale.core.fit.form_choice import leave_one_grid_out
 
-    rows = score_rows(list(GRIDS.values()), ["decay", "recent", "recent_short", "recent_long"], 0, resamples=100)
+    rows = _logo_rows()
     held = leave_one_grid_out(rows)
     print(held.to_string())
-    four, eight = (held[(held["held_out"] == "all") & (held["multiple"] == m)].iloc[0] for m in (4.0, 8.0))
+    return held[(held["held_out"] == "all") & (held["multiple"] == multiple)].iloc[0]
+
+
+@cache
+def _logo_rows() -> pd.DataFrame:
+    from long_grid import score_rows
+
+    return score_rows(list(GRIDS.values()), ["decay", "recent", "recent_short", "recent_long"], 0, resamples=100)
+
+
+def test_the_form_chosen_leave_one_grid_out_meets_the_4x_targets_on_the_held_out_grids():
+    four = held_out(4.0)
     assert abs(four["mean_error"]) <= 0.02 and four["mean_abs_error"] <= 0.03, four
     assert four["coverage"] >= 0.9 and four["median_width"] <= 0.15, four
-    assert eight["coverage"] >= 0.9, eight
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured: 12 of 15 keys; the harder pool held out gets `recent` (chosen on the other two: `recent_short` is "
+    "too wide on base seed 1, 0.20), which covers 2 of its 5 keys from 20,000; `recent_short` would cover 5"))
+def test_the_form_chosen_leave_one_grid_out_covers_90_percent_at_8x():
+    assert held_out(8.0)["coverage"] >= 0.9
 
 
 def test_a_grid_folder_without_a_profile_says_it_forecasts_without_the_bound(tmp_path, capsys):
