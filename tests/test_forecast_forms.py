@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from rollscale.core.fit.analysis import run_evals
-from rollscale.core.fit.backtest import backtest, calibration, cuttable_multiple
+from rollscale.core.fit.backtest import backtest, calibration, cuttable_multiple, untested_factor
 from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import ForecastSettings, forecast_group, forecast_table
@@ -144,9 +144,18 @@ def test_the_backtest_reads_the_answers_multiple_or_the_largest_it_can():
     assert cuttable_multiple(evals, "n", 64.0) < 64.0
     bt = backtest(evals, "n", QUICK, multiple=64.0)
     assert bt.multiple < 64.0 and "cannot be cut at 1/64" in bt.note
+    # the doublings no backtest reached widen the answer's interval further, by 6 over the doublings tested
+    untested = untested_factor(64.0, bt.multiple)
+    assert untested == pytest.approx(6.0 / math.log2(bt.multiple)) and untested > 1.0
+    plain = calibration(bt.keys["error"].to_numpy(float), np.where(
+        bt.keys["reached"] >= bt.keys["forecast"], bt.keys["forecast_hi"] - bt.keys["forecast"],
+        bt.keys["forecast"] - bt.keys["forecast_lo"]), QUICK.level)
+    assert bt.widen == pytest.approx(plain * untested)
+    assert f"{untested:.2f}x more for the doublings past" in bt.note, bt.note
     bt4 = backtest(evals, "n", QUICK, multiple=4.0)
     assert bt4.multiple == 4.0 and (bt4.keys["c_cut"] <= 10_000 * (1 + 1e-9)).all()
     assert math.isfinite(bt4.rmse) and bt4.widen >= 1.0
+    assert untested_factor(4.0, bt4.multiple) == 1.0 and "no backtest reached" not in bt4.note
 
 
 def test_calibration_widens_until_the_backtests_errors_are_covered():

@@ -4,12 +4,12 @@ A long grid is one recipe's every key n = 2 to 32 with 2 seeds trained to 160,00
 its tables in benchmarks/data/): ``long_grid`` on the default's base, ``long_grid_seed1`` on the same recipe's base
 trained from another seed (``base.seed: 1``), ``long_grid_mix`` a harder pool on the default's base (the
 ``easy_hard`` mixture bucket, validation avg@16 0.20 at step 0). From the same runs cut at 40,000 (4x) and at
-20,000 (8x) the
-``recent`` forecast, its interval calibrated by the cut runs' own backtest at that multiple (§11.4), reads every
-key at C* = 160,000; a grid's own value there is each key's per-run fit within its data (§9.3). §11's targets over
-the grids' keys are tested on ``recent``, which meets them at 4x, and on the default form, ``decay`` (kept for its
-search, docs/benchmarks.md); a target a form misses is a strict xfail with the measured values, as is the form
-chosen leave-one-grid-out at 8x. The default study replayed on each grid (benchmarks/grid_replay.py: its runs cut to
+20,000 (8x) the forecast, its interval calibrated by the cut runs' own backtest at that multiple, or at the largest
+it can reach and widened for the doublings past it (§11.4), reads every key at C* = 160,000; a grid's own value
+there is each key's per-run fit within its data (§9.3). §11's targets over the grids' keys are tested on
+``recent``, which meets them, and on the default form, ``decay`` (kept for its search, docs/benchmarks.md), whose
+misses at 4x are strict xfails with the measured values; the form chosen leave-one-grid-out meets them too. The
+default study replayed on each grid (benchmarks/grid_replay.py: its runs cut to
 sweep.c_max, its search rung by rung, the fit stage's decision) must answer "use n = X" within epsilon of the grid's
 best for at most 2 x C* rollouts.
 """
@@ -37,15 +37,12 @@ C_STAR = 160_000
 EPSILON = 0.02  # study.tolerance's default
 # §11's targets over the three grids' 15 keys (docs/benchmarks.md, "The long grids"), each form's measured misses:
 # every form's points low on the second base, whose curves still steepen past 40,000 (n = 16: 0.50 there, 0.625 at
-# 160,000), and at 8x on the harder pool, whose curves are still leaving their early regime at 20,000
+# 160,000). At 8x every form is low too (the curves still leaving their early regime at 20,000), and the intervals
+# cover because the backtest, which reaches 4x from there, widens them for the doublings it could not test (§11.4)
 MISSES = {
-    ("recent", "coverage 8x"): "measured: 11 of 15 keys (the default base 5, base seed 1 4, the harder pool 2 of 5: "
-                               "its keys low by 0.039 on average)",
     (DEFAULT_FORM, "error 4x"): "measured: mean signed error -0.031, mean absolute error 0.034 (the default base "
                                 "-0.019 / 0.027, base seed 1 -0.060 / 0.060: every key low, the harder pool -0.014)",
     (DEFAULT_FORM, "coverage 4x"): "measured: 11 of 15 keys (3, 3 and 5 of 5)",
-    (DEFAULT_FORM, "coverage 8x"): "measured: 9 of 15 keys (the default base 4, base seed 1 1, the harder pool 4 of "
-                                   "5: mean error -0.088 on base seed 1)",
 }
 
 
@@ -176,9 +173,6 @@ def test_the_form_chosen_leave_one_grid_out_meets_the_4x_targets_on_the_held_out
     assert four["coverage"] >= 0.9 and four["median_width"] <= 0.15, four
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured: 12 of 15 keys; the harder pool held out gets `recent` (chosen on the other two: `recent_short` is "
-    "too wide on base seed 1, 0.20), which covers 2 of its 5 keys from 20,000; `recent_short` would cover 5"))
 def test_the_form_chosen_leave_one_grid_out_covers_90_percent_at_8x():
     assert held_out(8.0)["coverage"] >= 0.9
 

@@ -7,7 +7,11 @@ reached. What the key reached there is its per-run §9.3 value (:func:`rollscale
 on the whole runs: each run's own sigmoid at the group's R0) with its t interval. A key is covered when that
 value lies in the forecast's interval. Where ``m`` is more than the runs can cut (a key left with fewer than
 :data:`MIN_CUT_BUDGETS` budgets past step 0), the backtest says so and tests the largest multiple it can
-(``multiple`` is the one tested).
+(``multiple`` is the one tested), and the answer's interval is widened further by the ratio of the doublings it is
+read past the data to the doublings tested, ``log2 m / log2 m_tested`` (:func:`untested_factor`): a doubling no
+backtest reached is not trusted as one it did. Measured on the long grids (docs/results.md 2e): from runs cut at
+20,000 the backtest reaches 4x, not 8x; the forecasts' mean errors at 8x were 1.5 to 20 times those at 4x (the
+curves still leaving their early regime), and intervals calibrated at 4x alone covered 11 of 15 keys (15 with it).
 
 Reported: the signed mean error, RMSE and coverage, and ``widen``: the factor by which the forecast's half
 widths must grow to have covered the backtest's errors (split-conformal, science §11.4: the errors over the
@@ -63,7 +67,7 @@ from rollscale.core.fit.forecast import (
 
 __all__ = ["BACKTEST_COLUMNS", "Backtest", "DEFAULT_MULTIPLE", "MIN_CUT_BUDGETS", "answer_multiple", "backtest",
            "calibrated", "calibration", "cut_runs",
-           "cuttable_multiple"]
+           "cuttable_multiple", "untested_factor"]
 
 BACKTEST_COLUMNS = ["key", "c_cut", "c_end", "forecast", "forecast_lo", "forecast_hi", "reached", "reached_lo",
                     "reached_hi", "covered", "error", "z", "off_surface"]
@@ -112,6 +116,14 @@ def cuttable_multiple(evals: pd.DataFrame, key_col: str, multiple: float) -> flo
             return m
         m /= 2 ** 0.25
     return math.nan
+
+
+def untested_factor(wanted: float, tested: float) -> float:
+    """The widening for the doublings past the data the backtest could not reach (module docstring): ``log2 wanted
+    / log2 tested``, 1 where the backtest reached the answer's multiple."""
+    if not (math.isfinite(tested) and tested > 1.0) or wanted <= tested * (1 + 1e-9):
+        return 1.0
+    return math.log2(wanted) / math.log2(tested)
 
 
 def calibration(errors: np.ndarray, half_widths: np.ndarray, level: float) -> float:
@@ -175,6 +187,7 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
     half = np.where(reached >= point, hi - point, point - lo)[known]
     widen = calibration(err, half, settings.level)
     widen_d = _calibration_of_d(point, refits, reached, known, boot, settings.level, top, widen)
+    untested = untested_factor(wanted, m)
     a4 = bool(off.any())
     failed = bool(n == 0 or coverage < COVERAGE_MIN - 1e-12 or a4)
     note = (f"forecast {m:.2g}x past 1/{m:.2g} of the data covered {int(covered.sum())} of {n} keys' final "
@@ -184,6 +197,10 @@ def backtest(evals: pd.DataFrame, key_col: str, settings: ForecastSettings = For
     if widen > 1.0 + 1e-9:
         note += f"; the interval widened {widen:.2f}x to cover these errors"
         note += f" (D to the leader {widen_d:.2f}x, on D's own errors)"
+    if untested > 1.0 + 1e-9:
+        widen, widen_d = widen * untested, widen_d * untested
+        note += (f"; {untested:.2f}x more for the doublings past {m:.2g}x no backtest reached (the interval "
+                 f"{widen:.2f}x in all)")
     if n == 0:
         note = "no key's runs could be fitted to compare the forecast with: not to be trusted past the data"
     elif failed:
