@@ -77,31 +77,36 @@ def _registers(decorator: ast.expr, name: str) -> bool:
 
 
 # CPython 3.11's ast.parse is not safe from two threads at once ("SystemError: AST constructor recursion depth
-# mismatch", seen in tests/test_faults.py where a flow's tasks validate params side by side): one parse at a time,
-# each version of a file parsed once
+# mismatch", seen in tests/test_faults.py where a flow's tasks validate params side by side): every source this
+# module reads is parsed here, one parse at a time, each version of a file once
 _PARSE_LOCK = threading.Lock()
+
+
+def _parsed(path: Path) -> ast.Module:
+    """``path``'s source parsed (read-only: the tree is shared by every caller of this version of the file)."""
+    stat = path.stat()
+    with _PARSE_LOCK:
+        return _parse_version(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_version(path: str, mtime_ns: int, size: int) -> ast.Module:
+    """One version of a file parsed (its modification time and size key the cache)."""
+    return ast.parse(Path(path).read_text(), filename=path)
 
 
 def _decorated_names(path: Path) -> list[str]:
     """The names a module's top-level functions and classes register with a ``register("name")`` or
     ``<REGISTRY>.register("name")`` decorator, read from its source (nothing imported)."""
-    stat = path.stat()
-    with _PARSE_LOCK:
-        return list(_names_in(str(path), stat.st_mtime_ns, stat.st_size))
-
-
-@functools.lru_cache(maxsize=None)
-def _names_in(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
-    """:func:`_decorated_names` of one version of a file (its modification time and size key the cache)."""
     out = []
-    for node in ast.parse(Path(path).read_text(), filename=path).body:
+    for node in _parsed(path).body:
         for d in getattr(node, "decorator_list", ()):
             if (isinstance(d, ast.Call) and len(d.args) == 1 and isinstance(d.args[0], ast.Constant)
                     and isinstance(d.args[0].value, str)
                     and (isinstance(d.func, ast.Attribute) and d.func.attr == "register"
                          or isinstance(d.func, ast.Name) and d.func.id == "register")):
                 out.append(d.args[0].value)
-    return tuple(out)
+    return out
 
 
 class Registry(Generic[T]):
@@ -204,7 +209,7 @@ class Registry(Generic[T]):
         self.check(name)
         module = self._lazy_modules()[name]
         path = next(iter(_module_paths(module).values()))
-        for node in ast.parse(path.read_text(), filename=str(path)).body:
+        for node in _parsed(path).body:
             if isinstance(node, ast.ClassDef) and any(_registers(d, name) for d in node.decorator_list):
                 for stmt in node.body:
                     target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else \

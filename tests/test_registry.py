@@ -249,8 +249,8 @@ def test_a_lazy_registrys_declarations_read_from_source_agree_with_the_imported_
 
 def test_lazy_names_are_read_one_parse_at_a_time_from_many_threads(tmp_path, monkeypatch):
     """CPython 3.11's ast.parse raised "AST constructor recursion depth mismatch" when a flow's tasks validated
-    params side by side (tests/test_faults.py, 2026-11-28): the lazy registries' source reads never parse in two
-    threads at once, and read each version of a file once."""
+    params side by side (tests/test_faults.py, 2026-11-28): the lazy registries' source reads (the names and the
+    declarations) never parse in two threads at once, and read each version of a file once."""
     import ast
     import threading
     import time
@@ -275,7 +275,7 @@ def test_lazy_names_are_read_one_parse_at_a_time_from_many_threads(tmp_path, mon
                 inside[0] -= 1
 
     monkeypatch.setattr(registry.ast, "parse", slow_parse)
-    registry._names_in.cache_clear()
+    registry._parse_version.cache_clear()
     files = [source] + [tmp_path / f"copy{i}.py" for i in range(5)]
     for f in files[1:]:
         f.write_text(source.read_text())
@@ -288,3 +288,12 @@ def test_lazy_names_are_read_one_parse_at_a_time_from_many_threads(tmp_path, mon
         t.join()
     assert most[0] == 1 and calls[0] == len(files), (most, calls)
     assert results and all(r == ["a", "b"] for r in results)
+    # the declarations params validation reads go through the same parse: never two at once either
+    declared = []
+    threads = [threading.Thread(target=lambda: declared.append(SEARCH_METHODS.declared("forecast", "starts_with")))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and declared == ["seeds_min"] * 8, (most, declared)
