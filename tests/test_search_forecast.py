@@ -36,10 +36,9 @@ def cross():
     return studies, simulate_decision(studies, settings())
 
 
-@pytest.mark.xfail(strict=True, reason="under the default form (`decay`, science §11.2) this `cross` study is answered "
-                   "wrong and no key stays stopped before C_max: decay overshoots the sigmoid families by +0.04 to "
-                   "+0.08 at 4x (docs/benchmarks.md); §11.3's continuation revives keys stopped at a rung. Open in "
-                   "issue 52")
+@pytest.mark.xfail(strict=True, reason="measured: under the default form (`recent_floor`, science §11.2) this `cross` "
+                   "study is answered right but no key stays stopped before C_max (stopped_early 0): the "
+                   "search trains every key to C_max, 2 x C* (under `decay` it was answered wrong). Open in issue 52")
 def test_a_clearly_losing_key_is_settled_before_c_max_at_c_star_four_times_c_max(cross):
     _, result = cross
     d = result.decisions

@@ -348,11 +348,11 @@ class DecisionParams(Section):
     # worse by ~0.06; closer keys stay "not decided" until seeds or validation problems are added
     tolerance: float = Field(0.02, gt=0, lt=1)
     # the forecast's shape past the data (science §11.2), read by the search, the fit stage and track: a form of
-    # rollscale/core/fit/forms/, or "surface", science §10.1's surface (the forms' baseline). "decay": "recent" meets
-    # the long grids' targets for the reward (decay misses them at 4x), but the search with it is right less often on
-    # simulated late winners (`late` 16.7 % against 33.3 %, `cross` 12.5 against 25.0, `a2` 58.3 against 75.0:
-    # docs/benchmarks.md, "The search and the forecast, simulated"), and the n is what a study is acted on
-    forecast_form: str = "decay"
+    # rollscale/core/fit/forms/, or "surface", science §10.1's surface (the forms' baseline). "recent_floor": it
+    # meets the long grids' targets for the reward leave-one-grid-out, and the search with it names simulated
+    # late winners that one shared rise per doubling misses (`cross` 91.7 % against decay's 25.0, `late` 100 against
+    # 33.3): docs/benchmarks.md, "The search and the forecast, simulated"
+    forecast_form: str = "recent_floor"
 
     @field_validator("forecast_form")
     @classmethod

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -35,13 +36,16 @@ from scipy.stats import f as f_dist
 from rollscale.core.fit.forms import FormSettings, register
 from rollscale.core.fit.surface import SurfaceData
 
-__all__ = ["DecayForm", "LAMBDA_MAX", "MIN_SHAPE_POINTS", "fit_decay", "fit_decay_key", "fit_linear", "fit_shape",
+__all__ = ["DecayForm", "LAMBDA_MAX", "MIN_SHAPE_POINTS", "Rise", "fit_decay", "fit_decay_key", "fit_linear", "fit_shape",
            "recent_points", "shape_points"]
 
 MIN_SHAPE_POINTS = 3
 BEND_LEVEL = 0.95  # a bend is read only where the data show it beyond noise (an F test of lambda against 0)
 LAMBDA_MAX = 2.0  # a rise per doubling falling by e^-2 (to 14 %) each doubling: a curve all but flat
 _BAND_Z = 2.0
+# each key's rise per doubling: its own; one for the group ("pooled"); or its own but at least the group's where its
+# own data show no bend ("floor", :mod:`rollscale.core.fit.forms.recent`)
+Rise = Literal["own", "pooled", "floor"]
 
 
 def shape_points(data: SurfaceData, eval_draws: int | None) -> np.ndarray:
@@ -85,8 +89,11 @@ def recent_points(data: SurfaceData, u: np.ndarray, window: float) -> np.ndarray
     return keep
 
 
-def _h(t: np.ndarray, lam: float) -> np.ndarray:
-    return t if lam < 1e-9 else -np.expm1(-lam * t) / lam
+def _h(t: np.ndarray, lam: float | np.ndarray) -> np.ndarray:
+    """The doublings' rise for rates falling by ``e^-lam`` a doubling (``lam`` one, or each point's own)."""
+    lam = np.asarray(lam, float)
+    safe = np.where(lam < 1e-9, 1.0, lam)
+    return np.where(lam < 1e-9, t, -np.expm1(-safe * t) / safe)
 
 
 @dataclass(frozen=True)
@@ -144,33 +151,40 @@ class DecayForm:
 
 
 def _given_lambda(pk: np.ndarray, t: np.ndarray, y: np.ndarray, w: np.ndarray, k: int,
-                  lam: float, pooled: bool = False) -> tuple[np.ndarray, float]:
-    """``(theta (2K + 1,), weighted RSS)``: given lambda the model is linear in each key's (L, s): weighted least
-    squares per key in closed form, s held at 0 where its estimate is negative (a key never forecast to fall).
-    ``pooled``: one s for every key (each key its own L), from the keys' within-key scatter together."""
-    h = _h(t, lam)
+                  lam: float | np.ndarray, rise: Rise = "own") -> tuple[np.ndarray, float]:
+    """``(theta (2K + 1,) or, with each key's own lambda (``lam`` (K,)), (3K,); weighted RSS)``: given lambda the
+    model is linear in each key's (L, s): weighted least squares per key in closed form, s held at 0 where its
+    estimate is negative (a key never forecast to fall). ``rise`` (:data:`Rise`): "pooled", one s for every key
+    (each key its own L), from the keys' within-key scatter together; "floor", each key's own s but at least the
+    pooled one, unless its own lambda is above 0 (its data bend: a bending key is not lifted to the group's rise)."""
+    lams = np.asarray(lam, float)
+    h = _h(t, lams[pk] if lams.ndim else lams)
     sw, swh, swhh = (np.bincount(pk, weights=v, minlength=k) for v in (w, w * h, w * h * h))
     swy, swhy = np.bincount(pk, weights=w * y, minlength=k), np.bincount(pk, weights=w * h * y, minlength=k)
     det = sw * swhh - swh**2
     ok = (det > 1e-12 * np.maximum(sw * swhh, 1e-300)) & (sw > 0)
     safe = np.where(ok, det, 1.0)
-    if pooled:
+    own = np.where(ok, (sw * swhy - swh * swy) / safe, 0.0)
+    if rise != "own":
         # sum over keys of (S_hy - S_h S_y / S) / sum of (S_hh - S_h^2 / S): the common slope
         has = sw > 0
         num = float(np.sum(np.where(has, swhy - swh * swy / np.where(has, sw, 1.0), 0.0)))
         den = float(np.sum(np.where(has, det / np.where(has, sw, 1.0), 0.0)))
         common = num / den if den > 1e-12 else 0.0
         slope = np.full(k, common)
+        if rise == "floor":
+            bent = lams > 1e-9 if lams.ndim else np.full(k, float(lams) > 1e-9)
+            slope = np.where(ok, np.where(bent, own, np.maximum(own, common)), common)
     else:
-        slope = np.where(ok, (sw * swhy - swh * swy) / safe, 0.0)
+        slope = own
     slope = np.clip(slope, 0.0, None)
     level = np.where(sw > 0, (swy - slope * swh) / np.where(sw > 0, sw, 1.0), 0.0)
     resid = level[pk] + slope[pk] * h - y
-    return np.concatenate([level, slope, [lam]]), float((w * resid * resid).sum())
+    return np.concatenate([level, slope, lams if lams.ndim else [float(lams)]]), float((w * resid * resid).sum())
 
 
 def _solve_bent(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray, w: np.ndarray,
-                lam_max: float, pooled: bool = False) -> np.ndarray:
+                lam_max: float, rise: Rise = "own") -> np.ndarray:
     """The fit with lambda free where the data show a bend beyond noise, else with lambda 0 (module docstring):
     lambda is bounded below, so left free it would be above 0 in every fit to noise, and the forecast low.
     Lambda is profiled out: a bounded one-dimensional search over the closed-form fits given lambda."""
@@ -179,13 +193,13 @@ def _solve_bent(data: SurfaceData, u: np.ndarray, on: np.ndarray, y: np.ndarray,
     pk = data.point_key[keep]
     t = data.log10_c[keep] * math.log2(10.0) - u[pk]
     yy, ww = y[keep], w[keep]
-    flat, rss0 = _given_lambda(pk, t, yy, ww, k, 0.0, pooled)
+    flat, rss0 = _given_lambda(pk, t, yy, ww, k, 0.0, rise)
     if lam_max <= 0:
         return flat
-    best = minimize_scalar(lambda lam: _given_lambda(pk, t, yy, ww, k, lam, pooled)[1], bounds=(0.0, lam_max),
+    best = minimize_scalar(lambda lam: _given_lambda(pk, t, yy, ww, k, lam, rise)[1], bounds=(0.0, lam_max),
                            method="bounded", options={"xatol": 1e-4})
-    bent, rss1 = _given_lambda(pk, t, yy, ww, k, float(best.x), pooled)
-    dof = int(keep.sum()) - (k + 2 if pooled else bent.size)
+    bent, rss1 = _given_lambda(pk, t, yy, ww, k, float(best.x), rise)
+    dof = int(keep.sum()) - (k + 2 if rise == "pooled" else bent.size)
     if dof < 1 or rss1 >= rss0:
         return flat
     f = (rss0 - rss1) / max(rss1 / dof, 1e-300)
@@ -215,31 +229,35 @@ def _one_key(data: SurfaceData, i: int) -> SurfaceData:
 
 
 def fit_shape(data: SurfaceData, settings: FormSettings, lam_max: float, per_key: bool = False,
-              window: float | None = None, pooled: bool = False) -> DecayForm:
+              window: float | None = None, rise: Rise = "own") -> DecayForm:
     """The fit of this module's forms and of :mod:`rollscale.core.fit.forms.recent`'s, with its refits.
-    ``window``: each key's level and rise per doubling read on its last ``window`` doublings of evaluations only
-    (at least its last :data:`MIN_SHAPE_POINTS`), the bend still read on its whole shape; ``pooled``: one rise per
-    doubling for every key."""
+    ``per_key``: each key's own bend (its own F test); ``window``: each key's level and rise per doubling read on
+    its last ``window`` doublings of evaluations only (at least its last :data:`MIN_SHAPE_POINTS`), the bend still
+    read on its whole shape; ``rise``: each key's rise per doubling (:data:`Rise`)."""
     k = len(data.keys)
     x2 = data.log10_c * math.log2(10.0)
     u = np.array([x2[data.point_key == i].max() if (data.point_key == i).any() else 0.0 for i in range(k)])
     on = shape_points(data, settings.eval_draws)
     ones = np.ones(data.y.size)
-    if per_key:
+    if per_key and window is None:
         solve = _solve_each
     elif window is None:
         def solve(data, u, on, y, w, lam_max):
-            return _solve_bent(data, u, on, y, w, lam_max, pooled)
+            return _solve_bent(data, u, on, y, w, lam_max, rise)
     else:
         shape, on = on, on & recent_points(data, u, window)
 
         def solve(data, u, near, y, w, lam_max):
             # the bend read on the whole shape, beyond noise; the level and the rise where the data end
-            lam = float(_solve_bent(data, u, shape, y, w, lam_max, pooled)[-1]) if lam_max > 0 else 0.0
+            lam: float | np.ndarray = 0.0
+            if lam_max > 0 and per_key:
+                lam = _solve_each(data, u, shape, y, w, lam_max)[2 * k:]
+            elif lam_max > 0:
+                lam = float(_solve_bent(data, u, shape, y, w, lam_max, rise)[-1])
             keep = near & (w > 0)
             pk = data.point_key[keep]
             t = data.log10_c[keep] * math.log2(10.0) - u[pk]
-            return _given_lambda(pk, t, y[keep], w[keep], k, lam, pooled)[0]
+            return _given_lambda(pk, t, y[keep], w[keep], k, lam, rise)[0]
     theta = solve(data, u, on, data.y, ones, lam_max)
     form = DecayForm(data.keys, u, theta, np.empty((0, theta.size)), settings.ceiling)
     rng = np.random.default_rng([settings.seed, 7])
@@ -249,7 +267,7 @@ def fit_shape(data: SurfaceData, settings: FormSettings, lam_max: float, per_key
     # the points' scatter about the fit beyond evaluation noise (a run's curve wiggles): redrawn too, so that a
     # slope read from two seeds spreads as much as its residuals say
     resid = (data.y - fitted)[on]
-    dof = max(int(on.sum()) - (k + 2 if pooled else theta.size), 1)
+    dof = max(int(on.sum()) - (k + 2 if rise == "pooled" else theta.size), 1)
     s2 = float(resid @ resid) / dof
     noise2 = float(np.mean(fitted[on] * (1 - fitted[on]))) / settings.eval_draws if settings.eval_draws else 0.0
     extra = math.sqrt(max(s2 - noise2, 0.0))

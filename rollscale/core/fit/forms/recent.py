@@ -8,7 +8,7 @@ The model is :mod:`~rollscale.core.fit.forms.decay`'s, ``R_k(C) = L_k + s h(log2
   a line through the whole shape, ``decay``'s, is pulled down by its flatter start: low by 0.04 at 4x on the
   long grids together, every key low on the second base.
 - **One rise per doubling.** ``s`` is shared by the group's keys (each keeps its own level): one key's one
-  doubling of two seeds does not pin its own slope (its own, ``recent`` with ``pooled=False``, scattered 2-3x as
+  doubling of two seeds does not pin its own slope (its own, ``rise="own"``, scattered 2-3x as
   wide on the long grids), and the grids' keys rise alike past 40,000 (+0.04 to +0.07 a doubling).
 - **A bend only where the data show one.** ``lambda`` is read on each key's whole shape (past its early regime,
   decay's F test at 95 %) and applied to the continuation; 0 (the rise continued unchanged) unless the data bend
@@ -18,6 +18,14 @@ The model is :mod:`~rollscale.core.fit.forms.decay`'s, ``R_k(C) = L_k + s h(log2
 ``recent_short`` and ``recent_long`` read 1 and 2 doublings: the window is a candidate setting, chosen with the
 form leave-one-grid-out (``benchmarks/long_grid.py --score``; docs/benchmarks.md, "The search and the forecast,
 simulated").
+
+``recent_floor``: the group's rise per doubling is a floor, not each key's rise. Each key keeps its own rise
+where the data end when that is steeper, and its own bend (its own F test on its whole shape): a key that
+overtakes late shows it as a steeper rise inside the data (simulated ``late``: n = 16 rises 2-3x as fast as the
+leader at C_max), which one shared rise erases; a key rising slower than the group is lifted to it (the second
+base's n = 16 and 32 rose at 0.016-0.019 a doubling at 20,000 against the group's 0.04, and at 0.045 and 0.032 by
+160,000); a key whose own data bend is not lifted (a curve near its ceiling). On the long grids no key's data
+bend, so there it reads as ``recent`` with the steeper keys' own rises.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from rollscale.core.fit.forms import FormSettings, register
 from rollscale.core.fit.forms.decay import LAMBDA_MAX, DecayForm, fit_shape
 from rollscale.core.fit.surface import SurfaceData
 
-__all__ = ["WINDOW", "fit_recent", "fit_recent_long", "fit_recent_short"]
+__all__ = ["WINDOW", "fit_recent", "fit_recent_floor", "fit_recent_long", "fit_recent_short"]
 
 WINDOW = 1.5  # doublings of each key's data its level and the rise per doubling are read on
 
@@ -34,16 +42,22 @@ WINDOW = 1.5  # doublings of each key's data its level and the rise per doubling
 @register("recent")
 def fit_recent(data: SurfaceData, settings: FormSettings) -> DecayForm:
     """The ``recent`` form (module docstring)."""
-    return fit_shape(data, settings, LAMBDA_MAX, window=WINDOW, pooled=True)
+    return fit_shape(data, settings, LAMBDA_MAX, window=WINDOW, rise="pooled")
 
 
 @register("recent_short")
 def fit_recent_short(data: SurfaceData, settings: FormSettings) -> DecayForm:
     """``recent`` on each key's last doubling."""
-    return fit_shape(data, settings, LAMBDA_MAX, window=1.0, pooled=True)
+    return fit_shape(data, settings, LAMBDA_MAX, window=1.0, rise="pooled")
 
 
 @register("recent_long")
 def fit_recent_long(data: SurfaceData, settings: FormSettings) -> DecayForm:
     """``recent`` on each key's last two doublings."""
-    return fit_shape(data, settings, LAMBDA_MAX, window=2.0, pooled=True)
+    return fit_shape(data, settings, LAMBDA_MAX, window=2.0, rise="pooled")
+
+
+@register("recent_floor")
+def fit_recent_floor(data: SurfaceData, settings: FormSettings) -> DecayForm:
+    """``recent`` with the group's rise a floor and each key's own bend (module docstring)."""
+    return fit_shape(data, settings, LAMBDA_MAX, per_key=True, window=WINDOW, rise="floor")
