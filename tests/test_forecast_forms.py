@@ -179,7 +179,8 @@ def test_d_is_calibrated_on_its_own_errors_a_shared_bend_widens_the_rewards_not_
                                 + noise[keys.index(n), s, i])
 
     # the split is the backtest's, whatever the form; with one rise for the group (`recent`) a shared bend's errors
-    # are wholly shared (the default, `recent_floor`, keeps a steeper key's own rise: part of a shared bend reads as its own)
+    # are wholly shared (the default, `recent_floor`, keeps a steeper key's own rise: part of a shared bend reads as
+    # its own)
     one_rise = replace(QUICK, form="recent")
     shared = backtest(_evals(21, reward({2: 8e-4, 4: 8e-4, 8: 8e-4}), keys=(2, 4, 8)), "n", one_rise, multiple=4.0)
     assert shared.widen > 2.0 and shared.widen_d < 1.5, (shared.widen, shared.widen_d)
@@ -283,8 +284,8 @@ def _floor_curve(n: int, c: float) -> float:
 def test_recent_floor_keeps_a_steeper_keys_own_rise_lifts_a_slower_one_and_not_a_bending_one(seed):
     """``recent_floor`` (the default): the key rising faster than the group keeps its own rise (n = 16 within
     0.04 of the truth 4x past the data, its own rise read on 1.5 doublings of 2 seeds, and the leader, where one
-    shared rise, ``recent``, leaves it low by more than 0.06); a key rising slower than the group is lifted towards the group's rise (n = 8 above its own line);
-    a key whose own data bend keeps its own bend (n = 2 within 0.02)."""
+    shared rise, ``recent``, leaves it low by more than 0.06); a key rising slower than the group is lifted towards
+    the group's rise (n = 8 above its own line); a key whose own data bend keeps its own bend (n = 2 within 0.02)."""
     rng = np.random.default_rng(seed)
     rows = [{"run_id": f"n{n}_s{s}", "n": n, "seed": s, "c": c,
              "avg_at_k": rng.binomial(1600, _floor_curve(n, c)) / 1600}

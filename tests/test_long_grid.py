@@ -147,7 +147,8 @@ def test_the_default_study_replayed_on_the_grid_answers_within_epsilon_for_at_mo
 @cache
 def held_out(multiple: float) -> pd.Series:
     """Science §11.1: each grid scored with the form chosen on the others (rollscale.core.fit.form_choice's
-    criterion) among the decay and recent forms and recent_floor; every held-out grid's keys together at ``multiple``."""
+    criterion) among the decay and recent forms and recent_floor; every held-out grid's keys together at
+    ``multiple``."""
     from rollscale.core.fit.form_choice import leave_one_grid_out
 
     rows = _logo_rows()

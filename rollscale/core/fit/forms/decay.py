@@ -36,8 +36,8 @@ from scipy.stats import f as f_dist
 from rollscale.core.fit.forms import FormSettings, register
 from rollscale.core.fit.surface import SurfaceData
 
-__all__ = ["DecayForm", "LAMBDA_MAX", "MIN_SHAPE_POINTS", "Rise", "fit_decay", "fit_decay_key", "fit_linear", "fit_shape",
-           "recent_points", "shape_points"]
+__all__ = ["DecayForm", "LAMBDA_MAX", "MIN_SHAPE_POINTS", "Rise", "fit_decay", "fit_decay_key", "fit_linear",
+           "fit_shape", "recent_points", "shape_points"]
 
 MIN_SHAPE_POINTS = 3
 BEND_LEVEL = 0.95  # a bend is read only where the data show it beyond noise (an F test of lambda against 0)
