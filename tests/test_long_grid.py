@@ -48,8 +48,8 @@ FORMS = sorted({"recent", DEFAULT_FORM})
 WRONG_KEY = ("measured: the second base's n = 4 (0.662 at C*) leads the forecast (recent: 0.67 [0.61, 0.73]); n = 2 "
              "reaches 0.688, 0.026 more: it overtakes past the data")
 REPLAY_WRONG_KEY = ("measured: the default study replayed on the second base answers n = 4 (0.662 at C*); n = 2 "
-                    "reaches 0.688, 0.026 more; its first line says 'n = 2 and 8 cannot beat it by more than 0.02 (as "
-                    "the search settled them, at its one-sided bound; at 95 % D reaches +0.04)'")
+                    "reaches 0.688, 0.026 more; its first line says 'n = 2, 8 and 16 cannot beat it by more than 0.02 "
+                    "(as the search settled them, at its one-sided bound; at 95 % D reaches +0.08)'")
 
 
 @cache
