@@ -22,10 +22,11 @@ simulated").
 ``recent_floor``: the group's rise per doubling is a floor, not each key's rise. Each key keeps its own rise
 where the data end when that is steeper, and its own bend (its own F test on its whole shape): a key that
 overtakes late shows it as a steeper rise inside the data (simulated ``cross``: where the key leading at C_max
-is not the best at C*, the best rose 1.5-2.1x as fast over the doubling before C_max), which one shared rise erases; a key rising slower than the group is lifted to it (the second
-base's n = 16 and 32 rose at 0.016-0.019 a doubling at 20,000 against the group's 0.04, and at 0.045 and 0.032 by
-160,000); a key whose own data bend is not lifted (a curve near its ceiling). On the long grids no key's data
-bend, so there it reads as ``recent`` with the steeper keys' own rises.
+is not the best at C*, the best rose 1.5-2.1x as fast over the doubling before C_max), which one shared rise
+erases; a key rising slower than the group is lifted to it (the second base's n = 16 and 32 rose at 0.016-0.019
+a doubling at 20,000 against the others' 0.038-0.045, and at 0.045 and 0.032 by 160,000); a key whose own data
+bend is not lifted (a curve near its ceiling). On the long grids no key's data bend, so there it reads as
+``recent`` with the steeper keys' own rises.
 """
 
 from __future__ import annotations
