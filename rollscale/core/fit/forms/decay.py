@@ -92,6 +92,8 @@ def recent_points(data: SurfaceData, u: np.ndarray, window: float) -> np.ndarray
 def _h(t: np.ndarray, lam: float | np.ndarray) -> np.ndarray:
     """The doublings' rise for rates falling by ``e^-lam`` a doubling (``lam`` one, or each point's own)."""
     lam = np.asarray(lam, float)
+    if lam.ndim == 0 and lam < 1e-9:
+        return t  # the rise continued unchanged: the common case, on the predictions' hot path
     safe = np.where(lam < 1e-9, 1.0, lam)
     return np.where(lam < 1e-9, t, -np.expm1(-safe * t) / safe)
 
@@ -173,8 +175,7 @@ def _given_lambda(pk: np.ndarray, t: np.ndarray, y: np.ndarray, w: np.ndarray, k
         common = num / den if den > 1e-12 else 0.0
         slope = np.full(k, common)
         if rise == "floor":
-            bent = lams > 1e-9 if lams.ndim else np.full(k, float(lams) > 1e-9)
-            slope = np.where(ok, np.where(bent, own, np.maximum(own, common)), common)
+            slope = np.where(ok, np.where(lams > 1e-9, own, np.maximum(own, common)), common)
     else:
         slope = own
     slope = np.clip(slope, 0.0, None)
