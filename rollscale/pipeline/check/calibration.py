@@ -134,14 +134,11 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     engine = make_engine(model, tokenizer, EngineConfig(backend=s.backend, batch_size=s.batch_size,
                                                         dtype=s.engine_dtype, max_model_len=s.max_model_len))
     config = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=tokens)
-    calls = []
-    for batch in (min(s.batch_size, most), max(1, min(s.batch_size, most) // 4)):
-        per_prompt = max(1, -(-batch // len(rendered)))
-        calls.append((rendered[: max(1, batch // per_prompt)], per_prompt))
+    batches = (min(s.batch_size, most), max(1, min(s.batch_size, most) // 4))  # each: (prompts, rollouts a prompt)
+    calls = [(rendered[: max(1, b // k)], k) for b, k in ((b, max(1, -(-b // len(rendered)))) for b in batches)]
     # the per-rollout cost is a difference of two timings: on a loaded machine one slow call can drive it to zero,
-    # so the tiny model's calls (tens of ms) are timed TIMING_REPEATS times, alternately, the fastest kept (timeit's rule)
-    repeats = 1 if _large(model) else TIMING_REPEATS
-    best = [float("inf")] * len(calls)
+    # so the tiny model's calls (tens of ms) are timed TIMING_REPEATS times, alternately, the fastest kept (timeit's)
+    repeats, best = (1 if _large(model) else TIMING_REPEATS), [float("inf")] * 2
     try:
         engine.sample(rendered[:1], 1, config, seed=0)  # warm-up: first-call allocations
         for r in range(repeats):
