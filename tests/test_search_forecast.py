@@ -133,13 +133,13 @@ def test_the_answer_gets_a_seed_only_where_one_is_expected_to_make_its_reward_kn
     assert (unknown_answer(table, 2) is not None) == seeded
 
 
-def _standing(rows: dict[int, tuple[float, float, float, float, float, float]], lead: int) -> pd.DataFrame:
-    """A forecast at C* (key -> reward, lo, hi, d, d_lo, d_hi), every key trained on 2 seeds, 12 evaluations, seen to
-    20,120 rollouts (C* = 4 x C_max within the forecast's reach)."""
+def _standing(rows: dict[int, tuple[float, float, float, float, float, float]], lead: int,
+              seen: float = C_MAX) -> pd.DataFrame:
+    """A forecast at C* = 4 x C_max (key -> reward, lo, hi, d, d_lo, d_hi), every key trained on 2 seeds, 12
+    evaluations, seen to ``seen`` rollouts (C_max: C* / 4, where the forecast settles keys)."""
     t = pd.DataFrame([{"key": k, "reward": r, "reward_lo": lo, "reward_hi": hi, "d": d, "d_lo": dl, "d_hi": dh,
                        "leader": lead, "leader_share": 0.9, "c_star": 4.0 * C_MAX, "trained": True, "seeds": 2,
-                       "c_seen": 20_120.0,
-                       "evals": 12} for k, (r, lo, hi, d, dl, dh) in rows.items()])
+                       "c_seen": seen, "evals": 12} for k, (r, lo, hi, d, dl, dh) in rows.items()])
     return t.set_index("key", drop=False)
 
 
@@ -161,6 +161,20 @@ def test_a_key_stops_only_below_the_leaders_lower_bound_minus_epsilon_and_a_stop
     # the forecast's leader a stopped key: resumed, never the answer
     first = forecast_verdicts(t.assign(leader=16), NO_CAPS, [2, 4, 8], settings(), stopped=[16])
     assert [k for k, _ in first.resumed] == [16]
+
+
+def test_the_forecast_settles_a_key_only_once_the_data_reach_c_star_over_4_or_c_max():
+    """Science §11.1: the forecast is tested at 4x. Read from C* / 8 (20,000 at C* = 160,000) it settled the late
+    winner of simulated `late_flip` before it rose; from C* / 4 or the group's C_max (C* = 8 x C_max), it settles."""
+    from rollscale.core.search.methods.forecast import forecast_verdicts
+
+    rows = {2: (0.40, 0.36, 0.44, -0.20, -0.25, -0.15), 8: (0.60, 0.55, 0.65, 0.0, 0.0, 0.0)}
+    early = forecast_verdicts(_standing(rows, 8, seen=20_120.0), NO_CAPS, [2, 8], settings())
+    assert early.verdict[2][0] is None and "C* / 4" in early.verdict[2][1]
+    assert forecast_verdicts(_standing(rows, 8, seen=C_MAX), NO_CAPS, [2, 8], settings()).verdict[2][0] == "forecast"
+    # C* = 8 x C_max: the data never reach C* / 4; at the group's C_max the forecast settles
+    at_c_max = forecast_verdicts(_standing(rows, 8, seen=20_000.0), NO_CAPS, [2, 8], settings(), c_max=20_000.0)
+    assert at_c_max.verdict[2][0] == "forecast"
 
 
 def test_a_resumed_key_trains_on_from_where_it_stopped_and_the_group_is_not_decided_meanwhile():
