@@ -66,8 +66,8 @@ from rollscale.core.search.methods.decision import MIN_POINTS, Decision, beyond_
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["FORECAST_REACH", "RULES", "SETTLE_REACH", "Forecast", "Reading", "forecast_adds", "forecast_standing", "forecast_verdicts",
-           "unknown_answer"]
+__all__ = ["FORECAST_REACH", "RULES", "SETTLE_REACH", "Forecast", "Reading", "forecast_adds", "forecast_standing",
+           "forecast_verdicts", "unknown_answer"]
 
 FORECAST_REACH = 8.0  # C* up to 8 x C_max: how far the forecast is tested (science §10, "what it must show")
 SETTLE_REACH = 4.0  # the forecast settles a key once its data reach C* / 4 (or C_max): module docstring
