@@ -47,12 +47,13 @@ __all__ = ["CALIBRATION_FILE", "Calibration", "CalibrationTimeUp", "calibrate", 
 
 GEN_ROLLOUTS_MAX = 128  # rollouts in the measured generate call (a sweep step's batch is 32-256)
 GEN_TOKENS_MAX = 32  # new tokens measured; a longer max_new_tokens is scaled from it
-TIMING_REPEATS = 5  # timings of each of the tiny model's two generate calls and two updates, the fastest kept
+# the tiny model's timed calls (tens of ms) each timed 5 times, the fastest kept: a cost is a difference of two
+TIMING_REPEATS = 5  # timings, and one slow call on a loaded machine drove it to zero (CI, 2026-11-29)
 TRAIN_TOKENS = 4096  # padded tokens of the larger measured update (at most 128 rollouts; a quarter for the smaller)
 # a model over LARGE_PARAMS (SmolLM2-135M and up) is measured on less work, so that the calibration
-# stays within about a minute on CPU: SMALL_WORK = (rollouts, new tokens, update tokens)
+# stays within about a minute on CPU: SMALL_WORK = (rollouts, new tokens, update tokens, timings of each call)
 LARGE_PARAMS = 20_000_000
-SMALL_WORK = (16, 16, 512)
+SMALL_WORK = (16, 16, 512, 1)
 # the learning-rate probe: a few GRPO steps of PROBE_N x PROBE_B_PROBLEM rollouts. 8 answers a prompt: on the
 # issue-43 pool (SmolLM2 solved 9 % on average, half of the problems never) 2 x 4 answers a step all tied in the
 # probe's 3 steps, as 2 x 8 would about 1 time in 20. A model over LARGE_PARAMS is probed on 2 prompts at up to
@@ -114,9 +115,22 @@ def _large(model) -> bool:
     return sum(q.numel() for q in model.parameters()) > LARGE_PARAMS
 
 
-def _work(model) -> tuple[int, int, int]:
-    """(rollouts of the larger generate call, new tokens, tokens of the larger update) for ``model``."""
-    return SMALL_WORK if _large(model) else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS)
+def _work(model) -> tuple[int, int, int, int]:
+    """(the larger generate call's rollouts, new tokens, the larger update's tokens, timings a call) of ``model``."""
+    return SMALL_WORK if _large(model) else (GEN_ROLLOUTS_MAX, GEN_TOKENS_MAX, TRAIN_TOKENS, TIMING_REPEATS)
+
+
+def _fastest(calls: list, repeats: int, deadline: float | None = None, part: str = "") -> list[float]:
+    """The CPU seconds of each of ``calls``: the fastest of ``repeats`` timings taken alternately (timeit's rule),
+    each after :func:`past_deadline`'s check of ``deadline`` (naming ``part``)."""
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for i, call in enumerate(calls):
+            past_deadline(deadline, part)
+            t0 = time.process_time()
+            call()
+            best[i] = min(best[i], time.process_time() - t0)
+    return best
 
 
 def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]) -> tuple[float, float, float]:
@@ -128,7 +142,7 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     from rollscale.lm.models import render_prompt
 
     s = p.sampling
-    most, new, _ = _work(model)
+    most, new, _, repeats = _work(model)
     tokens = min(s.max_new_tokens, new)
     rendered = [render_prompt(tokenizer, q, chat, s.chat_template_kwargs) for q in prompts]
     engine = make_engine(model, tokenizer, EngineConfig(backend=s.backend, batch_size=s.batch_size,
@@ -136,19 +150,13 @@ def _generate_s(p: StudyParams, model, tokenizer, chat: bool, prompts: list[str]
     config = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=tokens)
     batches = (min(s.batch_size, most), max(1, min(s.batch_size, most) // 4))  # each: (prompts, rollouts a prompt)
     calls = [(rendered[: max(1, b // k)], k) for b, k in ((b, max(1, -(-b // len(rendered)))) for b in batches)]
-    # the per-rollout cost is a difference of two timings: on a loaded machine one slow call can drive it to zero,
-    # so the tiny model's calls (tens of ms) are timed TIMING_REPEATS times, alternately, the fastest kept (timeit's)
-    repeats, best = (1 if _large(model) else TIMING_REPEATS), [float("inf")] * 2
     try:
         engine.sample(rendered[:1], 1, config, seed=0)  # warm-up: first-call allocations
-        for r in range(repeats):
-            for i, (chosen, per_prompt) in enumerate(calls):
-                t0 = time.process_time()
-                engine.sample(chosen, per_prompt, config, seed=1 + i + len(calls) * r)
-                best[i] = min(best[i], (time.process_time() - t0) / tokens)
+        best = _fastest([lambda c=c, k=k, i=i: engine.sample(c, k, config, seed=i + 1)
+                         for i, (c, k) in enumerate(calls)], repeats)
     finally:
         engine.close()
-    (big, t_big), (small, t_small) = ((len(c) * k, t) for (c, k), t in zip(calls, best))
+    (big, t_big), (small, t_small) = ((len(c) * k, t / tokens) for (c, k), t in zip(calls, best))
     per_rollout = max((t_big - t_small) / (big - small), 0.0) if big > small else t_big / big
     fixed = max(t_big - per_rollout * big, 0.0)
     prompt_tokens = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in rendered) / len(rendered)
@@ -169,7 +177,7 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float,
 
     rng = np.random.default_rng(0)
     vocab = int(model.config.vocab_size)
-    _, new, budget = _work(model)
+    _, new, budget, repeats = _work(model)
     width = (max(1, round(prompt_tokens)), min(p.sampling.max_new_tokens, new))
 
     def batch(n: int) -> TrainBatch:
@@ -187,23 +195,16 @@ def _train_s(p: StudyParams, model, tokenizer, prompt_tokens: float,
     def reference(ids, attention, completion):  # the KL reference's forward: a frozen copy costs the same
         return token_logprobs(model, ids, attention, completion, p.sampling.temperature)
 
-    def cpu_s(fn) -> float:
-        past_deadline(deadline, "the update's timing")
-        t0 = time.process_time()
-        fn()
-        return time.process_time() - t0
-
     model.train()
     big = max(4, min(128, budget // sum(width)))
     small, large = batch(big // 4), batch(big)
     past_deadline(deadline, "the update's timing")
     policy_update(model, optimizer, trained, small, settings, pad, reference)  # warm-up
-    updates = [float("inf")] * 2  # the fastest of repeated timings, as the generation's
-    for _ in range(1 if _large(model) else TIMING_REPEATS):
-        updates = [min(u, cpu_s(lambda b=b: policy_update(model, optimizer, trained, b, settings, pad, reference)))
-                   for u, b in zip(updates, (small, large))]
-    grams = [cpu_s(lambda b=b: batch_gram(model, b, settings, pad, reference)) / (len(b) * sum(width))
-             for b in (small, large)]
+    updates = _fastest([lambda b=b: policy_update(model, optimizer, trained, b, settings, pad, reference)
+                        for b in (small, large)], repeats, deadline, "the update's timing")
+    grams = _fastest([lambda b=b: batch_gram(model, b, settings, pad, reference) for b in (small, large)], 1,
+                     deadline, "the update's timing")
+    grams = [t / (len(b) * sum(width)) for t, b in zip(grams, (small, large))]
     model.eval()
     # the update: a step's fixed part (optimizer, hooks) and its part per token, from the two sizes
     per_token = max((updates[1] - updates[0]) / ((len(large) - len(small)) * sum(width)), 0.0)
