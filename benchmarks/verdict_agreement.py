@@ -37,9 +37,10 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=40, help="the search's bootstrap refits")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--form", default=DecisionParams().forecast_form, help="study.forecast_form")
+    ap.add_argument("--spend-max", type=float, default=None, help="sweep.search.spend_max (x C*; default: no cap)")
     args = ap.parse_args()
     settings = SearchSettings(SearchParams(method=args.method, eta=1.41, alpha=0.3, seeds_min=2, seeds_max=3,
-                                           bootstrap_resamples=args.resamples),
+                                           spend_max=args.spend_max, bootstrap_resamples=args.resamples),
                               DecisionParams(tolerance=0.02, target_budget=int(args.c_star_multiple * C_MAX),
                                              forecast_form=args.form),
                               eval_draws=1600)

@@ -251,3 +251,40 @@ def test_the_search_forecasts_with_the_studys_form(monkeypatch):
                            for k in (2, 4) for sd in (0, 1) for ci in c])
     method.forecast_standing(points, group, group_state(group, empty_decisions(), s), s)
     assert seen == ["linear"]
+
+
+def test_seeds_where_the_decision_hangs_stay_within_spend_max_times_c_star():
+    """Science §11's cost, at most 2 x C*: with every key of 2 seeds at C_max (8 runs, 2 x C* at C* = 4 x C_max),
+    `spend_max: 2` adds no seed where n = 2 and 4 hang, and says so; 2.25 leaves room for one run (the leader's);
+    null adds one each, up to seeds_max."""
+    from rollscale.core.search.methods.decision import group_rows
+    from rollscale.core.search.state import GroupState, rung_budgets
+
+    group = SearchGroup("g", "rollout", (2, 4, 8, 16), (0, 1), C_MAX, fixed=16, key_min=2, key_max=64)
+    budgets = rung_budgets(C_MAX, 1.41, 0.0625)
+    st = GroupState((2, 4, 8, 16), {}, {k: (0, 1) for k in (2, 4, 8, 16)}, frozenset(), len(budgets), 8, budgets)
+    table = pd.DataFrame({"key": [2, 4, 8, 16], "leader": 4, "leader_share": 0.6, "reward": [0.54, 0.545, 0.5, 0.47],
+                          "reward_lo": 0.5, "reward_hi": 0.6, "d": [-0.005, 0, -0.045, -0.075],
+                          "d_lo": [-0.03, 0, -0.07, -0.09], "d_hi": [0.029, 0, -0.01, -0.04], "evals": 30})
+    verdict = {2: (None, "D's upper bound +0.029 > epsilon"), 4: (None, "leader at C*"), 8: ("forecast", "settled"),
+               16: ("forecast", "settled")}
+
+    def rows(spend_max: float | None) -> pd.DataFrame:
+        s = SearchSettings(SearchParams(method="forecast", eta=1.41, alpha=0.3, seeds_min=2, seeds_max=4,
+                                        spend_max=spend_max), DecisionParams(tolerance=0.02, target_budget=4 * C_MAX))
+        return pd.DataFrame(group_rows(group, st, table.set_index("key", drop=False), verdict, [], s,
+                                       leader_to_c_max=True))
+
+    from rollscale.core.search.methods.forecast import Forecast
+
+    # what `rollscale check` counts for a search that settles nothing early: 2 seeds each for two keys, or none
+    assert [Forecast().seeds_added(group, SearchSettings(SearchParams(seeds_max=4, spend_max=m), DecisionParams(
+        target_budget=4 * C_MAX))) for m in (None, 2.0, 2.25)] == [4, 0, 1]
+    assert set(rows(None).query("action == 'seed'")["key"]) == {"2", "4"}
+    assert list(rows(2.25).query("action == 'seed'")["key"]) == ["4"]
+    capped = rows(2.0)
+    assert not (capped["action"] == "seed").any()
+    hung = capped[capped["key"].isin(["2", "4"])]
+    assert set(hung["action"]) == {"finish"} and set(hung["rule"]) == {"undecided"}
+    assert hung["note"].str.startswith("not decided at C* = 160,000 within the search's budget (sweep.search."
+                                       "spend_max 2 x C* = 320,000 rollouts; a seed of 4 and 2 would pass it)").all()

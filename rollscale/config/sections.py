@@ -149,6 +149,9 @@ class SearchParams(Section):
     # With 1 (the embedded default) no key is settled before those seeds give a spread (science §9.3)
     seeds_min: int = Field(2, ge=1)
     seeds_max: int | None = Field(None, ge=1)
+    # the most rollouts the search spends on a group, a multiple of C* (science §11, "Cost": 2): a seed where the
+    # decision hangs is added only while the group's runs, with it, stay within it; null = up to seeds_max
+    spend_max: float | None = Field(None, gt=0)
     # bracket limits: the smallest / largest key the bracket may add; null = n >= 2 (B_problem >= 1),
     # and up to b_max / B_problem (b_max / n; iso-batch: B)
     key_min: int | None = Field(None, ge=1)

@@ -318,9 +318,10 @@ def _forecast_to_decide(rows: pd.DataFrame, verdict: Verdict) -> str:
         return ""
     closer = "or sweep.c_max closer to C* (the forecast's intervals widen with the distance past the data)"
     if verdict.rival is None:
-        return f"no key leads at C*: more seeds (sweep.seeds), {closer}"
+        return f"no key leads at C*: more seeds (sweep.search.seeds_max, within sweep.search.spend_max x C*), {closer}"
     worst = rows[rows["key"] == verdict.rival].iloc[0]
     hi = float(worst["d_hi"])
     bound = f"the forecast's upper bound of D is {hi:.2f}" if math.isfinite(hi) else "its D has no bound yet"
     return (f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C* "
-            f"({bound}): more seeds for it and the leader (sweep.seeds), {closer}")
+            f"({bound}): more seeds for it and the leader (sweep.search.seeds_max, within sweep.search.spend_max "
+            f"x C*), {closer}")

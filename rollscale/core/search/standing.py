@@ -13,9 +13,9 @@ import pandas as pd
 
 from rollscale.core.fit.decision import RunCurves, decide, fit_groups
 from rollscale.core.fit.tables import REWARD_MAX
-from rollscale.core.search.state import SearchGroup, SearchSettings
+from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 
-__all__ = ["RUN_FIELDS", "Standing", "c_star", "level", "seed_cap", "standings"]
+__all__ = ["RUN_FIELDS", "Standing", "c_star", "level", "seed_cap", "spend_left", "standings"]
 
 
 def level(settings: SearchSettings) -> float:
@@ -31,6 +31,15 @@ def c_star(group: SearchGroup, settings: SearchSettings) -> float:
 def seed_cap(group: SearchGroup, settings: SearchSettings) -> int:
     """The most seeds a key may reach where the decision hangs (``seeds_max``)."""
     return settings.seeds_max if settings.seeds_max is not None else len(group.seeds) + settings.extra_seeds
+
+
+def spend_left(group: SearchGroup, st: GroupState, settings: SearchSettings) -> float:
+    """Rollouts the search may still spend on ``group`` at its last rung: ``sweep.search.spend_max`` x C* less
+    what its runs have reached (a stopped key's at its stop, every other key's at C_max); inf without a cap."""
+    if settings.search.spend_max is None:
+        return math.inf
+    spent = sum(len(st.seeds[key]) * st.stopped.get(key, group.c_max) for key in st.keys)
+    return settings.search.spend_max * c_star(group, settings) - spent
 
 
 RUN_FIELDS = ("run_id", "key", "reach", "theta", "r0_step0", "noise_floor")  # RunCurves' per-run arrays

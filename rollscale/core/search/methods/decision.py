@@ -77,7 +77,7 @@ import pandas as pd
 from rollscale.config import SearchParams
 from rollscale.core.fit.verdict import group_verdict
 from rollscale.core.search.methods.base import SearchMethod
-from rollscale.core.search.standing import Standing, c_star, level, seed_cap, standings
+from rollscale.core.search.standing import Standing, c_star, level, seed_cap, spend_left, standings
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.registry import SEARCH_METHODS
 
@@ -292,13 +292,16 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     # settled against this leader, is resumed by the method: science §11.3)
     decided = v.answered and not adds and not resumed
     cap = seed_cap(group, settings)
+    # seeds (each a run to C_max) only within the search's budget, sweep.search.spend_max x C* (science §11)
+    affordable = max(0, int(min(2.0, spend_left(group, st, settings) / group.c_max + 1e-9))) if last else 0
     # an answer whose reward at C* is wide gets seeds while one is expected to narrow it; at the cap it is the
     # answer still, marked uncertain (science §11.5)
     too_wide = unknown_answer(lead) if (decided and last and lead in live and unknown_answer is not None
-                                        and len(st.seeds[lead]) < cap) else None
+                                        and len(st.seeds[lead]) < cap and affordable) else None
     if too_wide:  # every other key settled, but what the answer reaches at C* is unknown: seeds narrow it
         decided, verdict = False, {**verdict, lead: (None, f"the answer, its reward at C* unknown: {too_wide}")}
     seeds_to: list[Any] = []
+    cap_words = f"with {cap} seeds"
     # a key just added, or resumed, is the next step, not a seed
     if last and not decided and lead in live and not adds and not resumed:
         def upper(q: Any) -> tuple[float, float]:
@@ -309,6 +312,11 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
             return (d_hi if math.isfinite(d_hi) else -math.inf, d if math.isfinite(d) else -math.inf)
         contender = max(open_keys, key=upper, default=None)
         seeds_to = [q for q in (lead, contender) if q is not None and len(st.seeds[q]) < cap]
+        unaffordable, seeds_to = seeds_to[affordable:], seeds_to[:affordable]
+        if unaffordable and not seeds_to:
+            cap_words = (f"within the search's budget (sweep.search.spend_max {settings.search.spend_max:g} x C* = "
+                         f"{settings.search.spend_max * target:,.0f} rollouts; a seed of "
+                         f"{' and '.join(str(q) for q in unaffordable)} would pass it)")
     hangs = last and not decided and not seeds_to and not adds and not resumed
     for key in live:
         rule, note = verdict[key]
@@ -325,7 +333,7 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
                  f"every other key is settled at C* = {target:,.0f}: the answer is {key}")
         elif last:
             emit(key, st.seeds[key], "finish", "undecided" if hangs else "budget", here,
-                 f"not decided at C* = {target:,.0f} with {cap} seeds: {note}" if hangs else f"reached C_max; {note}")
+                 f"not decided at C* = {target:,.0f} {cap_words}: {note}" if hangs else f"reached C_max; {note}")
         else:
             emit(key, st.seeds[key], "continue", "none", ahead, note)
     for key, note in adds:
@@ -366,5 +374,10 @@ class Decision(SearchMethod):
         return 0.500 if search.seeds_min == 1 else 0.559
 
     def seeds_added(self, group: SearchGroup, settings: SearchSettings) -> int:
-        # a seed each for the leader and one other key, up to the cap, where the decision hangs
-        return 2 * max(0, seed_cap(group, settings) - len(group.seeds))
+        # a seed each for the leader and one other key, up to the cap, where the decision hangs; within spend_max x
+        # C* where every key of the group reached C_max
+        added = 2 * max(0, seed_cap(group, settings) - len(group.seeds))
+        if settings.search.spend_max is None:
+            return added
+        room = settings.search.spend_max * c_star(group, settings) / group.c_max - len(group.keys) * len(group.seeds)
+        return min(added, max(0, int(room + 1e-9)))

@@ -127,16 +127,19 @@ class Reading:
     resumed: list
 
 
-def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool, c_max: float) -> str | None:
-    """Why the forecast of a key against the leader cannot be read at C* (None: it can)."""
+def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool, c_max: float,
+             ) -> tuple[str, str] | None:
+    """Why the forecast of a key against the leader cannot be read at C*, (``thin``: too few evaluations for
+    either rule, ``reach`` or ``spread``: the cap may still settle it; the words), None where it can."""
     seen = min(row["c_seen"], lead_row["c_seen"])
     if min(row["evals"], lead_row["evals"]) < MIN_POINTS:
-        return f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
+        return "thin", f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
     if seen < min(target / SETTLE_REACH, c_max) * (1 - 1e-9):
-        return (f"the data of it or the leader (C = {seen:,.0f}) do not reach C* / {SETTLE_REACH:g} or C_max: the "
-                f"forecast is tested at {SETTLE_REACH:g}x (a key that overtakes late shows it later)")
+        return "reach", (f"the data of it or the leader (C = {seen:,.0f}) do not reach C* / {SETTLE_REACH:g} or "
+                         f"C_max: the forecast is tested at {SETTLE_REACH:g}x (a key that overtakes late shows it later)")
     if not spread:
-        return "one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision hangs at C_max"
+        return "spread", ("one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision hangs "
+                          "at C_max")
     return None
 
 
@@ -172,15 +175,15 @@ def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], 
             continue
         row = table.loc[key]
         thin = _trusted(row, lead_row, target, spread, c_max)
-        if thin is not None and thin.startswith("runs with"):
-            out[key] = (None, thin)
+        if thin is not None and thin[0] == "thin":
+            out[key] = (None, thin[1])
         elif key in caps.index and bool(caps.loc[key, "cannot_catch_up"]):
             cap = caps.loc[key]
             out[key] = ("cap", f"its cap at C* {cap['cap']:.3f} (s_max {cap['s_max']:.3f} a doubling from "
                                f"C = {cap['c']:,.0f}) is below the best other key's lower bound "
                                f"{cap['best_floor']:.3f} minus epsilon: it cannot catch up")
         elif thin is not None:
-            out[key] = (None, thin)
+            out[key] = (None, thin[1])
         elif row["d_hi"] <= eps:
             settled = (f"D = R({key}) - R({lead}) forecast at C* has upper bound {row['d_hi']:+.3f} <= epsilon "
                        f"{eps:g}: it cannot beat the leader by more")
