@@ -175,6 +175,13 @@ def test_the_forecast_settles_a_key_only_once_the_data_reach_c_star_over_4_or_c_
     # C* = 8 x C_max: the data never reach C* / 4; at the group's C_max the forecast settles
     at_c_max = forecast_verdicts(_standing(rows, 8, seen=20_000.0), NO_CAPS, [2, 8], settings(), c_max=20_000.0)
     assert at_c_max.verdict[2][0] == "forecast"
+    # a key the cap stopped at 10,000 is read against a leader whose data reach C* / 4: the forecast says it could
+    # beat it by 0.09, so it is resumed (science §11.3; its own data never reach C* / 4 while it is stopped)
+    t = _standing({**rows, 16: (0.62, 0.50, 0.75, 0.02, -0.05, 0.09)}, 8, seen=C_MAX)
+    t.loc[16, "c_seen"] = 10_000.0
+    assert [k for k, _ in forecast_verdicts(t, NO_CAPS, [2, 8], settings(), stopped=[16]).resumed] == [16]
+    t.loc[8, "c_seen"] = 20_120.0  # the leader's data short of C* / 4: not read yet
+    assert forecast_verdicts(t, NO_CAPS, [2, 8], settings(), stopped=[16]).resumed == []
 
 
 def test_a_resumed_key_trains_on_from_where_it_stopped_and_the_group_is_not_decided_meanwhile():

@@ -128,10 +128,12 @@ class Reading:
 
 
 def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool, c_max: float,
-             ) -> tuple[str, str] | None:
+             stopped: bool = False) -> tuple[str, str] | None:
     """Why the forecast of a key against the leader cannot be read at C*, (``thin``: too few evaluations for
-    either rule, ``reach`` or ``spread``: the cap may still settle it; the words), None where it can."""
-    seen = min(row["c_seen"], lead_row["c_seen"])
+    either rule, ``reach`` or ``spread``: the cap may still settle it; the words), None where it can. The reach is
+    the key's and the leader's, or for a ``stopped`` key the leader's alone: its own data do not grow, and a key
+    stopped before C* / 4 (by the cap) is still read against the leader for a resume (science §11.3)."""
+    seen = lead_row["c_seen"] if stopped else min(row["c_seen"], lead_row["c_seen"])
     if min(row["evals"], lead_row["evals"]) < MIN_POINTS:
         return "thin", f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
     if seen < min(target / SETTLE_REACH, c_max) * (1 - 1e-9):
@@ -162,7 +164,7 @@ def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], 
                                  "stopped key never leads"))
             continue
         row = table.loc[key]
-        if _trusted(row, lead_row, target, spread, c_max) is None and not row["d_hi"] <= eps \
+        if _trusted(row, lead_row, target, spread, c_max, stopped=True) is None and not row["d_hi"] <= eps \
                 and not (key in caps.index and bool(caps.loc[key, "cannot_catch_up"])):
             resumed.append((key, f"the forecast now says it could beat {lead} by more than epsilon {eps:g} at C* "
                                  f"(upper bound of D {row['d_hi']:+.3f})"))
