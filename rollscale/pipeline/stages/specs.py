@@ -204,9 +204,8 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else {}
 
 
-# the stage locks this process holds (resolved path -> pid; a forked worker inherits the dict, not the lock): a
-# look at one of them answers at once. Probed, it timed out after PROBE_S: a fit reading its study waited 0.5 s per
-# table of its own stage per query (35 s of a 42 s fit that rewrote its tables)
+# the stage locks this process holds (path -> pid; a forked worker inherits the dict, not the lock): probed, each look
+# timed out after PROBE_S, 0.5 s per table of its own stage per read (35 s of a 42 s fit that rewrote its tables)
 _HELD: dict[Path, int] = {}
 
 
