@@ -138,7 +138,8 @@ def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool, c
         return "thin", f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
     if seen < min(target / SETTLE_REACH, c_max) * (1 - 1e-9):
         return "reach", (f"the data of it or the leader (C = {seen:,.0f}) do not reach C* / {SETTLE_REACH:g} or "
-                         f"C_max: the forecast is tested at {SETTLE_REACH:g}x (a key that overtakes late shows it later)")
+                         f"C_max: the forecast is tested at {SETTLE_REACH:g}x (a key that overtakes late shows it "
+                         "later)")
     if not spread:
         return "spread", ("one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision hangs "
                           "at C_max")
