@@ -93,6 +93,22 @@ def test_past_the_data_the_decision_rows_are_the_forecasts(past):
     assert (d["n"] == d.index).all() and (d["steps"] == np.ceil(4 * C_MAX / (d["n"] * B_PROBLEM))).all()
 
 
+def test_a_key_that_could_still_beat_the_leader_is_named_with_what_would_decide_it(past):
+    """Science §11.5: "not decided" names the open key and what would decide it: more seeds, within
+    sweep.search.spend_max x C* (a study whose search stopped adding seeds at its cap says so here too)."""
+    fc = past["forecast"].copy()
+    at = fc["target"] & fc["trained"]
+    lead = int(fc.loc[at, "leader"].iloc[0])
+    rival = fc.index[at & (fc["key"] != lead)][0]
+    fc.loc[rival, "d_hi"] = 0.05
+    d = with_forecast(past["per_run"], fc, 0.15)
+    assert not d["decided"].any()
+    assert (d["to_decide"] == (f"key {int(fc.loc[rival, 'key'])} may still beat the leader by more than {EPS:g} at C* "
+                               "(the forecast's upper bound of D is 0.05): more seeds for it and the leader "
+                               "(sweep.search.seeds_max, within sweep.search.spend_max x C*), or sweep.c_max closer "
+                               "to C* (the forecast's intervals widen with the distance past the data)")).all()
+
+
 def test_within_the_data_the_per_run_decision_is_unchanged():
     fitted = _fit(*_study(), C_MAX)
     assert (fitted["per_run"]["source"] == "per-run").all() and not fitted["per_run"]["unknown"].any()
