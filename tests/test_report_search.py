@@ -16,8 +16,8 @@ from rollscale.report.charts.search import chart_search, search_cost, table_sear
 
 GROUP = "n:bucket=easy/rule=uniform/b_problem=4"
 C_MAX = 25600.0
-SENTENCE = ("The search with forecasts to the decision at C* (science §10.5) spent 76,800 rollouts, 75% of the "
-            "102,400 of a grid of every key it tried with seeds_max seeds to C_max; it settled n = 16.")
+SENTENCE = ("The search with forecasts to the decision at C* (science §10.5) spent 76,800 rollouts (3.00 x C*), 75% "
+            "of the 102,400 of a grid of every key it tried with seeds_max seeds to C_max; it settled n = 16.")
 
 
 def _decision(decision: int, c: float, key: int, seed: int, action: str, rule: str, note: str) -> dict:
@@ -85,7 +85,11 @@ def test_chart_marks_the_stopped_runs_and_the_rungs(tables):
 def test_search_cost_against_the_grid(tables):
     cost = search_cost(tables)
     assert cost == {"spent": 76800.0, "grid": 102400.0, "share": 0.75, "runs": 4, "stopped": "n = 16", "added": "",
-                    "method": None}  # no params: the sentence names the default method's search
+                    "method": None, "c_star": C_MAX}  # no params: the sentence names the default method's search
+    # science §11's cost in the sentence: the rollouts in all against C*, only where the rows carry a C*
+    from rollscale.report.charts.search import search_sentence
+
+    assert "spent 76,800 rollouts, 75%" in search_sentence({**cost, "c_star": math.nan})
     added = pd.concat([tables["search"], pd.DataFrame([_decision(1, 12800.0, 4, 0, "add", "bracket", "edge")])])
     assert search_cost(dict(tables, search=added))["added"] == "n = 4"
     assert study_answer(dict(tables, search=added)).headline.endswith("it settled n = 16 and added n = 4.")
@@ -149,7 +153,7 @@ def test_a_decision_search_counts_what_it_trained_each_run_to_against_seeds_max_
     assert search_cost(reused, validated)["grid"] == 2 * 4 * C_MAX
     decision = {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3, "method": "decision"}}}
     headline = study_answer(reused, decision).headline
-    assert "The search to the decision at C* (science §9.4) spent 76,800 rollouts, 50% of" in headline
+    assert "The search to the decision at C* (science §9.4) spent 76,800 rollouts (3.00 x C*), 50% of" in headline
     forecast = {"sweep": {"seeds": [0, 1], "search": {"seeds_max": 3}}}  # the default method
     assert "The search with forecasts to the decision at C* (science §10.5) spent 76,800 rollouts" \
         in study_answer(reused, forecast).headline

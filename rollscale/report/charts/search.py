@@ -9,6 +9,7 @@ row per run per decision; it is empty when the sweep ran as a grid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -192,9 +193,9 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
     run reused from an earlier sweep counts only as far as the search needed
     it), ``grid`` every key in play with ``sweep.search.seeds_max`` seeds (from
     ``params``; else the most any key reached) to C_max. ``share`` = spent /
-    grid; ``stopped`` / ``added``: the keys stopped and added, as text ("n =
-    16, 8"; "" for none). None for a grid sweep (no search rows) or when no
-    run has finished.
+    grid; ``c_star``: the target budget C* the search decided at (NaN where its rows carry none), against which
+    the sentence states the spend (science §11's cost); ``stopped`` / ``added``: the keys stopped and added, as
+    text ("n = 16, 8"; "" for none). None for a grid sweep (no search rows) or when no run has finished.
     """
     s, runs = _search(t), t.get("runs")
     if s is None or runs is None:
@@ -208,7 +209,10 @@ def search_cost(t: Mapping[str, pd.DataFrame | None], params: Mapping[str, Any] 
     seeds = _seeds_max(params) or int(s.groupby(["group", "key"])["seed"].nunique().max())
     grid = float(s.groupby("group")["key"].nunique().sum() * seeds * as_numeric(done["c_max"]).max())
     method = ((params_dict(params).get("sweep") or {}).get("search") or {}).get("method")
+    # science §11's cost: the rollouts in all against the production run's C* (every row carries its C*)
+    c_star = float(as_numeric(s["c_star"]).max()) if "c_star" in s.columns and len(s) else math.nan
     return {"spent": spent, "grid": grid, "share": spent / grid, "runs": len(done), "method": method,
+            "c_star": c_star if math.isfinite(c_star) and c_star > 0 else math.nan,
             # the leader stops too when the decision is made (rule "decided"): it was not settled
             "stopped": _keys_text(s[(s["action"] == "stop") & (s["rule"] != "decided")]),
             "added": _keys_text(s[s["action"] == "add"])}
@@ -218,8 +222,10 @@ def search_sentence(cost: Mapping[str, Any]) -> str:
     """The headline's sentence on the search's cost, from :func:`search_cost`."""
     # the method's own words; no method in the params: the schema's default
     method = search_method(cost.get("method") or SearchParams.model_fields["method"].default)
+    c_star = cost.get("c_star", math.nan)
+    times = f" ({cost['spent'] / c_star:.2f} x C*)" if math.isfinite(c_star) else ""
     text = (f"The {method.words} spent {cost['spent']:,.0f} "
-            f"rollouts, {cost['share']:.0%} of the {cost['grid']:,.0f} of a grid of every key it tried with "
+            f"rollouts{times}, {cost['share']:.0%} of the {cost['grid']:,.0f} of a grid of every key it tried with "
             f"seeds_max seeds to C_max; it settled {cost['stopped'] or 'no key'}")
     return text + (f" and added {cost['added']}." if cost["added"] else ".")
 
