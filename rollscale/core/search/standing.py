@@ -15,7 +15,7 @@ from rollscale.core.fit.decision import RunCurves, decide, fit_groups
 from rollscale.core.fit.tables import REWARD_MAX
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 
-__all__ = ["RUN_FIELDS", "Standing", "c_star", "level", "seed_cap", "spend_left", "standings"]
+__all__ = ["RUN_FIELDS", "Standing", "c_star", "level", "seed_cap", "spend_budget", "spend_left", "standings"]
 
 
 def level(settings: SearchSettings) -> float:
@@ -33,13 +33,17 @@ def seed_cap(group: SearchGroup, settings: SearchSettings) -> int:
     return settings.seeds_max if settings.seeds_max is not None else len(group.seeds) + settings.extra_seeds
 
 
+def spend_budget(group: SearchGroup, settings: SearchSettings) -> float:
+    """The most rollouts the search spends on ``group``: ``sweep.search.spend_max`` x C*; inf without a cap."""
+    cap = settings.search.spend_max
+    return math.inf if cap is None else cap * c_star(group, settings)
+
+
 def spend_left(group: SearchGroup, st: GroupState, settings: SearchSettings) -> float:
-    """Rollouts the search may still spend on ``group`` at its last rung: ``sweep.search.spend_max`` x C* less
-    what its runs have reached (a stopped key's at its stop, every other key's at C_max); inf without a cap."""
-    if settings.search.spend_max is None:
-        return math.inf
+    """Rollouts the search may still spend on ``group`` at its last rung: :func:`spend_budget` less what its runs
+    have reached (a stopped key's at its stop, every other key's at C_max); inf without a cap."""
     spent = sum(len(st.seeds[key]) * st.stopped.get(key, group.c_max) for key in st.keys)
-    return settings.search.spend_max * c_star(group, settings) - spent
+    return spend_budget(group, settings) - spent
 
 
 RUN_FIELDS = ("run_id", "key", "reach", "theta", "r0_step0", "noise_floor")  # RunCurves' per-run arrays

@@ -77,7 +77,7 @@ import pandas as pd
 from rollscale.config import SearchParams
 from rollscale.core.fit.verdict import group_verdict
 from rollscale.core.search.methods.base import SearchMethod
-from rollscale.core.search.standing import Standing, c_star, level, seed_cap, spend_left, standings
+from rollscale.core.search.standing import Standing, c_star, level, seed_cap, spend_budget, spend_left, standings
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings, leg_budget
 from rollscale.registry import SEARCH_METHODS
 
@@ -292,7 +292,8 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     # settled against this leader, is resumed by the method: science §11.3)
     decided = v.answered and not adds and not resumed
     cap = seed_cap(group, settings)
-    # seeds (each a run to C_max) only within the search's budget, sweep.search.spend_max x C* (science §11)
+    # seeds (each a run to C_max) only within the search's budget, sweep.search.spend_max x C* (science §11): at
+    # most the two a decision adds (the leader's and a contender's), none where the cap is passed
     affordable = max(0, int(min(2.0, spend_left(group, st, settings) / group.c_max + 1e-9))) if last else 0
     # an answer whose reward at C* is wide gets seeds while one is expected to narrow it; at the cap it is the
     # answer still, marked uncertain (science §11.5)
@@ -315,7 +316,7 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
         unaffordable, seeds_to = seeds_to[affordable:], seeds_to[:affordable]
         if unaffordable and not seeds_to:
             cap_words = (f"within the search's budget (sweep.search.spend_max {settings.search.spend_max:g} x C* = "
-                         f"{settings.search.spend_max * target:,.0f} rollouts; a seed of "
+                         f"{spend_budget(group, settings):,.0f} rollouts; a seed of "
                          f"{' and '.join(str(q) for q in unaffordable)} would pass it)")
     hangs = last and not decided and not seeds_to and not adds and not resumed
     for key in live:
@@ -377,7 +378,5 @@ class Decision(SearchMethod):
         # a seed each for the leader and one other key, up to the cap, where the decision hangs; within spend_max x
         # C* where every key of the group reached C_max
         added = 2 * max(0, seed_cap(group, settings) - len(group.seeds))
-        if settings.search.spend_max is None:
-            return added
-        room = settings.search.spend_max * c_star(group, settings) / group.c_max - len(group.keys) * len(group.seeds)
-        return min(added, max(0, int(room + 1e-9)))
+        room = spend_budget(group, settings) / group.c_max - len(group.keys) * len(group.seeds)
+        return added if math.isinf(room) else min(added, max(0, int(room + 1e-9)))
