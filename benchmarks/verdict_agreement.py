@@ -6,8 +6,9 @@ Studies: rollscale.core.search.simulate (rollout axis, B_problem 16, C_max 40,00
 §9.1 schedule), 2 seeds a key to start, 3 at most; the search ``--method`` (default forecast, science §10.5 / §11.3)
 at C* = ``--c-star-multiple`` x C_max. Per study the first line is made as the fit stage and the report make it
 (rollscale.core.search.simulate_budget.first_lines: the decision table from the search's runs and its table).
-Prints markdown, per family: studies, right within epsilon, decided, the first line answered, agreement, the answer
-a key the search had stopped, median rollouts against 2 x C*.
+Prints markdown, per family: studies, right within epsilon (the search's leader, decided or not), decided, wrong and
+decided (an answer a practitioner would act on, more than epsilon short of the best), the first line answered,
+agreement, the answer a key the search had stopped, median rollouts against 2 x C*.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ def main() -> None:
                               DecisionParams(tolerance=0.02, target_budget=int(args.c_star_multiple * C_MAX),
                                              forecast_form=args.form),
                               eval_draws=1600)
-    print("| family | studies | right | decided | first line answered | agree | answer a stopped key | "
-          "median rollouts / 2 C* | seconds |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| family | studies | right | decided | wrong and decided | first line answered | agree | "
+          "answer a stopped key | median rollouts / 2 C* | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for family in args.families:
         start = time.time()
         studies = make_studies(args.per_family, seed=args.seed, families=(family,), seeds=(0, 1),
@@ -55,6 +56,7 @@ def main() -> None:
         lines = first_lines(studies, result, settings, decision_headline)
         s = result.studies
         print(f"| {family} | {len(s)} | {s['right'].mean():.1%} | {s['decided'].mean():.1%} | "
+              f"{(s['decided'] & ~s['right']).mean():.1%} | "
               f"{lines['line_answered'].mean():.1%} | {int(lines['agree'].sum())} of {len(lines)} | "
               f"{int(s['stopped_answer'].sum())} | {s['spent_c_star'].median():.2f} | {time.time() - start:.0f} |",
               flush=True)

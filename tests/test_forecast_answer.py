@@ -109,6 +109,23 @@ def test_a_key_that_could_still_beat_the_leader_is_named_with_what_would_decide_
                                "to C* (the forecast's intervals widen with the distance past the data)")).all()
 
 
+def test_a_key_open_on_its_own_continuation_is_told_to_train_further_not_to_seed(past):
+    """Science §11.3: where the open key's upper bound is its own rise continued past its data (a key still
+    accelerating where its data end), what decides it is training it further: more seeds narrow its noise only."""
+    fc = past["forecast"].copy()
+    at = fc["target"] & fc["trained"]
+    lead = int(fc.loc[at, "leader"].iloc[0])
+    rival = fc.index[at & (fc["key"] != lead)][0]
+    fc.loc[rival, "d_hi"] = 0.05
+    fc.loc[rival, "continued_hi"] = fc.loc[rival, "reward_hi"]
+    d = with_forecast(past["per_run"], fc, 0.15)
+    assert not d["decided"].any()
+    fix = d["to_decide"].iloc[0]
+    assert fix.startswith(f"key {int(fc.loc[rival, 'key'])} may still beat the leader") and "its own rise continued" \
+        in fix and "train it further, sweep.c_max closer to C*" in fix, fix
+    assert "sweep.search.seeds_max" not in fix
+
+
 def test_within_the_data_the_per_run_decision_is_unchanged():
     fitted = _fit(*_study(), C_MAX)
     assert (fitted["per_run"]["source"] == "per-run").all() and not fitted["per_run"]["unknown"].any()

@@ -16,7 +16,7 @@ import pytest
 
 from rollscale.core.fit.analysis import run_evals
 from rollscale.core.fit.backtest import backtest, calibration, cuttable_multiple, untested_factor
-from rollscale.core.fit.climb import climb_caps
+from rollscale.core.fit.climb import GROWTH_MAX, Acceleration, accelerating_rise, acceleration, climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import ForecastSettings, forecast_group, forecast_table
 from rollscale.core.fit.forms import DEFAULT_FORM, FORMS
@@ -120,6 +120,46 @@ def test_a_stopped_key_keeps_its_future():
     assert rows.loc[8, "reward_hi"] >= 0.35 + _slope(8) * math.log2(160_000 / 4000)
     assert rows.loc[8, "d_hi"] >= rows.loc[8, "continued_hi"] - rows.loc[rows["leader"].iloc[0], "reward_lo"] - 1e-9
     assert math.isnan(rows.loc[16, "continued_hi"])  # a key trained furthest has nothing beyond its data
+
+
+def _convex(c: float) -> float:
+    """A curve still accelerating in log C: flat to 4,000, then its rise per doubling doubling each doubling."""
+    return 0.35 + 0.02 * max(c / 4000 - 1, 0.0)
+
+
+def test_acceleration_reads_a_growing_rise_and_none_on_a_straight_one():
+    cs = [0.0, *(1000 * 2 ** (j / 4) for j in range(22))]
+    convex = pd.DataFrame({"c": cs, "avg_at_k": [_convex(c) for c in cs]})
+    acc = acceleration(convex, 40_000)
+    assert acc is not None and acc.accelerating and acc.last == pytest.approx(2 * acc.before, rel=0.15)
+    straight = convex.assign(avg_at_k=[0.35 + 0.05 * max(math.log2(c / 4000), 0) if c else 0.35 for c in cs])
+    flat = acceleration(straight, 40_000)
+    assert flat is not None and not flat.accelerating and flat.last == pytest.approx(0.05)
+    assert acceleration(convex, 1_500) is None  # too few budgets in its last two doublings
+    # the bound: each doubling's rise the last one's times the growth, capped at GROWTH_MAX
+    assert accelerating_rise(Acceleration(0.02, 0.04, 5.0), 2) == pytest.approx(0.04 * 3 / math.log(2))
+    assert accelerating_rise(Acceleration(0.04, 0.04, 0.0), 2) == pytest.approx(0.08)
+    assert accelerating_rise(Acceleration(0.01, 0.04, 5.0), 2) == pytest.approx(
+        0.04 * (GROWTH_MAX**2 - 1) / math.log(GROWTH_MAX))
+
+
+def test_a_key_still_accelerating_where_its_data_end_is_not_settled_by_its_last_rise():
+    """Science §11.2-11.3: n = 8's rise per doubling doubles each doubling to 40,000 (its level there below the
+    others'); continued at its last rise it would be settled at 4x, but its upper bound keeps the growth, so it
+    stays open against the leader; the keys rising straight get no such bound."""
+    evals = _rising(keys=(2, 4), seed=3)
+    rng = np.random.default_rng(4)
+    for s in range(2):
+        cs = [0.0, *(1000 * 2 ** (j / 4) for j in range(22))]
+        evals = pd.concat([evals, pd.DataFrame({"run_id": f"n8_s{s}", "n": 8, "seed": s, "c": cs, "group": "g",
+                                                "avg_at_k": [rng.binomial(1600, _convex(c)) / 1600 for c in cs]})])
+    rows = forecast_group(evals, "n", 160_000, settings=QUICK).set_index("key")
+    lead = int(rows["leader"].iloc[0])
+    assert lead in (2, 4)
+    grown = 0.35 + 0.02 * 9 + 0.02 * 9 / 2 * 3 / math.log(2) * 0.8  # its level, and about 4.3 x its last rise
+    assert rows.loc[8, "continued_hi"] >= grown and rows.loc[8, "reward_hi"] >= rows.loc[8, "continued_hi"] - 1e-12
+    assert rows.loc[8, "d_hi"] > 0.02
+    assert rows.loc[[2, 4], "continued_hi"].isna().all()
 
 
 def test_the_default_form_follows_a_curve_still_rising_past_its_data():

@@ -307,13 +307,17 @@ def _forecast_rows(rows: pd.DataFrame, ahead: pd.DataFrame, max_width: float) ->
     verdict = group_verdict(out, tol, c_star, lead, searched if by_search else None, only=by_search,
                             max_width=max_width, settles_as="forecast")
     out = apply_verdict(out, verdict)
-    out["to_decide"] = _forecast_to_decide(out, verdict)
+    # keys whose upper bound at C* is their own continuation past their data (science §11.3), not the refits'
+    continued = set(at.index[(at["continued_hi"] >= at["reward_hi"] - 1e-9).to_numpy()].astype(int)) \
+        if "continued_hi" in at.columns else set()
+    out["to_decide"] = _forecast_to_decide(out, verdict, continued)
     return out
 
 
-def _forecast_to_decide(rows: pd.DataFrame, verdict: Verdict) -> str:
+def _forecast_to_decide(rows: pd.DataFrame, verdict: Verdict, continued: set[int] = frozenset()) -> str:
     """What would decide a group the forecast answers (science §11.5): the open key with the largest upper bound of
-    D; "" when answered."""
+    D; "" when answered. ``continued``: keys whose upper bound is their continuation past their data (a key still
+    accelerating, or stopped below the group's steepest rise): training it further is what decides it."""
     if verdict.answered:
         return ""
     closer = "or sweep.c_max closer to C* (the forecast's intervals widen with the distance past the data)"
@@ -322,6 +326,11 @@ def _forecast_to_decide(rows: pd.DataFrame, verdict: Verdict) -> str:
     worst = rows[rows["key"] == verdict.rival].iloc[0]
     hi = float(worst["d_hi"])
     bound = f"the forecast's upper bound of D is {hi:.2f}" if math.isfinite(hi) else "its D has no bound yet"
+    if int(worst["key"]) in continued:
+        return (f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C* "
+                f"({bound}, its own rise continued past its data: where its data end its rise per doubling still "
+                "grows, or is below the group's steepest): train it further, sweep.c_max closer to C* (more seeds "
+                "narrow its noise, not its growth)")
     return (f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C* "
             f"({bound}): more seeds for it and the leader (sweep.search.seeds_max, within sweep.search.spend_max "
             f"x C*), {closer}")
