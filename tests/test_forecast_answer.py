@@ -93,14 +93,20 @@ def test_past_the_data_the_decision_rows_are_the_forecasts(past):
     assert (d["n"] == d.index).all() and (d["steps"] == np.ceil(4 * C_MAX / (d["n"] * B_PROBLEM))).all()
 
 
-def test_a_key_that_could_still_beat_the_leader_is_named_with_what_would_decide_it(past):
-    """Science §11.5: "not decided" names the open key and what would decide it: more seeds, within
-    sweep.search.spend_max x C* (a study whose search stopped adding seeds at its cap says so here too)."""
+def _open_rival(past: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, int]:
+    """The forecast with its first non-leading trained key's D upper bound set to 0.05 (open), and that row."""
     fc = past["forecast"].copy()
     at = fc["target"] & fc["trained"]
     lead = int(fc.loc[at, "leader"].iloc[0])
     rival = fc.index[at & (fc["key"] != lead)][0]
     fc.loc[rival, "d_hi"] = 0.05
+    return fc, rival
+
+
+def test_a_key_that_could_still_beat_the_leader_is_named_with_what_would_decide_it(past):
+    """Science §11.5: "not decided" names the open key and what would decide it: more seeds, within
+    sweep.search.spend_max x C* (a study whose search stopped adding seeds at its cap says so here too)."""
+    fc, rival = _open_rival(past)
     d = with_forecast(past["per_run"], fc, 0.15)
     assert not d["decided"].any()
     assert (d["to_decide"] == (f"key {int(fc.loc[rival, 'key'])} may still beat the leader by more than {EPS:g} at C* "
@@ -112,11 +118,7 @@ def test_a_key_that_could_still_beat_the_leader_is_named_with_what_would_decide_
 def test_a_key_open_on_its_own_continuation_is_told_to_train_further_not_to_seed(past):
     """Science §11.3: where the open key's upper bound is its own rise continued past its data (a key still
     accelerating where its data end), what decides it is training it further: more seeds narrow its noise only."""
-    fc = past["forecast"].copy()
-    at = fc["target"] & fc["trained"]
-    lead = int(fc.loc[at, "leader"].iloc[0])
-    rival = fc.index[at & (fc["key"] != lead)][0]
-    fc.loc[rival, "d_hi"] = 0.05
+    fc, rival = _open_rival(past)
     fc.loc[rival, "continued_hi"] = fc.loc[rival, "reward_hi"]
     d = with_forecast(past["per_run"], fc, 0.15)
     assert not d["decided"].any()

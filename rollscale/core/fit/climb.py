@@ -48,15 +48,19 @@ GROWTH_MAX = 2.0  # the rise per doubling at most doubles each doubling in the b
 CAP_COLUMNS = ["key", "c", "reward_lo", "reward_hi", "s_max", "cap", "best_floor", "cannot_catch_up"]
 
 
+def _mean_curve(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(log2 C, reward) of one key's runs averaged at each budget past step 0 (its runs share their budgets)."""
+    mean = rows[rows["c"] > 0].groupby("c")["avg_at_k"].mean()
+    return np.log2(mean.index.to_numpy(float)), mean.to_numpy(float)
+
+
 def steepest_rise(evals: pd.DataFrame, key_col: str, beyond: float | None = None) -> float:
     """``s_max`` of the module docstring (NaN when no window holds enough evaluations). ``beyond``: only windows
     that reach a quarter doubling or more past that budget (a key's continuation past its own data, science
     §11.3)."""
-    pts = evals[evals["c"] > 0]
     best = math.nan
-    for _, rows in pts.groupby(key_col):
-        mean = rows.groupby("c")["avg_at_k"].mean()
-        x, y = np.log2(mean.index.to_numpy(float)), mean.to_numpy(float)
+    for _, rows in evals.groupby(key_col):
+        x, y = _mean_curve(rows)
         for i in range(x.size):
             on = (x >= x[i]) & (x <= x[i] + 1.0 + 1e-9)
             if on.sum() < WINDOW_POINTS or (beyond is not None and x[on].max() < math.log2(beyond) + 0.25):
@@ -82,8 +86,7 @@ class Acceleration(NamedTuple):
 def acceleration(rows: pd.DataFrame, c_end: float) -> Acceleration | None:
     """One key's :class:`Acceleration` where its data end at ``c_end`` (``rows``: its evaluations, ``c`` and
     ``avg_at_k``); None where either doubling holds fewer than :data:`WINDOW_POINTS` budgets."""
-    mean = rows[(rows["c"] > 0) & (rows["c"] <= c_end * (1 + 1e-3))].groupby("c")["avg_at_k"].mean()
-    x, y = np.log2(mean.index.to_numpy(float)), mean.to_numpy(float)
+    x, y = _mean_curve(rows[rows["c"] <= c_end * (1 + 1e-3)])
     end = math.log2(c_end)
     slopes, spread, rss, dof = [], [], 0.0, 0
     for a, b in ((end - 2, end - 1), (end - 1, end)):

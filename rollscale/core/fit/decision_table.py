@@ -326,11 +326,10 @@ def _forecast_to_decide(rows: pd.DataFrame, verdict: Verdict, continued: set[int
     worst = rows[rows["key"] == verdict.rival].iloc[0]
     hi = float(worst["d_hi"])
     bound = f"the forecast's upper bound of D is {hi:.2f}" if math.isfinite(hi) else "its D has no bound yet"
+    open_key = f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C*"
     if int(worst["key"]) in continued:
-        return (f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C* "
-                f"({bound}, its own rise continued past its data: where its data end its rise per doubling still "
-                "grows, or is below the group's steepest): train it further, sweep.c_max closer to C* (more seeds "
-                "narrow its noise, not its growth)")
-    return (f"key {int(worst['key'])} may still beat the leader by more than {float(worst['tolerance']):g} at C* "
-            f"({bound}): more seeds for it and the leader (sweep.search.seeds_max, within sweep.search.spend_max "
-            f"x C*), {closer}")
+        return (f"{open_key} ({bound}, its own rise continued past its data: where its data end its rise per doubling "
+                "still grows, or is below the group's steepest): train it further, sweep.c_max closer to C* (more "
+                "seeds narrow its noise, not its growth)")
+    return (f"{open_key} ({bound}): more seeds for it and the leader (sweep.search.seeds_max, within "
+            f"sweep.search.spend_max x C*), {closer}")
