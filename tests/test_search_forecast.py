@@ -184,6 +184,29 @@ def test_the_forecast_settles_a_key_only_once_the_data_reach_c_star_over_4_or_c_
     assert forecast_verdicts(t, NO_CAPS, [2, 8], settings(), stopped=[16]).resumed == []
 
 
+def test_a_stop_before_c_max_reads_the_interval_the_studys_backtest_calibrates():
+    """Science §11.4. At C* = 2 x C_max the forecast settles from C_max / 2, where a late winner is still convex: on
+    the refits' interval alone the search stopped this `late_flip` study's n = 16, the best at C*, at 20,120 for
+    good and answered n = 8 (0.07 short). Read on the interval the study's own backtest calibrates, the next rung's
+    forecast says n = 16 could still beat the leader: it is resumed from its checkpoint, trains to C_max and is the
+    answer. The calibration is read only between C* / 4 and C_max: at C* = 4 x C_max never."""
+    from rollscale.core.search.methods.forecast import _settles_before_c_max
+
+    studies = make_studies(24, seed=1, families=("late_flip",), seeds=(0, 1), schedule=(625.0, 4), eval_draws=1600)
+    result = simulate_decision([studies[15]], settings(c_star=2 * C_MAX))
+    (row,) = result.studies.to_dict("records")
+    assert row["answer"] == row["true_best"] == 16 and row["right"] and row["decided"], row
+    last = result.decisions.drop_duplicates(["key", "seed"], keep="last").set_index("key")
+    assert (last.loc["16", "c_train"] == C_MAX).all() and (last.loc["16", "rule"] == "decided").all(), row["stops"]
+
+    group = SearchGroup("g", "rollout", (2, 4), (0, 1), C_MAX)
+    evals = pd.DataFrame({"run_id": ["a", "a", "b", "b"], "c": [0.0, 20_120.0, 0.0, 20_120.0]})
+    assert _settles_before_c_max(evals, group, 2 * C_MAX)
+    assert not _settles_before_c_max(evals.assign(c=evals["c"] / 2), group, 2 * C_MAX)  # short of C* / 4
+    assert not _settles_before_c_max(evals.assign(c=evals["c"] * 2), group, 2 * C_MAX)  # at C_max
+    assert not _settles_before_c_max(evals, group, 4 * C_MAX)  # C* / 4 is C_max: nothing settles before it
+
+
 def test_a_resumed_key_trains_on_from_where_it_stopped_and_the_group_is_not_decided_meanwhile():
     """The rows of a decision that resumes a stopped key (action resume): no key is decided, the key leaves the
     stopped keys and trains to the next rung; at the last rung the rung is decided again."""

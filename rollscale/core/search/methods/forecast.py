@@ -22,8 +22,12 @@ Per key in play (rows of the ``search`` table, :data:`RULES`):
   the multiple the forecast is tested at (science §11.1; on the long grids it meets §11's targets at 4x, at 8x
   only with the widening for untested doublings, which the search's interval does not carry). Settled from
   C* / 8 (20,000 at C* = 160,000), a key that overtakes late had not shown it: right in 83-92 % of simulated
-  ``late_flip`` studies, 95.8-100 % settled from C* / 4, for the same median rollouts (docs/benchmarks.md);
-  neither rule settles a key
+  ``late_flip`` studies, 95.8-100 % settled from C* / 4, for the same median rollouts (docs/benchmarks.md).
+  Before C_max (C* under 4 x C_max) the interval read is the one the study's own backtest calibrates (science
+  §11.4, :func:`rollscale.core.fit.backtest.calibrated`): there a late winner is still convex (simulated
+  ``late_flip`` at C* = 2 x C_max: n = 16 stopped at C_max / 2 in 4 of 24 studies, answered wrong, on the
+  refits' interval alone); at C_max the uncalibrated one (calibrated there, fewer studies decided). Neither rule
+  settles a key
   before its runs and the leader's have :data:`MIN_POINTS` evaluations each, nor (``forecast``) with one seed a
   key (no seed spread: science §9.3); the cap, at any rung, on its own 95 % bounds;
 * the leader and the keys not settled **continue** to C_max, the leader also once every other key is settled
@@ -57,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from rollscale.config import SearchParams
+from rollscale.core.fit.backtest import calibrated
 from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import bootstrap_surface, forecast_group
@@ -99,6 +104,8 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     curves = fit_runs(evals, "key", a_max)
     fs = fs.at_answer(evals, target)
     boot = bootstrap_surface(evals, "key", fs)
+    if _settles_before_c_max(evals, group, target):
+        boot = calibrated(boot, evals, "key", target)[0]
     table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, boot, curves)
     # the answer's own interval, at the fit's 95 % (the same refits): wider than the widest answer, it is unknown.
     # Read only at the last rung, where an answer can get seeds (group_rows): not a second forecast every rung
@@ -112,6 +119,14 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     # the cap's own 95 % bounds (what science §10's simulation measured: it never stopped the true best key)
     caps = climb_caps(evals, "key", target, settings.tolerance, a_max=a_max, curves=curves)
     return table.set_index("key", drop=False), caps.set_index("key", drop=False)
+
+
+def _settles_before_c_max(evals: pd.DataFrame, group: SearchGroup, target: float) -> bool:
+    """Whether the forecast may settle a key here before the group's runs reach C_max: every run's data reach
+    C* / SETTLE_REACH but not C_max. A stop there is a bet on a forecast from fewer doublings than at C_max, so it
+    reads the interval the study's own backtest calibrates (science §11.4); at C_max the uncalibrated one."""
+    reach = float(evals["c"].max())  # the keys still training (a stopped key's data end earlier)
+    return target / SETTLE_REACH * (1 - 1e-9) <= reach < group.c_max * (1 - 1e-9)
 
 
 @dataclass(frozen=True)
