@@ -187,7 +187,7 @@ def test_the_forecast_settles_a_key_only_once_the_data_reach_c_star_over_4_or_c_
 def test_a_stop_before_c_max_reads_the_interval_the_studys_backtest_calibrates():
     """Science §11.4. At C* = 2 x C_max the forecast settles from C_max / 2, where a late winner is still convex: on
     the refits' interval alone the search stopped this `late_flip` study's n = 16, the best at C*, at 20,120 for
-    good and answered n = 8 (0.07 short). Read on the interval the study's own backtest calibrates, the next rung's
+    good and answered n = 8 (0.11 short). Read on the interval the study's own backtest calibrates, the next rung's
     forecast says n = 16 could still beat the leader: it is resumed from its checkpoint, trains to C_max and is the
     answer. The calibration is read only between C* / 4 and C_max: at C* = 4 x C_max never."""
     from rollscale.core.search.methods.forecast import _settles_before_c_max

@@ -122,9 +122,9 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
 
 
 def _settles_before_c_max(evals: pd.DataFrame, group: SearchGroup, target: float) -> bool:
-    """Whether the forecast may settle a key here before the group's runs reach C_max: every run's data reach
-    C* / SETTLE_REACH but not C_max. A stop there is a bet on a forecast from fewer doublings than at C_max, so it
-    reads the interval the study's own backtest calibrates (science §11.4); at C_max the uncalibrated one."""
+    """Whether the forecast may settle a key here before the group's runs reach C_max: the runs still training
+    reach C* / SETTLE_REACH but not C_max. A stop there is a bet on a forecast from fewer doublings than at C_max,
+    so it reads the interval the study's own backtest calibrates (science §11.4); at C_max the uncalibrated one."""
     reach = float(evals["c"].max())  # the keys still training (a stopped key's data end earlier)
     return target / SETTLE_REACH * (1 - 1e-9) <= reach < group.c_max * (1 - 1e-9)
 
