@@ -121,12 +121,19 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     return table.set_index("key", drop=False), caps.set_index("key", drop=False)
 
 
+def _settle_reach(target: float, c_max: float) -> float:
+    """The budget the data must reach before the forecast settles a key: C* / SETTLE_REACH or C_max, the less
+    (module docstring)."""
+    return min(target / SETTLE_REACH, c_max) * (1 - 1e-9)
+
+
 def _settles_before_c_max(evals: pd.DataFrame, group: SearchGroup, target: float) -> bool:
     """Whether the forecast may settle a key here before the group's runs reach C_max: the runs still training
-    reach C* / SETTLE_REACH but not C_max. A stop there is a bet on a forecast from fewer doublings than at C_max,
-    so it reads the interval the study's own backtest calibrates (science §11.4); at C_max the uncalibrated one."""
+    reach :func:`_settle_reach` but not C_max. A stop there is a bet on a forecast from fewer doublings than at
+    C_max, so it reads the interval the study's own backtest calibrates (science §11.4); at C_max the uncalibrated
+    one."""
     reach = float(evals["c"].max())  # the keys still training (a stopped key's data end earlier)
-    return target / SETTLE_REACH * (1 - 1e-9) <= reach < group.c_max * (1 - 1e-9)
+    return _settle_reach(target, group.c_max) <= reach < group.c_max * (1 - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,7 @@ def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool, c
     seen = lead_row["c_seen"] if stopped else min(row["c_seen"], lead_row["c_seen"])
     if min(row["evals"], lead_row["evals"]) < MIN_POINTS:
         return "thin", f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
-    if seen < min(target / SETTLE_REACH, c_max) * (1 - 1e-9):
+    if seen < _settle_reach(target, c_max):
         return "reach", (f"the data of it or the leader (C = {seen:,.0f}) do not reach C* / {SETTLE_REACH:g} or "
                          f"C_max: the forecast is tested at {SETTLE_REACH:g}x (a key that overtakes late shows it "
                          "later)")
