@@ -87,6 +87,26 @@ def test_forecast_intervals_cover_the_truth_at_two_and_four_times_c_max():
     assert not rows["cap_stops_best"].any()
 
 
+def test_the_simulation_judges_the_interval_the_fit_stage_writes():
+    """benchmarks/forecast_sim.py --calibrated judges the report's interval (science §11.4): the forecast at the
+    answer's multiple, widened by the study's own backtest. Its coverage and width are those of the fit stage's
+    forecast table at C* (rollscale.core.fit.horizon.horizon_tables) on the same runs."""
+    from rollscale.core.fit.analysis import run_evals
+    from rollscale.core.fit.horizon import horizon_tables
+    from rollscale.core.search.simulate import grid_tables
+
+    (s,) = forecast_studies(("late",), 1, seed=3)
+    settings = ForecastSettings(resamples=20, eval_draws=1600)  # the default form
+    (row,) = judge_study(s, study_evals([s]), settings, multiples=(4.0,), with_backtest=False, with_calibrated=True)
+    runs, evals = grid_tables([s])
+    table = horizon_tables(run_evals(runs, evals, None), 4 * s.c_max, [4 * s.c_max], settings).forecast
+    table = table[table["target"] & table["key"].isin(s.curves)]
+    truth = np.array([true_at(s, int(k), 4 * s.c_max) for k in table["key"]])
+    assert row["covered_cal"] == int(((table["reward_lo"] <= truth) & (truth <= table["reward_hi"])).sum())
+    assert row["width_cal"] == pytest.approx(table["width"].median())
+    assert row["widen"] > 1.0 and row["width_cal"] > row["width"]  # this study's backtest widens it
+
+
 def test_simulated_late_key_is_covered_and_the_backtest_flags_a_bend_not_its_straight_twin():
     # science §10 "what it must show", a subsample of benchmarks/forecast_sim.py (docs/benchmarks.md: 24 a family)
     late = forecast_studies(("late",), 4, seed=7)

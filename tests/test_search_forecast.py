@@ -318,3 +318,42 @@ def test_seeds_where_the_decision_hangs_stay_within_spend_max_times_c_star():
     assert set(hung["action"]) == {"finish"} and set(hung["rule"]) == {"undecided"}
     assert hung["note"].str.startswith("not decided at C* = 160,000 within the search's budget (sweep.search."
                                        "spend_max 2 x C* = 320,000 rollouts; a seed of 4 and 2 would pass it)").all()
+
+
+def test_a_decision_that_hangs_with_its_leader_at_the_edge_tries_the_key_beyond_it_before_any_seed():
+    """An optimum past the edge of the keys in play is what no seed of them can show. In this simulated
+    `edge_high` study (C* = 4 x C_max) n = 8, the last key in play, led while n = 4 stayed open with 3 seeds, and the
+    search ended undecided; n = 16, 0.08 better at C*, was never trained. Hanging at C_max with its leader at the
+    edge, the search adds the key beyond it first (rule bracket), and answers it. Within sweep.search.spend_max only:
+    where the key's seeds would pass it, nothing is added and the decision hangs, as it says."""
+    from rollscale.core.search.methods.decision import beyond_answer, group_rows
+    from rollscale.core.search.state import GroupState, rung_budgets
+
+    studies = make_studies(24, seed=1, families=("edge_high",), seeds=(0, 1), schedule=(625.0, 4), eval_draws=1600)
+    result = simulate_decision([studies[16]], settings())
+    (row,) = result.studies.to_dict("records")
+    assert row["answer"] == row["true_best"] == 16 and row["right"] and row["decided"], row
+    added = result.decisions.query("action == 'add' and key == '16'")
+    assert not added.empty and added["note"].str.contains("the leader of a decision that hangs at C_max").all()
+
+    budgets = rung_budgets(C_MAX, 1.41, 0.0625)
+    st = GroupState((2, 4, 8), {}, {k: (0, 1) for k in (2, 4, 8)}, frozenset(), len(budgets), 8, budgets)
+    table = pd.DataFrame({"key": [2, 4, 8], "leader": 8, "leader_share": 0.6, "reward": [0.50, 0.565, 0.57],
+                          "reward_lo": 0.5, "reward_hi": 0.6, "d": [-0.07, -0.005, 0], "d_lo": [-0.1, -0.03, 0],
+                          "d_hi": [-0.04, 0.025, 0], "evals": 30}).set_index("key", drop=False)
+    verdict = {2: ("forecast", "settled"), 4: (None, "D's upper bound +0.025 > epsilon"), 8: (None, "leader at C*")}
+
+    def rows(spend_max: float | None, key_max: int = 64) -> pd.DataFrame:
+        g = SearchGroup("g", "rollout", (2, 4, 8), (0, 1), C_MAX, fixed=16, key_min=2, key_max=key_max)
+        s = SearchSettings(SearchParams(method="forecast", eta=1.41, alpha=0.3, seeds_min=2, seeds_max=4,
+                                        spend_max=spend_max), DecisionParams(tolerance=0.02, target_budget=4 * C_MAX))
+        return pd.DataFrame(group_rows(g, st, table, verdict, [], s, leader_to_c_max=True,
+                                       edge_answer=lambda lead, hangs=False: beyond_answer(lead, g, st, hangs)))
+
+    free = rows(None)
+    assert list(free.query("action == 'add'")["key"].unique()) == ["16"]
+    assert not (free["action"] == "seed").any() and "decided" not in set(free["rule"])
+    assert set(rows(None, key_max=8).query("action == 'seed'")["key"]) == {"4", "8"}  # no key beyond: seeds
+    capped = rows(1.5)  # 6 runs to C_max are 1.5 x C*: no room for n = 16's two
+    assert not capped["action"].isin(["add", "seed"]).any()
+    assert set(capped.loc[capped["key"].isin(["4", "8"]), "rule"]) == {"undecided"}

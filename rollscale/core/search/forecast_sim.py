@@ -13,7 +13,9 @@ The studies are :mod:`rollscale.core.search.simulate`'s (rollout axis, B_problem
 Per study and multiple m the forecast at C* = m C_max (:func:`rollscale.core.fit.forecast.forecast_group`,
 the trained keys) is judged against the true curves (a median seed's, as
 :func:`rollscale.core.search.simulate_budget.true_reward`): coverage of each key's interval, whether the leader's
-true reward is within epsilon of the true best ("right"), the share of keys "unknown"; the backtest
+true reward is within epsilon of the true best ("right"), the share of keys "unknown"; the same of the interval
+the fit stage and the report read (``*_cal``: the forecast at the answer's multiple, widened by the study's own
+backtest there, :func:`rollscale.core.fit.backtest.calibrated`, science §11.4); the backtest
 (:func:`rollscale.core.fit.backtest.backtest`) once per study; and whether the cap
 (:func:`rollscale.core.fit.climb.climb_caps`) says the true best key at C* cannot catch up (it never should).
 """
@@ -26,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from rollscale.core.fit.backtest import backtest
+from rollscale.core.fit.backtest import backtest, calibrated
 from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import ForecastSettings, bootstrap_surface, forecast_group
@@ -101,9 +103,10 @@ def true_at(study: SimStudy, n: int, c: float) -> float:
 
 def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings,
                 multiples: tuple[float, ...] = (2.0, 4.0, 8.0), tolerance: float = 0.02,
-                with_backtest: bool = True) -> list[dict]:
+                with_backtest: bool = True, with_calibrated: bool = False) -> list[dict]:
     """One row per multiple (module docstring): ``covered`` and ``keys`` (counts), ``answered`` (a leader not unknown),
-    ``right`` (NaN when none), ``unknown`` (share),
+    ``right`` (NaN when none), ``unknown`` (share), with ``with_calibrated`` the same of the fit stage's interval
+    (``covered_cal``, ``answered_cal``, ``right_cal``, ``width_cal``, ``widen``: the backtest's factor),
     ``width`` (median), ``regret``, ``backtest_failed``, ``a4_contradicted``, ``backtest_coverage``,
     ``backtest_max_z`` (the largest |z| of the backtest's keys; NaN without ``with_backtest``), ``cap_stops_best``, ``cap_stops``."""
     boot = bootstrap_surface(evals, "n", settings)
@@ -113,21 +116,17 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
     rows = []
     for m in multiples:
         c_star = m * study.c_max
-        table = forecast_group(evals, "n", c_star, keys, settings, boot, curves)
         truth = np.array([true_at(study, int(k), c_star) for k in keys])
-        covered = (table["reward_lo"].to_numpy() <= truth) & (truth <= table["reward_hi"].to_numpy())
-        leader = table["leader"].iloc[0]
-        # an answer: a leader whose own interval is narrow enough (else the group answers "unknown" at C*)
-        if leader is not None and bool(table.loc[table["key"] == leader, "unknown"].iloc[0]):
-            leader = None
-        regret = float(truth.max() - truth[list(keys).index(int(leader))]) if leader is not None else math.nan
+        judged = _judge(forecast_group(evals, "n", c_star, keys, settings, boot, curves), keys, truth, tolerance)
+        if with_calibrated:  # as the fit stage reads it (rollscale.core.fit.horizon.horizon_tables)
+            at = settings.at_answer(evals, c_star)
+            cal = calibrated(bootstrap_surface(evals, "n", at), evals, "n", c_star)[0]
+            judged |= {f"{k}_cal": v for k, v in _judge(forecast_group(evals, "n", c_star, keys, cal.settings, cal,
+                                                                       curves), keys, truth, tolerance).items()}
+            judged["widen"] = cal.settings.widen
         caps = climb_caps(evals, "n", c_star, tolerance, curves=curves)
         best = int(keys[int(np.argmax(truth))])
-        rows.append({"group": study.name, "family": study.family, "multiple": m, "keys": len(keys),
-                     "covered": int(covered.sum()), "answered": leader is not None,
-                     "right": bool(regret <= tolerance + 1e-12) if leader is not None else math.nan,
-                     "regret": regret, "unknown": float(table["unknown"].mean()),
-                     "width": float(table["width"].median()),
+        rows.append({"group": study.name, "family": study.family, "multiple": m, "keys": len(keys), **judged,
                      "backtest_failed": bt.failed if bt else math.nan,
                      "a4_contradicted": bt.a4_contradicted if bt else math.nan,
                      "backtest_coverage": bt.coverage if bt else math.nan,
@@ -137,14 +136,33 @@ def judge_study(study: SimStudy, evals: pd.DataFrame, settings: ForecastSettings
     return rows
 
 
+def _judge(table: pd.DataFrame, keys: np.ndarray, truth: np.ndarray, tolerance: float) -> dict:
+    """One forecast table at C* against the truth there: keys covered, answered, right, regret, unknown, width."""
+    covered = (table["reward_lo"].to_numpy() <= truth) & (truth <= table["reward_hi"].to_numpy())
+    leader = table["leader"].iloc[0]
+    # an answer: a leader whose own interval is narrow enough (else the group answers "unknown" at C*)
+    if leader is not None and bool(table.loc[table["key"] == leader, "unknown"].iloc[0]):
+        leader = None
+    regret = float(truth.max() - truth[list(keys).index(int(leader))]) if leader is not None else math.nan
+    return {"covered": int(covered.sum()), "answered": leader is not None,
+            "right": bool(regret <= tolerance + 1e-12) if leader is not None else math.nan, "regret": regret,
+            "unknown": float(table["unknown"].mean()), "width": float(table["width"].median())}
+
+
 def summarise_forecast(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per family and multiple: studies, coverage (over keys x studies), answered (the leader's interval
     narrow enough), right (over the answered), unknown, median width, backtest failed and A4-contradicted shares,
-    studies    where the cap stopped the true best, keys the cap stopped."""
+    studies where the cap stopped the true best, keys the cap stopped; where judged (``judge_study``'s
+    ``with_calibrated``) the same of the fit stage's calibrated interval and the backtest's median ``widen``."""
     def agg(t: pd.DataFrame) -> pd.Series:
         return pd.Series({"studies": len(t), "coverage": t["covered"].sum() / t["keys"].sum(),
                           "answered": t["answered"].mean(), "right": t["right"].astype(float).mean(),
                           "unknown": t["unknown"].mean(), "width": t["width"].median(),
                           "backtest_failed": t["backtest_failed"].mean(), "a4_flag": t["a4_contradicted"].mean(),
-                          "cap_stops_best": int(t["cap_stops_best"].sum()), "cap_stops": t["cap_stops"].mean()})
+                          "cap_stops_best": int(t["cap_stops_best"].sum()), "cap_stops": t["cap_stops"].mean(),
+                          **({"coverage_cal": t["covered_cal"].sum() / t["keys"].sum(),
+                              "answered_cal": t["answered_cal"].mean(),
+                              "right_cal": t["right_cal"].astype(float).mean(),
+                              "width_cal": t["width_cal"].median(), "widen": t["widen"].median()}
+                             if "covered_cal" in t else {})})
     return rows.groupby(["family", "multiple"], sort=False).apply(agg).reset_index()

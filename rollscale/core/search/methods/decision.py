@@ -179,17 +179,19 @@ def _bracket(s: Standing | None, group: SearchGroup, st: GroupState) -> list[tup
     return out
 
 
-def beyond_answer(lead: Any, group: SearchGroup, st: GroupState) -> list[tuple[Any, str]]:
+def beyond_answer(lead: Any, group: SearchGroup, st: GroupState, hangs: bool = False) -> list[tuple[Any, str]]:
     """The key beyond an answer at the edge of the keys in play, where the bracket allows one not yet tried:
     an answer is never the grid's edge untested against its neighbour (simulated ``edge_high``: n = 8 decided
-    on A2 stops of n = 2 and 4 at c_r, n = 16 never trained, in 2 of 40 studies)."""
+    on A2 stops of n = 2 and 4 at c_r, n = 16 never trained, in 2 of 40 studies). ``hangs``: the leader of a
+    decision that hangs at C_max, not an answer (:func:`group_rows`)."""
     if group.axis == "rule" or len(st.keys) < 2:
         return []
     out = []
     for edge, cand in ((min(st.keys), min(st.keys) // 2), (max(st.keys), max(st.keys) * 2)):
         if edge == lead and cand not in st.keys and cand != edge and group.allows(cand):
             side = "first" if cand < edge else "last"
-            out.append((cand, f"{edge}, the answer, is the {side} key in play: add {cand}"))
+            what = "the leader of a decision that hangs at C_max" if hangs else "the answer"
+            out.append((cand, f"{edge}, {what}, is the {side} key in play: add {cand}"))
     return out
 
 
@@ -237,13 +239,13 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
     return group_rows(group, st, standing.star if standing is not None else None, verdict,
                       _bracket(standing, group, st), settings,
                       rung_leader=standing.rung["leader"].iloc[0] if standing is not None else None,
-                      edge_answer=lambda lead: beyond_answer(lead, group, st),
+                      edge_answer=lambda lead, hangs=False: beyond_answer(lead, group, st, hangs),
                       resumed=_stopped_against(standing, group, st, verdict, settings))
 
 
 def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, verdict: dict[Any, tuple[str | None, str]],
                adds: list[tuple[Any, str]], settings: SearchSettings, rung_leader: Any = None,
-               edge_answer: Callable[[Any], list[tuple[Any, str]]] | None = None,
+               edge_answer: Callable[..., list[tuple[Any, str]]] | None = None,
                leader_to_c_max: bool = False, unknown_answer: Callable[[Any], str | None] | None = None,
                held: dict[Any, tuple[str, str]] | None = None, resumed: list[tuple[Any, str]] | None = None,
                ) -> list[dict]:
@@ -252,7 +254,7 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     ``d``, ``d_lo``, ``d_hi``, ``evals``; None: no fit yet), ``verdict`` per key in play and not stopped (rule or
     None, note), ``adds`` the bracket's (key, note). ``rung_leader``: the leader at c_r, named where C* is out of
     reach; ``edge_answer``: the keys to add, with notes, where every key but the leader is settled (an answer at
-    the edge of the keys in play: :func:`beyond_answer`);
+    the edge of the keys in play: :func:`beyond_answer`), or where the decision hangs at C_max (``hangs=True``);
     ``leader_to_c_max``: a decided leader trains on to C_max before it stops (science §10.5); ``unknown_answer``:
     why the answer gets seeds at C_max as a decision that hangs does (its reward at C* unknown), else None;
     ``held``: keys settled against the leader that train on until the decision is made, then stop with their (rule,
@@ -301,6 +303,13 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
                                         and len(st.seeds[lead]) < cap and affordable) else None
     if too_wide:  # every other key settled, but what the answer reaches at C* is unknown: seeds narrow it
         decided, verdict = False, {**verdict, lead: (None, f"the answer, its reward at C* unknown: {too_wide}")}
+    # a decision that hangs at C_max with its leader at the edge of the keys in play: the key beyond it before any
+    # seed, within the budget (its seeds to C_max), for what lies past the edge no seed of the keys in play can show
+    # (simulated edge_high at C* = 4 x C_max: n = 8 led, n = 4 open by 0.001 with 3 seeds, n = 16, 0.08 better at
+    # C*, never trained)
+    if last and not decided and lead in live and not adds and not resumed and edge_answer is not None \
+            and affordable >= len(group.seeds):
+        adds = edge_answer(lead, hangs=True)
     seeds_to: list[Any] = []
     cap_words = f"with {cap} seeds"
     # a key just added, or resumed, is the next step, not a seed

@@ -292,7 +292,8 @@ class Forecast(Decision):
             reading = forecast_verdicts(table, caps, live, settings, [k for k in st.keys if k in st.stopped],
                                         c_max=g.c_max)
             rows += group_rows(g, st, table, reading.verdict, forecast_adds(table, g, st), settings,
-                               leader_to_c_max=True, edge_answer=lambda lead, g=g, st=st: beyond_answer(lead, g, st),
+                               leader_to_c_max=True,
+                               edge_answer=lambda lead, hangs=False, g=g, st=st: beyond_answer(lead, g, st, hangs),
                                unknown_answer=lambda lead, t=table: unknown_answer(t, lead), held=reading.held,
                                resumed=reading.resumed)
         return rows
