@@ -337,15 +337,15 @@ def test_a_decision_that_hangs_with_its_leader_at_the_edge_tries_the_key_beyond_
     assert not added.empty and added["note"].str.contains("the leader of a decision that hangs at C_max").all()
 
     budgets = rung_budgets(C_MAX, 1.41, 0.0625)
-    st = GroupState((2, 4, 8), {}, {k: (0, 1) for k in (2, 4, 8)}, frozenset(), len(budgets), 8, budgets)
     table = pd.DataFrame({"key": [2, 4, 8], "leader": 8, "leader_share": 0.6, "reward": [0.50, 0.565, 0.57],
                           "reward_lo": 0.5, "reward_hi": 0.6, "d": [-0.07, -0.005, 0], "d_lo": [-0.1, -0.03, 0],
                           "d_hi": [-0.04, 0.025, 0], "evals": 30}).set_index("key", drop=False)
     verdict = {2: ("forecast", "settled"), 4: (None, "D's upper bound +0.025 > epsilon"), 8: (None, "leader at C*")}
 
-    def rows(spend_max: float | None, key_max: int = 64) -> pd.DataFrame:
-        g = SearchGroup("g", "rollout", (2, 4, 8), (0, 1), C_MAX, fixed=16, key_min=2, key_max=key_max)
-        s = SearchSettings(SearchParams(method="forecast", eta=1.41, alpha=0.3, seeds_min=2, seeds_max=4,
+    def rows(spend_max: float | None, key_max: int = 64, seeds: tuple[int, ...] = (0, 1)) -> pd.DataFrame:
+        g = SearchGroup("g", "rollout", (2, 4, 8), seeds, C_MAX, fixed=16, key_min=2, key_max=key_max)
+        st = GroupState((2, 4, 8), {}, {k: seeds for k in (2, 4, 8)}, frozenset(), len(budgets), 8, budgets)
+        s = SearchSettings(SearchParams(method="forecast", eta=1.41, alpha=0.3, seeds_min=len(seeds), seeds_max=4,
                                         spend_max=spend_max), DecisionParams(tolerance=0.02, target_budget=4 * C_MAX))
         return pd.DataFrame(group_rows(g, st, table, verdict, [], s, leader_to_c_max=True,
                                        edge_answer=lambda lead, hangs=False: beyond_answer(lead, g, st, hangs)))
@@ -354,6 +354,7 @@ def test_a_decision_that_hangs_with_its_leader_at_the_edge_tries_the_key_beyond_
     assert list(free.query("action == 'add'")["key"].unique()) == ["16"]
     assert not (free["action"] == "seed").any() and "decided" not in set(free["rule"])
     assert set(rows(None, key_max=8).query("action == 'seed'")["key"]) == {"4", "8"}  # no key beyond: seeds
+    assert list(rows(None, seeds=(0, 1, 2)).query("action == 'add'")["key"].unique()) == ["16"]  # three seeds too
     capped = rows(1.5)  # 6 runs to C_max are 1.5 x C*: no room for n = 16's two
     assert not capped["action"].isin(["add", "seed"]).any()
     assert set(capped.loc[capped["key"].isin(["4", "8"]), "rule"]) == {"undecided"}

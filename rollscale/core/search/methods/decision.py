@@ -308,7 +308,7 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     # (simulated edge_high at C* = 4 x C_max: n = 8 led, n = 4 open by 0.001 with 3 seeds, n = 16, 0.08 better at
     # C*, never trained)
     if last and not decided and lead in live and not adds and not resumed and edge_answer is not None \
-            and affordable >= len(group.seeds):
+            and spend_left(group, st, settings) >= len(group.seeds) * group.c_max * (1 - 1e-9):
         adds = edge_answer(lead, hangs=True)
     seeds_to: list[Any] = []
     cap_words = f"with {cap} seeds"
