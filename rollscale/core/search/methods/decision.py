@@ -31,7 +31,10 @@ fits reach (min(C*, eta c_r)), and per key:
   checkpoint and the group is not decided meanwhile;
 * an answer at the first or last key in play is not decided while the
   bracket allows a key beyond it not yet run: that key is **add**-ed (rule
-  ``bracket``) first;
+  ``bracket``) first; and where the decision hangs at C_max with its leader
+  at that edge, the key beyond it is added before any seed, within
+  ``spend_max`` (what lies past the edge no seed of the keys in play shows:
+  simulated ``edge_high``, docs/journal/2026-11-29-edge-hang.md);
 * otherwise the leader and the unsettled keys **continue** to the next rung;
   at C_max they **finish** (rule ``budget``), and a **seed** (rule
   ``undecided``) goes to the leader and to the unsettled key with the
