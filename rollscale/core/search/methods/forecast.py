@@ -18,16 +18,11 @@ Per key in play (rows of the ``search`` table, :data:`RULES`):
   epsilon: it cannot catch up, whatever the surface (no A4);
 * **stop**, rule ``forecast``: the upper bound of ``D_k = R_k(C*) - R_leader(C*)`` is <= epsilon: it cannot beat
   the leader at C* by more than epsilon (read past the data too: the surface's interval speaks, §10.2), once
-  the data of the key and the leader reach C* / :data:`SETTLE_REACH` or the group's C_max, whichever is less:
-  the multiple the forecast is tested at (science §11.1; on the long grids it meets §11's targets at 4x, at 8x
-  only with the widening for untested doublings, which the search's interval does not carry). Settled from
-  C* / 8 (20,000 at C* = 160,000), a key that overtakes late had not shown it: right in 83-92 % of simulated
-  ``late_flip`` studies, 95.8-100 % settled from C* / 4, for the same median rollouts (docs/benchmarks.md).
-  Before C_max (C* under 4 x C_max) the interval read is the one the study's own backtest calibrates (science
-  §11.4, :func:`rollscale.core.fit.backtest.calibrated`): there a late winner is still convex (simulated
-  ``late_flip`` at C* = 2 x C_max: n = 16 stopped at C_max / 2 in 4 of 24 studies, answered wrong, on the
-  refits' interval alone); at C_max the uncalibrated one (calibrated there, fewer studies decided). Neither rule
-  settles a key
+  the data of the key and the leader reach the group's C_max: a forecast from fewer doublings has not seen a
+  late winner rise. Settled from C* / 8 at C* = 4 x C_max, a key that overtakes late had not shown it (simulated
+  ``late_flip`` right in 83-92 %, 95.8-100 % from C_max); settled from C* / 4 where that is below C_max, at
+  C* = C_max simulated ``late`` was right in 70.8 % of studies and ``late_flip`` in 75.0 %, from C_max 95.8 and
+  91.7 % (docs/journal/2026-11-29-edge-hang.md), for 15-30 % more rollouts. Neither rule settles a key
   before its runs and the leader's have :data:`MIN_POINTS` evaluations each, nor (``forecast``) with one seed a
   key (no seed spread: science §9.3); the cap, at any rung, on its own 95 % bounds;
 * the leader and the keys not settled **continue** to C_max, the leader also once every other key is settled
@@ -61,7 +56,6 @@ import numpy as np
 import pandas as pd
 
 from rollscale.config import SearchParams
-from rollscale.core.fit.backtest import calibrated
 from rollscale.core.fit.climb import climb_caps
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import bootstrap_surface, forecast_group
@@ -71,11 +65,10 @@ from rollscale.core.search.methods.decision import MIN_POINTS, Decision, beyond_
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 from rollscale.registry import SEARCH_METHODS
 
-__all__ = ["FORECAST_REACH", "RULES", "SETTLE_REACH", "Forecast", "Reading", "forecast_adds", "forecast_standing",
-           "forecast_verdicts", "unknown_answer"]
+__all__ = ["FORECAST_REACH", "RULES", "Forecast", "Reading", "forecast_adds", "forecast_standing", "forecast_verdicts",
+           "unknown_answer"]
 
 FORECAST_REACH = 8.0  # C* up to 8 x C_max: how far the forecast is tested (science §10, "what it must show")
-SETTLE_REACH = 4.0  # the forecast settles a key once its data reach C* / 4 (or C_max): module docstring
 ANSWER_LEVEL = 0.95  # the level of the answer's interval in the fit's decision (science §10.2)
 
 RULES = {"forecast": "settled: the upper bound of D_k at C* (the forecast's) <= epsilon; stopped once its own upper "
@@ -104,8 +97,6 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     curves = fit_runs(evals, "key", a_max)
     fs = fs.at_answer(evals, target)
     boot = bootstrap_surface(evals, "key", fs)
-    if _settles_before_c_max(evals, group, target):
-        boot = calibrated(boot, evals, "key", target)[0]
     table = forecast_group(evals, "key", target, np.array(trained + beyond), fs, boot, curves)
     # the answer's own interval, at the fit's 95 % (the same refits): wider than the widest answer, it is unknown.
     # Read only at the last rung, where an answer can get seeds (group_rows): not a second forecast every rung
@@ -121,21 +112,6 @@ def forecast_standing(points: pd.DataFrame, group: SearchGroup, st: GroupState, 
     return table.set_index("key", drop=False), caps.set_index("key", drop=False)
 
 
-def _settle_reach(target: float, c_max: float) -> float:
-    """The budget the data must reach before the forecast settles a key: C* / SETTLE_REACH or C_max, the less
-    (module docstring)."""
-    return min(target / SETTLE_REACH, c_max) * (1 - 1e-9)
-
-
-def _settles_before_c_max(evals: pd.DataFrame, group: SearchGroup, target: float) -> bool:
-    """Whether the forecast may settle a key here before the group's runs reach C_max: the runs still training
-    reach :func:`_settle_reach` but not C_max. A stop there is a bet on a forecast from fewer doublings than at
-    C_max, so it reads the interval the study's own backtest calibrates (science §11.4); at C_max the uncalibrated
-    one."""
-    reach = float(evals["c"].max())  # the keys still training (a stopped key's data end earlier)
-    return _settle_reach(target, group.c_max) <= reach < group.c_max * (1 - 1e-9)
-
-
 @dataclass(frozen=True)
 class Reading:
     """What one decision reads of a group's keys at C* (science §11.3): per key in play and not stopped, (rule,
@@ -149,19 +125,18 @@ class Reading:
     resumed: list
 
 
-def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool, c_max: float,
+def _trusted(row: pd.Series, lead_row: pd.Series, spread: bool, c_max: float,
              stopped: bool = False) -> tuple[str, str] | None:
     """Why the forecast of a key against the leader cannot be read at C*, (``thin``: too few evaluations for
     either rule, ``reach`` or ``spread``: the cap may still settle it; the words), None where it can. The reach is
     the key's and the leader's, or for a ``stopped`` key the leader's alone: its own data do not grow, and a key
-    stopped before C* / 4 (by the cap) is still read against the leader for a resume (science §11.3)."""
+    stopped before C_max (by the cap) is still read against the leader for a resume (science §11.3)."""
     seen = lead_row["c_seen"] if stopped else min(row["c_seen"], lead_row["c_seen"])
     if min(row["evals"], lead_row["evals"]) < MIN_POINTS:
         return "thin", f"runs with fewer than {MIN_POINTS} evaluations: too thin to settle a key on"
-    if seen < _settle_reach(target, c_max):
-        return "reach", (f"the data of it or the leader (C = {seen:,.0f}) do not reach C* / {SETTLE_REACH:g} or "
-                         f"C_max: the forecast is tested at {SETTLE_REACH:g}x (a key that overtakes late shows it "
-                         "later)")
+    if seen < c_max * (1 - 1e-9):
+        return "reach", (f"the data of it or the leader (C = {seen:,.0f}) do not reach C_max: the forecast settles a "
+                         "key at C_max (a key that overtakes late shows it later)")
     if not spread:
         return "spread", ("one seed a key so far: no seed spread to pool, no bounds; seeds go where the decision hangs "
                           "at C_max")
@@ -169,13 +144,13 @@ def _trusted(row: pd.Series, lead_row: pd.Series, target: float, spread: bool, c
 
 
 def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], settings: SearchSettings,
-                      stopped: list[Any] = (), c_max: float = math.inf) -> Reading:
+                      stopped: list[Any] = (), *, c_max: float) -> Reading:
     """The keys' standing against the forecast's leader at C* (science §11.3, :class:`Reading`). A key stops when
     its cap at C* is below the best other key's lower bound minus epsilon (``cap``), or when its own upper bound at
     C* (the forecast's ``reward_hi``, its continuation included) is below the leader's lower bound minus epsilon
     (``forecast``). A stopped key never leads: where the forecast's leader is a stopped key, or a stopped key's D
     has an upper bound above epsilon, it is resumed."""
-    lead, target = table["leader"].iloc[0], float(table["c_star"].iloc[0])
+    lead = table["leader"].iloc[0]
     spread = bool((table.loc[table["trained"], "seeds"] >= 2).any())
     eps, out, held, resumed = settings.tolerance, {}, {}, []
     lead_row = table.loc[lead] if lead is not None and lead in table.index else None
@@ -187,7 +162,7 @@ def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], 
                                  "stopped key never leads"))
             continue
         row = table.loc[key]
-        if _trusted(row, lead_row, target, spread, c_max, stopped=True) is None and not row["d_hi"] <= eps \
+        if _trusted(row, lead_row, spread, c_max, stopped=True) is None and not row["d_hi"] <= eps \
                 and not (key in caps.index and bool(caps.loc[key, "cannot_catch_up"])):
             resumed.append((key, f"the forecast now says it could beat {lead} by more than epsilon {eps:g} at C* "
                                  f"(upper bound of D {row['d_hi']:+.3f})"))
@@ -199,7 +174,7 @@ def forecast_verdicts(table: pd.DataFrame, caps: pd.DataFrame, live: list[Any], 
             out[key] = (None, "no evaluations yet")
             continue
         row = table.loc[key]
-        thin = _trusted(row, lead_row, target, spread, c_max)
+        thin = _trusted(row, lead_row, spread, c_max)
         if thin is not None and thin[0] == "thin":
             out[key] = (None, thin[1])
         elif key in caps.index and bool(caps.loc[key, "cannot_catch_up"]):
