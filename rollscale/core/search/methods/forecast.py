@@ -22,7 +22,7 @@ Per key in play (rows of the ``search`` table, :data:`RULES`):
   late winner rise. Settled from C* / 8 at C* = 4 x C_max, a key that overtakes late had not shown it (simulated
   ``late_flip`` right in 83-92 %, 95.8-100 % from C_max); settled from C* / 4 where that is below C_max, at
   C* = C_max simulated ``late`` was right in 70.8 % of studies and ``late_flip`` in 75.0 %, from C_max 95.8 and
-  91.7 % (docs/journal/2026-11-29-edge-hang.md), for 15-30 % more rollouts. Neither rule settles a key
+  91.7 % (docs/journal/2026-11-29-edge-hang.md), for 4-34 % more rollouts. Neither rule settles a key
   before its runs and the leader's have :data:`MIN_POINTS` evaluations each, nor (``forecast``) with one seed a
   key (no seed spread: science §9.3); the cap, at any rung, on its own 95 % bounds;
 * the leader and the keys not settled **continue** to C_max, the leader also once every other key is settled
