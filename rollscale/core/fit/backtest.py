@@ -231,10 +231,9 @@ def _calibration_of_d(point: np.ndarray, refits: np.ndarray, reached: np.ndarray
 def calibrated(boot: SurfaceBootstrap, evals: pd.DataFrame, key_col: str, c_star: float
                ) -> tuple[SurfaceBootstrap, Backtest]:
     """``boot`` with its interval widened by the group's backtest at the answer's multiple (science §11.4), and
-    that backtest: the fit stage and track call this, so that both read one interval. The search reads it only to
-    stop a key before C_max (:mod:`rollscale.core.search.methods.forecast`); at C_max it settles keys on the
-    uncalibrated interval (calibrated there too, simulated: fewer studies decided and more seeds spent;
-    docs/journal/2026-11-29-calibrated-search.md)."""
+    that backtest: the fit stage and track call this, so that both read one interval. The search settles keys, at
+    C_max only, on the uncalibrated interval (calibrated there too, simulated: fewer studies decided and more seeds
+    spent; docs/journal/2026-11-29-calibrated-search.md)."""
     bt = backtest(evals, key_col, replace(boot.settings, widen=1.0, widen_d=1.0),
                   multiple=answer_multiple(evals, c_star))
     return replace(boot, settings=replace(boot.settings, widen=bt.widen, widen_d=bt.widen_d)), bt
