@@ -321,7 +321,7 @@ def test_a_decision_that_hangs_with_its_leader_at_the_edge_tries_the_key_beyond_
     search ended undecided; n = 16, 0.08 better at C*, was never trained. Hanging at C_max with its leader at the
     edge, the search adds the key beyond it first (rule bracket), and answers it. Within sweep.search.spend_max only:
     where the key's seeds would pass it, nothing is added and the decision hangs, as it says."""
-    from rollscale.core.search.methods.decision import beyond_answer, group_rows
+    from rollscale.core.search.methods.decision import group_rows
     from rollscale.core.search.state import GroupState, rung_budgets
 
     studies = make_studies(24, seed=1, families=("edge_high",), seeds=(0, 1), schedule=(625.0, 4), eval_draws=1600)
@@ -343,7 +343,7 @@ def test_a_decision_that_hangs_with_its_leader_at_the_edge_tries_the_key_beyond_
         s = SearchSettings(SearchParams(method="forecast", eta=1.41, alpha=0.3, seeds_min=len(seeds), seeds_max=4,
                                         spend_max=spend_max), DecisionParams(tolerance=0.02, target_budget=4 * C_MAX))
         return pd.DataFrame(group_rows(g, st, table, verdict, [], s, leader_to_c_max=True,
-                                       edge_answer=lambda lead, hangs=False: beyond_answer(lead, g, st, hangs)))
+                                       edge_answer=True))
 
     free = rows(None)
     assert list(free.query("action == 'add'")["key"].unique()) == ["16"]

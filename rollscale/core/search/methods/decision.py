@@ -242,13 +242,13 @@ def decide_group(group: SearchGroup, st: GroupState, standing: Standing | None, 
     return group_rows(group, st, standing.star if standing is not None else None, verdict,
                       _bracket(standing, group, st), settings,
                       rung_leader=standing.rung["leader"].iloc[0] if standing is not None else None,
-                      edge_answer=lambda lead, hangs=False: beyond_answer(lead, group, st, hangs),
+                      edge_answer=True,
                       resumed=_stopped_against(standing, group, st, verdict, settings))
 
 
 def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, verdict: dict[Any, tuple[str | None, str]],
                adds: list[tuple[Any, str]], settings: SearchSettings, rung_leader: Any = None,
-               edge_answer: Callable[..., list[tuple[Any, str]]] | None = None,
+               edge_answer: bool = False,
                leader_to_c_max: bool = False, unknown_answer: Callable[[Any], str | None] | None = None,
                held: dict[Any, tuple[str, str]] | None = None, resumed: list[tuple[Any, str]] | None = None,
                ) -> list[dict]:
@@ -256,8 +256,8 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     C* (one row per key, indexed by key: ``leader``, ``leader_share``, ``reward``, ``reward_lo``, ``reward_hi``,
     ``d``, ``d_lo``, ``d_hi``, ``evals``; None: no fit yet), ``verdict`` per key in play and not stopped (rule or
     None, note), ``adds`` the bracket's (key, note). ``rung_leader``: the leader at c_r, named where C* is out of
-    reach; ``edge_answer``: the keys to add, with notes, where every key but the leader is settled (an answer at
-    the edge of the keys in play: :func:`beyond_answer`), or where the decision hangs at C_max (``hangs=True``);
+    reach; ``edge_answer``: add the key beyond an edge (:func:`beyond_answer`) where every key but the leader is
+    settled and the answer is that edge, or where the decision hangs at C_max with its leader there;
     ``leader_to_c_max``: a decided leader trains on to C_max before it stops (science §10.5); ``unknown_answer``:
     why the answer gets seeds at C_max as a decision that hangs does (its reward at C* unknown), else None;
     ``held``: keys settled against the leader that train on until the decision is made, then stop with their (rule,
@@ -291,8 +291,8 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
         key: "stopped" for key in st.stopped if key not in {k for k, _ in resumed}}
     v = group_verdict(standing, settings.tolerance, target, lead, settled, only=True)
     open_keys = [key for key in v.open if key in live]
-    if edge_answer is not None and lead is not None and v.answered and not adds and not resumed:
-        adds = edge_answer(lead)
+    if edge_answer and lead is not None and v.answered and not adds and not resumed:
+        adds = beyond_answer(lead, group, st)
     # decided: answered; never while a key is added or a stopped key resumed (a stopped key that leads, or is not
     # settled against this leader, is resumed by the method: science §11.3)
     decided = v.answered and not adds and not resumed
@@ -310,9 +310,9 @@ def group_rows(group: SearchGroup, st: GroupState, table: pd.DataFrame | None, v
     # seed, within the budget (its seeds to C_max), for what lies past the edge no seed of the keys in play can show
     # (simulated edge_high at C* = 4 x C_max: n = 8 led, n = 4 open by 0.001 with 3 seeds, n = 16, 0.08 better at
     # C*, never trained)
-    if last and not decided and lead in live and not adds and not resumed and edge_answer is not None \
+    if last and not decided and lead in live and not adds and not resumed and edge_answer \
             and spend_left(group, st, settings) >= len(group.seeds) * group.c_max * (1 - 1e-9):
-        adds = edge_answer(lead, hangs=True)
+        adds = beyond_answer(lead, group, st, hangs=True)
     seeds_to: list[Any] = []
     cap_words = f"with {cap} seeds"
     # a key just added, or resumed, is the next step, not a seed

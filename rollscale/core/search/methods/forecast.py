@@ -61,7 +61,7 @@ from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import bootstrap_surface, forecast_group
 from rollscale.core.fit.tables import REWARD_MAX
 from rollscale.core.fit.verdict import ANSWER_WIDTH, forecast_settings
-from rollscale.core.search.methods.decision import MIN_POINTS, Decision, beyond_answer, c_star, group_rows, level
+from rollscale.core.search.methods.decision import MIN_POINTS, Decision, c_star, group_rows, level
 from rollscale.core.search.state import GroupState, SearchGroup, SearchSettings
 from rollscale.registry import SEARCH_METHODS
 
@@ -267,8 +267,7 @@ class Forecast(Decision):
             reading = forecast_verdicts(table, caps, live, settings, [k for k in st.keys if k in st.stopped],
                                         c_max=g.c_max)
             rows += group_rows(g, st, table, reading.verdict, forecast_adds(table, g, st), settings,
-                               leader_to_c_max=True,
-                               edge_answer=lambda lead, hangs=False, g=g, st=st: beyond_answer(lead, g, st, hangs),
+                               leader_to_c_max=True, edge_answer=True,
                                unknown_answer=lambda lead, t=table: unknown_answer(t, lead), held=reading.held,
                                resumed=reading.resumed)
         return rows
