@@ -68,10 +68,18 @@ def test_workers_share_the_units_and_a_search_spends_its_measured_share():
     assert work(two)["sweep"] == pytest.approx(max(work(one)["sweep"] * 1.25 / 2, (64 + 60) * 8e-3 * 1.25))
     searched = parse_params({**SMALL, "sweep": {**SMALL["sweep"], "search": {"method": "decision"}}})
     times = stage_times(searched, cal_of(gen_s_per_token=1e-3), pool=30)
-    measured = search_method("decision").measured_spent(searched.sweep.search)  # the method's own measurement
+    measured = search_method("decision").measured_spent(searched.sweep.search, len(searched.sweep.seeds))  # the method's own measurement
     assert times.search_share == measured == 0.559
     assert work(times)["sweep"] == pytest.approx(work(one)["sweep"] * measured)
     assert p.workers == 2
+    # the forecast search settles keys at C_max only: every key's seeds_min seeds reach it (the default study
+    # spent 320,000 of its 480,000-rollout grid), whatever the grid's seeds; one seed a key is not measured
+    for seeds, seeds_min, share in (([0, 1, 2], 2, 2 / 3), ([0, 1, 2, 3], 2, 0.5), ([0, 1, 2], 3, 1.0),
+                                    ([0, 1, 2], 1, 1.0)):
+        forecast = parse_params({**SMALL, "bucket": {"val_size": 100}, "sweep": {
+            **SMALL["sweep"], "seeds": seeds, "eval_k": 16, "search": {"method": "forecast", "seeds_min": seeds_min}}})
+        times = stage_times(forecast, cal_of(gen_s_per_token=1e-3), pool=30, val_size=100)
+        assert times.search_share == pytest.approx(share) and not times.share_why
 
 
 def test_a_search_whose_validation_cannot_settle_a_key_is_counted_at_the_whole_grid():

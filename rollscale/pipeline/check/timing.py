@@ -132,7 +132,8 @@ def settles_nothing(p: StudyParams, val: int) -> str:
     from rollscale.core.search.decisions import search_method
 
     resolution = decision_half_width(p, val)
-    if search_method(p.sweep.search.method).measured_spent(p.sweep.search) is None or resolution is None:
+    if search_method(p.sweep.search.method).measured_spent(p.sweep.search, len(p.sweep.seeds)) is None \
+            or resolution is None:
         return ""
     if 2 * resolution[0] - p.study.tolerance <= SETTLE_GAP_MAX:
         return ""
@@ -151,7 +152,7 @@ def _search_share(p: StudyParams, val: int) -> tuple[float, str]:
     from rollscale.sweep.groups import search_plan, search_settings
 
     method = search_method(p.sweep.search.method)
-    spent = method.measured_spent(p.sweep.search)
+    spent = method.measured_spent(p.sweep.search, len(p.sweep.seeds))
     if spent is None:
         return 1.0, ""
     try:

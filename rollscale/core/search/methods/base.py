@@ -57,9 +57,10 @@ class SearchMethod:
         a fit is trusted past its data (science §9.3, A3)."""
         return search.eta
 
-    def measured_spent(self, search: SearchParams) -> float | None:
-        """The share of the grid's rollouts the method spent on the default study (docs/benchmarks.md), for
-        ``rollscale check``'s time estimate; None: not measured (the sweep is counted as the whole grid)."""
+    def measured_spent(self, search: SearchParams, grid_seeds: int) -> float | None:
+        """The share of the grid's rollouts (``grid_seeds`` seeds a key) the method spends, as measured on the
+        default study (docs/benchmarks.md), for ``rollscale check``'s time estimate; None: not measured (the
+        sweep is counted as the whole grid)."""
         return None
 
     def seeds_added(self, group: SearchGroup, settings: SearchSettings) -> int:

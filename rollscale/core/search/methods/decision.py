@@ -380,7 +380,7 @@ class Decision(SearchMethod):
         return [r for g, st in zip(groups, states, strict=True) for r in decide_group(g, st, tables.get(g.group),
                                                                                      settings)]
 
-    def measured_spent(self, search: SearchParams) -> float | None:
+    def measured_spent(self, search: SearchParams, grid_seeds: int) -> float | None:
         # of the grid's rollouts (sweep.seeds seeds), replayed on the default study's grid: with 2 seeds to start
         # 55.9 % ("The decision at C* replayed on the default grid"), with 1 (the default) 50.0 %, 240,256
         # rollouts ("One seed a key to start"; docs/benchmarks.md)

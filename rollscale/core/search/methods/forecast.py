@@ -272,9 +272,9 @@ class Forecast(Decision):
                                resumed=reading.resumed)
         return rows
 
-    def measured_spent(self, search: SearchParams) -> float | None:
-        # simulated, not yet measured on the default study: at C* = 4 x C_max, 2 seeds a key to start, a median
-        # 201,280 rollouts in every family but `unbent` (31.4 % of the 4-seed grid; docs/benchmarks.md, "The search
-        # with forecasts, simulated"), 41.9 % of the default's 3-seed grid of 4 keys. With one seed a key nothing
-        # settles before C_max: not measured
-        return 0.419 if search.seeds_min >= 2 else None
+    def measured_spent(self, search: SearchParams, grid_seeds: int) -> float | None:
+        # keys settle at C_max only (science §11.3), so every key's seeds_min seeds reach it: the default study
+        # spent 320,000 of its 480,000-rollout grid (2 of 3 seeds; docs/results.md), the simulated families a
+        # median 1.00 x 2 C* at C* = 4 x C_max (docs/benchmarks.md). With one seed a key the bootstrap has no seed
+        # spread and the decision hangs: not measured
+        return min(1.0, search.seeds_min / grid_seeds) if search.seeds_min >= 2 else None
