@@ -470,7 +470,7 @@ def test_a_study_that_cannot_settle_a_key_is_refused_with_what_would(tmp_path):
     verdict = answer_verdict(p, cal, hours=1.0)
     assert verdict is not None and not verdict.settles and verdict.resolves == pytest.approx(0.245, abs=1e-3)
     assert verdict.line.startswith("in 1 h on this machine no study resolves 0.02: the one it fits resolves 0.24")
-    assert "915 problems, if 20% fall in easy as in the default study: about 9.1 h here, or about " in \
+    assert "915 problems, if 20% fall in easy as in the default study: about 19.5 h here, or about " in \
         verdict.line and "on an H100" in verdict.line, verdict.line
     # the tolerance needs (0.245 / 0.02)^2 x 16 validation samples: at the profile's k = 16, 151 problems
     assert "needs bucket.val_size 151, sweep.eval_k 16, " in verdict.line and len(verdict.line) < 400, verdict.line
