@@ -16,7 +16,8 @@ import pytest
 
 from rollscale.core.fit.analysis import run_evals
 from rollscale.core.fit.backtest import backtest, calibration, cuttable_multiple, untested_factor
-from rollscale.core.fit.climb import GROWTH_MAX, Acceleration, accelerating_rise, acceleration, climb_caps
+from rollscale.core.fit.climb import (GROWTH_MAX, Acceleration, accelerating_rise, acceleration, climb_caps,
+                                      group_accelerating)
 from rollscale.core.fit.decision import fit_runs
 from rollscale.core.fit.forecast import ForecastSettings, forecast_group, forecast_table
 from rollscale.core.fit.forms import DEFAULT_FORM, FORMS
@@ -137,9 +138,9 @@ def test_acceleration_reads_a_growing_rise_and_none_on_a_straight_one():
     assert flat is not None and not flat.accelerating and flat.last == pytest.approx(0.05)
     assert acceleration(convex, 1_500) is None  # too few budgets in its last two doublings
     # the bound: each doubling's rise the last one's times the growth, capped at GROWTH_MAX
-    assert accelerating_rise(Acceleration(0.02, 0.04, 5.0), 2) == pytest.approx(0.04 * 3 / math.log(2))
+    assert accelerating_rise(Acceleration(0.02, 0.04, 0.004), 2) == pytest.approx(0.04 * 3 / math.log(2))
     assert accelerating_rise(Acceleration(0.04, 0.04, 0.0), 2) == pytest.approx(0.08)
-    assert accelerating_rise(Acceleration(0.01, 0.04, 5.0), 2) == pytest.approx(
+    assert accelerating_rise(Acceleration(0.01, 0.04, 0.006), 2) == pytest.approx(
         0.04 * (GROWTH_MAX**2 - 1) / math.log(GROWTH_MAX))
 
 
@@ -160,6 +161,37 @@ def test_a_key_still_accelerating_where_its_data_end_is_not_settled_by_its_last_
     assert rows.loc[8, "continued_hi"] >= grown and rows.loc[8, "reward_hi"] >= rows.loc[8, "continued_hi"] - 1e-12
     assert rows.loc[8, "d_hi"] > 0.02
     assert rows.loc[[2, 4], "continued_hi"].isna().all()
+
+
+def _mild(c: float, n: int) -> float:
+    """A curve whose rise per doubling grows 1.8 x each doubling past 4,000, from 0.01 (a little more for larger n)."""
+    d = max(math.log2(c / 4000), 0.0) if c else 0.0
+    return 0.35 + 0.01 * (1 + 0.1 * math.log2(n)) * (1.8**d - 1) / math.log(1.8)
+
+
+def test_keys_that_accelerate_together_keep_their_growth_where_none_reads_it_alone():
+    """Science §11.2-11.3 on simulated `rising` (every key convex in log C at C_max): one key's test, on two seeds'
+    five budgets a doubling, read 0-2 of 4 keys accelerating per study, so the others were settled on their last
+    rise and the search answered n = 2 or 4 where n = 8 wins at C*. Pooled over the group's keys the growth reads
+    beyond noise; each key whose rise grows then keeps its growth in its upper bound."""
+    # pooled: four keys growing 0.02 a doubling, each at z 1.7, together at z 3.3; keys that bend do not pool up
+    growing = [Acceleration(0.02, 0.04, 0.012)] * 4
+    assert not any(a.accelerating for a in growing) and group_accelerating(growing)
+    assert not group_accelerating([Acceleration(0.04, 0.02, 0.012)] * 3 + [Acceleration(0.02, 0.04, 0.012)])
+    assert not group_accelerating([None, None]) and not group_accelerating([])
+    rng = np.random.default_rng(23)
+    cs = [0.0, *(1000 * 2 ** (j / 4) for j in range(22))]
+    evals = pd.DataFrame([{"run_id": f"n{n}_s{s}", "n": n, "seed": s, "c": c, "group": "g",
+                           "avg_at_k": rng.binomial(1600, _mild(c, n)) / 1600}
+                          for n in (2, 4, 8, 16) for s in range(2) for c in cs])
+    accs = [acceleration(evals[evals["n"] == n], max(cs)) for n in (2, 4, 8, 16)]
+    assert not any(a.accelerating for a in accs) and group_accelerating(accs)  # no key alone, the group does
+    rows = forecast_group(evals, "n", 160_000, settings=QUICK).set_index("key")
+    for n, acc in zip((2, 4, 8, 16), accs, strict=True):
+        assert acc.last > acc.before > 0
+        grown = accelerating_rise(acc, math.log2(160_000 / max(cs)))
+        assert grown > acc.last * math.log2(160_000 / max(cs))  # more than its last rise continued
+        assert rows.loc[n, "continued_hi"] >= grown + 0.35 and rows.loc[n, "reward_hi"] >= rows.loc[n, "continued_hi"]
 
 
 def test_the_default_form_follows_a_curve_still_rising_past_its_data():

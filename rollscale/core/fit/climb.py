@@ -23,7 +23,9 @@ in its upper bound at C* (:func:`accelerating_rise`), each doubling's rise the l
 (at most :data:`GROWTH_MAX`). Measured on simulated curves whose midpoints lie past C_max (every key convex in
 log C there): even the true curve family, a sigmoid per key fitted to every run to C_max, names the best key at
 4 x C_max in 46-71 % of studies and settles almost none (0-4 %), so such a key is open, not settled on a forecast
-that continues its last rise (docs/journal/2026-11-29-acceleration.md).
+that continues its last rise (docs/journal/2026-11-29-acceleration.md). One key's test reads a slope to about 0.02
+a doubling, as large as the growth it looks for, so where the group's keys pooled accelerate beyond noise
+(:func:`group_accelerating`) every key whose rise grows keeps its growth too (docs/journal/2026-11-29-pooled.md).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from scipy.stats import t as student_t
 from rollscale.core.fit.decision import RunCurves, fit_runs, key_rewards
 
 __all__ = ["ACCELERATION_Z", "CAP_COLUMNS", "GROWTH_MAX", "WINDOW_POINTS", "Acceleration", "accelerating_rise",
-           "acceleration", "climb_caps", "steepest_rise"]
+           "acceleration", "climb_caps", "group_accelerating", "steepest_rise"]
 
 WINDOW_POINTS = 3
 # the growth of the rise per doubling read beyond noise: one-sided, 2.3 % by chance nominally; measured up to 8 % for a
@@ -71,16 +73,32 @@ def steepest_rise(evals: pd.DataFrame, key_col: str, beyond: float | None = None
 
 
 class Acceleration(NamedTuple):
-    """A key's rise per doubling over the doubling before its last (``before``) and its last (``last``), and the z
-    of their difference (the residual scatter about both lines, the runs' mean at each budget)."""
+    """A key's rise per doubling over the doubling before its last (``before``) and its last (``last``), and the
+    standard error of their difference (``se``, the residual scatter about both lines, the runs' mean at each
+    budget)."""
 
     before: float
     last: float
-    z: float
+    se: float
+
+    @property
+    def z(self) -> float:
+        return (self.last - self.before) / self.se if self.se > 0 else 0.0
 
     @property
     def accelerating(self) -> bool:
         return self.last > 0 and self.z > ACCELERATION_Z
+
+
+def group_accelerating(accs: list[Acceleration | None]) -> bool:
+    """Whether a group's keys, pooled, still accelerate where their data end: the summed growth of their rise per
+    doubling over its standard error above :data:`ACCELERATION_Z`. One key's test, on two seeds' five budgets a
+    doubling, reads a slope to about 0.02 a doubling, as large as the growth it looks for: in simulated `rising`
+    (every key convex in log C at C_max) it read 0-2 of 4 keys per study while every one accelerated."""
+    seen = [a for a in accs if a is not None and a.se > 0]
+    if not seen:
+        return False
+    return sum(a.last - a.before for a in seen) / math.sqrt(sum(a.se**2 for a in seen)) > ACCELERATION_Z
 
 
 def acceleration(rows: pd.DataFrame, c_end: float) -> Acceleration | None:
@@ -99,8 +117,7 @@ def acceleration(rows: pd.DataFrame, c_end: float) -> Acceleration | None:
         slopes.append(slope)
         spread.append(float(xc @ xc))
         rss, dof = rss + float(resid @ resid), dof + int(on.sum()) - 2
-    se = math.sqrt(rss / max(dof, 1) * (1 / spread[0] + 1 / spread[1]))
-    return Acceleration(slopes[0], slopes[1], (slopes[1] - slopes[0]) / se if se > 0 else 0.0)
+    return Acceleration(slopes[0], slopes[1], math.sqrt(rss / max(dof, 1) * (1 / spread[0] + 1 / spread[1])))
 
 
 def accelerating_rise(acc: Acceleration, doublings: float) -> float:

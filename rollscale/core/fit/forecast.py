@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
-from rollscale.core.fit.climb import accelerating_rise, acceleration, steepest_rise
+from rollscale.core.fit.climb import accelerating_rise, acceleration, group_accelerating, steepest_rise
 from rollscale.core.fit.decision import RunCurves, fit_runs, key_rewards
 from rollscale.core.fit.forms import DEFAULT_FORM, FittedForm, FormSettings, fit_form
 from rollscale.core.fit.surface import (
@@ -312,20 +312,23 @@ def forecast_group(evals: pd.DataFrame, key_col: str, c_star: float, keys: np.nd
 def _continuation(boot: SurfaceBootstrap, evals: pd.DataFrame, key_col: str, keys: np.ndarray, c_seen: np.ndarray,
                   c_star: float) -> np.ndarray:
     """Per key, its own level where its runs end continued to C* at the group's steepest rise per doubling seen
-    beyond its data (science §11.3, §10.4's cap), or, where its own rise per doubling still grows beyond noise,
-    with that growth (:func:`rollscale.core.fit.climb.accelerating_rise`), the larger: NaN for a key whose data
-    reach C* or that neither reads."""
+    beyond its data (science §11.3, §10.4's cap), or, where its rise per doubling still grows (beyond noise on its
+    own, or grows and the group's keys pooled grow beyond noise), with that growth
+    (:func:`rollscale.core.fit.climb.accelerating_rise`), the larger: NaN for a key whose data reach C* or that
+    neither reads."""
     out = np.full(keys.size, math.nan)
     short = np.isfinite(c_seen) & (c_seen < c_star * (1 - 1e-9))
     if boot.reason or not short.any():
         return out
     level, _ = predict(boot, keys[short], c_seen[short])
+    accs = [acceleration(evals[evals[key_col] == keys[i]], float(c_seen[i])) for i in np.flatnonzero(short)]
+    pooled = group_accelerating(accs)
     for j, i in enumerate(np.flatnonzero(short)):
         doublings = math.log2(c_star / c_seen[i])
         rise = steepest_rise(evals, key_col, beyond=float(c_seen[i]))
         rises = [max(rise, 0.0) * doublings] if math.isfinite(rise) else []
-        acc = acceleration(evals[evals[key_col] == keys[i]], float(c_seen[i]))
-        if acc is not None and acc.accelerating:
+        acc = accs[j]
+        if acc is not None and (acc.accelerating or (pooled and acc.last > max(acc.before, 0.0))):
             rises.append(accelerating_rise(acc, doublings))
         if rises:
             out[i] = min(level[j] + max(rises), boot.settings.top)
