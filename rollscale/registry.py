@@ -29,10 +29,11 @@ import functools
 import importlib
 import importlib.util
 import pkgutil
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+
+from rollscale.parsing import PARSE_LOCK
 
 T = TypeVar("T")
 
@@ -76,16 +77,12 @@ def _registers(decorator: ast.expr, name: str) -> bool:
             and isinstance(decorator.args[0], ast.Constant) and decorator.args[0].value == name)
 
 
-# CPython 3.11's ast.parse is not safe from two threads at once ("SystemError: AST constructor recursion depth
-# mismatch", seen in tests/test_faults.py where a flow's tasks validate params side by side): every source this
-# module reads is parsed here, one parse at a time, each version of a file once
-_PARSE_LOCK = threading.Lock()
-
-
+# every source this module reads is parsed here, each version of a file once: under the process's parse lock
+# (rollscale/parsing.py), so that threads asking for one file at once wait for its first parse
 def _parsed(path: Path) -> ast.Module:
     """``path``'s source parsed (read-only: the tree is shared by every caller of this version of the file)."""
     stat = path.stat()
-    with _PARSE_LOCK:
+    with PARSE_LOCK:
         return _parse_version(str(path), stat.st_mtime_ns, stat.st_size)
 
 

@@ -250,17 +250,17 @@ def test_a_lazy_registrys_declarations_read_from_source_agree_with_the_imported_
 def test_lazy_names_are_read_one_parse_at_a_time_from_many_threads(tmp_path, monkeypatch):
     """CPython 3.11's ast.parse raised "AST constructor recursion depth mismatch" when a flow's tasks validated
     params side by side (tests/test_faults.py, 2026-11-28): the lazy registries' source reads (the names and the
-    declarations) never parse in two threads at once, and read each version of a file once."""
-    import ast
+    declarations) never parse in two threads at once (every parse takes rollscale/parsing.py's lock), and read each
+    version of a file once."""
     import threading
     import time
 
-    from rollscale import registry
+    from rollscale import parsing, registry
 
     source = tmp_path / "plugin.py"
     source.write_text('@REG.register("a")\ndef a():\n    pass\n\n\n@register("b")\nclass B:\n    pass\n')
     inside, most, calls, lock = [0], [0], [0], threading.Lock()
-    parse = ast.parse
+    parse = parsing._unlocked_parse
 
     def slow_parse(*args, **kwargs):
         with lock:
@@ -274,7 +274,7 @@ def test_lazy_names_are_read_one_parse_at_a_time_from_many_threads(tmp_path, mon
             with lock:
                 inside[0] -= 1
 
-    monkeypatch.setattr(registry.ast, "parse", slow_parse)
+    monkeypatch.setattr(parsing, "_unlocked_parse", slow_parse)
     registry._parse_version.cache_clear()
     files = [source] + [tmp_path / f"copy{i}.py" for i in range(5)]
     for f in files[1:]:
