@@ -326,6 +326,18 @@ def test_budget_schedule_evaluations_and_resume(warm, tmp_path):
     _assert_same_run(RunStore(tmp_path / "straight"), RunStore(tmp_path / "resumed"), straight.model, resumed.model)
 
 
+def test_a_run_paused_at_a_budget_is_the_run_whose_c_max_it_is(warm, tmp_path):
+    """Science §9.4: a search's run paused at a rung's budget is the grid's run to that budget (grid replays and the
+    simulated searches read a grid's runs cut at each rung, rollscale.core.search.state.truncate), so nothing before
+    a run's c_max may depend on it (a learning rate decaying to c_max would): weights and rows bit for bit."""
+    to_96 = _trainer(warm, _config(eval_per_doubling=2, warmup_steps=3))
+    assert to_96.run(RunStore(tmp_path / "to_96")).status == "finished"
+    longer = _trainer(warm, _config(c_max=16 * 12, eval_per_doubling=2, warmup_steps=3))
+    assert longer.run(RunStore(tmp_path / "paused"), budget=16 * 6).status == "paused"
+    assert list(RunStore(tmp_path / "paused").rows("evals")["step"]) == [0, 1, 2, 3, 5, 6]
+    _assert_same_run(RunStore(tmp_path / "to_96"), RunStore(tmp_path / "paused"), to_96.model, longer.model)
+
+
 def test_resume_after_corrupt_checkpoint(warm, tmp_path):
     cfg = _config(c_max=16 * 5, checkpoint_every=2)  # checkpoints at 2 and 4
     straight = _trainer(warm, cfg)
