@@ -96,9 +96,9 @@ def group_accelerating(accs: list[Acceleration | None]) -> bool:
     doubling, reads a slope to about 0.02 a doubling, as large as the growth it looks for: in simulated `rising`
     (every key convex in log C at C_max) it read 0-2 of 4 keys per study while every one accelerated."""
     seen = [a for a in accs if a is not None and a.se > 0]
-    if not seen:
-        return False
-    return sum(a.last - a.before for a in seen) / math.sqrt(sum(a.se**2 for a in seen)) > ACCELERATION_Z
+    pooled = Acceleration(sum(a.before for a in seen), sum(a.last for a in seen),
+                          math.sqrt(sum(a.se**2 for a in seen)))  # the keys' slopes summed: one reading, its z
+    return pooled.z > ACCELERATION_Z
 
 
 def acceleration(rows: pd.DataFrame, c_end: float) -> Acceleration | None:
